@@ -1,0 +1,3 @@
+from moss_rt.cli import main
+
+raise SystemExit(main())
