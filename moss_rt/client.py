@@ -1,0 +1,168 @@
+"""Python clients for moss_rt: the WebSocket directing channel and the legacy HTTP stream.
+
+Both speak wire protocol v1 and return the same :class:`TakeAudio`. Example::
+
+    async with DirectingClient.connect("ws://127.0.0.1:8770/api/ws") as client:
+        take = await client.speak("Hello there.", instruction="warm, unhurried")
+        take.write_wav("hello.wav")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import wave
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import websockets
+
+from moss_rt.protocol import (
+    TAG_JSON,
+    TAG_PCM,
+    FrameReader,
+    ServerMessage,
+    decode_frame,
+    parse_server_message,
+)
+
+
+class ServerError(Exception):
+    def __init__(self, message: ServerMessage) -> None:
+        super().__init__(f"{message.get('code')}: {message.get('message')}")
+        self.code = message.get("code")
+        self.message = message
+
+
+@dataclass
+class TakeAudio:
+    """One take as a client saw it: metadata frames and the PCM that arrived."""
+
+    sr: int = 48000
+    channels: int = 1
+    start: dict[str, Any] = field(default_factory=dict)
+    end: dict[str, Any] = field(default_factory=dict)
+    pcm: bytearray = field(default_factory=bytearray)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def take_id(self) -> str | None:
+        return self.start.get("take") or self.end.get("take")
+
+    @property
+    def duration_sec(self) -> float:
+        return len(self.pcm) / (2 * self.channels * self.sr)
+
+    def write_wav(self, path: str | Path) -> None:
+        with wave.open(str(path), "wb") as w:
+            w.setnchannels(self.channels)
+            w.setsampwidth(2)
+            w.setframerate(self.sr)
+            w.writeframes(bytes(self.pcm))
+
+
+Item = ServerMessage | bytes
+
+
+class DirectingClient:
+    """An async client of ``/api/ws``. Server frames are read by :meth:`receive`."""
+
+    def __init__(self, ws: websockets.ClientConnection, hello: ServerMessage) -> None:
+        self.ws = ws
+        self.hello = hello
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, url: str, **kwargs: Any) -> AsyncIterator[DirectingClient]:
+        async with websockets.connect(url, max_size=16 * 1024 * 1024, **kwargs) as ws:
+            first = await cls._read(ws)
+            if not isinstance(first, ServerMessage) or first.type != "hello":
+                raise RuntimeError(f"expected hello, got {first!r}")
+            yield cls(ws, first)
+
+    @staticmethod
+    async def _read(ws: websockets.ClientConnection) -> Item:
+        data = await ws.recv()
+        if isinstance(data, str):
+            raise RuntimeError("the server sent a text message; protocol v1 sends frames only")
+        frame = decode_frame(data)
+        if frame.tag == TAG_JSON:
+            return parse_server_message(frame.json())
+        return frame.payload
+
+    async def receive(self) -> Item:
+        """Next server frame: a ServerMessage (tag 0) or PCM bytes (tag 1)."""
+        return await self._read(self.ws)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.ws.send(json.dumps(message))
+
+    async def start(self, text: str, **fields: Any) -> None:
+        await self.send({"type": "start", "text": text, **fields})
+
+    async def cancel(self, take: str | None = None) -> None:
+        await self.send({"type": "cancel", **({"take": take} if take else {})})
+
+    async def seek(self, take: str, frame: int, *, mode: str = "retake", **overrides: Any) -> None:
+        await self.send({"type": "seek", "take": take, "frame": frame, "mode": mode, **overrides})
+
+    async def ping(self) -> ServerMessage:
+        await self.send({"type": "ping", "t": asyncio.get_running_loop().time()})
+        while True:
+            item = await self.receive()
+            if isinstance(item, ServerMessage) and item.type == "pong":
+                return item
+
+    async def collect(self, *, until_end: bool = True) -> TakeAudio:
+        """Gather frames of the current take until its ``end`` (raises ServerError on error)."""
+        take = TakeAudio(sr=int(self.hello["sr"]))
+        while True:
+            item = await self.receive()
+            if isinstance(item, bytes):
+                take.pcm += item
+                continue
+            take.events.append(item.to_dict())
+            if item.type == "start":
+                take.start = item.to_dict()
+                take.channels = int(item.get("channels", 1))
+                take.sr = int(item.get("sr", take.sr))
+            elif item.type == "error":
+                if item.get("take") is not None or item.get("fatal"):
+                    raise ServerError(item)
+            elif item.type == "end" and until_end:
+                take.end = item.to_dict()
+                return take
+
+    async def speak(self, text: str, **fields: Any) -> TakeAudio:
+        await self.start(text, **fields)
+        return await self.collect()
+
+
+async def http_stream(base_url: str, timeout: float = 600.0, **fields: Any) -> TakeAudio:
+    """The legacy transport: POST /api/stream and parse the frame stream as it arrives."""
+    take = TakeAudio()
+    reader = FrameReader()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
+        async with http.post(base_url.rstrip("/") + "/api/stream", json=fields) as resp:
+            if resp.status != 200:
+                body = await resp.json(content_type=None)
+                raise ServerError(ServerMessage("error", body.get("error", {})))
+            async for data in resp.content.iter_any():
+                for frame in reader.feed(data):
+                    if frame.tag == TAG_PCM:
+                        take.pcm += frame.payload
+                        continue
+                    obj = frame.json()
+                    take.events.append(obj)
+                    if obj.get("type") == "start":
+                        take.start = obj
+                        take.sr = int(obj.get("sr", take.sr))
+                        take.channels = int(obj.get("channels", 1))
+                    elif obj.get("type") == "end":
+                        take.end = obj
+    reader.close()
+    return take

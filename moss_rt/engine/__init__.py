@@ -1,0 +1,1 @@
+"""Engines: the seam (base), the scripted test engine, and the real MOSS engine."""

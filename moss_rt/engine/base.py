@@ -1,0 +1,127 @@
+"""The engine seam: what the web layer may ask of any engine (real or scripted).
+
+An engine takes :class:`TakeSpec` requests, runs them on its own worker thread and hands back a
+:class:`TakeHandle`: an async iterator of events plus ``cancel()``. Everything here is small on
+purpose; scheduling, batching and GPU details stay inside the engines.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from moss_rt.protocol import StartTake
+
+
+class EndReason(str, enum.Enum):
+    DONE = "done"
+    CANCELLED = "cancelled"
+    MAX_FRAMES = "max_frames"
+    REPLACED = "replaced"
+    SHUTDOWN = "shutdown"
+    ERROR = "error"
+
+
+class EngineBusy(Exception):
+    """All slots and the wait queue are full; the caller should retry later."""
+
+    def __init__(self, retry_after_sec: float = 1.0) -> None:
+        super().__init__("the service is at capacity, retry shortly")
+        self.retry_after_sec = retry_after_sec
+
+
+@dataclass(frozen=True)
+class TakeSpec:
+    """One take to generate.
+
+    ``prefix_codes`` [N, 12] are frames kept from a parent take (a retake from frame N): the
+    engine continues after them and never sends their audio again.
+    """
+
+    take_id: str
+    request: StartTake
+    seed: int
+    reference_codes: np.ndarray | None = None  # [T, 12] int64 voice-clone reference
+    prefix_codes: np.ndarray | None = None  # [N, 12] int64
+    parent_take: str | None = None
+
+    @property
+    def start_frame(self) -> int:
+        return 0 if self.prefix_codes is None else int(self.prefix_codes.shape[0])
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """Whole 80 ms frames ``first_frame .. first_frame + n - 1`` of a take."""
+
+    first_frame: int
+    codes: np.ndarray  # [n, 12] int64
+    pcm: bytes  # int16 little-endian, interleaved to the take's channel count
+
+    @property
+    def n_frames(self) -> int:
+        return int(self.codes.shape[0])
+
+
+@dataclass(frozen=True)
+class TakeFinished:
+    reason: EndReason
+    n_frames: int  # frames of the whole take, prefix included
+    gpu_total_ms: float
+    gpu_first_ms: float | None = None
+    error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TakeFirstAudio:
+    """Emitted once, right before the first chunk: admission → first PCM ready."""
+
+    gpu_first_ms: float
+
+
+TakeEvent = TakeFirstAudio | AudioChunk | TakeFinished
+
+
+class TakeHandle(Protocol):
+    take_id: str
+
+    def __aiter__(self) -> AsyncIterator[TakeEvent]: ...
+
+    def cancel(self, reason: EndReason = EndReason.CANCELLED) -> None:
+        """Stop at the next step boundary; the iterator then yields TakeFinished(reason)."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    name: str  # "moss" or "scripted"
+    models: tuple[str, ...]
+    default_model: str
+    demo: bool  # True when serving a tiny random-weight model (noise)
+    device: str
+    details: dict[str, str] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    info: EngineInfo
+
+    @property
+    def ready(self) -> bool:
+        """Loaded and warmed up."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def submit(self, spec: TakeSpec) -> TakeHandle:
+        """Admit a take (raises EngineBusy when full)."""
+
+    async def render(self, codes: np.ndarray, channels: int) -> bytes:
+        """Decode stored codes [N, 12] to int16 PCM (replay and downloads)."""
+
+    async def encode_reference(self, audio: bytes) -> np.ndarray:
+        """Encode an uploaded voice (any soundfile-readable bytes) to codes [T, 12]."""

@@ -1,0 +1,226 @@
+"""A deterministic scripted engine for tests and UI work: no model, real threading and timing.
+
+Its audio encodes where it came from, so tests can check seek, replay and splices exactly:
+in frame ``i`` of a take with seed ``s``, every left-channel sample is ``frame_marker(i)`` and
+every right-channel sample is ``seed_marker(s)`` (seed modulo 1024); mono output averages the two. Codes are
+``(i * 7 + s + k) % 1024`` for codebook ``k``. A take lasts ``tokens`` frames when given, else a
+number of frames derived from the text length, capped by ``max_new_tokens``.
+
+It is the test engine, never the production default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import soundfile as sf
+
+from moss_rt.engine.base import (
+    AudioChunk,
+    EndReason,
+    EngineBusy,
+    EngineInfo,
+    TakeFinished,
+    TakeFirstAudio,
+    TakeSpec,
+)
+from moss_rt.engine.channel import TakeChannel
+from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE, FRAME_SAMPLES, SAMPLE_RATE
+
+log = logging.getLogger(__name__)
+N_CODEBOOKS = 12
+
+
+def frame_marker(frame: int) -> int:
+    return (frame % 16000) + 1
+
+
+def seed_marker(seed: int) -> int:
+    return -((seed % 1024) + 1)
+
+
+def scripted_frame_count(spec: TakeSpec) -> tuple[int, bool]:
+    """Total frames of the take (prefix included) and whether max_new_tokens cut it."""
+    req = spec.request
+    natural = req.tokens if req.tokens is not None else max(6, math.ceil(len(req.text) * 0.9))
+    total = spec.start_frame + natural if spec.prefix_codes is not None else natural
+    cap = spec.start_frame + req.max_new_tokens if spec.prefix_codes is not None else req.max_new_tokens
+    return min(total, cap), total > cap
+
+
+def scripted_codes(first: int, n: int, seed: int) -> np.ndarray:
+    frames = np.arange(first, first + n, dtype=np.int64)[:, None]
+    return (frames * 7 + seed + np.arange(N_CODEBOOKS, dtype=np.int64)[None, :]) % 1024
+
+
+def scripted_pcm(first: int, n: int, seed: int, channels: int) -> bytes:
+    """int16 PCM of frames ``first .. first+n-1``."""
+    left = np.repeat(np.array([frame_marker(i) for i in range(first, first + n)], dtype=np.int16), FRAME_SAMPLES)
+    right = np.full(left.shape, seed_marker(seed), dtype=np.int16)
+    if channels == 2:
+        return np.stack([left, right], axis=1).reshape(-1).astype("<i2").tobytes()
+    mono = ((left.astype(np.int32) + right.astype(np.int32)) // 2).astype("<i2")
+    return mono.tobytes()
+
+
+@dataclass
+class _Active:
+    spec: TakeSpec
+    channel: TakeChannel
+    total_frames: int
+    capped: bool
+    next_frame: int
+    admitted: float
+    first_audio: float | None = None
+    pending_from: int = 0  # first frame not yet flushed
+    next_due: float = 0.0
+
+
+class ScriptedEngine:
+    """Runs takes on one worker thread at ``frame_ms`` per frame, flushing chunks like the real one."""
+
+    def __init__(
+        self,
+        *,
+        frame_ms: float = 80.0,
+        max_slots: int = 64,
+        max_queue: int = 64,
+        max_lead_sec: float = 20.0,
+    ) -> None:
+        self.info = EngineInfo(
+            name="scripted",
+            models=(DEFAULT_MODEL_ALIAS,),
+            default_model=DEFAULT_MODEL_ALIAS,
+            demo=True,
+            device="cpu",
+            details={"engine": "scripted test engine (no model)"},
+        )
+        self._frame_s = frame_ms / 1000.0
+        self._max_slots = max_slots
+        self._lead_frames = max(1, int(max_lead_sec * FRAME_RATE))
+        self._inbox: queue.Queue[_Active] = queue.Queue(maxsize=max_queue)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ready = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.active_count = 0  # read by metrics and tests; written by the worker only
+        self.steps = 0
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="moss-rt-scripted-engine", daemon=True)
+        self._thread.start()
+        self._ready = True
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5.0)
+        self._ready = False
+
+    async def submit(self, spec: TakeSpec) -> TakeChannel:
+        assert self._loop is not None, "engine not started"
+        channel = TakeChannel(self._loop, spec.take_id, self._lead_frames)
+        total, capped = scripted_frame_count(spec)
+        item = _Active(spec, channel, total, capped, spec.start_frame, time.monotonic())
+        item.pending_from = spec.start_frame
+        try:
+            self._inbox.put_nowait(item)
+        except queue.Full:
+            raise EngineBusy(retry_after_sec=1.0) from None
+        return channel
+
+    async def render(self, codes: np.ndarray, channels: int) -> bytes:
+        # Scripted codes carry (frame*7 + seed) in codebook 0, but the frame index is their row.
+        seeds = [(int(row[0]) - 7 * i) % 1024 for i, row in enumerate(codes)]
+        parts = [scripted_pcm(i, 1, seed, channels) for i, seed in enumerate(seeds)]
+        return b"".join(parts)
+
+    async def encode_reference(self, audio: bytes) -> np.ndarray:
+        def _encode() -> np.ndarray:
+            info = sf.info(io.BytesIO(audio))
+            n = max(1, int(info.duration * FRAME_RATE))
+            digest = int.from_bytes(hashlib.sha256(audio).digest()[:4], "big")
+            return scripted_codes(0, n, digest % 1024)
+
+        return await asyncio.to_thread(_encode)
+
+    # -- worker thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        active: list[_Active] = []
+        while not self._stop.is_set():
+            while len(active) < self._max_slots:
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                item.next_due = time.monotonic()
+                active.append(item)
+            now = time.monotonic()
+            for item in list(active):
+                if self._advance(item, now):
+                    active.remove(item)
+            self.active_count = len(active)
+            self.steps += 1
+            time.sleep(min(self._frame_s, 0.01) if active else 0.005)
+        for item in active:
+            self._finish(item, EndReason.SHUTDOWN)
+        while True:
+            try:
+                self._finish(self._inbox.get_nowait(), EndReason.SHUTDOWN)
+            except queue.Empty:
+                break
+
+    def _advance(self, item: _Active, now: float) -> bool:
+        """Generate what is due for one take; True when the take is over."""
+        if item.channel.cancel_reason is not None:
+            self._flush(item)
+            self._finish(item, item.channel.cancel_reason)
+            return True
+        if item.channel.paused:
+            item.next_due = now  # a paused slot does not bank frames
+            return False
+        while now >= item.next_due and item.next_frame < item.total_frames:
+            item.next_frame += 1
+            item.next_due += self._frame_s
+            produced = item.next_frame - item.pending_from
+            first_chunk = item.first_audio is None
+            if (first_chunk and produced >= 1) or produced >= item.spec.request.chunk_frames:
+                self._flush(item)
+        if item.next_frame >= item.total_frames:
+            self._flush(item)
+            self._finish(item, EndReason.MAX_FRAMES if item.capped else EndReason.DONE)
+            return True
+        return False
+
+    def _flush(self, item: _Active) -> None:
+        n = item.next_frame - item.pending_from
+        if n <= 0:
+            return
+        if item.first_audio is None:
+            item.first_audio = time.monotonic()
+            item.channel.push(TakeFirstAudio((item.first_audio - item.admitted) * 1000.0))
+        seed = item.spec.seed
+        codes = scripted_codes(item.pending_from, n, seed)
+        pcm = scripted_pcm(item.pending_from, n, seed, item.spec.request.channels)
+        item.channel.push(AudioChunk(item.pending_from, codes, pcm))
+        item.pending_from = item.next_frame
+
+    def _finish(self, item: _Active, reason: EndReason) -> None:
+        elapsed = (time.monotonic() - item.admitted) * 1000.0
+        first = None if item.first_audio is None else (item.first_audio - item.admitted) * 1000.0
+        item.channel.push(TakeFinished(reason, item.next_frame, elapsed, first))

@@ -1,0 +1,193 @@
+"""Running one take for either transport: request → engine spec → frames out, recorded in a session.
+
+Both the legacy HTTP stream and the WebSocket channel use this module, so the bytes they send
+for a take are the same: a tag-0 ``start``, whole-frame tag-1 PCM chunks, a tag-0 ``end``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio, TakeHandle, TakeSpec
+from moss_rt.protocol import (
+    FRAME_RATE,
+    FRAME_SAMPLES,
+    SAMPLE_RATE,
+    ErrorCode,
+    ProtocolError,
+    encode_json_frame,
+    encode_pcm_frame,
+)
+from moss_rt.session import DirectingSession, TakeRecord
+from moss_rt.web.state import ServiceState
+
+log = logging.getLogger(__name__)
+
+SendFrame = Callable[[bytes], Awaitable[None]]
+
+
+def resolve_model(state: ServiceState, requested: str) -> str:
+    info = state.engine.info
+    if requested in ("", info.default_model) or requested in info.models:
+        return info.default_model if requested == "" else requested
+    raise ProtocolError(
+        ErrorCode.NOT_FOUND, f"unknown model {requested!r}; available: {list(info.models)}", field="model"
+    )
+
+
+async def build_spec(
+    state: ServiceState,
+    take: TakeRecord,
+    *,
+    prefix_codes: np.ndarray | None = None,
+) -> TakeSpec:
+    """Validate what needs the service (model, reference voice) and produce the engine's spec."""
+    request = take.request
+    resolve_model(state, request.model)
+    reference_codes = None
+    voice = state.voices.resolve(request.reference)
+    if voice is not None:
+        tag = state.engine.info.details.get("codec", state.engine.info.name)
+        reference_codes = await state.voices.codes(voice, state.engine.encode_reference, tag)
+    return TakeSpec(
+        take_id=take.take_id,
+        request=request,
+        seed=take.seed,
+        reference_codes=reference_codes,
+        prefix_codes=prefix_codes if prefix_codes is not None and len(prefix_codes) else None,
+        parent_take=take.parent,
+    )
+
+
+def start_message(take: TakeRecord, gpu_first_ms: float | None, model: str, **extra: object) -> dict[str, object]:
+    return {
+        "type": "start",
+        "sr": SAMPLE_RATE,
+        "gpu_first_ms": round(gpu_first_ms, 2) if gpu_first_ms is not None else None,
+        "take": take.take_id,
+        "channels": take.request.channels,
+        "seed": take.seed,
+        "model": model,
+        "first_frame": take.branch_frame,
+        **extra,
+    }
+
+
+class Pacer:
+    """Keeps a client at most ``max_lead_sec`` of audio ahead of real time (0 disables)."""
+
+    def __init__(self, max_lead_sec: float) -> None:
+        self._max_lead = max_lead_sec
+        self._t0: float | None = None
+        self._sent_sec = 0.0
+
+    async def wait(self, chunk_sec: float) -> None:
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        ahead = self._sent_sec - (now - self._t0)
+        if self._max_lead > 0 and ahead > self._max_lead:
+            await asyncio.sleep(ahead - self._max_lead)
+        self._sent_sec += chunk_sec
+
+
+async def stream_take(
+    state: ServiceState,
+    handle: TakeHandle,
+    take: TakeRecord,
+    session: DirectingSession,
+    send: SendFrame,
+    *,
+    t_request: float,
+    model: str,
+) -> TakeFinished:
+    """Forward a running take's events as frames; returns how it ended.
+
+    The caller owns cancellation: on disconnect it cancels the handle (and this coroutine).
+    """
+    pacer = Pacer(state.settings.max_lead_sec)
+    started = False
+    ttfa_ms: float | None = None
+    gpu_first_ms: float | None = None
+    async for event in handle:
+        if isinstance(event, TakeFirstAudio):
+            gpu_first_ms = event.gpu_first_ms
+        elif isinstance(event, AudioChunk):
+            if not started:
+                await send(encode_json_frame(start_message(take, gpu_first_ms, model)))
+                started = True
+            session.record_chunk(take, event.first_frame, event.codes)
+            await pacer.wait(event.n_frames / FRAME_RATE)
+            await send(encode_pcm_frame(event.pcm))
+            if ttfa_ms is None:
+                ttfa_ms = (time.monotonic() - t_request) * 1000.0
+        elif isinstance(event, TakeFinished):
+            if not started:
+                await send(encode_json_frame(start_message(take, event.gpu_first_ms, model)))
+            new_frames = event.n_frames - take.branch_frame
+            duration = new_frames / FRAME_RATE
+            wall_ms = (time.monotonic() - t_request) * 1000.0
+            stats = {
+                "gpu_total_ms": round(event.gpu_total_ms, 2),
+                "gpu_first_ms": round(event.gpu_first_ms, 2) if event.gpu_first_ms is not None else None,
+                "ttfa_ms": round(ttfa_ms, 2) if ttfa_ms is not None else None,
+                "rtf": round(duration / (wall_ms / 1000.0), 3) if wall_ms > 0 else None,
+            }
+            session.record_end(take, event.reason.value, {k: v for k, v in stats.items() if v is not None})
+            if event.reason == EndReason.ERROR:
+                await send(
+                    encode_json_frame(
+                        {"type": "error", "code": ErrorCode.INTERNAL.value, "message": event.error or "generation failed",
+                         "fatal": False, "take": take.take_id}
+                    )
+                )
+            end = {
+                "type": "end",
+                "take": take.take_id,
+                "reason": event.reason.value,
+                "n_frames": event.n_frames,
+                "new_frames": new_frames,
+                "duration_sec": round(event.n_frames / FRAME_RATE, 3),
+                **stats,
+                **event.timings,
+            }
+            await send(encode_json_frame(end))
+            return event
+    raise RuntimeError("engine stream ended without TakeFinished")
+
+
+async def replay_take(
+    state: ServiceState, take: TakeRecord, frame: int, send: SendFrame, *, model: str
+) -> None:
+    """Re-send a stored take's audio from ``frame`` without generating anything."""
+    channels = take.request.channels
+    t0 = time.monotonic()
+    pcm = await state.engine.render(take.codes, channels)
+    bytes_per_frame = FRAME_SAMPLES * channels * 2
+    await send(encode_json_frame(start_message(take, None, model, replay=True, first_frame=frame)))
+    pacer = Pacer(state.settings.max_lead_sec)
+    step = max(1, take.request.chunk_frames)
+    for first in range(frame, take.n_frames, step):
+        last = min(take.n_frames, first + step)
+        await pacer.wait((last - first) / FRAME_RATE)
+        await send(encode_pcm_frame(pcm[first * bytes_per_frame : last * bytes_per_frame]))
+    await send(
+        encode_json_frame(
+            {
+                "type": "end",
+                "take": take.take_id,
+                "reason": EndReason.DONE.value,
+                "replay": True,
+                "n_frames": take.n_frames,
+                "new_frames": take.n_frames - frame,
+                "duration_sec": round(take.n_frames / FRAME_RATE, 3),
+                "gpu_total_ms": round((time.monotonic() - t0) * 1000.0, 2),
+            }
+        )
+    )
+
