@@ -1,0 +1,212 @@
+"""Building blocks of the codec transformers: RoPE, local-window attention, layers, stages.
+
+Layout convention: activations are channels-last ``[B, T, C]`` everywhere inside this package
+(upstream keeps ``[B, C, T]`` between modules; the maths is identical).
+
+Precision policy (``compute_dtype``): linear weights may be stored in bf16 for compute while the
+residual stream, LayerNorm, LayerScale and RoPE angles stay fp32 — the same split upstream gets
+from autocast, without re-casting fp32 weights on every call.
+
+Module and parameter names mirror the real checkpoint keys, e.g.
+``decoder.0.transformer.layers.3.self_attn.in_proj.weight`` or ``...ffn.2.weight``,
+so loading is a plain name match.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import TransformerSpec
+
+__all__ = [
+    "Attend",
+    "ProjectedTransformer",
+    "TransformerLayer",
+    "apply_rope",
+    "patch_fold",
+    "patch_unfold",
+    "rope_angles",
+    "windowed_attention",
+]
+
+# attend(q, k, v) -> out, all [B, H, T, Dh]; k/v are the chunk's own (post-RoPE) keys/values.
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for interleaved (GPT-J) RoPE.
+
+    Args:
+        positions: ``[B, T]`` int64 absolute token positions.
+    Returns:
+        ``(cos, sin)`` each ``[B, 1, T, head_dim // 2]`` float32.
+    """
+    # Same fp32 formula as upstream (frequencies exp(-ln(max_period) * 2i / D)) so angles match bitwise.
+    ds = torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
+    freqs = torch.exp(ds * (-math.log(max_period) * 2 / head_dim))
+    ang = positions.to(torch.float32)[:, None, :, None] * freqs
+    return torch.cos(ang), torch.sin(ang)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of ``x`` ``[B, H, T, Dh]``; math in fp32, result in x.dtype."""
+    shape = x.shape
+    pairs = x.reshape(*shape[:-1], shape[-1] // 2, 2)
+    re, im = pairs[..., 0].float(), pairs[..., 1].float()
+    out = torch.stack((re * cos - im * sin, re * sin + im * cos), dim=-1)
+    return out.to(x.dtype).reshape(shape)
+
+
+def windowed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int, block: int = 1024
+) -> torch.Tensor:
+    """Whole-sequence causal local attention: query i sees keys j with 0 <= i - j < context.
+
+    Queries are processed in blocks so memory stays O(block * (block + context)) for long clips
+    instead of O(T^2).
+
+    Args:
+        q, k, v: ``[B, H, T, Dh]`` (positions 0..T-1).
+    Returns:
+        ``[B, H, T, Dh]``.
+    """
+    T = q.shape[2]
+    out = torch.empty_like(q)
+    for s in range(0, T, block):
+        e = min(T, s + block)
+        ks = max(0, s - context + 1)
+        qi = torch.arange(s, e, device=q.device)[:, None]
+        kj = torch.arange(ks, e, device=q.device)[None, :]
+        delta = qi - kj
+        mask = (delta >= 0) & (delta < context)
+        out[:, :, s:e] = F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, ks:e], v[:, :, ks:e], attn_mask=mask)
+    return out
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale (checkpoint key ``layer_scale_{1,2}.scale``)."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class SelfAttentionWeights(nn.Module):
+    """Holds ``self_attn.in_proj`` (d→3d) and ``self_attn.out_proj`` (d→d), both without bias."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+
+class TransformerLayer(nn.Module):
+    """Pre-norm layer: ``x += ls1 * Attn(LN1 x)``; ``x += ls2 * FFN(LN2 x)``; FFN = Linear, exact GELU, Linear."""
+
+    def __init__(self, spec: TransformerSpec) -> None:
+        super().__init__()
+        d = spec.d_model
+        self.num_heads = spec.num_heads
+        self.head_dim = spec.head_dim
+        self.self_attn = SelfAttentionWeights(d)
+        self.norm1 = nn.LayerNorm(d, eps=1e-5)
+        self.norm2 = nn.LayerNorm(d, eps=1e-5)
+        # Indices 0 and 2 so the keys read ffn.0 / ffn.2 as in the checkpoint.
+        self.ffn = nn.Sequential(
+            nn.Linear(d, spec.dim_feedforward, bias=False), nn.GELU(), nn.Linear(spec.dim_feedforward, d, bias=False)
+        )
+        init = 1.0 if spec.layer_scale is None else spec.layer_scale
+        self.layer_scale_1 = LayerScale(d, init)
+        self.layer_scale_2 = LayerScale(d, init)
+
+    def qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """LN1 + in_proj + RoPE. ``x`` ``[B, T, d]`` fp32 → q, k, v ``[B, H, T, Dh]`` in compute dtype."""
+        B, T, _ = x.shape
+        w = self.self_attn.in_proj.weight
+        h = F.layer_norm(x, self.norm1.normalized_shape, self.norm1.weight, self.norm1.bias, self.norm1.eps)
+        qkv = F.linear(h.to(w.dtype), w).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """out_proj + residual + FFN block. ``attn`` ``[B, H, T, Dh]``; returns ``[B, T, d]`` fp32."""
+        B, _, T, _ = attn.shape
+        a = attn.transpose(1, 2).reshape(B, T, -1)
+        x = x + self.layer_scale_1(F.linear(a, self.self_attn.out_proj.weight).float())
+        h = F.layer_norm(x, self.norm2.normalized_shape, self.norm2.weight, self.norm2.bias, self.norm2.eps)
+        w1, w2 = self.ffn[0].weight, self.ffn[2].weight
+        u = F.linear(F.gelu(F.linear(h.to(w1.dtype), w1)), w2)
+        return x + self.layer_scale_2(u.float())
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        q, k, v = self.qkv(x, cos, sin)
+        return self.finish(x, attend(q, k, v))
+
+
+class TransformerStack(nn.Module):
+    """Holds ``layers`` (checkpoint key ``<stage>.transformer.layers.<i>``)."""
+
+    def __init__(self, spec: TransformerSpec) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(TransformerLayer(spec) for _ in range(spec.num_layers))
+
+
+class ProjectedTransformer(nn.Module):
+    """input_proj (no bias) → causal local-window transformer → output_proj (no bias).
+
+    v2 always has both projections, even where dimensions match.
+    """
+
+    def __init__(self, spec: TransformerSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.input_proj = nn.Linear(spec.input_dimension, spec.d_model, bias=False)
+        self.transformer = TransformerStack(spec)
+        self.output_proj = nn.Linear(spec.d_model, spec.output_dimension, bias=False)
+
+    def project_in(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, input_dimension]`` → ``[B, T, d_model]`` fp32 residual stream."""
+        w = self.input_proj.weight
+        return F.linear(x.to(w.dtype), w).float()
+
+    def project_out(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, d_model]`` → ``[B, T, output_dimension]`` fp32."""
+        w = self.output_proj.weight
+        return F.linear(x.to(w.dtype), w).float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Whole-sequence forward from position 0. ``x`` ``[B, T, in]`` → ``[B, T, out]`` fp32."""
+        B, T, _ = x.shape
+        pos = torch.arange(T, device=x.device).expand(B, T)
+        cos, sin = rope_angles(pos, self.spec.head_dim, self.spec.max_period)
+        context = self.spec.context
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return windowed_attention(q, k, v, context)
+
+        h = self.project_in(x)
+        for layer in self.transformer.layers:
+            h = layer(h, cos, sin, attend)
+        return self.project_out(h)
+
+
+def patch_fold(x: torch.Tensor, patch: int) -> torch.Tensor:
+    """Encoder patch: ``[B, T, C]`` → ``[B, T / patch, C * patch]``; out[t, c*patch + o] = x[t*patch + o, c]."""
+    B, T, C = x.shape
+    return x.reshape(B, T // patch, patch, C).permute(0, 1, 3, 2).reshape(B, T // patch, C * patch)
+
+
+def patch_unfold(x: torch.Tensor, patch: int) -> torch.Tensor:
+    """Decoder patch: ``[B, L, C * patch]`` → ``[B, L * patch, C]``; out[l*patch + o, c] = x[l, c*patch + o]."""
+    B, L, CP = x.shape
+    return x.reshape(B, L, CP // patch, patch).permute(0, 1, 3, 2).reshape(B, L * patch, CP // patch)

@@ -1,0 +1,284 @@
+"""Exact, batched, stateful streaming decode.
+
+Every decoder stage is causal with a finite window, and patch stages are reshapes, so the
+waveform of frame t depends only on codes <= t. A stream's state is, per attention layer, the
+keys/values of its recent tokens plus the number of frames decoded so far.
+
+Storage: one pool per attention layer, ``[max_streams, heads, ring, head_dim]``; a stream owns one
+slot (row). ``ring = context + max_chunk_frames * tokens_per_frame`` ("headroom"): a chunk's keys are
+written first and attention then runs over the whole ring with a position mask. Because the ring
+also holds the ``context`` keys before the chunk, every query sees exactly the keys the whole-clip
+decode gives it (upstream's ring of exactly ``context`` entries drops some for multi-frame chunks).
+Chunks longer than ``max_chunk_frames`` are split internally.
+
+Batched calls: streams with the same chunk length T run in one forward; groups of different T run
+one after another (no padding, so padding can never advance a state). Slots that form a contiguous
+range are used as a view of the pool; otherwise they are gathered.
+
+Not thread-safe: one worker thread owns a StreamingDecoder (as it owns the GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .model import DEFAULT_DECODE_LEVELS, CodecModel, Patch
+from .modules import ProjectedTransformer, rope_angles
+
+__all__ = ["DecoderState", "StreamingDecoder", "NoFreeSlot"]
+
+log = logging.getLogger(__name__)
+
+
+class NoFreeSlot(RuntimeError):
+    """All ``max_streams`` decoder slots are held by live states; close one first."""
+
+
+@dataclass(eq=False)
+class DecoderState:
+    """Per-stream decoder state: a slot in the decoder's K/V pools and the frames decoded so far.
+
+    Close it (or drop every reference to it) to give the slot back.
+    """
+
+    slot: int
+    frames: int = 0
+    closed: bool = False
+    _release: weakref.finalize | None = field(default=None, repr=False)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self._release is not None:
+                self._release()
+
+
+@dataclass
+class _Stage:
+    """Streaming bookkeeping of one decoder transformer stage."""
+
+    module: ProjectedTransformer
+    tokens_per_frame: int
+    context: int
+    ring: int
+    k_pool: list[torch.Tensor]  # per layer [S, H, ring, Dh]
+    v_pool: list[torch.Tensor]
+
+
+class StreamingDecoder:
+    """Exact streaming decoder over a :class:`CodecModel` (see module docstring).
+
+    Args:
+        codec: the loaded codec (decode-only is enough). It is moved to ``device`` and its transformer
+            linears set to ``dtype`` if they differ.
+        device: compute device.
+        dtype: compute dtype of the transformer linears and of the K/V pools (fp32 or bf16).
+        max_streams: number of pool slots (live states at once).
+        max_chunk_frames: largest chunk decoded in one forward; sets the ring headroom.
+        num_quantizers: codebooks used per frame (12 for MOSS-TTS).
+    """
+
+    def __init__(
+        self,
+        codec: CodecModel,
+        *,
+        device: str | torch.device,
+        dtype: torch.dtype = torch.float32,
+        max_streams: int = 16,
+        max_chunk_frames: int = 25,
+        num_quantizers: int = DEFAULT_DECODE_LEVELS,
+    ) -> None:
+        self.device = torch.device(device)
+        self.dtype = dtype
+        if codec.device != self.device:
+            codec.to(self.device)
+        if codec.compute_dtype != dtype:
+            log.info("streaming decoder: setting codec compute dtype to %s", dtype)
+            codec.set_compute_dtype(dtype)
+        codec.quantizer.build_lut()
+        self.codec = codec
+        self.max_streams = int(max_streams)
+        self.max_chunk_frames = int(max_chunk_frames)
+        self.num_quantizers = int(num_quantizers)
+        self.samples_per_frame = codec.config.samples_per_frame
+        self._free: list[int] = list(range(self.max_streams - 1, -1, -1))
+        self._stages: dict[int, _Stage] = {}
+        frame_rate = codec.config.frame_rate
+        for idx, m in enumerate(codec.decoder):
+            if isinstance(m, ProjectedTransformer):
+                spec = m.spec
+                tpf = int(round(spec.rate_hz / frame_rate))
+                ring = spec.context + self.max_chunk_frames * tpf
+                shape = (self.max_streams, spec.num_heads, ring, spec.head_dim)
+                self._stages[idx] = _Stage(
+                    module=m,
+                    tokens_per_frame=tpf,
+                    context=spec.context,
+                    ring=ring,
+                    k_pool=[torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)],
+                    v_pool=[torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)],
+                )
+        nbytes = sum(t.numel() * t.element_size() for s in self._stages.values() for t in s.k_pool + s.v_pool)
+        log.info(
+            "streaming decoder: %d slots, chunks <= %d frames, K/V pools %.1f MB on %s (%s)",
+            self.max_streams, self.max_chunk_frames, nbytes / 1e6, self.device, dtype,
+        )
+
+    # ---------------------------------------------------------------- states
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def new_state(self) -> DecoderState:
+        """A fresh stream state (position 0). Raises NoFreeSlot when all slots are taken."""
+        if not self._free:
+            raise NoFreeSlot(f"all {self.max_streams} codec decoder slots are in use")
+        slot = self._free.pop()
+        state = DecoderState(slot=slot)
+        # The finalizer runs on close() or when the state is garbage-collected; it holds no
+        # reference to the state itself, only to the free list.
+        state._release = weakref.finalize(state, self._free.append, slot)
+        return state
+
+    def rebuild(self, codes_prefix: np.ndarray | torch.Tensor) -> DecoderState:
+        """State after decoding frames ``[0, N)`` of ``codes_prefix`` ``[N, >=12]`` (exact; used for seek).
+
+        Decodes the prefix from scratch (the stacked windows make the state depend on far more than the
+        last window) in chunks of ``max_chunk_frames``, discarding the audio.
+        """
+        state = self.new_state()
+        try:
+            codes = self._as_codes(codes_prefix, allow_empty=True)
+            for s in range(0, codes.shape[0], self.max_chunk_frames):
+                chunk = codes[s : s + self.max_chunk_frames]
+                self._run([state], chunk[None])
+                state.frames += chunk.shape[0]
+        except BaseException:
+            state.close()
+            raise
+        return state
+
+    # ---------------------------------------------------------------- decode
+    def decode(
+        self, states: Sequence[DecoderState], codes: Sequence[np.ndarray | torch.Tensor]
+    ) -> list[np.ndarray]:
+        """Decode one chunk per stream and advance each state.
+
+        Args:
+            states: one state per stream (distinct).
+            codes: ``codes[i]`` ``[T_i, >=12]`` int (T_i >= 1, may differ per stream).
+        Returns:
+            ``audio[i]`` float32 ``[channels, samples_per_frame * T_i]`` at the codec sample rate.
+        """
+        return [a.cpu().numpy() for a in self.decode_tensors(states, codes)]
+
+    @torch.no_grad()
+    def decode_tensors(
+        self, states: Sequence[DecoderState], codes: Sequence[np.ndarray | torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Like :meth:`decode` but returns float32 tensors on the decoder's device."""
+        if len(states) != len(codes):
+            raise ValueError(f"{len(states)} states but {len(codes)} code chunks")
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("the same state appears twice in one decode call")
+        for s in states:
+            if s.closed:
+                raise ValueError("decode on a closed DecoderState")
+        chunks = [self._as_codes(c) for c in codes]
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, c in enumerate(chunks):
+            groups[c.shape[0]].append(i)
+        out: list[torch.Tensor | None] = [None] * len(states)
+        for T, idxs in groups.items():
+            batch = torch.stack([chunks[i] for i in idxs])  # [B, T, nq]
+            pieces = []
+            for s in range(0, T, self.max_chunk_frames):
+                sub = batch[:, s : s + self.max_chunk_frames]
+                pieces.append(self._run([states[i] for i in idxs], sub))
+                for i in idxs:
+                    states[i].frames += sub.shape[1]
+            audio = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
+            for j, i in enumerate(idxs):
+                out[i] = audio[j]
+        return [a for a in out if a is not None]
+
+    def _as_codes(self, codes: np.ndarray | torch.Tensor, allow_empty: bool = False) -> torch.Tensor:
+        t = torch.as_tensor(np.asarray(codes) if not isinstance(codes, torch.Tensor) else codes)
+        if t.dim() != 2 or t.shape[1] < self.num_quantizers:
+            raise ValueError(f"codes must be [T, >= {self.num_quantizers}], got {tuple(t.shape)}")
+        if t.shape[0] == 0 and not allow_empty:
+            raise ValueError("codes chunk has no frames (T must be >= 1)")
+        if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise ValueError(f"codes must be integers, got {t.dtype}")
+        size = self.codec.config.quantizer.codebook_size
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
+            raise ValueError(f"codes out of range [0, {size})")
+        return t[:, : self.num_quantizers].to(device=self.device, dtype=torch.int64)
+
+    # ---------------------------------------------------------------- forward
+    def _run(self, states: Sequence[DecoderState], codes: torch.Tensor) -> torch.Tensor:
+        """One forward of B streams, equal T <= max_chunk_frames. codes ``[B, T, nq]`` → audio ``[B, ch, T*spf]``."""
+        slots_list = [s.slot for s in states]
+        B = len(slots_list)
+        contig = slots_list == list(range(slots_list[0], slots_list[0] + B))
+        slots = torch.tensor(slots_list, device=self.device, dtype=torch.int64)
+        offs = torch.tensor([s.frames for s in states], device=self.device, dtype=torch.int64)
+        return self._forward(codes, slots, offs, slots_list[0] if contig else None)
+
+    def _forward(
+        self, codes: torch.Tensor, slots: torch.Tensor, offs: torch.Tensor, contig_start: int | None
+    ) -> torch.Tensor:
+        """Device-only maths of one step (no host sync), so it can be captured in a CUDA graph.
+
+        Args:
+            codes: ``[B, T, nq]`` int64. slots: ``[B]`` pool rows. offs: ``[B]`` frames already decoded.
+            contig_start: when the slots are ``contig_start .. contig_start+B-1``, pools are sliced, not gathered.
+        """
+        B, T, _ = codes.shape
+        x = self.codec.quantizer.decode(codes)
+        for idx, m in enumerate(self.codec.decoder):
+            if isinstance(m, Patch):
+                x = m(x)
+            else:
+                x = self._stage(self._stages[idx], x, slots, offs, contig_start)
+        return self.codec.deinterleave(x)
+
+    def _stage(
+        self, st: _Stage, x: torch.Tensor, slots: torch.Tensor, offs: torch.Tensor, contig_start: int | None
+    ) -> torch.Tensor:
+        B, Tq, _ = x.shape
+        dev = x.device
+        R = st.ring
+        start = offs * st.tokens_per_frame  # [B] first token position of this chunk
+        pos = start[:, None] + torch.arange(Tq, device=dev)  # [B, Tq]
+        ring_idx = pos % R
+        # Position held by each ring entry once this chunk is written: the latest p <= last with p % R == j.
+        last = (start + Tq - 1)[:, None]
+        j = torch.arange(R, device=dev)[None, :]
+        pos_j = last - (last - j) % R  # [B, R]; negative = never written
+        delta = pos[:, :, None] - pos_j[:, None, :]  # [B, Tq, R]
+        mask = ((pos_j >= 0)[:, None, :] & (delta >= 0) & (delta < st.context))[:, None]  # [B, 1, Tq, R]
+        cos, sin = rope_angles(pos, st.module.spec.head_dim, st.module.spec.max_period)
+        rows = slots[:, None]
+        h = st.module.project_in(x)
+        for li, layer in enumerate(st.module.transformer.layers):
+            q, k, v = layer.qkv(h, cos, sin)
+            kp, vp = st.k_pool[li], st.v_pool[li]
+            # Advanced indices (rows, ring_idx) around a slice: target shape [B, Tq, H, Dh].
+            kp[rows, :, ring_idx] = k.transpose(1, 2)
+            vp[rows, :, ring_idx] = v.transpose(1, 2)
+            if contig_start is not None:
+                kb, vb = kp[contig_start : contig_start + B], vp[contig_start : contig_start + B]
+            else:
+                kb, vb = kp.index_select(0, slots), vp.index_select(0, slots)
+            attn = F.scaled_dot_product_attention(q, kb, vb, attn_mask=mask)
+            h = layer.finish(h, attn)
+        return st.module.project_out(h)
