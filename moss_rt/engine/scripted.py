@@ -106,7 +106,8 @@ class ScriptedEngine:
         )
         self._frame_s = frame_ms / 1000.0
         self._max_slots = max_slots
-        self._lead_frames = max(1, int(max_lead_sec * FRAME_RATE))
+        # 0 disables pacing in the web layer; the engine still bounds what may wait unconsumed.
+        self._lead_frames = max(1, int((max_lead_sec if max_lead_sec > 0 else 20.0) * FRAME_RATE))
         self._inbox: queue.Queue[_Active] = queue.Queue(maxsize=max_queue)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -170,6 +171,7 @@ class ScriptedEngine:
                     break
                 item.next_due = time.monotonic()
                 active.append(item)
+            self.active_count = len(active)
             now = time.monotonic()
             for item in list(active):
                 if self._advance(item, now):

@@ -1,0 +1,57 @@
+# moss_rt — the two commands that matter: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RUN_STAMP := $(VENV)/.run-installed
+DEV_STAMP := $(VENV)/.dev-installed
+HOST ?= 127.0.0.1
+PORT ?= 8770
+
+.PHONY: run run-scripted test test-fast test-gpu browser soak lint bench-cpu clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(RUN_STAMP): requirements.txt | $(VENV)/bin/python
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
+	touch $@
+
+$(DEV_STAMP): requirements.txt requirements-dev.txt | $(VENV)/bin/python
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+	touch $@ $(RUN_STAMP)
+
+## Start the service on http://$(HOST):$(PORT) (real model on a CUDA GPU, else the tiny demo model).
+run: $(RUN_STAMP)
+	$(PY) -m moss_rt serve --host $(HOST) --port $(PORT)
+
+## The service on the scripted test engine (no model): for UI work.
+run-scripted: $(RUN_STAMP)
+	$(PY) -m moss_rt serve --engine scripted --host $(HOST) --port $(PORT)
+
+## The whole suite (sets everything up, including Chromium for the browser test).
+test: $(DEV_STAMP) browser
+	PYTHONASYNCIODEBUG=1 $(PY) -m pytest
+
+## Everything but the browser test.
+test-fast: $(DEV_STAMP)
+	$(PY) -m pytest -m "not browser"
+
+## GPU tests (on a CUDA machine).
+test-gpu: $(DEV_STAMP)
+	$(PY) -m pytest -m gpu
+
+## Debian's Chromium for the end-to-end studio test (best effort: the test skips without it).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+		|| echo "chromium could not be installed: the browser test will be skipped"; }
+
+## Bounded soak test against the tiny model (minutes; not part of `make test`).
+soak: $(DEV_STAMP)
+	$(PY) -m tests.soak
+
+lint: $(DEV_STAMP)
+	$(VENV)/bin/ruff check moss_rt tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis artifacts
