@@ -1,0 +1,227 @@
+"""Load a MOSS-TTS-Local checkpoint folder (or hub id) into our network.
+
+The model is built on the ``meta`` device and materialised once on the target device;
+tensors are then read one by one from ``model.safetensors`` (safe_open, straight to the
+target device), so host memory never holds a second full copy. Tied heads are single
+tensors in memory: their on-disk copies are only read when the source is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moss_rt.model.config import MossTTSConfig
+from moss_rt.model.network import MossTTSLocalModel
+from moss_rt.model.prompt import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HUB_ID = "laion/moss-tts-local-transformer-4.55b-voice-acting-v2"
+HUB_FILES = ["config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer*", "*.txt", "*.model"]
+
+
+class ModelSourceError(RuntimeError):
+    """A model source that cannot be found, downloaded or read."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: Path
+    kind: str  # "local", "hub" or "tiny"
+    demo: bool  # random weights: audio is noise
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.path}" + (" (DEMO: tiny random weights)" if self.demo else "")
+
+
+@dataclass
+class LoadedModel:
+    model: MossTTSLocalModel
+    config: MossTTSConfig
+    tokenizer: Any
+    source: ModelSource
+    seconds: float
+
+
+def _is_checkpoint_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and (
+        (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+    )
+
+
+def tiny_cache_dir() -> Path:
+    root = os.environ.get("MOSS_RT_CACHE") or os.path.join(tempfile.gettempdir(), "moss_rt")
+    return Path(root) / "tiny-seed0"
+
+
+def resolve_model_source(
+    spec: str,
+    *,
+    cache_dir: str | Path | None = None,
+    offline: bool | None = None,
+    tiny_dir: str | Path | None = None,
+) -> ModelSource:
+    """``auto`` | ``tiny`` | a local folder | a Hugging Face hub id -> a folder in the real layout.
+
+    ``auto`` = the default hub model when a CUDA device is present and the weights can be
+    found (cache or download), else the tiny random model, announced loudly.
+    """
+    spec = str(spec).strip()
+    if spec == "tiny":
+        return _tiny_source(tiny_dir)
+    if spec == "auto":
+        if not torch.cuda.is_available():
+            logger.warning("--model auto: no CUDA device, serving the TINY RANDOM demo model (audio is noise)")
+            return _tiny_source(tiny_dir)
+        try:
+            return _hub_source(DEFAULT_HUB_ID, cache_dir=cache_dir, offline=offline)
+        except ModelSourceError as exc:
+            logger.warning("--model auto: %s; serving the TINY RANDOM demo model (audio is noise)", exc)
+            return _tiny_source(tiny_dir)
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir() or not _is_checkpoint_dir(path):
+            raise ModelSourceError(f"{path} is not a checkpoint folder (needs config.json and model.safetensors)")
+        return ModelSource(path.resolve(), "local", demo=_is_demo(path))
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        return _hub_source(spec, cache_dir=cache_dir, offline=offline)
+    raise ModelSourceError(f"model {spec!r} is neither a folder, a hub id (owner/name), 'auto' nor 'tiny'")
+
+
+def _is_demo(path: Path) -> bool:
+    try:
+        return bool(json.loads((path / "config.json").read_text()).get("moss_rt_random_weights", False))
+    except (OSError, ValueError):
+        return False
+
+
+def _tiny_source(tiny_dir: str | Path | None) -> ModelSource:
+    from moss_rt.model.tiny import write_tiny_checkpoint
+
+    folder = Path(tiny_dir) if tiny_dir is not None else tiny_cache_dir()
+    if not _is_checkpoint_dir(folder):
+        write_tiny_checkpoint(folder)
+    return ModelSource(folder.resolve(), "tiny", demo=True)
+
+
+def _hub_source(repo_id: str, *, cache_dir: str | Path | None, offline: bool | None) -> ModelSource:
+    from huggingface_hub import snapshot_download
+
+    if offline is None:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+    try:
+        folder = snapshot_download(
+            repo_id,
+            allow_patterns=HUB_FILES,
+            cache_dir=None if cache_dir is None else str(cache_dir),
+            local_files_only=offline,
+        )
+    except Exception as exc:  # the hub raises many types (offline, 404, auth, network)
+        how = "offline mode (HF_HUB_OFFLINE) and not in the local cache" if offline else "download failed"
+        raise ModelSourceError(f"cannot get {repo_id!r} from the Hugging Face hub: {how}: {exc}") from exc
+    path = Path(folder)
+    if not _is_checkpoint_dir(path):
+        raise ModelSourceError(f"hub snapshot of {repo_id!r} at {path} lacks config.json or model.safetensors")
+    return ModelSource(path, "hub", demo=False)
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / name for name in names]
+    raise ModelSourceError(f"no model.safetensors in {folder}")
+
+
+@torch.inference_mode()
+def load_weights(model: MossTTSLocalModel, folder: Path, device: torch.device) -> None:
+    """Fill every parameter of ``model`` (already on ``device``) from the folder's safetensors."""
+    from safetensors import safe_open
+
+    params = dict(model.state_dict(keep_vars=True))
+    tied = model.tied_keys()
+    files = _safetensors_files(folder)
+    located: dict[str, Path] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for key in handle.keys():
+                located[key] = file
+    unexpected = sorted(set(located) - set(params))
+    if unexpected:
+        raise ModelSourceError(f"checkpoint has tensors the model does not: {unexpected[:8]}")
+    wanted = {}
+    for key in params:
+        if key in tied and tied[key] in located:
+            continue  # one tensor in memory; its on-disk copy is redundant
+        source = key
+        if key not in located:
+            # A tied source may be stored only under its head's name.
+            alt = next((t for t, s in tied.items() if s == key and t in located), None)
+            if alt is None:
+                raise ModelSourceError(f"checkpoint lacks tensor {key!r}")
+            source = alt
+        wanted[key] = source
+    target = "cuda" if device.type == "cuda" else "cpu"
+    if device.type == "cuda" and device.index is not None:
+        target = f"cuda:{device.index}"
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for key, source in wanted.items():
+        by_file.setdefault(located[source], []).append((key, source))
+    for file, pairs in by_file.items():
+        with safe_open(str(file), framework="pt", device=target) as handle:
+            for key, source in pairs:
+                tensor = handle.get_tensor(source)
+                param = params[key]
+                if tuple(tensor.shape) != tuple(param.shape):
+                    raise ModelSourceError(
+                        f"{source}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}"
+                    )
+                param.copy_(tensor)
+                del tensor
+
+
+def build_model(config: MossTTSConfig, device: torch.device, dtype: torch.dtype) -> MossTTSLocalModel:
+    """Parameters allocated once, uninitialised, directly on the target device."""
+    with torch.device("meta"):
+        model = MossTTSLocalModel(config).to(dtype)  # dtype change on meta costs nothing
+    model = model.to_empty(device=device)
+    model.tie_weights()
+    return model.eval().requires_grad_(False)
+
+
+def load_model(
+    spec: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    cache_dir: str | Path | None = None,
+    offline: bool | None = None,
+) -> LoadedModel:
+    import time
+
+    t0 = time.perf_counter()
+    source = resolve_model_source(str(spec), cache_dir=cache_dir, offline=offline)
+    config = MossTTSConfig.from_file(source.path / "config.json")
+    device = torch.device(device)
+    if isinstance(dtype, str):
+        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}[
+            dtype
+        ]
+    model = build_model(config, device, dtype)
+    load_weights(model, source.path, device)
+    tokenizer = load_tokenizer(source.path)
+    seconds = time.perf_counter() - t0
+    logger.info("loaded %s on %s/%s in %.1f s", source.describe(), device, dtype, seconds)
+    if source.demo:
+        logger.warning("MODEL IS A TINY RANDOM DEMO: generated audio is noise")
+    return LoadedModel(model, config, tokenizer, source, seconds)

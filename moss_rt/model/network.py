@@ -1,0 +1,271 @@
+"""The MOSS-TTS-Local v1.5 network: Qwen3 backbone, frame-local transformer, heads.
+
+Module and parameter names equal the released checkpoint's tensor names
+(``transformer.layers.0.self_attn.q_proj.weight``, ``local_transformer.h.0.attn.c_attn.bias``,
+``audio_lm_heads.3.weight``, ...), so loading is a plain name match.
+
+The forward functions take explicit key/value buffers and position tensors instead of
+cache objects; the runner owns those buffers (see runner.py). Nothing here syncs with
+the host, so the same code runs eagerly and inside CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from moss_rt.model.config import BackboneConfig, LocalConfig, MossTTSConfig
+from moss_rt.model.layers import (
+    RMSNorm,
+    activation,
+    attention_scale,
+    grouped_attention,
+    rotate_half_split,
+    rotate_interleaved,
+)
+
+# --------------------------------------------------------------------------- backbone
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        write_pos: torch.Tensor,
+        key_len: int,
+        key_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """x [B,T,H]; cos/sin [B,T,D]; caches [B,Hkv,S,D] (views of the runner's buffers).
+
+        Writes this chunk's keys/values at ``write_pos`` [B,T] and attends over the
+        first ``key_len`` cached positions with ``key_mask`` [B,T,key_len].
+        """
+        batch, tq, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(batch, tq, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(batch, tq, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(batch, tq, self.num_kv_heads, self.head_dim)
+        c, s = cos.unsqueeze(2), sin.unsqueeze(2)
+        q = q * c + rotate_half_split(q) * s
+        k = k * c + rotate_half_split(k) * s
+        rows = torch.arange(batch, device=x.device)[:, None].expand(batch, tq)
+        # Advanced indices on dims 0 and 2 put the [B,T] index dims first: value [B,T,Hkv,D].
+        k_cache[rows, :, write_pos] = k
+        v_cache[rows, :, write_pos] = v
+        out = grouped_attention(q, k_cache[:, :, :key_len], v_cache[:, :, :key_len], key_mask, self.scale)
+        return self.o_proj(out)
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.self_attn = Qwen3Attention(cfg)
+        self.mlp = Qwen3MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Qwen3Backbone(nn.Module):
+    """``transformer.*``: embed_tokens, layers, norm."""
+
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_caches: torch.Tensor,
+        v_caches: torch.Tensor,
+        write_pos: torch.Tensor,
+        key_len: int,
+        key_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run all layers on embedded rows x [B,T,H]; caches are [L,B,Hkv,S,D] views.
+
+        Returns the hidden states after the final RMSNorm (what the local transformer reads).
+        """
+        for index, layer in enumerate(self.layers):
+            h = layer.input_layernorm(x)
+            x = x + layer.self_attn(h, cos, sin, k_caches[index], v_caches[index], write_pos, key_len, key_mask)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+
+# --------------------------------------------------------------------------- local transformer
+
+
+class LocalAttention(nn.Module):
+    def __init__(self, cfg: LocalConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.num_heads = cfg.n_head
+        self.head_dim = cfg.head_dim
+        self.embed_dim = cfg.n_embd
+        self.scale = attention_scale(
+            cfg.head_dim, cfg.scale_attn_weights, cfg.scale_attn_by_inverse_layer_idx, layer_idx
+        )
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: int
+    ) -> torch.Tensor:
+        """One local position: x [B,1,E]; cos/sin [D] for ``pos``; buffers [B,heads,n_vq,D]."""
+        batch = x.shape[0]
+        q, k, v = self.c_attn(x).split(self.embed_dim, dim=-1)
+        q = q.view(batch, 1, self.num_heads, self.head_dim)
+        k = k.view(batch, 1, self.num_heads, self.head_dim)
+        v = v.view(batch, 1, self.num_heads, self.head_dim)
+        q = q * cos + rotate_interleaved(q) * sin
+        k = k * cos + rotate_interleaved(k) * sin
+        k_buf[:, :, pos] = k[:, 0]
+        v_buf[:, :, pos] = v[:, 0]
+        # Keys 0..pos are exactly the causal window, so no mask is needed.
+        out = grouped_attention(q, k_buf[:, :, : pos + 1], v_buf[:, :, : pos + 1], None, self.scale)
+        return self.c_proj(out)
+
+
+class LocalMLP(nn.Module):
+    def __init__(self, cfg: LocalConfig) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(cfg.n_embd, cfg.n_inner)
+        self.fc_out = nn.Linear(cfg.n_inner, cfg.n_embd)
+        self.act = activation(cfg.activation_function)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(self.act(self.fc_in(x)))
+
+
+class LocalBlock(nn.Module):
+    def __init__(self, cfg: LocalConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.attn = LocalAttention(cfg, layer_idx)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.mlp = LocalMLP(cfg)
+
+
+class LocalTransformer(nn.Module):
+    """``local_transformer.*``: GPT-2 style pre-LN blocks ``h`` and final ``ln_f`` (no wte/wpe)."""
+
+    def __init__(self, cfg: LocalConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.h = nn.ModuleList(LocalBlock(cfg, i) for i in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+
+    def new_buffers(self, batch: int, length: int, device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Per-frame key/value scratch: [2*n_layer] tensors of [B,heads,length,D]."""
+        shape = (batch, self.cfg.n_head, length, self.cfg.head_dim)
+        return [torch.empty(shape, device=device, dtype=dtype) for _ in range(2 * len(self.h))]
+
+    def step(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, buffers: list[torch.Tensor], pos: int
+    ) -> torch.Tensor:
+        """Advance one local position: x [B,E] -> ln_f output [B,E]."""
+        h = x.unsqueeze(1)
+        for index, block in enumerate(self.h):
+            h = h + block.attn(block.ln_1(h), cos, sin, buffers[2 * index], buffers[2 * index + 1], pos)
+            h = h + block.mlp(block.ln_2(h))
+        return self.ln_f(h)[:, 0]
+
+
+# --------------------------------------------------------------------------- whole model
+
+
+class MossTTSLocalModel(nn.Module):
+    """Parameters under the checkpoint's names; tied heads share their embedding tensors."""
+
+    def __init__(self, config: MossTTSConfig) -> None:
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        self.transformer = Qwen3Backbone(config.backbone)
+        self.local_transformer = LocalTransformer(config.local)
+        self.audio_embeddings = nn.ModuleList(
+            nn.Embedding(config.audio_vocab_size, hidden) for _ in range(config.n_vq)
+        )
+        self.text_lm_head = nn.Linear(hidden, config.backbone.vocab_size, bias=False)
+        self.audio_lm_heads = nn.ModuleList(
+            nn.Linear(hidden, config.audio_vocab_size, bias=False) for _ in range(config.n_vq)
+        )
+        self.local_text_lm_head: nn.Linear | None = (
+            nn.Linear(hidden, 2, bias=False) if config.local_text_head_mode == "binary" else None
+        )
+        self.tie_weights()
+
+    # The checkpoint stores tied tensors as separate copies; in memory they are one.
+    def tied_keys(self) -> dict[str, str]:
+        """target key -> source key for every tied parameter."""
+        return self.tied_keys_for(self.config)
+
+    @staticmethod
+    def tied_keys_for(config: MossTTSConfig) -> dict[str, str]:
+        tied = {"text_lm_head.weight": "transformer.embed_tokens.weight"}
+        tied.update({f"audio_lm_heads.{i}.weight": f"audio_embeddings.{i}.weight" for i in range(config.n_vq)})
+        return tied
+
+    def tie_weights(self) -> None:
+        self.text_lm_head.weight = self.transformer.embed_tokens.weight
+        for emb, head in zip(self.audio_embeddings, self.audio_lm_heads, strict=True):
+            head.weight = emb.weight
+
+    def checkpoint_keys(self) -> list[str]:
+        """All tensor names of the on-disk layout, tied copies included (438 for the real model)."""
+        return list(self.state_dict(keep_vars=True).keys())
+
+    # ------------------------------------------------------------------ pieces used by the runner
+    def embed_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [...,1+n_vq] int64 -> [...,H]: text embedding + sum of code embeddings; pad codes add 0."""
+        x = self.transformer.embed_tokens(rows[..., 0])
+        pad = self.config.audio_pad_token_id
+        for index, table in enumerate(self.audio_embeddings):
+            ids = rows[..., index + 1]
+            valid = ids.ne(pad)
+            # Same order of operations as upstream: lookup a safe id, then multiply by the mask.
+            x = x + table(ids.masked_fill(~valid, 0)) * valid.unsqueeze(-1)
+        return x
+
+    def stop_logits(self, z0: torch.Tensor) -> torch.Tensor:
+        """[B,2] fp32 logits: class 0 = continue (assistant slot), class 1 = stop (audio end)."""
+        if self.local_text_lm_head is not None:
+            return self.local_text_lm_head(z0).float()
+        ids = [self.config.audio_assistant_slot_token_id, self.config.audio_end_token_id]
+        return F.linear(z0, self.text_lm_head.weight[ids]).float()
+
+    def audio_logits(self, z: torch.Tensor, codebook: int) -> torch.Tensor:
+        return self.audio_lm_heads[codebook](z).float()

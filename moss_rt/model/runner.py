@@ -1,0 +1,336 @@
+"""ModelRunner: the engine's handle on the model (slots, prefill, seek, batched steps).
+
+Slots are rows of preallocated device state (state.py). A batched step always runs on
+a contiguous range of rows [0, B) (B = a batch bucket covering the highest slot
+stepped); rows in that range that are not stepped compute into a scratch position and
+keep their state. That is what makes the step CUDA-graph capturable with static
+buffers: on CUDA one graph is captured per (batch bucket, key-length bucket), lazily
+or in ``warmup()``. On CPU the step runs eagerly one slot at a time, which makes a
+take's codes bit-identical whatever else is in the batch (CPU GEMMs are not row-
+invariant across batch sizes).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from moss_rt.model.config import MossTTSConfig
+from moss_rt.model.network import MossTTSLocalModel
+from moss_rt.model.prompt import build_prompt_rows
+from moss_rt.model.sampling import split_seed
+from moss_rt.model.state import SlotState
+from moss_rt.model.step import Tables, Timer, frame_step, prefill_rows
+from moss_rt.protocol.messages import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+MIN_KEY_BUCKET = 256
+
+
+class SlotError(RuntimeError):
+    """A slot operation that cannot be done (full, unknown slot, out of positions...)."""
+
+
+@dataclass
+class StepResult:
+    codes: np.ndarray  # [B, n_vq] int64; pad codes where stop is True
+    stop: np.ndarray  # [B] bool: the stop head fired, no frame was produced
+    total_ms: float
+    backbone_ms: float | None = None
+    local_ms: float | None = None
+    sampling_ms: float | None = None
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: MossTTSLocalModel,
+        tokenizer: Any,
+        config: MossTTSConfig,
+        *,
+        max_slots: int,
+        max_seq_len: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        use_cuda_graphs: bool | None = None,
+    ) -> None:
+        if max_slots < 1 or max_seq_len < 2:
+            raise ValueError("max_slots must be >= 1 and max_seq_len >= 2")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.max_slots = int(max_slots)
+        self.max_seq_len = int(max_seq_len)
+        self.state = SlotState.allocate(config, self.max_slots, self.max_seq_len, self.device, dtype)
+        self.tables = Tables.build(model, self.state.positions, self.device, dtype)
+        cuda = self.device.type == "cuda"
+        self.use_cuda_graphs = cuda if use_cuda_graphs is None else bool(use_cuda_graphs and cuda)
+        # On CPU each slot steps alone so that batching never changes a take's numbers.
+        self.per_slot_eager = not cuda
+        self._lengths = np.zeros(self.max_slots, dtype=np.int64)
+        self._frames = np.zeros(self.max_slots, dtype=np.int64)
+        self._allocated = np.zeros(self.max_slots, dtype=bool)
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._pool: Any = None
+        self._active_host = torch.zeros(self.max_slots, dtype=torch.bool, pin_memory=cuda)
+        logger.info(
+            "model runner: %d slots x %d positions on %s/%s, state %.1f MiB, cuda graphs %s",
+            self.max_slots,
+            self.max_seq_len,
+            self.device,
+            dtype,
+            self.state.nbytes() / 2**20,
+            "on" if self.use_cuda_graphs else "off",
+        )
+
+    # ------------------------------------------------------------------ prompts
+    def build_prompt(
+        self,
+        *,
+        text: str,
+        instruction: str = "",
+        language: str = "",
+        tokens: int | None = None,
+        reference_codes: np.ndarray | None = None,
+        continuation_codes: np.ndarray | None = None,
+    ) -> np.ndarray:
+        return build_prompt_rows(
+            self.tokenizer,
+            self.config,
+            text=text,
+            instruction=instruction,
+            language=language,
+            tokens=tokens,
+            reference_codes=reference_codes,
+            continuation_codes=continuation_codes,
+        )
+
+    # ------------------------------------------------------------------ slots
+    def alloc_slot(self) -> int:
+        free = np.flatnonzero(~self._allocated)
+        if free.size == 0:
+            raise SlotError(f"all {self.max_slots} slots are in use")
+        slot = int(free[0])  # lowest first keeps active rows packed at the front (small buckets)
+        self._allocated[slot] = True
+        self._lengths[slot] = 0
+        self._sync_length(slot)
+        self.set_sampling(slot, SamplingParams(), 0)
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        self._check_slot(slot)
+        self._allocated[slot] = False
+        self._lengths[slot] = 0
+        self._sync_length(slot)
+
+    def slot_length(self, slot: int) -> int:
+        self._check_slot(slot)
+        return int(self._lengths[slot])
+
+    @property
+    def free_slots(self) -> int:
+        return int((~self._allocated).sum())
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= int(slot) < self.max_slots or not self._allocated[slot]:
+            raise SlotError(f"slot {slot} is not allocated")
+
+    def _sync_length(self, slot: int) -> None:
+        self.state.lengths[slot] = int(self._lengths[slot])
+
+    # ------------------------------------------------------------------ prefill / seek
+    @torch.inference_mode()
+    def prefill(self, slot: int, rows: np.ndarray, *, start: int = 0) -> None:
+        """Write prompt rows at positions [start, start+T); anything after is dropped."""
+        self._check_slot(slot)
+        rows_t = torch.as_tensor(np.asarray(rows), dtype=torch.int64)
+        if rows_t.ndim != 2 or rows_t.shape[1] != self.config.n_channels or rows_t.shape[0] == 0:
+            raise ValueError(f"rows must be a non-empty [T,{self.config.n_channels}] array, got {tuple(rows_t.shape)}")
+        if not 0 <= start <= self._lengths[slot]:
+            raise SlotError(f"prefill start {start} is beyond the slot's length {self._lengths[slot]}")
+        end = start + int(rows_t.shape[0])
+        if end > self.max_seq_len:
+            raise SlotError(f"prefill to {end} positions exceeds max_seq_len={self.max_seq_len}")
+        self._check_row_values(rows_t)
+        prefill_rows(self.model, self.state, self.tables, slot, rows_t, start)
+        self._lengths[slot] = end
+        self._sync_length(slot)
+
+    def _check_row_values(self, rows: torch.Tensor) -> None:
+        cfg = self.config
+        text = rows[:, 0]
+        if bool(((text < 0) | (text >= cfg.backbone.vocab_size)).any()):
+            raise ValueError("row text ids must be within the text vocab")
+        codes = rows[:, 1:]
+        if bool((((codes < 0) | (codes >= cfg.audio_vocab_size)) & (codes != cfg.audio_pad_token_id)).any()):
+            raise ValueError(f"row codes must be in [0,{cfg.audio_vocab_size}) or the pad code")
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Keep the first ``length`` positions; the stored hidden state at length-1 becomes pending."""
+        self._check_slot(slot)
+        if not 1 <= length <= self._lengths[slot]:
+            raise SlotError(f"cannot truncate slot {slot} of length {self._lengths[slot]} to {length}")
+        self._lengths[slot] = int(length)
+        self._sync_length(slot)
+
+    # ------------------------------------------------------------------ sampling state
+    def set_sampling(
+        self,
+        slot: int,
+        params: SamplingParams,
+        seed: int,
+        *,
+        frame_index: int = 0,
+        history: np.ndarray | None = None,
+    ) -> None:
+        self._check_slot(slot)
+        if params.audio_temperature < 0 or params.text_temperature < 0:
+            raise ValueError("temperatures must be >= 0")
+        if params.audio_repetition_penalty <= 0:
+            raise ValueError("audio_repetition_penalty must be > 0")
+        if frame_index < 0:
+            raise ValueError("frame_index must be >= 0")
+        lo, hi = split_seed(seed)
+        st = self.state
+        st.seed_lo[slot], st.seed_hi[slot] = lo, hi
+        st.frame_index[slot] = int(frame_index)
+        st.audio_temperature[slot] = float(params.audio_temperature)
+        st.audio_top_k[slot] = int(params.audio_top_k)
+        st.audio_top_p[slot] = float(params.audio_top_p)
+        st.audio_penalty[slot] = float(params.audio_repetition_penalty)
+        st.text_temperature[slot] = float(params.text_temperature)
+        st.text_top_k[slot] = int(params.text_top_k)
+        st.text_top_p[slot] = float(params.text_top_p)
+        presence = torch.zeros((self.config.n_vq, self.config.audio_vocab_size), dtype=torch.bool)
+        if history is not None and len(history):
+            hist = torch.as_tensor(np.asarray(history), dtype=torch.int64)
+            if hist.ndim != 2 or hist.shape[1] != self.config.n_vq:
+                raise ValueError(f"history must be [N,{self.config.n_vq}], got {tuple(hist.shape)}")
+            for k in range(self.config.n_vq):
+                col = hist[:, k]
+                col = col[(col >= 0) & (col < self.config.audio_vocab_size)]  # pad codes are not history
+                presence[k, col] = True
+        st.presence[slot] = presence.to(self.device)
+        self._frames[slot] = int(frame_index)
+
+    # ------------------------------------------------------------------ stepping
+    @torch.inference_mode()
+    def step(self, slots: list[int]) -> StepResult:
+        """Advance every listed slot by one frame; results are in the order of ``slots``."""
+        t0 = time.perf_counter()
+        slots = [int(s) for s in slots]
+        if not slots:
+            raise ValueError("step needs at least one slot")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"duplicate slots in {slots}")
+        for s in slots:
+            self._check_slot(s)
+            if self._lengths[s] < 1:
+                raise SlotError(f"slot {s} has no prompt: prefill it first")
+            if self._lengths[s] >= self.max_seq_len:
+                raise SlotError(f"slot {s} is full ({self.max_seq_len} positions)")
+        st = self.state
+        timer: Timer | None = None
+        if self.per_slot_eager:
+            timer = Timer()
+            for s in slots:
+                st.active.zero_()
+                st.active[s] = True
+                frame_step(self.model, st, self.tables, s, s + 1, int(self._lengths[s]) + 1, timer)
+            st.active.zero_()
+        else:
+            self._active_host.zero_()
+            self._active_host[slots] = True
+            st.active.copy_(self._active_host, non_blocking=True)
+            batch = _bucket(max(slots) + 1, self._batch_buckets())
+            key_len = self._key_bucket(max(int(self._lengths[s]) for s in slots) + 1)
+            if self.use_cuda_graphs:
+                self._graph(batch, key_len).replay()
+            else:
+                frame_step(self.model, st, self.tables, 0, batch, key_len)
+        index = torch.tensor(slots, device=self.device)
+        codes = st.codes[index].cpu().numpy()
+        stop = st.stop[index].cpu().numpy()
+        for s, stopped in zip(slots, stop, strict=True):
+            if not stopped:
+                self._lengths[s] += 1
+                self._frames[s] += 1
+        total = (time.perf_counter() - t0) * 1000.0
+        if timer is not None:
+            return StepResult(codes, stop, total, timer.backbone_ms, timer.local_ms, timer.sampling_ms)
+        return StepResult(codes, stop, total)
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def _batch_buckets(self) -> list[int]:
+        buckets = [b for b in BATCH_BUCKETS if b < self.max_slots]
+        return buckets + [self.max_slots]
+
+    def _key_bucket(self, needed: int) -> int:
+        bucket = MIN_KEY_BUCKET
+        while bucket < needed:
+            bucket *= 2
+        return min(bucket, self.state.positions)
+
+    def key_buckets(self) -> list[int]:
+        out, bucket = [], MIN_KEY_BUCKET
+        while bucket < self.state.positions:
+            out.append(bucket)
+            bucket *= 2
+        return out + [self.state.positions]
+
+    def _graph(self, batch: int, key_len: int) -> torch.cuda.CUDAGraph:
+        key = (batch, key_len)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._capture(batch, key_len)
+            self._graphs[key] = graph
+        return graph
+
+    def _capture(self, batch: int, key_len: int) -> torch.cuda.CUDAGraph:
+        """Capture frame_step for rows [0,batch). Runs with all rows inactive, so it has no effect."""
+        t0 = time.perf_counter()
+        st = self.state
+        saved_active = st.active.clone()
+        st.active.zero_()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm up kernels/allocator outside the capture
+                frame_step(self.model, st, self.tables, 0, batch, key_len)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            frame_step(self.model, st, self.tables, 0, batch, key_len)
+        torch.cuda.synchronize(self.device)
+        st.active.copy_(saved_active)
+        logger.info("captured step graph batch=%d keys=%d in %.0f ms", batch, key_len, (time.perf_counter() - t0) * 1e3)
+        return graph
+
+    @torch.inference_mode()
+    def warmup(self, batch_sizes: list[int] | None = None, key_lengths: list[int] | None = None) -> None:
+        """Capture graphs ahead of serving (no-op without CUDA graphs)."""
+        if not self.use_cuda_graphs:
+            return
+        batches = sorted({_bucket(b, self._batch_buckets()) for b in (batch_sizes or self._batch_buckets())})
+        keys = sorted({self._key_bucket(k) for k in (key_lengths or self.key_buckets())})
+        for b in batches:
+            for k in keys:
+                self._graph(b, k)
+
+
+def _bucket(value: int, buckets: list[int]) -> int:
+    for b in buckets:
+        if b >= value:
+            return b
+    raise SlotError(f"batch of {value} rows exceeds the largest bucket {buckets[-1]}")

@@ -1,0 +1,190 @@
+"""One frame for a contiguous range of slots, as pure tensor code.
+
+This single function is what runs eagerly (CPU, or CUDA without graphs) and what the
+runner captures into CUDA graphs, so both paths are numerically the same code. It
+reads and writes only the ``SlotState`` tensors: inputs are ``state.active`` and the
+per-slot sampler state; outputs are ``state.codes`` / ``state.stop``; side effects are
+the cache/hidden writes and the length, frame counter and presence updates of the rows
+that produced a frame.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from moss_rt.model.layers import rope_tables_half_split, rope_tables_interleaved
+from moss_rt.model.network import MossTTSLocalModel
+from moss_rt.model.sampling import apply_repetition_penalty, sample, token_keys, uniforms
+from moss_rt.model.state import SlotState
+
+
+@dataclass
+class Tables:
+    """Constants the step needs, built once per runner."""
+
+    cos: torch.Tensor  # backbone RoPE [positions, head_dim]
+    sin: torch.Tensor
+    local_cos: torch.Tensor  # local RoPE [n_vq, local_head_dim]
+    local_sin: torch.Tensor
+    audio_keys: torch.Tensor  # per-token hash keys [audio_vocab]
+    stop_keys: torch.Tensor  # [2]
+
+    @classmethod
+    def build(cls, model: MossTTSLocalModel, positions: int, device: torch.device, dtype: torch.dtype) -> Tables:
+        cfg = model.config
+        cos, sin = rope_tables_half_split(positions, cfg.backbone.head_dim, cfg.backbone.rope_theta, device, dtype)
+        lcos, lsin = rope_tables_interleaved(cfg.n_vq, cfg.local.head_dim, cfg.local.rope_base, device, dtype)
+        return cls(cos, sin, lcos, lsin, token_keys(cfg.audio_vocab_size, device), token_keys(2, device))
+
+
+@dataclass
+class Timer:
+    """Wall-clock split of an eager step (only meaningful where ops run synchronously, i.e. CPU)."""
+
+    backbone_ms: float = 0.0
+    local_ms: float = 0.0
+    sampling_ms: float = 0.0
+    _t: float = field(default=0.0, repr=False)
+
+    def start(self) -> None:
+        self._t = time.perf_counter()
+
+    def lap(self, bucket: str) -> None:
+        now = time.perf_counter()
+        setattr(self, bucket, getattr(self, bucket) + (now - self._t) * 1000.0)
+        self._t = now
+
+
+def frame_step(
+    model: MossTTSLocalModel,
+    st: SlotState,
+    tables: Tables,
+    r0: int,
+    r1: int,
+    key_len: int,
+    timer: Timer | None = None,
+) -> None:
+    """Advance the active rows of slots [r0, r1) by one frame.
+
+    ``key_len`` bounds the attention window of the backbone decode (>= length+1 of every
+    active row); rows that are not active compute garbage that is written only to the
+    scratch position and never read.
+    """
+    cfg = model.config
+    n_vq = cfg.n_vq
+    rows = slice(r0, r1)
+    batch = r1 - r0
+    device = st.hidden.device
+    ar = torch.arange(batch, device=device)
+    active = st.active[rows]
+    lengths = st.lengths[rows]
+    frame = st.frame_index[rows]
+    seed_lo, seed_hi = st.seed_lo[rows], st.seed_hi[rows]
+    counter_base = frame * (n_vq + 1)
+    if timer:
+        timer.start()
+
+    # ---- local transformer + heads + sampling on the pending hidden state
+    h = st.hidden[rows][ar, (lengths - 1).clamp(min=0)]
+    local = model.local_transformer
+    buffers = local.new_buffers(batch, n_vq, device, h.dtype)
+    z = local.step(h, tables.local_cos[0], tables.local_sin[0], buffers, 0)
+    stop_logits = model.stop_logits(z)
+    if timer:
+        timer.lap("local_ms")
+    stop = (
+        sample(
+            stop_logits,
+            st.text_temperature[rows],
+            st.text_top_k[rows],
+            st.text_top_p[rows],
+            uniforms(seed_lo, seed_hi, counter_base, tables.stop_keys),
+        )
+        == 1
+    )
+    if timer:
+        timer.lap("sampling_ms")
+    presence = st.presence[rows]
+    codes = []
+    for k in range(n_vq):
+        logits = model.audio_logits(z, k)
+        if timer:
+            timer.lap("local_ms")
+        logits = apply_repetition_penalty(logits, presence[:, k], st.audio_penalty[rows])
+        code = sample(
+            logits,
+            st.audio_temperature[rows],
+            st.audio_top_k[rows],
+            st.audio_top_p[rows],
+            uniforms(seed_lo, seed_hi, counter_base + (k + 1), tables.audio_keys),
+        )
+        codes.append(code)
+        if timer:
+            timer.lap("sampling_ms")
+        if k + 1 < n_vq:
+            emb = model.audio_embeddings[k](code).to(h.dtype)
+            z = local.step(emb, tables.local_cos[k + 1], tables.local_sin[k + 1], buffers, k + 1)
+            if timer:
+                timer.lap("local_ms")
+    frame_codes = torch.stack(codes, dim=-1)
+    produced = active & ~stop
+
+    # ---- feed the new row through the backbone so the next hidden state is ready
+    row = torch.cat(
+        [torch.full_like(frame_codes[:, :1], cfg.audio_assistant_slot_token_id), frame_codes], dim=-1
+    )
+    x = model.embed_rows(row[:, None, :])
+    write_pos = torch.where(active, lengths, torch.full_like(lengths, st.scratch))[:, None]
+    keys = torch.arange(key_len, device=device)
+    key_mask = (keys[None, :] <= write_pos) | ~active[:, None]
+    out = model.transformer(
+        x,
+        tables.cos[write_pos],
+        tables.sin[write_pos],
+        st.k_cache[:, rows],
+        st.v_cache[:, rows],
+        write_pos,
+        key_len,
+        key_mask[:, None, :],
+    )
+    st.hidden[rows][ar, write_pos[:, 0]] = out[:, 0]
+    if timer:
+        timer.lap("backbone_ms")
+
+    # ---- bookkeeping of the rows that produced a frame
+    step = produced.to(torch.int64)
+    st.lengths[rows] += step
+    st.frame_index[rows] += step
+    seen = presence.gather(2, frame_codes[:, :, None]) | produced[:, None, None]
+    presence.scatter_(2, frame_codes[:, :, None], seen)
+    st.codes[rows] = torch.where(produced[:, None], frame_codes, torch.full_like(frame_codes, cfg.audio_pad_token_id))
+    st.stop[rows] = stop
+    if timer:
+        timer.lap("sampling_ms")
+
+
+def prefill_rows(
+    model: MossTTSLocalModel, st: SlotState, tables: Tables, slot: int, rows: torch.Tensor, start: int
+) -> None:
+    """Write prompt rows [T,1+n_vq] at positions start..start+T-1 of one slot (eager only)."""
+    count = int(rows.shape[0])
+    device = st.hidden.device
+    positions = torch.arange(start, start + count, device=device)[None, :]
+    key_len = start + count
+    keys = torch.arange(key_len, device=device)
+    key_mask = keys[None, None, :] <= positions[:, :, None]
+    x = model.embed_rows(rows.to(device)[None])
+    out = model.transformer(
+        x,
+        tables.cos[positions],
+        tables.sin[positions],
+        st.k_cache[:, slot : slot + 1],
+        st.v_cache[:, slot : slot + 1],
+        positions,
+        key_len,
+        key_mask,
+    )
+    st.hidden[slot, start : start + count] = out[0]
