@@ -269,3 +269,25 @@ class MossTTSLocalModel(nn.Module):
 
     def audio_logits(self, z: torch.Tensor, codebook: int) -> torch.Tensor:
         return self.audio_lm_heads[codebook](z).float()
+
+    @torch.inference_mode()
+    def teacher_forced_local(self, hidden: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Local logits for known frames: hidden [F,H] (backbone output before each frame), codes [F,n_vq].
+
+        Returns (stop logits [F,2], audio logits [F,n_vq,V]) through the same incremental
+        local path the runner samples from. For parity tests and diagnostics.
+        """
+        from moss_rt.model.layers import rope_tables_interleaved
+
+        cfg = self.config
+        cos, sin = rope_tables_interleaved(cfg.n_vq, cfg.local.head_dim, cfg.local.rope_base, hidden.device, hidden.dtype)
+        buffers = self.local_transformer.new_buffers(hidden.shape[0], cfg.n_vq, hidden.device, hidden.dtype)
+        z = self.local_transformer.step(hidden, cos[0], sin[0], buffers, 0)
+        stop = self.stop_logits(z)
+        audio = []
+        for k in range(cfg.n_vq):
+            audio.append(self.audio_logits(z, k))
+            if k + 1 < cfg.n_vq:
+                emb = self.audio_embeddings[k](codes[:, k]).to(hidden.dtype)
+                z = self.local_transformer.step(emb, cos[k + 1], sin[k + 1], buffers, k + 1)
+        return stop, torch.stack(audio, dim=1)
