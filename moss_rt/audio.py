@@ -7,27 +7,36 @@ import wave
 
 import numpy as np
 
+__all__ = ["to_int16_pcm", "wav_bytes"]
+
 
 def to_int16_pcm(audio: np.ndarray, channels: int) -> bytes:
-    """Codec output float32 [2, S] in [-1, 1] → int16 little-endian bytes.
+    """Codec output float32 ``[2, S]`` (nominally in [-1, 1]) → int16 little-endian bytes.
 
-    ``channels=1``: the average of the two channels (what legacy clients expect);
-    ``channels=2``: interleaved L, R.
+    ``channels=1``: the average of the two channels (what legacy clients expect), S samples;
+    ``channels=2``: interleaved L, R, 2·S samples. Values are scaled by 32767, rounded, and clipped to
+    the int16 range; NaN becomes 0 (a decoder glitch must not turn into full-scale noise).
     """
     if audio.ndim != 2 or audio.shape[0] != 2:
         raise ValueError(f"expected [2, S] audio, got {audio.shape}")
+    x = audio.astype(np.float32, copy=False)
     if channels == 1:
-        mixed = audio.mean(axis=0)
+        mixed = x.mean(axis=0)
     elif channels == 2:
-        mixed = audio.T.reshape(-1)
+        mixed = x.T.reshape(-1)
     else:
         raise ValueError(f"channels must be 1 or 2, got {channels}")
+    mixed = np.nan_to_num(mixed, nan=0.0, posinf=1.0, neginf=-1.0)
     scaled = np.clip(np.rint(mixed * 32767.0), -32768, 32767)
     return scaled.astype("<i2").tobytes()
 
 
 def wav_bytes(pcm: bytes, sample_rate: int, channels: int) -> bytes:
-    """A complete 16-bit PCM WAV file around raw int16 samples."""
+    """A complete 16-bit PCM WAV file around raw int16 little-endian samples (interleaved if stereo)."""
+    if channels not in (1, 2):
+        raise ValueError(f"channels must be 1 or 2, got {channels}")
+    if len(pcm) % (2 * channels):
+        raise ValueError(f"{len(pcm)} PCM bytes is not a whole number of {channels}-channel int16 frames")
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
         w.setnchannels(channels)

@@ -165,7 +165,7 @@ def load_codec(
     del raw, state
     if compute_dtype != torch.float32:
         model.set_compute_dtype(compute_dtype)
-    model = model.to(device).eval()
+    model = model.to(device).eval().requires_grad_(False)
     model.quantizer.build_lut()
     n = sum(p.numel() for p in model.parameters())
     log.info(
