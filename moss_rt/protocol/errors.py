@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 
-class ErrorCode(str, enum.Enum):
+class ErrorCode(enum.StrEnum):
     """Wire-stable error codes; clients may switch on these strings."""
 
     BAD_JSON = "bad_json"

@@ -9,16 +9,15 @@ values and oversize messages raise :class:`ProtocolError` with a stable code.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import msgpack
 
 from moss_rt.protocol.errors import ErrorCode, ProtocolError
-from moss_rt.protocol.frames import decode_json_object
+from moss_rt.protocol.frames import decode_json_object, dumps_json
 from moss_rt.protocol.limits import Limits
-from moss_rt.protocol.schema import Field, coerce, validate_fields
+from moss_rt.protocol.schema import Field, coerce, short_repr, validate_fields
 
 PROTOCOL_VERSION = 1
 SAMPLE_RATE = 48000
@@ -26,6 +25,21 @@ FRAME_SAMPLES = 3840  # per channel per 80 ms codec frame
 FRAME_RATE = SAMPLE_RATE / FRAME_SAMPLES  # 12.5 frames per second
 DEFAULT_MODEL_ALIAS = "v2-best"
 DEFAULT_TEXT = "Hello! This is moss_rt, streaming expressive speech in real time."
+DEFAULT_LIMITS = Limits()  # frozen, so one shared default is safe
+
+# Why a take ended (``reason`` of the server ``end`` message).
+END_REASONS = ("done", "cancelled", "max_frames", "replaced", "shutdown", "error")
+SEEK_MODES = ("retake", "replay")
+
+
+def frame_at_time(time_sec: float) -> int:
+    """The index of the 80 ms frame that contains the instant ``time_sec``.
+
+    The instant is first snapped to the nearest sample, so ``frame_at_time(n * 0.08) == n`` for
+    every n despite binary floating point (``int(2.32 * 12.5)`` would give 28, not 29).
+    """
+    return round(time_sec * SAMPLE_RATE) // FRAME_SAMPLES
+
 
 # Sampling defaults of the original playground (the upstream browser app's values).
 SAMPLING_DEFAULTS: dict[str, float | int] = {
@@ -158,7 +172,7 @@ class Seek:
             "take": Field("str", max_length=64),
             "frame": Field("int", None, 0, limits.max_new_tokens, nullable=True),
             "time_sec": Field("float", None, 0.0, limits.max_new_tokens / FRAME_RATE, nullable=True),
-            "mode": Field("str", "retake", choices=("retake", "replay")),
+            "mode": Field("str", "retake", choices=SEEK_MODES),
             "seed": SEED_FIELD,
             "instruction": Field("str", None, max_length=limits.max_instruction_chars, nullable=True),
             "text": Field("str", None, max_length=limits.max_text_chars, nullable=True),
@@ -169,9 +183,17 @@ class Seek:
         if (frame is None) == (time_sec is None):
             raise ProtocolError(ErrorCode.INVALID_FIELD, "give exactly one of 'frame' or 'time_sec'", field="frame")
         if frame is None:
-            frame = int(time_sec * FRAME_RATE)  # the frame that contains that instant
+            frame = min(frame_at_time(time_sec), limits.max_new_tokens)
         if values["text"] is not None and not values["text"].strip():
             raise ProtocolError(ErrorCode.INVALID_FIELD, "'text' must not be empty", field="text")
+        if values["mode"] == "replay":
+            # A replay re-sends existing audio: generation overrides would be silently lost.
+            overrides = {**{k: values[k] for k in ("seed", "instruction", "text")}, **sampling}
+            for name, value in overrides.items():
+                if value is not None:
+                    raise ProtocolError(
+                        ErrorCode.INVALID_FIELD, f"{name!r} cannot be changed by a replay, only by a retake", field=name
+                    )
         return cls(frame=frame, sampling=sampling, **values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -205,29 +227,46 @@ CLIENT_TYPES: dict[str, type[StartTake] | type[Cancel] | type[Seek] | type[Ping]
 }
 
 
-def parse_client_message(obj: dict[str, Any], limits: Limits = Limits()) -> ClientMessage:
+def parse_client_message(obj: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> ClientMessage:
+    """Validate a decoded JSON object / msgpack map as a client message."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"a message must be an object, got {type(obj).__name__}")
     kind = obj.get("type")
     if not isinstance(kind, str):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "a message needs a string 'type'", field="type")
     cls = CLIENT_TYPES.get(kind)
     if cls is None:
-        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind!r}", field="type")
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {short_repr(kind)}", field="type")
     return cls.parse(obj, limits)
 
 
-def parse_stream_request(obj: dict[str, Any], limits: Limits = Limits()) -> StartTake:
+def parse_stream_request(obj: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> StartTake:
     """The legacy POST /api/stream body: the same fields as ``start`` without a ``type``."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"the body must be a JSON object, got {type(obj).__name__}")
     return StartTake.parse(obj, limits)
 
 
-def decode_client_text(text: str, limits: Limits = Limits()) -> ClientMessage:
-    """A WebSocket text message: one JSON object."""
-    if len(text) > limits.max_message_bytes or len(text.encode("utf-8", "surrogatepass")) > limits.max_message_bytes:
+def decode_stream_request(body: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> StartTake:
+    """The raw body of POST /api/stream: size limit (``too_large``), strict JSON, then the schema.
+
+    An empty body means "all defaults", like ``{}``.
+    """
+    if len(body) > limits.max_request_bytes:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"request body exceeds {limits.max_request_bytes} bytes")
+    return parse_stream_request(decode_json_object(body) if len(body) else {}, limits)
+
+
+def decode_client_text(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> ClientMessage:
+    """A WebSocket text message: one JSON object (bytes are taken as its UTF-8 encoding)."""
+    if len(text) > limits.max_message_bytes or (
+        isinstance(text, str) and len(text.encode("utf-8", "surrogatepass")) > limits.max_message_bytes
+    ):
         raise ProtocolError(ErrorCode.TOO_LARGE, f"message exceeds {limits.max_message_bytes} bytes")
     return parse_client_message(decode_json_object(text), limits)
 
 
-def decode_client_binary(data: bytes, limits: Limits = Limits()) -> ClientMessage:
+def decode_client_binary(data: bytes, limits: Limits = DEFAULT_LIMITS) -> ClientMessage:
     """A WebSocket binary message from a client: one msgpack map."""
     if len(data) > limits.max_message_bytes:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"message exceeds {limits.max_message_bytes} bytes")
@@ -245,8 +284,10 @@ def decode_client_binary(data: bytes, limits: Limits = Limits()) -> ClientMessag
 def encode_message(msg: ClientMessage | ServerMessage, fmt: Literal["json", "msgpack"] = "json") -> str | bytes:
     obj = msg.to_dict()
     if fmt == "json":
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    return msgpack.packb(obj, use_bin_type=True)
+        return dumps_json(obj)
+    if fmt == "msgpack":
+        return msgpack.packb(obj, use_bin_type=True)
+    raise ValueError(f"unknown format {fmt!r}")
 
 
 # --------------------------------------------------------------------------- server → client
@@ -302,11 +343,29 @@ def error_message(err: ProtocolError, *, take: str | None = None) -> ServerMessa
     return ServerMessage("error", body)
 
 
+def http_error_body(err: ProtocolError) -> dict[str, Any]:
+    """The JSON body of an HTTP 4xx/5xx answer: ``{"error": {"code", "message"[, "field"]}}``."""
+    return {"error": err.to_dict()}
+
+
+def seek_ack(*, take: str, from_take: str, frame: int, **extra: Any) -> ServerMessage:
+    """The server's answer to ``seek``; ``sample`` is where the following PCM starts (per channel)."""
+    return ServerMessage(
+        "seek", {"take": take, "from_take": from_take, "frame": frame, "sample": frame * FRAME_SAMPLES, **extra}
+    )
+
+
+def pong(*, t: float | None, server_t: float) -> ServerMessage:
+    return ServerMessage("pong", {"t": t, "server_t": server_t})
+
+
 def parse_server_message(obj: dict[str, Any]) -> ServerMessage:
     """Read a tag-0 object sent by the server (used by clients)."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"a message must be an object, got {type(obj).__name__}")
     kind = obj.get("type")
-    if kind not in SERVER_REQUIRED:
-        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown server message type {kind!r}")
+    if not isinstance(kind, str) or kind not in SERVER_REQUIRED:
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown server message type {short_repr(kind)}")
     missing = [k for k in SERVER_REQUIRED[kind] if k not in obj]
     if missing:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"server {kind!r} lacks {missing}")

@@ -10,13 +10,29 @@ from moss_rt.protocol.errors import ErrorCode, ProtocolError
 
 _MISSING: Any = object()
 
+# Error messages echo client input; keep what they quote short.
+_QUOTE_CHARS = 60
+
+
+def short_repr(value: Any, limit: int = _QUOTE_CHARS) -> str:
+    """``repr(value)`` clipped to ``limit`` characters (always ASCII-safe, never raises)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**limit:
+        return f"<{value.bit_length()}-bit integer>"  # str() of a huge int is slow or even refused
+    try:
+        text = ascii(value)
+    except Exception:  # pragma: no cover - exotic objects with a broken __repr__
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 @dataclass(frozen=True, slots=True)
 class Field:
     """How one message field is typed and bounded.
 
-    ``kind`` is one of ``int``, ``float``, ``str``, ``bool``, ``number_or_none``.
-    ``None`` on the wire means "use the default" for fields that have one.
+    ``kind`` is one of ``int``, ``float``, ``str``, ``bool``. ``true``/``false`` is never a number;
+    an integral float (``3.0``) is accepted for an ``int`` field; NaN and infinities are rejected;
+    strings must be valid Unicode. ``null`` on the wire means "use the default" for fields that
+    have one, ``None`` for ``nullable`` fields, and is an error otherwise.
     """
 
     kind: str
@@ -62,7 +78,10 @@ def coerce(name: str, spec: Field, value: Any) -> Any:
     elif kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _type_error(name, "a number", value)
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer beyond the float range (JSON allows 4300 digits)
+            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{name!r} is out of range", field=name) from None
         if not math.isfinite(value):
             raise ProtocolError(ErrorCode.INVALID_FIELD, f"{name!r} must be finite", field=name)
     elif kind == "str":
@@ -74,6 +93,14 @@ def coerce(name: str, spec: Field, value: Any) -> Any:
                 f"{name!r} is {len(value)} characters, the limit is {spec.max_length}",
                 field=name,
             )
+        # JSON escapes can smuggle in lone surrogates ("\\ud800"); they cannot be encoded as UTF-8,
+        # so they would blow up later when the text is tokenised or echoed back.
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, f"{name!r} is not valid Unicode (lone surrogate)", field=name
+            ) from None
     elif kind == "bool":
         if not isinstance(value, bool):
             raise _type_error(name, "a boolean", value)
@@ -81,7 +108,9 @@ def coerce(name: str, spec: Field, value: Any) -> Any:
         raise AssertionError(f"unknown field kind {kind}")
     if spec.choices is not None and value not in spec.choices:
         raise ProtocolError(
-            ErrorCode.INVALID_FIELD, f"{name!r} must be one of {list(spec.choices)}, got {value!r}", field=name
+            ErrorCode.INVALID_FIELD,
+            f"{name!r} must be one of {list(spec.choices)}, got {short_repr(value)}",
+            field=name,
         )
     if kind in ("int", "float"):
         too_low = spec.minimum is not None and (
@@ -91,7 +120,7 @@ def coerce(name: str, spec: Field, value: Any) -> Any:
         if too_low or too_high:
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD,
-                f"{name!r} = {value} is out of range {spec.describe_range()}",
+                f"{name!r} = {short_repr(value)} is out of range {spec.describe_range()}",
                 field=name,
             )
     return value
