@@ -14,6 +14,7 @@ from moss_rt.engine.base import Engine
 from moss_rt.session import TakeStore
 from moss_rt.voices import VoiceStore
 from moss_rt.web.http_api import routes
+from moss_rt.web.metrics import metrics_handler
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.ws import websocket_handler
 
@@ -27,6 +28,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
     app[STATE] = ServiceState(settings=settings, engine=engine, voices=voices, takes=TakeStore())
     app.add_routes(routes)
     app.router.add_get("/api/ws", websocket_handler)
+    app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():
         app.router.add_static("/static/", settings.static_dir, show_index=False)
     app.cleanup_ctx.append(_engine_lifecycle)
