@@ -26,7 +26,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     # "moss" is the real engine (model + codec); "scripted" is the deterministic test engine.
-    engine: str = "scripted"  # becomes "moss" when the real engine lands (issue 5)
+    engine: str = "moss"
     model: str = "auto"  # auto | tiny | PATH | HUB_ID
     codec: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -39,6 +39,9 @@ class Settings:
     max_queue: int = 64  # takes waiting for a slot; beyond this requests are refused as busy
     max_lead_sec: float = 20.0  # audio a client may hold unplayed before its take is paused
     frame_ms: float = 80.0  # scripted engine only: wall time per generated frame
+    max_seq_len: int = 5120  # cache positions per slot: prompt rows + frames (longer takes end max_frames)
+    prefill_chunk: int = 256  # prompt rows per prefill call (long prompts are prefilled in pieces)
+    prefill_budget_ms: float = 40.0  # prefill work per scheduling round while other takes stream
     # Connections.
     max_connections: int = 256
     max_takes_per_client: int = 1

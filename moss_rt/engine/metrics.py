@@ -1,0 +1,69 @@
+"""Prometheus metrics of the real engine, in a registry of its own (one per engine instance).
+
+A private registry (not prometheus_client's global one) lets several engines live in one
+process, as they do in tests; ``/metrics`` renders whichever registry the served engine owns.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Latency buckets (seconds) sized for 80 ms frames: first audio is expected in 0.05-0.5 s.
+TTFA_BUCKETS = (0.02, 0.05, 0.08, 0.12, 0.16, 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
+STEP_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.2, 0.4, 0.8, 1.6)
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.active_slots = Gauge("moss_rt_active_slots", "Takes holding a slot (prefilling or generating)", registry=r)
+        self.queued = Gauge("moss_rt_queued_takes", "Admitted takes waiting for a slot", registry=r)
+        self.paused_slots = Gauge("moss_rt_paused_slots", "Slots paused because their client is behind", registry=r)
+        self.ttfa = Histogram(
+            "moss_rt_gpu_first_seconds", "Take admitted -> first PCM ready (server-side TTFA)",
+            buckets=TTFA_BUCKETS, registry=r,
+        )
+        self.step_time = Histogram(
+            "moss_rt_step_seconds", "One batched model step (all runnable slots, one frame each)",
+            buckets=STEP_BUCKETS, registry=r,
+        )
+        self.codec_time = Histogram(
+            "moss_rt_codec_seconds", "One batched streaming codec decode (slots whose chunk is due)",
+            buckets=STEP_BUCKETS, registry=r,
+        )
+        self.prefill_time = Histogram(
+            "moss_rt_prefill_seconds", "Prompt prefill of one take (all chunks)", buckets=TTFA_BUCKETS, registry=r
+        )
+        self.step_batch = Histogram(
+            "moss_rt_step_batch_size", "Slots advanced per step", buckets=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128),
+            registry=r,
+        )
+        self.frames = Counter("moss_rt_frames_total", "80 ms frames generated", registry=r)
+        self.frames_per_sec = Gauge("moss_rt_frames_per_second", "Frames generated per second (recent)", registry=r)
+        self.takes = Counter("moss_rt_takes_total", "Finished takes by end reason", ["reason"], registry=r)
+        self.cancels = Counter("moss_rt_cancels_total", "Takes stopped by cancel, barge-in or disconnect", registry=r)
+        self.seeks = Counter("moss_rt_seeks_total", "Retakes started from a frame of an earlier take", ["path"],
+                             registry=r)
+        self.pauses = Counter("moss_rt_pauses_total", "Times a slot was paused for a slow client", registry=r)
+        self.busy = Counter("moss_rt_busy_rejections_total", "Takes refused because slots and queue were full",
+                            registry=r)
+        self._window_start = time.monotonic()
+        self._window_frames = 0
+
+    def add_frames(self, n: int) -> None:
+        """Count frames and refresh the frames/s gauge about once a second."""
+        self.frames.inc(n)
+        self._window_frames += n
+        now = time.monotonic()
+        if now - self._window_start >= 1.0:
+            self.frames_per_sec.set(self._window_frames / (now - self._window_start))
+            self._window_start, self._window_frames = now, 0
+
+    def idle(self) -> None:
+        now = time.monotonic()
+        if now - self._window_start >= 1.0:
+            self.frames_per_sec.set(self._window_frames / (now - self._window_start))
+            self._window_start, self._window_frames = now, 0

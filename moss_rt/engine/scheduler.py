@@ -1,0 +1,398 @@
+"""The frame scheduler: admits takes into slots, prefills them, steps all runnable slots together.
+
+Runs only on the engine's worker thread (it owns the model runner and the streaming decoder).
+One :meth:`Scheduler.iterate` is one scheduling round:
+
+1. takes whose channel was cancelled end now (a running one first sends the frames it already made);
+2. waiting takes get slots while slots are free;
+3. preparing takes advance their prompt prefill / codec rebuild, within a time budget while other
+   takes are streaming (so a long prompt stalls running streams by about a frame at most);
+4. every runnable slot (running, not paused) advances by one frame in ONE batched model step;
+5. slots whose chunk is due (first audio after one frame, then every ``chunk_frames``) are decoded
+   in one batched streaming codec call, converted to int16 and pushed to their channels;
+6. takes that drew the stop head or reached their frame budget end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from moss_rt.audio import to_int16_pcm
+from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
+from moss_rt.engine.metrics import EngineMetrics
+from moss_rt.engine.slots import Phase, Retained, RetainedSlots, Take
+
+if TYPE_CHECKING:
+    from moss_rt.codec.streaming import StreamingDecoder
+    from moss_rt.model.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+N_CODEBOOKS = 12
+REBUILD_CHUNK_FRAMES = 25  # prefix frames fed to a rebuilt codec state per unit of work
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_slots: int
+    prefill_chunk: int  # prompt rows per prefill call
+    prep_budget_s: float  # prefill/rebuild time per round while other takes stream
+    retain_slots: int  # finished takes kept in the cache for retakes
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        decoder: StreamingDecoder,
+        metrics: EngineMetrics,
+        config: SchedulerConfig,
+        *,
+        on_take_done: Callable[[Take], None] = lambda take: None,
+        sync: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.runner = runner
+        self.decoder = decoder
+        self.metrics = metrics
+        self.config = config
+        self._on_done = on_take_done
+        self._sync = sync  # waits for queued device work, so host timings mean something
+        self.waiting: deque[Take] = deque()
+        self.preparing: list[Take] = []
+        self.running: list[Take] = []
+        self.retained = RetainedSlots(config.retain_slots)
+        self.steps = 0
+
+    # ------------------------------------------------------------------ bookkeeping
+    @property
+    def active_count(self) -> int:
+        return len(self.preparing) + len(self.running)
+
+    @property
+    def has_paused(self) -> bool:
+        return any(t.paused for t in self.running)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.preparing or self.running)
+
+    def add(self, take: Take) -> None:
+        self.waiting.append(take)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.active_slots.set(self.active_count)
+        m.queued.set(len(self.waiting))
+        m.paused_slots.set(sum(1 for t in self.running if t.paused))
+
+    # ------------------------------------------------------------------ one round
+    def iterate(self) -> bool:
+        """One scheduling round; False when there was nothing to do (the caller may sleep)."""
+        worked = self._reap_cancelled()
+        worked |= self._admit()
+        worked |= self._prepare()
+        worked |= self._step()
+        worked |= self._flush_and_finish()
+        self._update_gauges()
+        return worked
+
+    def _reap_cancelled(self) -> bool:
+        found = False
+        for take in [t for t in self.waiting if t.channel.cancel_reason is not None]:
+            self.waiting.remove(take)
+            self._finish(take, take.channel.cancel_reason or EndReason.CANCELLED)
+            found = True
+        for group in (self.preparing, self.running):
+            for take in [t for t in group if t.channel.cancel_reason is not None]:
+                group.remove(take)
+                if take.phase is Phase.RUNNING:
+                    self._safe_flush([take])  # frames already generated still reach the client
+                self._finish(take, take.channel.cancel_reason or EndReason.CANCELLED)
+                found = True
+        return found
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self) -> bool:
+        admitted = False
+        while self.waiting and self.active_count < self.config.max_slots:
+            take = self.waiting.popleft()
+            try:
+                self._begin(take)
+            except Exception as exc:  # a bad prompt must not take other streams down
+                log.warning("take %s could not start: %s", take.take_id, exc)
+                self._release(take, keep=False)
+                self._finish(take, EndReason.ERROR, error=str(exc))
+                continue
+            self.preparing.append(take)
+            admitted = True
+        return admitted
+
+    def _alloc_model_slot(self) -> int:
+        runner = self.runner
+        if runner.free_slots == 0:
+            victim = self.retained.evict_oldest()
+            if victim is not None:
+                runner.free_slot(victim)
+        return int(runner.alloc_slot())
+
+    def _begin(self, take: Take) -> None:
+        runner = self.runner
+        spec, req = take.spec, take.spec.request
+        take.phase = Phase.PREPARING
+        take.prep_started = time.monotonic()
+        prompt = runner.build_prompt(
+            text=req.text,
+            instruction=req.instruction,
+            language=req.language,
+            tokens=req.tokens,
+            reference_codes=spec.reference_codes,
+        )
+        n = spec.start_frame
+        prefix = (
+            np.asarray(spec.prefix_codes, dtype=np.int64).reshape(-1, N_CODEBOOKS)
+            if n
+            else np.zeros((0, N_CODEBOOKS), dtype=np.int64)
+        )
+        max_seq = int(runner.max_seq_len)
+        room = max_seq - len(prompt)
+        if room <= n:
+            raise ValueError(
+                f"the prompt ({len(prompt)} rows) and {n} kept frames leave no room in the "
+                f"{max_seq}-position cache; shorten the text, instruction or reference"
+            )
+        take.frame_cap = min(n + req.max_new_tokens, room)
+        take.capped_by_cache = n + req.max_new_tokens > room
+        take.prompt_len = len(prompt)
+        take.frames = take.flushed = n
+        take.codes = list(prefix)
+
+        kept = self.retained.take(spec.parent_take) if spec.parent_take else None
+        if kept is not None and self._can_truncate(kept, prompt, prefix):
+            # The parent's cache already holds prompt + its frames: cut it back to frame n.
+            take.model_slot = kept.model_slot
+            runner.truncate(kept.model_slot, len(prompt) + n)
+            take.prompt_rows = prompt
+            take.prefilled = len(prompt)
+            take.prefill_offset = 0
+            take.reuse_path = "truncate"
+        else:
+            if kept is not None:  # prompt changed (new text/instruction): the old cache may serve another retake
+                for slot in self.retained.put(spec.parent_take or "", kept):
+                    runner.free_slot(slot)
+            take.model_slot = self._alloc_model_slot()
+            if n:
+                # Kept frames enter the cache as the model's own assistant rows (slot token + codes).
+                rows = np.empty((n, N_CODEBOOKS + 1), dtype=np.int64)
+                rows[:, 0] = runner.config.audio_assistant_slot_token_id
+                rows[:, 1:] = prefix
+                take.prompt_rows = np.concatenate([prompt, rows], axis=0)
+                take.reuse_path = "reprefill"
+            else:
+                take.prompt_rows = prompt
+            take.prefilled = 0
+        take.retain_key = prompt
+        # Repetition penalty keeps the kept frames as history; the RNG counter continues at frame n.
+        runner.set_sampling(
+            take.model_slot, req.sampling, spec.seed, frame_index=n, history=prefix if n else None
+        )
+        take.decoder = self.decoder.new_state()
+        take.rebuilt = 0
+        if n:
+            self.metrics.seeks.labels(take.reuse_path).inc()
+
+    @staticmethod
+    def _can_truncate(kept: Retained, prompt: np.ndarray, prefix: np.ndarray) -> bool:
+        n = len(prefix)
+        return (
+            kept.prompt_rows.shape == prompt.shape
+            and bool(np.array_equal(kept.prompt_rows, prompt))
+            and kept.codes.shape[0] >= n
+            and bool(np.array_equal(kept.codes[:n], prefix))
+        )
+
+    # ------------------------------------------------------------------ prefill / rebuild
+    def _prepare(self) -> bool:
+        if not self.preparing:
+            return False
+        # Alone on the device: prepare everything now (lowest first-audio latency). Otherwise stop
+        # after the budget so running streams keep their pace.
+        streaming = bool(self.running)
+        t0 = time.monotonic()
+        worked = False
+        for take in list(self.preparing):
+            while True:
+                if streaming and worked and time.monotonic() - t0 >= self.config.prep_budget_s:
+                    return True
+                try:
+                    more = self._prepare_unit(take)
+                except Exception as exc:
+                    log.exception("take %s failed while preparing", take.take_id)
+                    self.preparing.remove(take)
+                    self._release(take, keep=False)
+                    self._finish(take, EndReason.ERROR, error=f"prefill failed: {exc}")
+                    worked = True
+                    break
+                worked = True
+                if not more:
+                    self.preparing.remove(take)
+                    take.phase = Phase.RUNNING
+                    take.prep_ms = (time.monotonic() - (take.prep_started or take.admitted)) * 1000.0
+                    self.metrics.prefill_time.observe(take.prep_ms / 1000.0)
+                    self.running.append(take)
+                    break
+        return worked
+
+    def _prepare_unit(self, take: Take) -> bool:
+        """One bounded piece of preparation; False once the take is ready to step."""
+        rows = take.prompt_rows
+        assert rows is not None
+        if take.prefilled < len(rows):
+            end = min(len(rows), take.prefilled + self.config.prefill_chunk)
+            self.runner.prefill(
+                take.model_slot, rows[take.prefilled : end], start=take.prefill_offset + take.prefilled
+            )
+            self._sync()
+            take.prefilled = end
+            return True
+        n = take.spec.start_frame
+        if take.rebuilt < n:
+            # The codec state at frame n is rebuilt exactly by decoding the kept frames (audio discarded).
+            end = min(n, take.rebuilt + REBUILD_CHUNK_FRAMES)
+            self.decoder.decode_tensors([take.decoder], [take.codes_array(take.rebuilt, end)])
+            self._sync()
+            take.rebuilt = end
+            return True
+        return False
+
+    # ------------------------------------------------------------------ stepping
+    def _step(self) -> bool:
+        runnable = []
+        for take in self.running:
+            paused = take.channel.paused
+            if paused and not take.paused:
+                self.metrics.pauses.inc()
+            take.paused = paused
+            if not paused and take.frames < take.frame_cap and not take.ending:
+                runnable.append(take)
+        if not runnable:
+            return False
+        try:
+            result = self.runner.step([t.model_slot for t in runnable])
+        except Exception as exc:
+            log.exception("model step failed for %d slots", len(runnable))
+            for take in runnable:
+                self.running.remove(take)
+                self._release(take, keep=False)
+                self._finish(take, EndReason.ERROR, error=f"generation failed: {exc}")
+            return True
+        self.steps += 1
+        self.metrics.step_time.observe(result.total_ms / 1000.0)
+        self.metrics.step_batch.observe(len(runnable))
+        made = 0
+        for take, codes, stop in zip(runnable, result.codes, result.stop, strict=True):
+            if stop:
+                take.ending = EndReason.DONE
+                continue
+            take.codes.append(np.array(codes, dtype=np.int64))
+            take.frames += 1
+            made += 1
+            if take.frames >= take.frame_cap:
+                take.ending = EndReason.MAX_FRAMES
+        self.metrics.add_frames(made)
+        return True
+
+    # ------------------------------------------------------------------ audio out
+    def _flush_and_finish(self) -> bool:
+        due = [t for t in self.running if t.chunk_due() or (t.ending and t.pending > 0)]
+        worked = False
+        if due:
+            self._safe_flush(due)
+            worked = True
+        for take in [t for t in self.running if t.ending]:
+            self.running.remove(take)
+            self._finish(take, take.ending or EndReason.DONE)
+            worked = True
+        return worked
+
+    def _safe_flush(self, takes: list[Take]) -> None:
+        takes = [t for t in takes if t.pending > 0 and t.decoder is not None]
+        if not takes:
+            return
+        t0 = time.perf_counter()
+        try:
+            chunks = [t.codes_array(t.flushed, t.frames) for t in takes]
+            audio = self.decoder.decode([t.decoder for t in takes], chunks)
+        except Exception as exc:
+            log.exception("codec decode failed for %d takes", len(takes))
+            for take in takes:
+                take.ending = EndReason.ERROR
+                take.error = f"codec decode failed: {exc}"
+                take.flushed = take.frames  # nothing more to send
+            return
+        self.metrics.codec_time.observe(time.perf_counter() - t0)
+        now = time.monotonic()
+        for take, codes, wave in zip(takes, chunks, audio, strict=True):
+            if take.first_audio is None:
+                take.first_audio = now
+                first_ms = (now - take.admitted) * 1000.0
+                self.metrics.ttfa.observe(first_ms / 1000.0)
+                take.channel.push(TakeFirstAudio(first_ms))
+            pcm = to_int16_pcm(wave, take.spec.request.channels)
+            take.channel.push(AudioChunk(take.flushed, codes, pcm))
+            take.flushed = take.frames
+
+    # ------------------------------------------------------------------ ending
+    def _finish(self, take: Take, reason: EndReason, error: str | None = None) -> None:
+        if reason is not EndReason.ERROR:
+            error = None
+        else:
+            error = error or take.error or "generation failed"
+        self._release(take, keep=reason is not EndReason.ERROR)
+        now = time.monotonic()
+        first_ms = None if take.first_audio is None else (take.first_audio - take.admitted) * 1000.0
+        queue_ms = ((take.prep_started or now) - take.admitted) * 1000.0
+        timings = {"queue_ms": round(queue_ms, 2), "prefill_ms": round(take.prep_ms, 2)}
+        take.channel.push(
+            TakeFinished(reason, take.frames, (now - take.admitted) * 1000.0, first_ms, error, timings)
+        )
+        self.metrics.takes.labels(reason.value).inc()
+        if reason in (EndReason.CANCELLED, EndReason.REPLACED):
+            self.metrics.cancels.inc()
+        self._on_done(take)
+
+    def _release(self, take: Take, *, keep: bool) -> None:
+        """Give back the codec state; keep the model slot for retakes when it holds a usable cache."""
+        if take.decoder is not None:
+            take.decoder.close()
+            take.decoder = None
+        slot, take.model_slot = take.model_slot, None
+        if slot is None:
+            return
+        usable = keep and take.phase is Phase.RUNNING and take.frames > 0 and take.retain_key is not None
+        if usable and take.retain_key is not None and self.retained.capacity > 0:
+            item = Retained(slot, take.retain_key, take.codes_array())
+            for evicted in self.retained.put(take.take_id, item):
+                self.runner.free_slot(evicted)
+        else:
+            self.runner.free_slot(slot)
+
+    def shutdown(self) -> None:
+        """End every take (reason shutdown) and free all slots."""
+        for take in list(self.waiting):
+            self._finish(take, EndReason.SHUTDOWN)
+        self.waiting.clear()
+        for group in (self.preparing, self.running):
+            for take in list(group):
+                self._finish(take, EndReason.SHUTDOWN)
+            group.clear()
+        for slot in self.retained.clear():
+            self.runner.free_slot(slot)
+        self._update_gauges()

@@ -1,0 +1,133 @@
+"""Per-take state inside the real engine, and the LRU of finished slots kept for cheap retakes."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from moss_rt.engine.base import EndReason, TakeSpec
+from moss_rt.engine.channel import TakeChannel
+
+if TYPE_CHECKING:
+    from moss_rt.codec.streaming import DecoderState
+
+
+class EngineChannel(TakeChannel):
+    """A TakeChannel whose cancel also wakes the worker, so an idle engine reacts at once."""
+
+    def __init__(self, *args: object, wake: threading.Event, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._wake = wake
+
+    def cancel(self, reason: EndReason = EndReason.CANCELLED) -> None:
+        super().cancel(reason)
+        self._wake.set()
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # admitted, no slot yet
+    PREPARING = "preparing"  # slot held: prompt prefill / codec rebuild in progress
+    RUNNING = "running"  # stepping frame by frame
+
+
+@dataclass
+class Take:
+    """One take as the worker sees it. Frame numbers count from the start of the take (prefix included)."""
+
+    spec: TakeSpec
+    channel: EngineChannel
+    admitted: float = field(default_factory=time.monotonic)
+    phase: Phase = Phase.WAITING
+    model_slot: int | None = None
+    decoder: DecoderState | None = None
+    prompt_rows: np.ndarray | None = None  # rows to prefill (may include prefix frames as assistant rows)
+    prompt_len: int = 0  # rows of the prompt proper (without prefix frames)
+    prefilled: int = 0  # rows of prompt_rows already in the cache
+    prefill_offset: int = 0  # cache position where prompt_rows[0] goes
+    rebuilt: int = 0  # prefix frames already fed to the codec state
+    frames: int = 0  # frames of the take so far (the next frame's index)
+    frame_cap: int = 0  # total frames allowed (prefix + max_new_tokens, bounded by the cache)
+    capped_by_cache: bool = False
+    codes: list[np.ndarray] = field(default_factory=list)  # every frame [12] of the take, prefix included
+    flushed: int = 0  # frames already sent (the prefix counts as sent)
+    first_audio: float | None = None
+    prep_started: float | None = None
+    prep_ms: float = 0.0
+    paused: bool = False
+    reuse_path: str = "fresh"  # fresh | truncate | reprefill
+    retain_key: np.ndarray | None = None  # the prompt rows proper: a retake may reuse this cache if equal
+    ending: EndReason | None = None  # set when the take must end after its last chunk is flushed
+    error: str | None = None
+
+    @property
+    def take_id(self) -> str:
+        return self.spec.take_id
+
+    @property
+    def pending(self) -> int:
+        return self.frames - self.flushed
+
+    def chunk_due(self) -> bool:
+        """First audio after one frame, then every ``chunk_frames``."""
+        if self.pending <= 0:
+            return False
+        if self.first_audio is None:
+            return True
+        return self.pending >= self.spec.request.chunk_frames
+
+    def codes_array(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        part = self.codes[start:stop]
+        if not part:
+            return np.zeros((0, 12), dtype=np.int64)
+        return np.stack(part).astype(np.int64, copy=False)
+
+
+@dataclass
+class Retained:
+    """A finished take's model slot, kept so a retake of it only truncates the cache."""
+
+    model_slot: int
+    prompt_rows: np.ndarray
+    codes: np.ndarray  # [frames, 12] frames whose rows are in the cache after the prompt
+
+
+class RetainedSlots:
+    """LRU of finished takes' slots, by take id. Evicted (freed) when a new take needs a slot."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(0, capacity)
+        self._items: OrderedDict[str, Retained] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, take_id: str, item: Retained) -> list[int]:
+        """Keep ``item``; returns model slots that fell out of the LRU (to free)."""
+        if self.capacity == 0:
+            return [item.model_slot]
+        self._items[take_id] = item
+        evicted = []
+        while len(self._items) > self.capacity:
+            evicted.append(self._items.popitem(last=False)[1].model_slot)
+        return evicted
+
+    def take(self, take_id: str | None) -> Retained | None:
+        if take_id is None:
+            return None
+        return self._items.pop(take_id, None)
+
+    def evict_oldest(self) -> int | None:
+        if not self._items:
+            return None
+        return self._items.popitem(last=False)[1].model_slot
+
+    def clear(self) -> list[int]:
+        slots = [item.model_slot for item in self._items.values()]
+        self._items.clear()
+        return slots
