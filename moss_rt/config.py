@@ -44,13 +44,18 @@ class Settings:
     prefill_budget_ms: float = 40.0  # prefill work per scheduling round while other takes stream
     # Connections.
     max_connections: int = 256
-    max_takes_per_client: int = 1
-    ws_idle_timeout_sec: float = 300.0
+    # Concurrent takes (WebSocket and HTTP) per remote address, across its connections; 0: no cap.
+    # Behind a reverse proxy every client shares the proxy's address: raise it or use 0 there.
+    max_takes_per_client: int = 16
+    ws_idle_timeout_sec: float = 300.0  # no client message and no take running for this long → close
+    ws_heartbeat_sec: float = 20.0  # server pings; no pong within half of it → the socket is dropped
+    send_stall_timeout_sec: float = 15.0  # one send blocked this long (client not reading) → disconnect
     shutdown_grace_sec: float = 5.0
     # Security (all optional).
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()  # empty: same origin only
     cors_origins: tuple[str, ...] = ()
+    token_ttl_sec: float = 600.0  # lifetime of browser tokens from POST /api/token
     limits: Limits = field(default_factory=Limits)
     log_level: str = "INFO"
 

@@ -32,9 +32,8 @@ UPLOAD_EXTENSIONS = ("wav", "flac", "mp3", "ogg")
 BUILTIN_EXTENSIONS = UPLOAD_EXTENSIONS
 REF_ID_PATTERN = re.compile(r"^ref_[0-9a-f]{24}$")
 BUILTIN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-MIN_SAMPLE_RATE = 8000
-MAX_SAMPLE_RATE = 192000
-MAX_CHANNELS = 8
+# Uploads decoded at once: each holds at most one decode block, but decoding is CPU work.
+MAX_CONCURRENT_PROBES = 2
 
 Encoder = Callable[[bytes], Awaitable[np.ndarray]]
 
@@ -61,39 +60,104 @@ class InvalidUpload(ProtocolError):
         super().__init__(code, message, field="audio")
 
 
+# Formats whose header states the exact length: fewer decoded frames than declared is truncation.
+_EXACT_LENGTH_FORMATS = ("WAV", "WAVEX", "FLAC", "AIFF", "W64", "RF64")
+_DECODE_BLOCK = 65536  # frames per block when decoding: bounds the memory one upload can take
+NAME_PATTERN = re.compile(r"^[^\x00-\x1f\x7f]{1,64}$")
+
+
+def _wav_truncated(data: bytes) -> bool:
+    """True when a RIFF/WAVE file's ``data`` chunk declares more bytes than the file holds.
+
+    libsndfile derives a truncated WAV's length from the file size and decodes it silently, so
+    this one check needs the header itself. Streaming writers put 0 or 0xFFFFFFFF there: not truncated.
+    """
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return False
+    pos = 12
+    while pos + 8 <= len(data):
+        chunk_id, size = data[pos : pos + 4], int.from_bytes(data[pos + 4 : pos + 8], "little")
+        if chunk_id == b"data":
+            return size not in (0, 0xFFFFFFFF) and pos + 8 + size > len(data)
+        pos += 8 + size + (size & 1)
+    return False
+
+
 def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int]:
-    """Validate audio bytes by decoding their header: returns (duration s, sample rate, channels)."""
+    """Validate audio bytes: returns (duration s, sample rate, channels) or raises InvalidUpload.
+
+    Everything the header says is checked first (rate, channels, duration, frames x channels),
+    so a small file that declares hours of audio is refused without decoding any of it. Then
+    the audio is decoded block by block (memory stays bounded) to prove it is really there.
+    Runs on a worker thread: decoding is CPU work.
+    """
     if not data:
         raise InvalidUpload("the upload is empty")
     try:
         info = sf.info(io.BytesIO(data))
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         raise InvalidUpload(f"not a readable audio file: {exc}") from None
-    if not MIN_SAMPLE_RATE <= info.samplerate <= MAX_SAMPLE_RATE:
-        raise InvalidUpload(f"sample rate {info.samplerate} Hz is outside {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE}")
-    if not 1 <= info.channels <= MAX_CHANNELS:
-        raise InvalidUpload(f"{info.channels} channels; at most {MAX_CHANNELS} are accepted")
-    duration = float(info.frames) / info.samplerate if info.frames > 0 else 0.0
+    sr, channels, declared = int(info.samplerate), int(info.channels), int(info.frames)
+    if not limits.min_upload_sample_rate <= sr <= limits.max_upload_sample_rate:
+        raise InvalidUpload(
+            f"sample rate {sr} Hz is outside {limits.min_upload_sample_rate}..{limits.max_upload_sample_rate}"
+        )
+    if not 1 <= channels <= limits.max_upload_channels:
+        raise InvalidUpload(f"{channels} channels; at most {limits.max_upload_channels} are accepted")
+    duration = declared / sr if declared > 0 else 0.0
     if duration > limits.max_upload_seconds:
         raise InvalidUpload(f"audio lasts {duration:.1f} s; the limit is {limits.max_upload_seconds:.0f} s")
-    if duration < limits.min_upload_seconds:
+    if declared * channels > limits.max_upload_samples:
+        raise InvalidUpload(
+            f"{declared} frames x {channels} channels would decode to more than {limits.max_upload_samples} samples",
+            ErrorCode.TOO_LARGE,
+        )
+    if declared > 0 and duration < limits.min_upload_seconds:
         raise InvalidUpload(f"audio lasts {duration:.2f} s; at least {limits.min_upload_seconds} s is needed")
-    # The header can lie about its length (truncated files): decode it all to be sure.
+    if info.format in ("WAV", "WAVEX") and _wav_truncated(data):
+        raise InvalidUpload("the audio is truncated: its data chunk is shorter than its header says")
+    # Never decode more than the limits allow, whatever the header claimed (it can lie).
+    cap = min(int(limits.max_upload_seconds * sr), limits.max_upload_samples // channels) + 1
+    decoded = 0
     try:
-        samples, _ = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            for block in f.blocks(blocksize=_DECODE_BLOCK, dtype="float32", always_2d=True):
+                decoded += block.shape[0]
+                if decoded > cap:
+                    raise InvalidUpload(
+                        f"audio decodes to more than {limits.max_upload_seconds:.0f} s; its header understated it"
+                    )
+                if not np.isfinite(block).all():
+                    raise InvalidUpload("the audio holds non-finite samples")
     except (sf.LibsndfileError, RuntimeError, ValueError) as exc:
-        raise InvalidUpload(f"the audio could not be decoded: {exc}") from None
-    if samples.shape[0] == 0:
+        raise InvalidUpload(f"the audio could not be decoded (truncated or damaged?): {exc}") from None
+    if decoded == 0:
         raise InvalidUpload("the audio holds no samples")
-    if not np.isfinite(samples).all():
-        raise InvalidUpload("the audio holds non-finite samples")
-    duration = samples.shape[0] / info.samplerate
+    exact = info.format in _EXACT_LENGTH_FORMATS
+    if declared > 0 and decoded < (declared if exact else declared * 0.98 - _DECODE_BLOCK):
+        raise InvalidUpload(f"the audio is truncated: the header declares {declared} frames, {decoded} decode")
+    duration = decoded / sr
     if duration < limits.min_upload_seconds:
         raise InvalidUpload(f"audio lasts {duration:.2f} s; at least {limits.min_upload_seconds} s is needed")
-    return duration, int(info.samplerate), int(info.channels)
+    return duration, sr, channels
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (the directory entry itself), where the OS allows it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``path`` so that readers (and a restart after a crash) see the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -105,6 +169,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
 
 
 class VoiceStore:
@@ -118,6 +183,7 @@ class VoiceStore:
         self._codes_cache = codes_cache
         self._voices: dict[str, Voice] = {}
         self._lock = asyncio.Lock()
+        self._probes = asyncio.Semaphore(MAX_CONCURRENT_PROBES)
 
     async def load(self) -> None:
         self._voices = await asyncio.to_thread(self._scan)
@@ -144,21 +210,42 @@ class VoiceStore:
                     int(info.samplerate), int(info.channels), path,
                 )
         self._dir.mkdir(parents=True, exist_ok=True)
+        # The per-voice JSON records are the manifest: a voice exists exactly when its record
+        # parses and points at a complete audio file. The record is renamed into place only after
+        # the audio file is durable, so a crash at any point leaves the voice whole or absent.
+        referenced: set[str] = set()
         for meta_path in sorted(self._dir.glob("ref_*.json")):
             try:
                 meta = json.loads(meta_path.read_text())
-                audio = self._dir / meta["file"]
-                if not REF_ID_PATTERN.match(meta["id"]) or not audio.is_file() or audio.parent != self._dir:
+                voice_id, file_name = meta["id"], meta["file"]
+                if (
+                    not isinstance(voice_id, str)
+                    or not REF_ID_PATTERN.match(voice_id)
+                    or meta_path.stem != voice_id
+                    or not isinstance(file_name, str)
+                    or Path(file_name).name != file_name
+                    or not file_name.startswith(voice_id + ".")
+                ):
                     raise ValueError("inconsistent record")
-                voices[meta["id"]] = Voice(
-                    meta["id"], meta.get("name", meta["id"]), "uploaded", float(meta["duration"]),
+                audio = self._dir / file_name
+                if not audio.is_file():
+                    raise ValueError("its audio file is missing")
+                if "bytes" in meta and audio.stat().st_size != int(meta["bytes"]):
+                    raise ValueError("its audio file has the wrong size")
+                voices[voice_id] = Voice(
+                    voice_id, str(meta.get("name", voice_id)), "uploaded", float(meta["duration"]),
                     int(meta["frames"]), int(meta["sample_rate"]), int(meta["channels"]), audio,
                 )
+                referenced.add(file_name)
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("skipping damaged voice record %s: %s", meta_path.name, exc)
         # Leftover temporaries are from a crash mid-write; the voice they belonged to is absent.
         for tmp in self._dir.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
+        # Audio without a record was never acknowledged to its uploader (the crash came first).
+        for orphan in self._dir.glob("ref_*.*"):
+            if orphan.suffix.lstrip(".") in UPLOAD_EXTENSIONS and orphan.name not in referenced:
+                orphan.unlink(missing_ok=True)
         return voices
 
     def list(self) -> list[Voice]:
@@ -177,20 +264,32 @@ class VoiceStore:
         return self.get(reference.strip())
 
     async def add_upload(self, data: bytes, ext: str, *, name: str | None = None) -> Voice:
+        """Validate and store an upload; returns only once the voice is durable on disk."""
         ext = ext.lower().lstrip(".")
         if ext not in UPLOAD_EXTENSIONS:
-            raise InvalidUpload(f"ext must be one of {list(UPLOAD_EXTENSIONS)}, got {ext!r}")
+            raise InvalidUpload(f"ext must be one of {list(UPLOAD_EXTENSIONS)}, got {ext[:16]!r}")
+        if name is not None and not NAME_PATTERN.match(name):
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, "name must be 1-64 characters without control characters", field="name"
+            )
         if len(data) > self._limits.max_upload_bytes:
             raise InvalidUpload(f"upload exceeds {self._limits.max_upload_bytes} bytes", ErrorCode.TOO_LARGE)
-        duration, sr, channels = await asyncio.to_thread(probe_audio, data, self._limits)
         voice_id = "ref_" + hashlib.sha256(data).hexdigest()[:24]
+        existing = self._voices.get(voice_id)
+        if existing is not None:  # same bytes as a stored voice: nothing to decode or write
+            return existing
+        self._check_capacity()
+        async with self._probes:
+            duration, sr, channels = await asyncio.to_thread(probe_audio, data, self._limits)
         async with self._lock:
             if voice_id in self._voices:
                 return self._voices[voice_id]
+            self._check_capacity()
             audio_path = self._dir / f"{voice_id}.{ext}"
             record = {
                 "id": voice_id, "name": name or voice_id, "file": audio_path.name, "duration": duration,
                 "frames": int(duration * FRAME_RATE), "sample_rate": sr, "channels": channels,
+                "bytes": len(data),
             }
 
             def _persist() -> None:
@@ -203,6 +302,14 @@ class VoiceStore:
             self._voices[voice_id] = voice
             log.info("stored voice %s (%.1f s, %d Hz, %d ch)", voice_id, duration, sr, channels)
             return voice
+
+    def _check_capacity(self) -> None:
+        if self._count()[1] >= self._limits.max_stored_voices:
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                f"the voice store is full ({self._limits.max_stored_voices} uploaded voices)",
+                field="audio",
+            )
 
     async def codes(self, voice: Voice, encoder: Encoder, codec_tag: str) -> np.ndarray:
         """Codes [T, 12] of a voice under the current codec, cached in memory and on disk."""

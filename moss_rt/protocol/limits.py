@@ -18,6 +18,17 @@ class Limits:
     max_upload_bytes: int = 20 * 1024 * 1024
     max_upload_seconds: float = 60.0
     min_upload_seconds: float = 0.5
+    # Upload decoding guards: refused from the header, before any sample is decoded.
+    min_upload_sample_rate: int = 8000
+    max_upload_sample_rate: int = 192000
+    max_upload_channels: int = 8
+    # frames x channels of one upload; bounds decode work however well the file compresses
+    # (a few KB of FLAC silence can declare hours of audio). 60 s of 192 kHz stereo fits.
+    max_upload_samples: int = 24_000_000
+    max_stored_voices: int = 1000  # uploaded voices kept on disk; more are refused (rate_limited)
+    # WebSocket control messages per connection: a token bucket refilled at this rate.
+    ws_messages_per_sec: float = 20.0
+    ws_message_burst: int = 40
 
     def to_dict(self) -> dict[str, int | float]:
         return asdict(self)

@@ -10,11 +10,13 @@ from collections.abc import AsyncIterator
 from aiohttp import WSCloseCode, web
 
 from moss_rt.config import Settings
-from moss_rt.engine.base import Engine
+from moss_rt.engine.base import EndReason, Engine
 from moss_rt.session import TakeStore
 from moss_rt.voices import VoiceStore
+from moss_rt.web.guards import ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler
+from moss_rt.web.security import auth_middleware, cors_middleware, json_errors_middleware
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.ws import websocket_handler
 
@@ -23,9 +25,20 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings, engine: Engine) -> web.Application:
     """Build the service around an engine (the app starts and stops it)."""
-    app = web.Application(client_max_size=settings.limits.max_upload_bytes + 1024)
+    # Outermost first: CORS answers preflights (which carry no credentials) before auth runs;
+    # every error below it, aiohttp's own included, becomes a JSON body.
+    app = web.Application(
+        client_max_size=settings.limits.max_upload_bytes + 1024,
+        middlewares=[cors_middleware, json_errors_middleware, auth_middleware],
+    )
     voices = VoiceStore(settings.voices_store_dir, settings.voices_dir, settings.limits)
-    app[STATE] = ServiceState(settings=settings, engine=engine, voices=voices, takes=TakeStore())
+    app[STATE] = ServiceState(
+        settings=settings,
+        engine=engine,
+        voices=voices,
+        takes=TakeStore(),
+        client_takes=ClientTakes(settings.max_takes_per_client),
+    )
     app.add_routes(routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
@@ -59,8 +72,23 @@ def _log_engine_start(task: asyncio.Task[None]) -> None:
 
 
 async def _close_websockets(app: web.Application) -> None:
+    """Graceful shutdown (SIGTERM/SIGINT via aiohttp, or runner cleanup).
+
+    aiohttp has already stopped listening. Here: refuse new work (readyz answers 503), end every
+    running take with reason ``shutdown`` so both transports send its end frame, close sockets
+    with 1001. HTTP stream handlers then finish on their own; aiohttp waits for them for
+    ``shutdown_timeout`` (= shutdown_grace_sec) before cancelling what is left.
+    """
     state = app[STATE]
     state.shutting_down = True
+    grace = state.settings.shutdown_grace_sec
+    for handle in list(state.http_takes):
+        handle.cancel(EndReason.SHUTDOWN)
+    connections = list(state.connections)
+    if connections:
+        log.info("shutdown: ending takes on %d connection(s)", len(connections))
+        # Bounded: each connection waits at most ``grace`` for its end frame, all in parallel.
+        await asyncio.gather(*(c.shutdown(grace) for c in connections), return_exceptions=True)
     for ws in list(state.websockets):
         with contextlib.suppress(Exception):
-            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
+            await asyncio.wait_for(ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown"), 1.0)

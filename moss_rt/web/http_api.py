@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from moss_rt import __version__
 from moss_rt.audio import wav_bytes
@@ -20,21 +20,63 @@ from moss_rt.protocol import (
 from moss_rt.protocol.frames import decode_json_object
 from moss_rt.session import DirectingSession
 from moss_rt.web.errors import busy_response, error_response, protocol_error_response
+from moss_rt.web.openapi import openapi_document
+from moss_rt.web.security import issue_token
 from moss_rt.web.state import STATE
 from moss_rt.web.takes import build_spec, resolve_model, stream_take
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
+BODY_CHUNK = 64 * 1024
 
 
 async def read_body_limited(request: web.Request, limit: int) -> bytes:
-    """Read a request body, refusing it before reading when it declares (or grows) past ``limit``."""
+    """Read a request body, refusing it before reading when it declares (or grows) past ``limit``.
+
+    ``Content-Length`` is checked before a byte is read; a chunked body is read in pieces and
+    cut off as soon as it passes the limit, so no more than ``limit`` + one chunk is ever held.
+    """
     if request.content_length is not None and request.content_length > limit:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"body of {request.content_length} bytes exceeds {limit}")
-    data = await request.content.read(limit + 1)
-    if len(data) > limit:
-        raise ProtocolError(ErrorCode.TOO_LARGE, f"body exceeds {limit} bytes")
-    return data
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.read(min(BODY_CHUNK, limit + 1 - size))
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"body exceeds {limit} bytes")
+    return b"".join(parts)
+
+
+def _body_limit_for(request: web.Request) -> int:
+    limits = request.app[STATE].settings.limits
+    return limits.max_upload_bytes if request.path == "/api/upload_ref" else limits.max_request_bytes
+
+
+async def expect_within_limit(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue``: refuse an oversize body before the client sends any of it."""
+    limit = _body_limit_for(request)
+    if request.content_length is not None and request.content_length > limit:
+        return error_response(ErrorCode.TOO_LARGE, f"body of {request.content_length} bytes exceeds {limit}")
+    if request.version == HttpVersion11 and request.headers.get("Expect", "").lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the interim answer is not part of the response body
+    return None
+
+
+async def write_or_drop(request: web.Request, response: web.StreamResponse, frame: bytes) -> None:
+    """Write one frame; a client that leaves it unread past the stall timeout is disconnected."""
+    stall = request.app[STATE].settings.send_stall_timeout_sec
+    try:
+        await asyncio.wait_for(response.write(frame), stall)
+    except TimeoutError:
+        log.warning("HTTP stream client %s stopped reading for %.1f s; dropping it", request.remote, stall)
+        if request.transport is not None:
+            request.transport.abort()
+        raise ConnectionResetError("client stopped reading") from None
 
 
 @routes.get("/")
@@ -91,7 +133,7 @@ async def list_voices(request: web.Request) -> web.Response:
     return web.json_response({"voices": [v.public() for v in voices]})
 
 
-@routes.post("/api/upload_ref")
+@routes.post("/api/upload_ref", expect_handler=expect_within_limit)
 async def upload_ref(request: web.Request) -> web.Response:
     state = request.app[STATE]
     try:
@@ -105,29 +147,46 @@ async def upload_ref(request: web.Request) -> web.Response:
     )
 
 
-@routes.post("/api/stream")
+@routes.post("/api/stream", expect_handler=expect_within_limit)
 async def stream(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     t_request = time.monotonic()
     if state.shutting_down:
         return error_response(ErrorCode.BUSY, "the service is shutting down", headers={"Retry-After": "5"})
+    client = request.remote or "unknown"
+    holding = False
+    handle = None
     try:
         body = await read_body_limited(request, state.settings.limits.max_request_bytes)
         start = parse_stream_request(decode_json_object(body or b"{}"), state.settings.limits)
         model = resolve_model(state, start.model)
+        state.client_takes.acquire(client)  # rate_limited (429) past max_takes_per_client
+        holding = True
         session = DirectingSession(state.takes, max_takes=1)
         plan = session.plan_start(start)
         spec = await build_spec(state, plan.take)
         handle = await state.engine.submit(spec)
     except ProtocolError as err:
-        return protocol_error_response(err)
+        if holding:
+            state.client_takes.release(client)
+        headers = {"Retry-After": "1"} if err.code == ErrorCode.RATE_LIMITED else None
+        return error_response(err.code, err.message, field=err.field, headers=headers)
     except EngineBusy as busy:
+        state.client_takes.release(client)
         return busy_response(busy.retry_after_sec)
 
+    # Shutdown ends this take with reason "shutdown"; the end frame still goes out.
+    state.http_takes.add(handle)
+    if state.shutting_down:
+        handle.cancel(EndReason.SHUTDOWN)
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"})
+
+    async def send(frame: bytes) -> None:
+        await write_or_drop(request, response, frame)
+
     try:
         await response.prepare(request)
-        await stream_take(state, handle, plan.take, session, response.write, t_request=t_request, model=model)
+        await stream_take(state, handle, plan.take, session, send, t_request=t_request, model=model)
         await response.write_eof()
     except (ConnectionResetError, asyncio.CancelledError):
         log.info("client left during take %s; cancelling it", plan.take.take_id)
@@ -135,7 +194,28 @@ async def stream(request: web.Request) -> web.StreamResponse:
     finally:
         # A client that disconnected (or any failure) must free the engine slot.
         handle.cancel(EndReason.CANCELLED)
+        state.http_takes.discard(handle)
+        state.client_takes.release(client)
     return response
+
+
+@routes.post("/api/token")
+async def issue_browser_token(request: web.Request) -> web.Response:
+    """Trade the API key (Bearer) for a short-lived token a browser may put on the WebSocket URL."""
+    settings = request.app[STATE].settings
+    if not settings.api_key:
+        return web.json_response({"auth_required": False, "token": None, "expires_at": None, "expires_in": None})
+    # The auth middleware has already checked the Bearer credential (key or unexpired token).
+    token, expiry = issue_token(settings.api_key, settings.token_ttl_sec)
+    return web.json_response(
+        {"auth_required": True, "token": token, "expires_at": expiry, "expires_in": int(settings.token_ttl_sec)},
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+@routes.get("/api/openapi.json")
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document(request.app))
 
 
 @routes.get(r"/api/takes/{take_id:[A-Za-z0-9_-]{1,64}}.wav")

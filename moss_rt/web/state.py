@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -10,6 +11,7 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import Engine
 from moss_rt.session import TakeStore
 from moss_rt.voices import VoiceStore
+from moss_rt.web.guards import ClientTakes
 
 
 @dataclass
@@ -20,6 +22,12 @@ class ServiceState:
     takes: TakeStore
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
     shutting_down: bool = False
+    # Reliability bookkeeping (issue 7): open directing connections (ws.Connection objects, kept
+    # untyped to avoid an import cycle), running HTTP stream takes, takes per client address.
+    connections: set[Any] = field(default_factory=set)
+    http_takes: set[Any] = field(default_factory=set)
+    client_takes: ClientTakes = field(default_factory=lambda: ClientTakes(0))
+    ws_slots: int = 0  # WebSocket connections admitted (reserved before the upgrade completes)
 
 
 STATE: web.AppKey[ServiceState] = web.AppKey("moss_rt_state", ServiceState)

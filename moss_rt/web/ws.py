@@ -3,6 +3,11 @@
 Per connection there are two kinds of task: the reader (this handler's own coroutine), which
 handles every control message as it arrives, and at most one take task that streams audio.
 Control never waits behind audio: cancel and seek act on the take task from the reader.
+
+Guards (docs/limits.md): the upgrade is refused with a JSON 403/503 when the Origin is foreign,
+the server is shutting down or ``max_connections`` sockets are open; control messages pass a
+per-connection token bucket; takes count against the client's address; a send blocked for
+``send_stall_timeout_sec`` (the client stopped reading) drops the connection and frees its slot.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import contextlib
 import logging
 import time
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from moss_rt.engine.base import EndReason, EngineBusy, TakeHandle
 from moss_rt.protocol import (
@@ -30,6 +35,9 @@ from moss_rt.protocol import (
     hello,
 )
 from moss_rt.session import DirectingSession, SeekPlan, TakeRecord
+from moss_rt.web.errors import busy_response, error_response
+from moss_rt.web.guards import TokenBucket
+from moss_rt.web.security import forbidden_origin, websocket_origin_allowed
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.takes import build_spec, replay_take, resolve_model, stream_take
 
@@ -37,28 +45,75 @@ log = logging.getLogger(__name__)
 
 # How long barge-in waits for the replaced take to send its end (it stops within one frame).
 REPLACE_TIMEOUT_SEC = 5.0
+# A close handshake with a client that does not read cannot complete; give it this long.
+CLOSE_TIMEOUT_SEC = 1.0
+# Close codes (docs/limits.md).
+CLOSE_IDLE = WSCloseCode.OK  # reason "idle timeout"
+CLOSE_POLICY = WSCloseCode.POLICY_VIOLATION  # fatal protocol error, flooding, stalled reader
+CLOSE_SHUTDOWN = WSCloseCode.GOING_AWAY
+
+
+def flood_limit(burst: int) -> int:
+    """Messages refused in a row (while rate limited) before the socket is closed as a flood."""
+    return max(100, 5 * burst)
 
 
 class Connection:
-    def __init__(self, state: ServiceState, ws: web.WebSocketResponse) -> None:
+    def __init__(self, state: ServiceState, ws: web.WebSocketResponse, request: web.Request) -> None:
         self.state = state
         self.ws = ws
-        self.session = DirectingSession(state.takes, max_takes=state.settings.limits.max_takes_kept)
+        self.client = request.remote or "unknown"
+        self._transport = request.transport
+        limits = state.settings.limits
+        self.session = DirectingSession(state.takes, max_takes=limits.max_takes_kept)
+        self._bucket = TokenBucket(limits.ws_messages_per_sec, limits.ws_message_burst)
+        self._refused_in_row = 0
         self._send_lock = asyncio.Lock()
         self._take_task: asyncio.Task[None] | None = None
         self._handle: TakeHandle | None = None
+        self._replay_stop: EndReason | None = None  # why a running replay was stopped
+        self._dead = False  # set once the client is known gone or dropped: no more sends
+        self._shutting_down = False
 
     # -- sending ------------------------------------------------------------------------
 
     async def send_frame(self, frame: bytes) -> None:
+        """Send one frame; a client that leaves it unread for the stall timeout is dropped.
+
+        aiohttp's writer waits for the socket to drain once 256 KiB are buffered, so an awaited
+        send is what bounds the buffer; the timeout is what frees the take of a dead reader.
+        """
         async with self._send_lock:
-            await self.ws.send_bytes(frame)
+            if self._dead or self.ws.closed:
+                raise ConnectionResetError("the connection is closed")
+            try:
+                await asyncio.wait_for(self.ws.send_bytes(frame), self.state.settings.send_stall_timeout_sec)
+            except TimeoutError:
+                log.warning(
+                    "client %s stopped reading for %.1f s; dropping it",
+                    self.client,
+                    self.state.settings.send_stall_timeout_sec,
+                )
+                await self._drop(CLOSE_POLICY, b"send stalled: client not reading")
+                raise ConnectionResetError("client stopped reading") from None
 
     async def send_json(self, obj: dict[str, object]) -> None:
         await self.send_frame(encode_json_frame(obj))
 
     async def send_error(self, err: ProtocolError, take: str | None = None) -> None:
         await self.send_json(error_message(err, take=take).to_dict())
+
+    async def _drop(self, code: int, message: bytes) -> None:
+        """Give up on the client: free its take at once, try a close frame briefly, then abort."""
+        self._dead = True
+        if self._handle is not None:
+            self._handle.cancel(EndReason.CANCELLED)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(code=code, message=message), CLOSE_TIMEOUT_SEC)
+        # Unsent bytes would keep the socket (and its buffers) alive for as long as the peer
+        # keeps its window shut; abort discards them.
+        if self._transport is not None:
+            self._transport.abort()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -73,18 +128,44 @@ class Connection:
                 engine=info.name,
             ).to_dict()
         )
+        idle = self.state.settings.ws_idle_timeout_sec
         try:
-            async for msg in self.ws:
+            while not self.ws.closed:
+                try:
+                    msg = await self.ws.receive(timeout=idle if idle > 0 else None)
+                except TimeoutError:
+                    if self._take_running():
+                        continue  # a listener that only listens is not idle
+                    log.info("closing idle websocket of %s after %.0f s", self.client, idle)
+                    await self._close(CLOSE_IDLE, b"idle timeout")
+                    break
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     await self._on_message(msg.data, text=msg.type == WSMsgType.TEXT)
                 elif msg.type == WSMsgType.ERROR:
-                    log.info("websocket error: %s", self.ws.exception())
+                    log.info("websocket error from %s: %s", self.client, self.ws.exception())
+                    break
+                elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                    break
         finally:
+            self._dead = self._dead or self.ws.closed
             await self._stop_take(EndReason.CANCELLED, wait=False)
             self.session.close()
 
+    def _take_running(self) -> bool:
+        return self._take_task is not None and not self._take_task.done()
+
+    async def _close(self, code: int, message: bytes) -> None:
+        try:
+            await asyncio.wait_for(self.ws.close(code=code, message=message), CLOSE_TIMEOUT_SEC)
+        except (TimeoutError, Exception):
+            await self._drop(code, message)
+
     async def _on_message(self, data: str | bytes, *, text: bool) -> None:
         limits = self.state.settings.limits
+        if not self._bucket.take():
+            await self._refuse_rate()
+            return
+        self._refused_in_row = 0
         try:
             msg: ClientMessage
             if text:
@@ -97,7 +178,26 @@ class Connection:
         except ProtocolError as err:
             await self.send_error(err)
             if err.fatal:
-                await self.ws.close(code=1008, message=err.message.encode()[:120])
+                await self._close(CLOSE_POLICY, err.message.encode()[:120])
+
+    async def _refuse_rate(self) -> None:
+        """Drop a message over the rate; say so once per run of refusals; close a flood."""
+        limits = self.state.settings.limits
+        self._refused_in_row += 1
+        if self._refused_in_row == 1:
+            await self.send_error(
+                ProtocolError(
+                    ErrorCode.RATE_LIMITED,
+                    f"more than {limits.ws_messages_per_sec:g} messages/s (burst {limits.ws_message_burst}); "
+                    f"messages are dropped for {self._bucket.retry_after_sec:.2f} s",
+                )
+            )
+        elif self._refused_in_row > flood_limit(limits.ws_message_burst):
+            log.warning("closing flooding websocket of %s", self.client)
+            await self._safe(
+                self.send_error(ProtocolError(ErrorCode.RATE_LIMITED, "message flood; closing", fatal=True))
+            )
+            await self._close(CLOSE_POLICY, b"rate limit exceeded")
 
     async def _dispatch(self, msg: ClientMessage) -> None:
         if isinstance(msg, Ping):
@@ -106,6 +206,8 @@ class Connection:
             running = self.session.running
             if running is not None and (msg.take is None or msg.take in (running.take_id, running.label)):
                 await self._stop_take(EndReason.CANCELLED, wait=False)
+            elif running is None and self._handle is None and self._take_running():
+                await self._stop_take(EndReason.CANCELLED, wait=False)  # a replay
         elif isinstance(msg, StartTake):
             await self._start(msg)
         elif isinstance(msg, Seek):
@@ -114,49 +216,75 @@ class Connection:
     # -- takes --------------------------------------------------------------------------
 
     async def _stop_take(self, reason: EndReason, *, wait: bool) -> None:
-        """Ask the running take to end; with ``wait`` return once its end frame was sent."""
+        """Ask the running take (or replay) to end; with ``wait`` return once its end frame was sent."""
         task, handle = self._take_task, self._handle
         if handle is not None:
             handle.cancel(reason)
         if task is None or task.done():
             return
+        if handle is None:
+            # A replay (or a take still being admitted) has no engine handle: stop the task itself;
+            # a replay answers with its end frame carrying ``reason``.
+            self._replay_stop = reason
+            task.cancel()
         if wait:
-            try:
-                await asyncio.wait_for(asyncio.shield(task), REPLACE_TIMEOUT_SEC)
-            except TimeoutError:
+            # asyncio.wait, unlike awaiting the task, never re-raises the task's own cancellation
+            # into this (reader) task.
+            done, _ = await asyncio.wait({task}, timeout=REPLACE_TIMEOUT_SEC)
+            if not done:
                 task.cancel()
-        elif self.ws.closed:
+        elif self.ws.closed or self._dead:
             task.cancel()
 
+    def _refuse_if_shutting_down(self) -> None:
+        if self.state.shutting_down:
+            raise ProtocolError(ErrorCode.BUSY, "the service is shutting down; reconnect shortly")
+
     async def _start(self, request: StartTake) -> None:
+        self._refuse_if_shutting_down()
         await self._stop_take(EndReason.REPLACED, wait=True)
         model = resolve_model(self.state, request.model)
         plan = self.session.plan_start(request)
         self._launch(plan.take, model, prefix=None, t_request=time.monotonic())
 
     async def _seek(self, msg: Seek) -> None:
+        self._refuse_if_shutting_down()
         t_request = time.monotonic()
         plan: SeekPlan = self.session.plan_seek(msg)
         await self._stop_take(EndReason.REPLACED, wait=True)
         model = resolve_model(self.state, plan.take.request.model)
         await self.send_json({"type": "seek", **plan.ack()})
         if plan.mode == "replay":
-            self._take_task = asyncio.create_task(self._replay(plan.source, plan.frame, model))
             self._handle = None
+            self._replay_stop = None
+            self._take_task = asyncio.create_task(
+                self._replay(plan.source, plan.frame, model), name=f"replay-{plan.source.take_id}"
+            )
         else:
             self._launch(plan.take, model, prefix=plan.prefix_codes, t_request=t_request)
 
     def _launch(self, take: TakeRecord, model: str, *, prefix: object, t_request: float) -> None:
         self._handle = None
-        self._take_task = asyncio.create_task(self._run_take(take, model, prefix, t_request))
+        self._replay_stop = None
+        self._take_task = asyncio.create_task(
+            self._run_take(take, model, prefix, t_request), name=f"take-{take.take_id}"
+        )
 
     async def _run_take(self, take: TakeRecord, model: str, prefix: object, t_request: float) -> None:
         handle: TakeHandle | None = None
+        holding = False
         try:
+            # Counted per client address across all its sockets and HTTP streams.
+            self.state.client_takes.acquire(self.client)
+            holding = True
             spec = await build_spec(self.state, take, prefix_codes=prefix)  # type: ignore[arg-type]
             handle = await self.state.engine.submit(spec)
             self._handle = handle
             if self.session.running is not take:  # cancelled while we were being admitted
+                handle.cancel(EndReason.CANCELLED)
+            if self._shutting_down:
+                handle.cancel(EndReason.SHUTDOWN)
+            if self._dead:
                 handle.cancel(EndReason.CANCELLED)
             await stream_take(self.state, handle, take, self.session, self.send_frame, t_request=t_request, model=model)
         except ProtocolError as err:
@@ -177,16 +305,35 @@ class Connection:
                 handle.cancel(EndReason.CANCELLED)
             if self._handle is handle:
                 self._handle = None
+            if holding:
+                self.state.client_takes.release(self.client)
 
     async def _replay(self, take: TakeRecord, frame: int, model: str) -> None:
         try:
             await replay_take(self.state, take, frame, self.send_frame, model=model)
         except ConnectionResetError:
             pass
+        except asyncio.CancelledError:
+            reason = self._replay_stop
+            if reason is not None and not self._dead and not self.ws.closed:
+                # Stopped on purpose (cancel, barge-in, shutdown): the client still gets an end.
+                end = {"type": "end", "take": take.take_id, "reason": reason.value, "replay": True,
+                       "n_frames": take.n_frames}
+                await self._safe(self.send_json(end))
+            raise
 
     async def _safe(self, coro: object) -> None:
         with contextlib.suppress(ConnectionResetError, RuntimeError):
             await coro  # type: ignore[misc]
+
+    async def shutdown(self, grace_sec: float) -> None:
+        """End the running take with reason ``shutdown`` (its end frame goes out), then close 1001."""
+        self._shutting_down = True
+        task = self._take_task
+        await self._stop_take(EndReason.SHUTDOWN, wait=False)
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=grace_sec)
+        await self._close(CLOSE_SHUTDOWN, b"server shutdown")
 
     async def close(self) -> None:
         task = self._take_task
@@ -197,24 +344,39 @@ class Connection:
                 await task
 
 
-async def websocket_handler(request: web.Request) -> web.WebSocketResponse:
+async def websocket_handler(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    ws = web.WebSocketResponse(
-        heartbeat=30.0,
-        # Oversize-but-sane messages get a tag-0 too_large error from the decoder; only
-        # absurd ones are cut off by aiohttp itself (close 1009).
-        max_msg_size=4 * state.settings.limits.max_message_bytes,
-        receive_timeout=state.settings.ws_idle_timeout_sec,
-    )
-    await ws.prepare(request)
-    connection = Connection(state, ws)
-    state.websockets.add(ws)
+    settings = state.settings
+    # Everything that can refuse the socket is decided before the upgrade, as a JSON answer.
+    if not websocket_origin_allowed(settings, request):
+        log.info("refused WebSocket from origin %r (%s)", request.headers.get("Origin"), request.remote)
+        return forbidden_origin(request.headers.get("Origin", ""))
+    if state.shutting_down:
+        return error_response(ErrorCode.BUSY, "the service is shutting down", headers={"Retry-After": "5"})
+    if state.ws_slots >= settings.max_connections:
+        log.warning("refused WebSocket from %s: %d connections open", request.remote, state.ws_slots)
+        return busy_response(5.0)
+    state.ws_slots += 1  # reserved now, so concurrent upgrades cannot overshoot the limit
     try:
-        await connection.run()
-    except asyncio.TimeoutError:
-        log.info("closing idle websocket")
+        ws = web.WebSocketResponse(
+            heartbeat=settings.ws_heartbeat_sec if settings.ws_heartbeat_sec > 0 else None,
+            # Oversize-but-sane messages get a tag-0 too_large error from the decoder; only
+            # absurd ones are cut off by aiohttp itself (close 1009) before being buffered whole.
+            max_msg_size=4 * settings.limits.max_message_bytes,
+        )
+        await ws.prepare(request)
+        connection = Connection(state, ws, request)
+        state.websockets.add(ws)
+        state.connections.add(connection)
+        try:
+            await connection.run()
+        except ConnectionResetError:
+            log.info("client %s left", connection.client)
+        finally:
+            state.websockets.discard(ws)
+            state.connections.discard(connection)
+            await connection.close()
+            await connection._close(WSCloseCode.OK, b"")
+        return ws
     finally:
-        state.websockets.discard(ws)
-        await connection.close()
-        await ws.close()
-    return ws
+        state.ws_slots -= 1

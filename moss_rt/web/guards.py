@@ -1,0 +1,74 @@
+"""Per-connection and per-client admission guards: a message rate limiter and a take counter."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from moss_rt.protocol import ErrorCode, ProtocolError
+
+
+class TokenBucket:
+    """``rate`` tokens per second, at most ``burst`` banked; one message costs one token."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate = max(0.0, rate)
+        self._burst = max(1, burst)
+        self._tokens = float(self._burst)
+        self._clock = clock
+        self._last = clock()
+
+    def take(self) -> bool:
+        if self._rate <= 0:  # 0 disables the limit
+            return True
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+    @property
+    def retry_after_sec(self) -> float:
+        return 0.0 if self._rate <= 0 else max(0.0, (1.0 - self._tokens) / self._rate)
+
+
+class ClientTakes:
+    """Concurrent takes per remote address, across all of its connections and both transports.
+
+    Only the event loop touches it (no lock needed); entries vanish when their count is zero, so
+    it never grows with the number of addresses seen.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._running: dict[str, int] = {}
+
+    def running(self, client: str) -> int:
+        return self._running.get(client, 0)
+
+    def acquire(self, client: str) -> None:
+        count = self._running.get(client, 0)
+        if self._limit > 0 and count >= self._limit:
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                f"this client already runs {count} takes (limit {self._limit}); wait for one to end",
+            )
+        self._running[client] = count + 1
+
+    def release(self, client: str) -> None:
+        count = self._running.get(client, 0) - 1
+        if count > 0:
+            self._running[client] = count
+        else:
+            self._running.pop(client, None)
+
+    @contextmanager
+    def hold(self, client: str) -> Iterator[None]:
+        self.acquire(client)
+        try:
+            yield
+        finally:
+            self.release(client)

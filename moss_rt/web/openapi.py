@@ -1,0 +1,316 @@
+"""The OpenAPI 3 description of the HTTP API, served at ``GET /api/openapi.json``.
+
+Hand-written, but the request schema of ``/api/stream`` is derived from the protocol's own field
+table and the running service's limits, so bounds in the document are the bounds enforced.
+Routes are listed only when the app really has them (e.g. ``/metrics`` from another module).
+The WebSocket channel is described in ``docs/protocol.md`` (OpenAPI cannot express it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from moss_rt import __version__
+from moss_rt.protocol import ErrorCode
+from moss_rt.protocol.messages import _stream_fields  # the one table /api/stream validates with
+from moss_rt.protocol.schema import Field
+from moss_rt.voices import UPLOAD_EXTENSIONS
+from moss_rt.web.state import STATE
+
+JSON = "application/json"
+_KINDS = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
+
+
+def _field_schema(spec: Field) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": _KINDS[spec.kind]}
+    if spec.kind == "int" and spec.maximum is not None and spec.maximum >= 2**31:
+        out["format"] = "int64"
+    if spec.minimum is not None:
+        out["minimum"] = spec.minimum if spec.kind == "float" else int(spec.minimum)
+        if spec.exclusive_minimum:
+            out["exclusiveMinimum"] = True
+    if spec.maximum is not None:
+        out["maximum"] = spec.maximum if spec.kind == "float" else int(spec.maximum)
+    if spec.max_length is not None:
+        out["maxLength"] = spec.max_length
+    if spec.choices is not None:
+        out["enum"] = list(spec.choices)
+    # null on the wire means "the default" (or None for nullable fields); only required ones refuse it.
+    if not spec.required:
+        out["nullable"] = True
+    return out
+
+
+def _stream_request_schema(app: web.Application) -> dict[str, Any]:
+    limits = app[STATE].settings.limits
+    fields = dict(_stream_fields(limits))
+    fields["take"] = Field("str", None, max_length=64, nullable=True)
+    fields["channels"] = Field("int", 1, choices=(1, 2))
+    props = {name: _field_schema(spec) for name, spec in fields.items()}
+    props["text"]["pattern"] = r"\S"  # blank text is refused
+    props["text"]["description"] = "what to say; must contain a non-blank character"
+    props["tokens"]["description"] = "duration hint in 80 ms frames"
+    props["reference"]["description"] = "none, a built-in voice id, or a ref_id from /api/upload_ref"
+    return {"type": "object", "properties": props}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _ok(description: str, schema: dict[str, Any], media: str = JSON) -> dict[str, Any]:
+    return {"description": description, "content": {media: {"schema": schema}}}
+
+
+def _common_errors(*statuses: int) -> dict[str, Any]:
+    text = {
+        400: "malformed request (bad_json, bad_message)",
+        401: "missing or invalid credentials (unauthorized) when an API key is configured",
+        404: "no such resource (not_found)",
+        413: "body over the limit (too_large)",
+        422: "a field is out of range or of the wrong type (invalid_field)",
+        429: "too many takes for this client, or the voice store is full (rate_limited)",
+        503: "at capacity or shutting down (busy); see Retry-After",
+    }
+    return {str(s): _error(text[s]) for s in statuses}
+
+
+def openapi_document(app: web.Application) -> dict[str, Any]:
+    state = app[STATE]
+    limits = state.settings.limits
+    status = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
+    obj = {"type": "object"}
+    voice = {
+        "type": "object",
+        "required": ["id", "name", "kind", "duration", "frames", "sample_rate", "channels"],
+        "properties": {
+            "id": {"type": "string"},
+            "name": {"type": "string"},
+            "kind": {"type": "string", "enum": ["builtin", "uploaded"]},
+            "duration": {"type": "number"},
+            "frames": {"type": "integer"},
+            "sample_rate": {"type": "integer"},
+            "channels": {"type": "integer"},
+        },
+    }
+    take_id = {
+        "name": "take_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "maxLength": 64, "minLength": 1},
+    }
+    paths: dict[str, Any] = {
+        "/": {
+            "get": {
+                "summary": "the studio page",
+                "security": [],
+                "responses": {"200": _ok("HTML", {"type": "string"}, "text/html"), **_common_errors(404)},
+            }
+        },
+        "/healthz": {"get": {"summary": "liveness", "security": [], "responses": {"200": _ok("alive", status)}}},
+        "/readyz": {
+            "get": {
+                "summary": "readiness: model loaded and warmed up, not shutting down",
+                "security": [],
+                "responses": {"200": _ok("ready", status), "503": _ok("loading or shutting down", status)},
+            }
+        },
+        "/api/models": {
+            "get": {
+                "summary": "models served (legacy)",
+                "responses": {
+                    "200": _ok(
+                        "the models",
+                        {
+                            "type": "object",
+                            "required": ["models", "default"],
+                            "properties": {
+                                "models": {"type": "array", "items": {"type": "string"}},
+                                "default": {"type": "string"},
+                                "demo": {"type": "boolean"},
+                                "engine": {"type": "string"},
+                            },
+                        },
+                    ),
+                    **_common_errors(401),
+                },
+            }
+        },
+        "/api/info": {
+            "get": {
+                "summary": "service, engine and limits",
+                "responses": {
+                    "200": _ok(
+                        "service information",
+                        {
+                            "type": "object",
+                            "required": ["service", "version", "sr", "limits"],
+                            "properties": {
+                                "service": {"type": "string"},
+                                "version": {"type": "string"},
+                                "ready": {"type": "boolean"},
+                                "sr": {"type": "integer"},
+                                "limits": obj,
+                            },
+                        },
+                    ),
+                    **_common_errors(401),
+                },
+            }
+        },
+        "/api/voices": {
+            "get": {
+                "summary": "built-in and uploaded reference voices",
+                "responses": {
+                    "200": _ok(
+                        "the voices",
+                        {
+                            "type": "object",
+                            "required": ["voices"],
+                            "properties": {"voices": {"type": "array", "items": voice}},
+                        },
+                    ),
+                    **_common_errors(401),
+                },
+            }
+        },
+        "/api/upload_ref": {
+            "post": {
+                "summary": "store a reference voice (raw audio bytes as the body)",
+                "description": (
+                    f"At most {limits.max_upload_bytes} bytes (checked from Content-Length before reading), "
+                    f"{limits.min_upload_seconds}-{limits.max_upload_seconds} s, "
+                    f"{limits.min_upload_sample_rate}-{limits.max_upload_sample_rate} Hz, "
+                    f"1-{limits.max_upload_channels} channels. The same bytes always give the same ref_id."
+                ),
+                "parameters": [
+                    {
+                        "name": "ext",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": list(UPLOAD_EXTENSIONS), "default": "wav"},
+                    },
+                    {"name": "name", "in": "query", "required": False, "schema": {"type": "string", "maxLength": 64}},
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                },
+                "responses": {
+                    "200": _ok(
+                        "stored",
+                        {
+                            "type": "object",
+                            "required": ["ref_id", "duration", "frames"],
+                            "properties": {
+                                "ref_id": {"type": "string", "pattern": "^ref_[0-9a-f]{24}$"},
+                                "duration": {"type": "number"},
+                                "frames": {"type": "integer"},
+                                "name": {"type": "string"},
+                            },
+                        },
+                    ),
+                    **_common_errors(400, 401, 413, 422, 429),
+                },
+            }
+        },
+        "/api/stream": {
+            "post": {
+                "summary": "synthesize one take, streamed as frames (legacy, byte-compatible)",
+                "description": (
+                    "Answers application/octet-stream: frames [u8 tag][u32 BE length][payload]; tag 0 JSON "
+                    "(start first, end last), tag 1 int16 LE PCM at 48 kHz. Errors before streaming are JSON."
+                ),
+                "requestBody": {"required": False, "content": {JSON: {"schema": _stream_request_schema(app)}}},
+                "responses": {
+                    "200": _ok("the take's frames", {"type": "string", "format": "binary"}, "application/octet-stream"),
+                    **_common_errors(400, 401, 404, 413, 422, 429, 503),
+                },
+            }
+        },
+        "/api/takes/{take_id}": {
+            "get": {
+                "summary": "a take's metadata",
+                "parameters": [take_id],
+                "responses": {"200": _ok("the take", obj), **_common_errors(401, 404)},
+            }
+        },
+        "/api/takes/{take_id}.wav": {
+            "get": {
+                "summary": "a take's audio as WAV",
+                "parameters": [take_id],
+                "responses": {
+                    "200": _ok("WAV audio", {"type": "string", "format": "binary"}, "audio/wav"),
+                    **_common_errors(401, 404),
+                },
+            }
+        },
+        "/api/token": {
+            "post": {
+                "summary": "trade the API key for a short-lived browser token",
+                "description": "Pass the token as ?token= on the WebSocket URL or as a Bearer header.",
+                "responses": {
+                    "200": _ok(
+                        "a token (null when no API key is configured)",
+                        {
+                            "type": "object",
+                            "required": ["auth_required", "token"],
+                            "properties": {
+                                "auth_required": {"type": "boolean"},
+                                "token": {"type": "string", "nullable": True},
+                                "expires_at": {"type": "integer", "nullable": True},
+                                "expires_in": {"type": "integer", "nullable": True},
+                            },
+                        },
+                    ),
+                    **_common_errors(401),
+                },
+            }
+        },
+        "/api/openapi.json": {
+            "get": {"summary": "this document", "security": [], "responses": {"200": _ok("OpenAPI 3", obj)}}
+        },
+    }
+    if any(getattr(r, "canonical", None) == "/metrics" for r in app.router.resources()):
+        paths["/metrics"] = {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {"200": _ok("metrics", {"type": "string"}, "text/plain"), **_common_errors(401)},
+            }
+        }
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "moss_rt",
+            "version": __version__,
+            "description": (
+                "Realtime TTS service. The WebSocket directing channel is GET /api/ws (see docs/protocol.md); "
+                "limits: docs/limits.md; auth: docs/security.md."
+            ),
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["code", "message"],
+                            "properties": {
+                                "code": {"type": "string", "enum": [c.value for c in ErrorCode]},
+                                "message": {"type": "string"},
+                                "field": {"type": "string"},
+                            },
+                        }
+                    },
+                },
+            },
+        },
+        # Optional: enforced only when the service has an API key.
+        "security": [{}, {"bearer": []}],
+        "paths": paths,
+    }

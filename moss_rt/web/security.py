@@ -1,0 +1,212 @@
+"""Authentication, browser tokens, Origin and CORS checks, and JSON answers for every HTTP error.
+
+All of it is optional: with no ``api_key`` every route is open, with no ``cors_origins`` no CORS
+header is ever sent, and WebSocket upgrades are accepted from the page's own origin (plus
+``allowed_origins``) or from clients that send no ``Origin`` at all (scripts, not browsers).
+
+Browser tokens are stateless: ``v1.<expiry>.<nonce>.<hmac>`` signed with the API key, so they
+need no storage and stop working when the key changes or the expiry passes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from moss_rt.config import Settings
+from moss_rt.protocol import ErrorCode
+from moss_rt.web.errors import error_response
+from moss_rt.web.state import STATE
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Reachable without credentials: liveness probes, the page itself (it asks for a key and trades it
+# for a token), its static assets, and the API description.
+OPEN_PATHS = frozenset({"/", "/healthz", "/readyz", "/favicon.ico", "/api/openapi.json"})
+OPEN_PREFIXES = ("/static/",)
+TOKEN_PREFIX = "v1"
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def _sign(key: str, payload: str) -> str:
+    digest = hmac.new(key.encode(), payload.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def issue_token(key: str, ttl_sec: float, *, now: float | None = None) -> tuple[str, int]:
+    """A short-lived token derived from ``key``; returns (token, expiry as Unix seconds)."""
+    expiry = int((time.time() if now is None else now) + ttl_sec)
+    payload = f"{TOKEN_PREFIX}.{expiry}.{secrets.token_hex(8)}"
+    return f"{payload}.{_sign(key, payload)}", expiry
+
+
+def verify_token(key: str, token: str, *, now: float | None = None) -> bool:
+    parts = token.split(".")
+    if len(parts) != 4 or parts[0] != TOKEN_PREFIX or not parts[1].isdigit() or len(token) > 200:
+        return False
+    payload = ".".join(parts[:3])
+    if not hmac.compare_digest(_sign(key, payload), parts[3]):
+        return False
+    return int(parts[1]) > (time.time() if now is None else now)
+
+
+def bearer(request: web.Request) -> str | None:
+    value = request.headers.get("Authorization", "")
+    scheme, _, credential = value.partition(" ")
+    return credential.strip() if scheme.lower() == "bearer" and credential.strip() else None
+
+
+def is_authorized(settings: Settings, request: web.Request) -> bool:
+    """The API key or a valid token as a Bearer header; a token (never the key) as ``?token=``.
+
+    Query tokens are accepted only on GET (the WebSocket upgrade and downloads), because a
+    browser cannot set headers on those; they are short-lived precisely because URLs get logged.
+    """
+    key = settings.api_key
+    if not key:
+        return True
+    credential = bearer(request)
+    if credential is not None:
+        return hmac.compare_digest(credential.encode(), key.encode()) or verify_token(key, credential)
+    query_token = request.query.get("token")
+    return request.method == "GET" and query_token is not None and verify_token(key, query_token)
+
+
+def needs_auth(path: str) -> bool:
+    return path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES)
+
+
+def unauthorized() -> web.Response:
+    return error_response(
+        ErrorCode.UNAUTHORIZED,
+        "missing or invalid credentials: send 'Authorization: Bearer <api key or token>' "
+        "(browsers: get a token at POST /api/token and pass ?token= on the WebSocket URL)",
+        headers={"WWW-Authenticate": 'Bearer realm="moss_rt"'},
+    )
+
+
+# --------------------------------------------------------------------------- origins
+
+
+def _origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+def websocket_origin_allowed(settings: Settings, request: web.Request) -> bool:
+    """Same origin by default, plus ``allowed_origins`` (``*`` allows any).
+
+    A browser always sends ``Origin`` on a WebSocket upgrade, and CORS does not protect
+    WebSockets, so this check is what stops another site's page from driving the service with
+    the visitor's network position. Non-browser clients send no Origin and are let through
+    (they are held by the API key when one is configured).
+    """
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    origin = origin.strip().lower()
+    allowed = {o.strip().lower().rstrip("/") for o in settings.allowed_origins}
+    if "*" in allowed or origin in allowed:
+        return True
+    forwarded_proto = request.headers.get("X-Forwarded-Proto")
+    schemes = {request.scheme, "https" if request.secure else "http"}
+    if forwarded_proto:
+        schemes.add(forwarded_proto.strip().lower())
+    # The page and its socket share host:port; the scheme is http(s) for the page, not ws(s).
+    return any(origin == _origin_of(f"{scheme}://{request.host}") for scheme in schemes)
+
+
+def forbidden_origin(origin: str) -> web.Response:
+    return error_response(
+        ErrorCode.FORBIDDEN_ORIGIN, f"origin {origin[:100]!r} may not open this WebSocket", field="Origin"
+    )
+
+
+# --------------------------------------------------------------------------- middlewares
+
+
+def _cors_headers(settings: Settings, request: web.Request) -> dict[str, str]:
+    origin = request.headers.get("Origin")
+    if not origin or not settings.cors_origins:
+        return {}
+    allowed = {o.strip().rstrip("/") for o in settings.cors_origins}
+    if "*" not in allowed and origin not in allowed:
+        return {}
+    return {
+        "Access-Control-Allow-Origin": origin,
+        "Vary": "Origin",
+        "Access-Control-Expose-Headers": "Retry-After",
+    }
+
+
+@web.middleware
+async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """CORS only for configured origins; preflights are answered here (they carry no credentials)."""
+    settings = request.app[STATE].settings
+    headers = _cors_headers(settings, request)
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        if not headers:
+            return error_response(ErrorCode.FORBIDDEN_ORIGIN, "cross-origin requests from this origin are not allowed")
+        headers.update(
+            {
+                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                "Access-Control-Allow-Headers": "Authorization, Content-Type",
+                "Access-Control-Max-Age": "600",
+            }
+        )
+        return web.Response(status=204, headers=headers)
+    response = await handler(request)
+    if headers and not response.prepared:
+        response.headers.update(headers)
+    return response
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    settings = request.app[STATE].settings
+    if settings.api_key and needs_auth(request.path) and not is_authorized(settings, request):
+        log.info("refused unauthenticated %s %s from %s", request.method, request.path, request.remote)
+        return unauthorized()
+    return await handler(request)
+
+
+def _code_for_status(status: int) -> ErrorCode:
+    return {
+        401: ErrorCode.UNAUTHORIZED,
+        404: ErrorCode.NOT_FOUND,
+        413: ErrorCode.TOO_LARGE,
+        429: ErrorCode.RATE_LIMITED,
+        503: ErrorCode.BUSY,
+    }.get(status, ErrorCode.INTERNAL if status >= 500 else ErrorCode.BAD_MESSAGE)
+
+
+@web.middleware
+async def json_errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error answer is JSON ``{"error": {"code", "message"}}``, even aiohttp's own 404/405/413."""
+    try:
+        return await handler(request)
+    except ConnectionResetError:  # the client left; there is nobody to answer
+        raise
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After", "WWW-Authenticate")}
+        response = error_response(_code_for_status(exc.status), exc.reason, headers=headers)
+        response.set_status(exc.status, exc.reason)
+        return response
+    except Exception:
+        # A bug, not bad input: log it with its traceback, answer a stable code, keep serving.
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(ErrorCode.INTERNAL, "internal error")
