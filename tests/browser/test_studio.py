@@ -1,0 +1,514 @@
+"""End-to-end: the directing studio (static/index.html) in headless Chromium against a real server.
+
+The server is ``python -m moss_rt serve --engine scripted`` in a subprocess on a free port of
+127.0.0.1. The scripted engine's audio encodes where it came from: in stereo, every left sample of
+frame ``i`` is ``i + 1`` and every right sample is ``-(seed % 1024 + 1)``, so a splice can be
+checked to the sample. The page exposes read-only counters as ``window.studio`` (samples received
+over the socket, samples the AudioWorklet played, underruns after the jitter cushion, ...).
+
+Needs: the ``playwright`` Python package (requirements-dev.txt) and Debian's ``chromium`` at
+/usr/bin/chromium (``apt-get install -y chromium``; ``make test`` does it). Playwright's own browser
+download is never used. Without either the tests skip with the reason; with both they must pass.
+Screenshots land in artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "artifacts" / "screenshots"
+SR = 48000
+FRAME = 3840
+FRAME_MS = 20  # scripted engine: 4x faster than real time, so playback never starves
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--autoplay-policy=no-user-gesture-required",
+    # A fake microphone (a beep) and auto-accepted permission prompt, for the recording test.
+    "--use-fake-device-for-media-stream",
+    "--use-fake-ui-for-media-stream",
+]
+
+
+def find_chromium() -> str | None:
+    explicit = os.environ.get("MOSS_RT_CHROMIUM")
+    if explicit:
+        return explicit if Path(explicit).exists() else None
+    for name in ("/usr/bin/chromium", "chromium", "chromium-browser"):
+        path = name if os.path.isabs(name) else shutil.which(name)
+        if path and Path(path).exists():
+            return path
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def seed_marker(seed: int) -> int:
+    return -((seed % 1024) + 1)
+
+
+def http_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The real service on the scripted engine, as a subprocess; yields its base URL."""
+    base = tmp_path_factory.mktemp("studio")
+    port = free_port()
+    log_path = base / "server.log"
+    cmd = [
+        sys.executable, "-m", "moss_rt", "serve", "--engine", "scripted",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--data-dir", str(base / "data"), "--voices-dir", str(base / "voices"),
+        "--frame-ms", str(FRAME_MS),
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                if proc.poll() is not None:
+                    pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+                try:
+                    with urllib.request.urlopen(url + "/readyz", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"server not ready after 60 s:\n{log_path.read_text()[-4000:]}")
+                time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        pytest.skip(f"the playwright package is not installed ({exc}); pip install -r requirements-dev.txt")
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("Chromium not found at /usr/bin/chromium (install Debian's: apt-get install -y chromium)")
+    pw = sync_playwright().start()
+    try:
+        try:
+            b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True, timeout=60_000)
+        except Exception as exc:  # pragma: no cover - depends on the environment
+            pytest.skip(f"Chromium at {chromium} could not be started: {exc}")
+        yield b
+        b.close()
+    finally:
+        pw.stop()
+
+
+@pytest.fixture
+def page(browser: Any, server: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh browser context (empty storage) on the studio, connected and ready."""
+    context = browser.new_context(viewport={"width": 1440, "height": 960}, accept_downloads=True)
+    context.grant_permissions(["microphone"], origin=server)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(server + "/")
+    pg.wait_for_function("window.studio && window.studio.connected", timeout=15_000)
+    yield pg
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SHOTS / f"{request.node.name}-final.png"), full_page=True)
+    context.close()
+    assert not errors, f"uncaught page errors: {errors}"
+
+
+def shot(pg: Any, name: str, *, full_page: bool = True) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full_page)
+
+
+def stats(pg: Any) -> dict[str, Any]:
+    return pg.evaluate("JSON.parse(JSON.stringify(window.studio.stats))")
+
+
+def takes(pg: Any) -> list[dict[str, Any]]:
+    return pg.evaluate("window.studio.takes()")
+
+
+def set_param(pg: Any, key: str, value: str) -> None:
+    if not pg.locator("#advanced").evaluate("d => d.open"):
+        pg.click("#advanced > summary")
+    if key == "channels":
+        pg.select_option("#channels", value)
+    else:
+        pg.fill(f"#{key}", value)
+
+
+def set_fixed_seed(pg: Any, seed: int) -> None:
+    pg.click("#seedFixed")
+    pg.fill("#seed", str(seed))
+
+
+def wait_take_ended(pg: Any, count: int, timeout: float = 30_000) -> dict[str, Any]:
+    pg.wait_for_function(
+        f"window.studio.takes().length >= {count} && window.studio.takes()[{count - 1}].end !== null",
+        timeout=timeout,
+    )
+    return takes(pg)[count - 1]
+
+
+def wait_playback_drained(pg: Any, timeout: float = 30_000) -> None:
+    pg.wait_for_function("!window.studio.playing && !window.studio.busy", timeout=timeout)
+
+
+def speak_and_finish(pg: Any, count: int, *, frames: int = 30) -> dict[str, Any]:
+    set_param(pg, "tokens", str(frames))
+    pg.click("#speak")
+    take = wait_take_ended(pg, count)
+    wait_playback_drained(pg)
+    return take
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_speak_streams_and_plays_through_the_worklet(page: Any) -> None:
+    pg = page
+    hello = pg.evaluate("window.studio.hello")
+    assert hello["protocol"] == 1 and hello["sr"] == SR and hello["frame_samples"] == FRAME
+    assert pg.locator("#demoBanner").is_visible(), "hello says demo: the banner must show"
+    assert pg.locator("#audio_temperature").input_value() == "1.7"
+    assert pg.locator("#chunk_frames").input_value() == "8"
+
+    # Direction through the helper: GENERAL/SCRIPT layout and a delivery cue.
+    pg.click("#instruction")
+    pg.click("#layoutBtn")
+    pg.keyboard.type("a calm narrator, close to the microphone")
+    pg.click("#cueBar >> text=(a soft laugh)")
+    instruction = pg.locator("#instruction").input_value()
+    assert instruction.startswith("GENERAL: a calm narrator") and "\nSCRIPT:" in instruction
+    assert "(a soft laugh)" in instruction
+
+    set_param(pg, "tokens", "60")  # 4.8 s of audio, generated in 1.2 s
+    pg.fill("#text", "Testing the studio: the first frames should play while the rest is still being made.")
+    pg.focus("#text")
+    pg.keyboard.press("Control+Enter")  # the shortcut, not the button
+
+    # Playback starts while the take is still streaming (first frames, not the whole take).
+    status_when_playing = pg.wait_for_function(
+        "window.studio.stats.samplesPlayed > 0 && window.studio.takes()[0].status", timeout=10_000
+    ).json_value()
+    assert status_when_playing == "streaming"
+    shot(pg, "studio-streaming", full_page=False)
+
+    take = wait_take_ended(pg, 1)
+    wait_playback_drained(pg)
+    st = stats(pg)
+    assert take["end"]["reason"] == "done"
+    assert take["end"]["n_frames"] == 60
+    assert take["samples"] == 60 * FRAME
+    assert st["samplesReceived"] == 60 * FRAME
+    assert take["ttfaMs"] is not None and take["ttfaMs"] < 5000
+    assert take["seed"] and take["seed"].isdigit()
+    assert take["request"]["instruction"] == instruction
+    # The worklet played everything it was given, without starving after the cushion.
+    assert st["audioMode"] == "worklet"
+    assert st["samplesPlayed"] >= 60 * FRAME
+    assert st["underruns"] == 0
+    assert st["streamsDrained"] == 1
+    # The take is in the history with its seed and the live numbers are shown.
+    card = pg.locator("article.take").first
+    assert take["seed"] in card.inner_text()
+    assert pg.locator("#mFrames").inner_text() == "60"
+    assert pg.locator("#mSeed").inner_text() == take["seed"]
+    shot(pg, "studio-after-take")
+
+
+def test_cancel_stops_audio_at_once(page: Any) -> None:
+    pg = page
+    set_param(pg, "tokens", "600")  # 48 s of audio: far longer than the test waits
+    pg.click("#speak")
+    pg.wait_for_function(f"window.studio.stats.samplesPlayed > {SR // 2}", timeout=15_000)
+    assert pg.evaluate("window.studio.busy")
+    played_at_cancel = pg.evaluate(
+        "(() => { document.getElementById('cancel').click(); return window.studio.stats.samplesPlayed; })()"
+    )
+    take = wait_take_ended(pg, 1)
+    assert take["end"]["reason"] == "cancelled"
+    time.sleep(0.5)
+    st = stats(pg)
+    # Audio stops within a render quantum plus one player report (~21 ms); allow 100 ms.
+    assert st["samplesPlayed"] - played_at_cancel < SR // 10, (played_at_cancel, st["samplesPlayed"])
+    assert not pg.evaluate("window.studio.playing")
+    assert not pg.evaluate("window.studio.busy")
+    assert take["end"]["n_frames"] < 600
+    assert pg.locator("#speak").is_enabled()
+    assert "cancelled" in pg.locator("article.take").first.inner_text().lower()
+
+
+def test_retake_from_a_point_splices_at_the_acknowledged_sample(page: Any) -> None:
+    pg = page
+    set_param(pg, "channels", "2")  # stereo: left = frame index + 1, right = seed marker
+    set_fixed_seed(pg, 7)
+    first = speak_and_finish(pg, 1, frames=40)
+    assert first["channels"] == 2 and first["seed"] == "7"
+    left = pg.evaluate(f"window.studio.samples('{first['key']}', 0, {40 * FRAME}, 0)")
+    assert left[::FRAME] == list(range(1, 41))
+
+    # Put the playhead at about 60 % of the waveform with the mouse, as a director would.
+    box = pg.locator("#wave").bounding_box()
+    pg.mouse.click(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 3)
+    cursor = pg.evaluate("window.studio.cursor")
+    assert cursor % FRAME == 0
+    frame = cursor // FRAME
+    assert 10 < frame < 39
+
+    # Retake with a changed direction and a fixed new seed.
+    pg.click("#retakeOptsBtn")
+    pg.fill("#rtInstruction", "GENERAL: the same voice, now whispering\nSCRIPT: (whispering) [pause]")
+    pg.select_option("#rtSeedMode", "fixed")
+    pg.fill("#rtSeed", "99")
+    pg.click("#retakeBtn")
+    second = wait_take_ended(pg, 2)
+    wait_playback_drained(pg)
+
+    ack = stats(pg)["lastSeek"]
+    assert ack["from_take"] == first["id"] and ack["take"] == second["id"] != first["id"]
+    assert ack["frame"] == frame and ack["sample"] == frame * FRAME
+    splice = ack["sample"]
+    assert second["parent"] == first["id"]
+    assert second["spliceSample"] == splice
+    assert second["seed"] == "99"
+    assert second["request"]["instruction"].startswith("GENERAL: the same voice, now whispering")
+    assert second["end"]["reason"] == "done"
+    assert second["samples"] == second["end"]["n_frames"] * FRAME
+    assert second["end"]["new_frames"] == second["end"]["n_frames"] - frame
+
+    # Before the splice: the first take's samples, bit for bit (both channels).
+    same_prefix = pg.evaluate(
+        """([a, b, n]) => [0, 1].every((c) => {
+            const x = window.studio.samples(a, 0, n, c), y = window.studio.samples(b, 0, n, c);
+            return x.length === n && y.length === n && x.every((v, i) => v === y[i]);
+        })""",
+        [first["key"], second["key"], splice],
+    )
+    assert same_prefix
+    # At the splice, exactly: the frame counter continues, the seed marker changes.
+    around_l = pg.evaluate(f"window.studio.samples('{second['key']}', {splice - 1}, {splice + 1}, 0)")
+    around_r = pg.evaluate(f"window.studio.samples('{second['key']}', {splice - 1}, {splice + 1}, 1)")
+    assert around_l == [frame, frame + 1]
+    assert around_r == [seed_marker(7), seed_marker(99)]
+    tail_r = pg.evaluate(f"window.studio.samples('{second['key']}', {splice}, {second['samples']}, 1)")
+    assert set(tail_r) == {seed_marker(99)}
+    st = stats(pg)
+    assert st["underruns"] == 0
+    assert "from Take 1" in pg.locator("article.take").first.inner_text()
+    shot(pg, "studio-retake")
+
+    # Replay from a point: the service re-sends the stored audio; it matches what the page holds.
+    pg.evaluate("window.studio.setCursorFrame(5)")
+    pg.click("#replayBtn")
+    pg.wait_for_function(
+        f"window.studio.stats.lastSeek && window.studio.stats.lastSeek.take === '{second['id']}'"
+        f" && window.studio.stats.lastSeek.from_take === '{second['id']}'",
+        timeout=10_000,
+    )
+    replay_ack = stats(pg)["lastSeek"]
+    assert replay_ack["frame"] == 5 and replay_ack["sample"] == 5 * FRAME
+    wait_playback_drained(pg)
+    st = stats(pg)
+    assert st["replayMismatches"] == 0
+    assert st["underruns"] == 0
+
+    # A/B: compare the two takes, switch at the playhead.
+    cards = pg.locator("article.take")
+    cards.nth(1).get_by_role("button", name="A", exact=True).click()
+    cards.nth(0).get_by_role("button", name="B", exact=True).click()
+    assert pg.locator("#compare").is_visible()
+    pg.click("#abPlayA")
+    pg.wait_for_function(f"window.studio.playingTake === '{first['key']}'", timeout=5_000)
+    pg.wait_for_function("window.studio.playhead > 24000", timeout=5_000)
+    pg.click("#abSwitch")
+    pg.wait_for_function(f"window.studio.playingTake === '{second['key']}'", timeout=5_000)
+    assert pg.evaluate("window.studio.playhead") >= 24000  # kept the position, did not restart
+    shot(pg, "studio-ab")
+    pg.keyboard.press("Escape")
+    pg.wait_for_function("!window.studio.playing", timeout=5_000)
+
+
+def test_upload_reference_then_speak_with_it(page: Any, server: str, tmp_path: Path) -> None:
+    pg = page
+    path = tmp_path / "my voice.wav"
+    t = np.arange(int(1.5 * 24000)) / 24000
+    tone = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(24000)
+        w.writeframes(tone.tobytes())
+    pg.set_input_files("#uploadFile", str(path))
+    pg.wait_for_function("document.getElementById('uploadNote').textContent.startsWith('Voice ready')", timeout=15_000)
+    ref_id = pg.locator("#voice").input_value()
+    assert ref_id.startswith("ref_")
+    listed = {v["id"]: v for v in http_json(server + "/api/voices")["voices"]}
+    assert ref_id in listed and listed[ref_id]["kind"] == "uploaded"
+    assert abs(listed[ref_id]["duration"] - 1.5) < 0.05
+
+    take = speak_and_finish(pg, 1, frames=12)
+    assert take["request"]["reference"] == ref_id
+    assert take["end"]["reason"] == "done"
+    assert "voice my voice" in pg.locator("article.take").first.inner_text()
+
+    # A file the service cannot use is refused with a clear message, and nothing breaks.
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not audio")
+    pg.set_input_files("#uploadFile", str(bad))
+    pg.wait_for_function("document.getElementById('uploadNote').textContent.includes('wav, flac, mp3 or ogg')")
+    fake = tmp_path / "fake.wav"
+    fake.write_bytes(b"RIFF0000WAVEnot really")
+    pg.set_input_files("#uploadFile", str(fake))
+    pg.wait_for_function("document.getElementById('uploadNote').textContent.startsWith('Upload failed')", timeout=10_000)
+    assert pg.evaluate("window.studio.connected")
+
+
+def test_record_reference_from_the_microphone(page: Any, server: str) -> None:
+    pg = page
+    pg.click("#recordBtn")
+    pg.wait_for_function("document.getElementById('recTime').textContent >= '0:01.2'", timeout=10_000)
+    pg.click("#recordBtn")
+    pg.wait_for_selector("#recUse:not([disabled])", state="visible", timeout=10_000)
+    before = {v["id"] for v in http_json(server + "/api/voices")["voices"]}
+    pg.click("#recUse")
+    pg.wait_for_function("document.getElementById('uploadNote').textContent.startsWith('Voice ready')", timeout=15_000)
+    ref_id = pg.locator("#voice").input_value()
+    after = {v["id"]: v for v in http_json(server + "/api/voices")["voices"]}
+    assert ref_id in after and ref_id not in before
+    assert after[ref_id]["duration"] >= 1.0
+
+
+def test_download_take_as_wav(page: Any, server: str, tmp_path: Path) -> None:
+    pg = page
+    set_fixed_seed(pg, 3)
+    take = speak_and_finish(pg, 1, frames=20)
+    card = pg.locator("article.take").first
+    with pg.expect_download() as info:
+        card.get_by_role("button", name="WAV", exact=True).click()
+    local = tmp_path / "client.wav"
+    info.value.save_as(local)
+    with wave.open(str(local)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (SR, 1, 2)
+        assert w.getnframes() == take["samples"] == 20 * FRAME
+        client_pcm = w.readframes(w.getnframes())
+    assert info.value.suggested_filename.endswith("seed3.wav")
+
+    # The service's own rendering of the take (GET /api/takes/{id}.wav) is the same audio.
+    with pg.expect_download() as info2:
+        card.get_by_role("link", name="Service WAV").click()
+    served = tmp_path / "server.wav"
+    info2.value.save_as(served)
+    with wave.open(str(served)) as w:
+        assert w.getframerate() == SR and w.getnchannels() == 1
+        assert w.readframes(w.getnframes()) == client_pcm
+    with urllib.request.urlopen(f"{server}/api/takes/{take['id']}.wav", timeout=10) as r:
+        with wave.open(io.BytesIO(r.read())) as w:
+            assert w.readframes(w.getnframes()) == client_pcm
+
+
+def test_errors_and_reconnect(page: Any) -> None:
+    pg = page
+    # Empty text is caught before sending.
+    pg.fill("#text", "   ")
+    pg.click("#speak")
+    assert pg.locator("#text").evaluate("n => n.classList.contains('invalid')")
+    assert not pg.evaluate("window.studio.busy")
+
+    # A server-side refusal (unknown voice) shows the tag-0 error code and leaves the page usable.
+    pg.fill("#text", "Hello there.")
+    pg.evaluate(
+        """() => { const s = document.getElementById('voice');
+                   s.append(new Option('ghost', 'ref_000000000000000000000000'));
+                   s.value = 'ref_000000000000000000000000'; }"""
+    )
+    pg.click("#speak")
+    pg.wait_for_selector("#alert", state="visible", timeout=10_000)
+    assert pg.locator("#alertCode").inner_text() == "not_found"
+    pg.wait_for_function("!window.studio.busy", timeout=5_000)
+    assert pg.locator("#voice").evaluate("n => n.classList.contains('invalid')")
+    shot(pg, "studio-error")
+
+    # A finished take, then a dropped socket: the page reconnects by itself.
+    pg.select_option("#voice", "none")
+    take = speak_and_finish(pg, 1, frames=10)
+    serial = pg.evaluate("window.studio.connectionSerial")
+    pg.evaluate("window.studio.disconnect()")
+    pg.wait_for_function("!window.studio.connected", timeout=5_000)
+    assert pg.locator("#conn").get_attribute("data-state") in ("reconnecting", "connecting", "closed")
+    pg.wait_for_function(f"window.studio.connected && window.studio.connectionSerial > {serial}", timeout=15_000)
+    assert pg.locator("#conn").get_attribute("data-state") == "open"
+    assert stats(pg)["reconnects"] >= 1
+    # The old take is still playable locally, but the new session cannot seek into it.
+    pg.evaluate(f"window.studio.select('{take['key']}')")
+    assert pg.locator("#edPlay").is_enabled()
+    assert pg.locator("#retakeBtn").is_disabled()
+    take2 = speak_and_finish(pg, 2, frames=10)
+    assert take2["end"]["reason"] == "done"
+
+
+def test_phone_layout(browser: Any, server: str) -> None:
+    context = browser.new_context(
+        viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True, has_touch=True
+    )
+    pg = context.new_page()
+    try:
+        pg.goto(server + "/")
+        pg.wait_for_function("window.studio && window.studio.connected", timeout=15_000)
+        assert pg.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), "horizontal overflow"
+        speak = pg.locator("#speak").bounding_box()
+        assert speak is not None and speak["y"] + speak["height"] <= 844, "Speak must be reachable without scrolling"
+        pg.locator("#speak").tap()
+        pg.wait_for_function(
+            "window.studio.takes().length === 1 && window.studio.takes()[0].end !== null", timeout=30_000
+        )
+        assert pg.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        shot(pg, "studio-phone", full_page=False)
+        pg.keyboard.press("Escape")
+    finally:
+        context.close()
