@@ -59,6 +59,16 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--frame-ms", type=float, default=base.frame_ms, help="scripted engine frame time")
     p.add_argument("--api-key", default=base.api_key)
     p.add_argument("--allowed-origins", default=",".join(base.allowed_origins))
+    # Reliability and security knobs (docs/limits.md, docs/security.md). Prefer MOSS_RT_API_KEY
+    # over --api-key: a flag is visible to every user of the machine in the process list.
+    p.add_argument("--cors-origins", default=",".join(base.cors_origins), help="origins that get CORS headers")
+    p.add_argument("--token-ttl-sec", type=float, default=base.token_ttl_sec)
+    p.add_argument("--max-connections", type=int, default=base.max_connections)
+    p.add_argument("--max-takes-per-client", type=int, default=base.max_takes_per_client, help="0: no cap")
+    p.add_argument("--ws-idle-timeout-sec", type=float, default=base.ws_idle_timeout_sec)
+    p.add_argument("--ws-heartbeat-sec", type=float, default=base.ws_heartbeat_sec)
+    p.add_argument("--send-stall-timeout-sec", type=float, default=base.send_stall_timeout_sec)
+    p.add_argument("--shutdown-grace-sec", type=float, default=base.shutdown_grace_sec)
     p.add_argument("--log-level", default=base.log_level)
     p.set_defaults(func=run_serve, base=base)
 
@@ -84,12 +94,22 @@ def run_serve(args: argparse.Namespace) -> int:
         frame_ms=args.frame_ms,
         api_key=args.api_key or None,
         allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
+        cors_origins=tuple(o for o in args.cors_origins.split(",") if o),
+        token_ttl_sec=args.token_ttl_sec,
+        max_connections=args.max_connections,
+        max_takes_per_client=args.max_takes_per_client,
+        ws_idle_timeout_sec=args.ws_idle_timeout_sec,
+        ws_heartbeat_sec=args.ws_heartbeat_sec,
+        send_stall_timeout_sec=args.send_stall_timeout_sec,
+        shutdown_grace_sec=args.shutdown_grace_sec,
         log_level=args.log_level,
     )
     setup_logging(settings.log_level)
     engine = build_engine(settings)
     app = create_app(settings, engine)
     log.info("moss_rt on http://%s:%d (engine %s)", settings.host, settings.port, settings.engine)
+    # run_app turns SIGTERM and SIGINT into a graceful exit: stop listening, then the app's
+    # on_shutdown ends running takes with reason "shutdown" and closes sockets with 1001.
     web.run_app(
         app,
         host=settings.host,
@@ -181,6 +201,7 @@ def add_make_tiny(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p = sub.add_parser("make-tiny", help="write a tiny random model (and codec) in the real on-disk layout")
     p.add_argument("dir", type=Path)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="weight dtype on disk")
     p.set_defaults(func=run_make_tiny)
 
 
