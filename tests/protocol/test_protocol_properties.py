@@ -43,8 +43,8 @@ from moss_rt.protocol import (
 )
 from moss_rt.protocol.messages import SAMPLING_FIELDS
 
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-FASTER = settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FASTER = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 LIMITS = Limits()
 SMALL_LIMITS = Limits(max_message_bytes=512, max_text_chars=40, max_new_tokens=200, max_chunk_frames=10)
