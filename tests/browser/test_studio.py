@@ -14,6 +14,7 @@ Screenshots land in artifacts/screenshots/.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -83,17 +84,16 @@ def http_json(url: str) -> Any:
 # --------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextlib.contextmanager
+def run_server(base: Path, *extra: str) -> Iterator[str]:
     """The real service on the scripted engine, as a subprocess; yields its base URL."""
-    base = tmp_path_factory.mktemp("studio")
     port = free_port()
     log_path = base / "server.log"
     cmd = [
         sys.executable, "-m", "moss_rt", "serve", "--engine", "scripted",
         "--host", "127.0.0.1", "--port", str(port),
         "--data-dir", str(base / "data"), "--voices-dir", str(base / "voices"),
-        "--frame-ms", str(FRAME_MS),
+        "--frame-ms", str(FRAME_MS), *extra,
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -120,6 +120,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with run_server(tmp_path_factory.mktemp("studio")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -512,3 +518,38 @@ def test_phone_layout(browser: Any, server: str) -> None:
         pg.keyboard.press("Escape")
     finally:
         context.close()
+
+
+def test_api_key_prompt_token_and_downloads(browser: Any, tmp_path: Path) -> None:
+    """With --api-key the page asks for the key, trades it for a token and uses it everywhere."""
+    with run_server(tmp_path, "--api-key", "studio-test-key") as url:
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+        pg = context.new_page()
+        try:
+            pg.goto(url + "/")
+            pg.wait_for_selector("#keyDialog[open]", timeout=10_000)
+            assert pg.locator("#conn").get_attribute("data-state") == "closed"
+            shot(pg, "studio-api-key", full_page=False)
+            pg.fill("#apiKey", "wrong-key")
+            pg.click("#keySubmit")
+            pg.wait_for_function(
+                "document.getElementById('keyDialog').open && !document.getElementById('keyError').hidden",
+                timeout=10_000,
+            )
+            assert "not accepted" in pg.locator("#keyError").inner_text()
+            pg.fill("#apiKey", "studio-test-key")
+            pg.click("#keySubmit")
+            pg.wait_for_function("window.studio && window.studio.connected", timeout=15_000)
+            assert pg.locator("#voice").input_value() == "none"  # /api/voices answered with the token
+            take = speak_and_finish(pg, 1, frames=10)
+            assert take["end"]["reason"] == "done"
+            link = pg.locator("article.take").first.get_by_role("link", name="Service WAV")
+            assert "token=" in (link.get_attribute("href") or "")
+            with pg.expect_download() as info:
+                link.click()
+            saved = tmp_path / "take.wav"
+            info.value.save_as(saved)
+            with wave.open(str(saved)) as w:
+                assert w.getnframes() == 10 * FRAME
+        finally:
+            context.close()
