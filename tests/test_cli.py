@@ -1,0 +1,84 @@
+"""The command line, as a user runs it: serve in a subprocess, say over both transports, env settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from moss_rt.config import Settings, settings_from_env
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "MOSS_RT_PORT": str(port), "MOSS_RT_ENGINE": "scripted", "MOSS_RT_FRAME_MS": "5"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moss_rt", "serve", "--data-dir", str(tmp_path / "data")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                if requests.get(url + "/readyz", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("server did not start")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("transport", ["ws", "http"])
+def test_say_writes_a_wav(served: str, tmp_path: Path, transport: str) -> None:
+    out = tmp_path / f"{transport}.wav"
+    result = subprocess.run(
+        [sys.executable, "-m", "moss_rt", "say", "Hello from the command line.", "--instruction", "calm",
+         "--seed", "3", "-o", str(out), "--url", served, "--transport", transport],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "wrote" in result.stdout and "end done" in result.stdout
+    with wave.open(str(out)) as w:
+        assert w.getframerate() == 48000 and w.getnchannels() == 1 and w.getnframes() % 3840 == 0
+        assert w.getnframes() > 0
+
+
+def test_say_reports_server_errors(served: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "moss_rt", "say", "x", "--reference", "nobody", "--url", served,
+         "--transport", "http", "-o", str(tmp_path / "x.wav")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1 and "not_found" in result.stderr
+
+
+def test_settings_from_env() -> None:
+    s = settings_from_env(
+        {"MOSS_RT_PORT": "9000", "MOSS_RT_MODEL": "/m", "MOSS_RT_DATA_DIR": "/d", "MOSS_RT_MAX_LEAD_SEC": "2.5",
+         "MOSS_RT_LIMIT_MAX_TEXT_CHARS": "100"}
+    )
+    assert (s.port, s.model, str(s.data_dir), s.max_lead_sec) == (9000, "/m", "/d", 2.5)
+    assert s.limits.max_text_chars == 100 and s.limits.max_new_tokens == Settings().limits.max_new_tokens
+
+
+def test_serve_help_lists_flags() -> None:
+    result = subprocess.run([sys.executable, "-m", "moss_rt", "serve", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    for flag in ("--host", "--port", "--model", "--data-dir", "--voices-dir", "--max-slots"):
+        assert flag in result.stdout
