@@ -280,7 +280,8 @@ class MossTTSLocalModel(nn.Module):
         from moss_rt.model.layers import rope_tables_interleaved
 
         cfg = self.config
-        cos, sin = rope_tables_interleaved(cfg.n_vq, cfg.local.head_dim, cfg.local.rope_base, hidden.device, hidden.dtype)
+        local = cfg.local
+        cos, sin = rope_tables_interleaved(cfg.n_vq, local.head_dim, local.rope_base, hidden.device, hidden.dtype)
         buffers = self.local_transformer.new_buffers(hidden.shape[0], cfg.n_vq, hidden.device, hidden.dtype)
         z = self.local_transformer.step(hidden, cos[0], sin[0], buffers, 0)
         stop = self.stop_logits(z)

@@ -238,7 +238,7 @@ def _learn_merges(count: int) -> list[tuple[str, str]]:
     for _ in range(count):
         pairs: Counter[tuple[str, str]] = Counter()
         for word in words:
-            pairs.update(zip(word, word[1:]))
+            pairs.update(zip(word, word[1:], strict=False))
         if not pairs:
             break
         best = min(pairs.items(), key=lambda item: (-item[1], item[0]))[0]
