@@ -73,8 +73,13 @@ def say_codes_command(args: argparse.Namespace) -> int:
         reference_codes=reference,
     )
     runner = ModelRunner(
-        loaded.model, loaded.tokenizer, loaded.config, max_slots=1, max_seq_len=len(rows) + max_frames + 1,
-        device=device, dtype=dtype,
+        loaded.model,
+        loaded.tokenizer,
+        loaded.config,
+        max_slots=1,
+        max_seq_len=len(rows) + max_frames + 1,
+        device=device,
+        dtype=dtype,
     )
     slot = runner.alloc_slot()
     t0 = time.perf_counter()

@@ -216,9 +216,7 @@ class MossTTSLocalModel(nn.Module):
         hidden = config.hidden_size
         self.transformer = Qwen3Backbone(config.backbone)
         self.local_transformer = LocalTransformer(config.local)
-        self.audio_embeddings = nn.ModuleList(
-            nn.Embedding(config.audio_vocab_size, hidden) for _ in range(config.n_vq)
-        )
+        self.audio_embeddings = nn.ModuleList(nn.Embedding(config.audio_vocab_size, hidden) for _ in range(config.n_vq))
         self.text_lm_head = nn.Linear(hidden, config.backbone.vocab_size, bias=False)
         self.audio_lm_heads = nn.ModuleList(
             nn.Linear(hidden, config.audio_vocab_size, bias=False) for _ in range(config.n_vq)

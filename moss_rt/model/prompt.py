@@ -119,11 +119,9 @@ def build_prompt_rows(
     be the prompt transcript followed by the new text). Generation starts after the last row.
     """
     enc = lambda piece: encode_text(tokenizer, piece)  # noqa: E731 - local shorthand
-    parts: list[np.ndarray] = [
-        _text_rows([config.im_start_token_id] + enc(USER_ROLE) + enc(REFERENCE_HEADER), config)
-    ]
-    references = reference_codes if isinstance(reference_codes, list) else (
-        [] if reference_codes is None else [reference_codes]
+    parts: list[np.ndarray] = [_text_rows([config.im_start_token_id] + enc(USER_ROLE) + enc(REFERENCE_HEADER), config)]
+    references = (
+        reference_codes if isinstance(reference_codes, list) else ([] if reference_codes is None else [reference_codes])
     )
     if references:
         for ref in references:

@@ -47,9 +47,7 @@ def token_keys(vocab: int, device: torch.device) -> torch.Tensor:
     return fmix32((torch.arange(vocab, dtype=torch.int64, device=device) * 0x9E3779B1 + 0x7F4A7C15) & _M32)
 
 
-def uniforms(
-    seed_lo: torch.Tensor, seed_hi: torch.Tensor, counter: torch.Tensor, keys: torch.Tensor
-) -> torch.Tensor:
+def uniforms(seed_lo: torch.Tensor, seed_hi: torch.Tensor, counter: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """u [B,V] in (0,1), float32, a pure function of (seed, counter, token)."""
     h = fmix32(seed_lo ^ fmix32(seed_hi ^ 0x5BD1E995))
     h = fmix32(h ^ fmix32((counter & _M32) ^ 0x27D4EB2F))
@@ -112,7 +110,11 @@ def sample(
 
 
 def filtered_distribution(
-    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, presence: torch.Tensor | None = None,
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    presence: torch.Tensor | None = None,
     penalty: float = 1.0,
 ) -> torch.Tensor:
     """The probabilities a draw follows (for tests and diagnostics), per upstream rules."""

@@ -133,9 +133,7 @@ def frame_step(
     produced = active & ~stop
 
     # ---- feed the new row through the backbone so the next hidden state is ready
-    row = torch.cat(
-        [torch.full_like(frame_codes[:, :1], cfg.audio_assistant_slot_token_id), frame_codes], dim=-1
-    )
+    row = torch.cat([torch.full_like(frame_codes[:, :1], cfg.audio_assistant_slot_token_id), frame_codes], dim=-1)
     x = model.embed_rows(row[:, None, :])
     write_pos = torch.where(active, lengths, torch.full_like(lengths, st.scratch))[:, None]
     keys = torch.arange(key_len, device=device)

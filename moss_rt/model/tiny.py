@@ -207,8 +207,8 @@ def write_full_size_random_checkpoint(folder: str | Path, seed: int = 0, *, devi
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's printable stand-ins for bytes (what byte-level BPE vocabularies are written in)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1)
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     )
     chars = printable[:]
     extra = 0

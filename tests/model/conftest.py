@@ -43,8 +43,13 @@ def golden_cases() -> dict:
 def make_runner(tiny: LoadedModel) -> Callable[..., ModelRunner]:
     def factory(max_slots: int = 8, max_seq_len: int = 320) -> ModelRunner:
         return ModelRunner(
-            tiny.model, tiny.tokenizer, tiny.config, max_slots=max_slots, max_seq_len=max_seq_len,
-            device="cpu", dtype=torch.float32,
+            tiny.model,
+            tiny.tokenizer,
+            tiny.config,
+            max_slots=max_slots,
+            max_seq_len=max_seq_len,
+            device="cpu",
+            dtype=torch.float32,
         )
 
     return factory

@@ -60,9 +60,20 @@ def test_make_tiny_and_say_commands(tmp_path, capsys):
     outs = []
     for name in ("a", "b"):
         args = argparse.Namespace(
-            model=str(tmp_path / "m"), text="Hello there.", instruction="", language="", reference="none",
-            seed=5, tokens=None, temperature=0.0, max_new_tokens=12, codes_out=tmp_path / f"{name}.npy",
-            device="cpu", codec=None, output=None, channels=1,
+            model=str(tmp_path / "m"),
+            text="Hello there.",
+            instruction="",
+            language="",
+            reference="none",
+            seed=5,
+            tokens=None,
+            temperature=0.0,
+            max_new_tokens=12,
+            codes_out=tmp_path / f"{name}.npy",
+            device="cpu",
+            codec=None,
+            output=None,
+            channels=1,
         )
         assert say_codes_command(args) == 0
         outs.append(np.load(tmp_path / f"{name}.npy"))
