@@ -253,6 +253,7 @@ def test_speak_streams_and_plays_through_the_worklet(page: Any) -> None:
     assert take["samples"] == 60 * FRAME
     assert st["samplesReceived"] == 60 * FRAME
     assert take["ttfaMs"] is not None and take["ttfaMs"] < 5000
+    assert take["heardMs"] is not None and take["heardMs"] >= take["ttfaMs"]
     assert take["seed"] and take["seed"].isdigit()
     assert take["request"]["instruction"] == instruction
     # The worklet played everything it was given, without starving after the cushion.
@@ -288,6 +289,14 @@ def test_cancel_stops_audio_at_once(page: Any) -> None:
     assert take["end"]["n_frames"] < 600
     assert pg.locator("#speak").is_enabled()
     assert "cancelled" in pg.locator("article.take").first.inner_text().lower()
+
+    # Cancel in the same instant as Speak: nothing is heard, and the page is not left waiting.
+    played = stats(pg)["samplesPlayed"]
+    pg.evaluate("document.getElementById('speak').click(); document.getElementById('cancel').click();")
+    pg.wait_for_function("!window.studio.busy", timeout=10_000)
+    time.sleep(0.3)
+    assert stats(pg)["samplesPlayed"] == played
+    assert not pg.evaluate("window.studio.playing")
 
 
 def test_retake_from_a_point_splices_at_the_acknowledged_sample(page: Any) -> None:
