@@ -1,0 +1,151 @@
+"""The real engine (tiny model) through a real server: pause/resume, admission, metrics, HTTP, voices."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import requests
+
+from moss_rt.client import DirectingClient, ServerError, http_stream
+from moss_rt.protocol import FRAME_SAMPLES
+from tests.conftest import sine_wav
+from tests.engine.conftest import run
+from tests.engine.helpers import LONG, metrics, next_message, take_codes
+
+
+def test_slow_client_pauses_its_slot_and_resumes(moss_server) -> None:
+    # The server paces audio to real time plus a lead of 0.16 s (2 frames); the engine is much faster
+    # than real time, so the take must pause (stop stepping) and resume as the client drains.
+    srv = moss_server(max_lead_sec=0.16)
+
+    async def scenario() -> None:
+        async with DirectingClient.connect(srv.ws_url) as client:
+            t0 = time.monotonic()
+            await client.start("Take your time.", seed=2, max_new_tokens=30, chunk_frames=4, **LONG)
+            pcm = 0
+            while True:
+                item = await client.receive()
+                if isinstance(item, bytes):
+                    pcm += len(item)
+                elif item.type == "end":
+                    end = item
+                    break
+            wall = time.monotonic() - t0
+        assert end["reason"] == "max_frames" and end["n_frames"] == 30
+        assert pcm == 30 * FRAME_SAMPLES * 2
+        # 2.4 s of audio, at most 0.16 s ahead of real time: the take cannot end much sooner.
+        assert wall >= 2.4 - 0.16 - 0.3, wall
+        m = await metrics(srv)
+        assert m["moss_rt_pauses_total"] >= 1 and m["moss_rt_paused_slots"] == 0
+        # While paused the slot did not step: far fewer steps than a free-running engine would make.
+        assert m["moss_rt_step_seconds_count"] <= 30 + 3 + 1
+
+    run(scenario())
+
+
+def test_admission_limit_answers_busy(moss_server) -> None:
+    srv = moss_server(max_slots=1, max_queue=1, max_lead_sec=0.4)
+
+    async def scenario() -> None:
+        async with (
+            DirectingClient.connect(srv.ws_url) as a,
+            DirectingClient.connect(srv.ws_url) as b,
+            DirectingClient.connect(srv.ws_url) as c,
+        ):
+            await a.start("first", max_new_tokens=200, **LONG)
+            await next_message(a, "start")  # holds the only slot (paced, so it keeps running)
+            await b.start("second", max_new_tokens=200, **LONG)
+            for _ in range(100):  # b waits in the queue
+                if srv.engine.queued_count == 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert srv.engine.queued_count == 1
+            await c.start("third", max_new_tokens=10)
+            err = await next_message(c, "error")
+            assert err["code"] == "busy"
+            async with aiohttp.ClientSession() as http, http.post(srv.url + "/api/stream", json={"text": "x"}) as resp:
+                assert resp.status == 503
+                assert int(resp.headers["Retry-After"]) >= 1
+                assert (await resp.json())["error"]["code"] == "busy"
+            # Capacity frees up again: cancel a, then b gets the slot and c can start.
+            await a.cancel()
+            await next_message(a, "end")
+            await next_message(b, "start")
+            await b.cancel()
+            await next_message(b, "end")
+            take = await c.speak("third again", max_new_tokens=6)
+            assert take.end["reason"] in ("done", "max_frames")
+        m = await metrics(srv)
+        assert m["moss_rt_busy_rejections_total"] >= 2
+
+    run(scenario())
+
+
+def test_metrics_exposed(moss_server) -> None:
+    srv = moss_server()
+
+    async def scenario() -> None:
+        async with DirectingClient.connect(srv.ws_url) as client:
+            take = await client.speak("Count me.", max_new_tokens=12, **LONG)
+        m = await metrics(srv)
+        assert m["moss_rt_frames_total"] >= take.end["n_frames"] == 12
+        assert m["moss_rt_gpu_first_seconds_count"] >= 1
+        assert m["moss_rt_step_seconds_count"] >= 12
+        assert m["moss_rt_codec_seconds_count"] >= 1
+        assert m['moss_rt_takes_total{reason="max_frames"}'] >= 1
+        for name in ("moss_rt_active_slots", "moss_rt_queued_takes", "moss_rt_frames_per_second",
+                     "moss_rt_cancels_total", "moss_rt_pauses_total", "moss_rt_prefill_seconds_count"):
+            assert name in m, name
+
+    run(scenario())
+
+
+def test_legacy_http_stream_and_download(moss_server) -> None:
+    srv = moss_server()
+
+    async def scenario() -> None:
+        take = await http_stream(srv.url, text="Legacy client.", seed=9, max_new_tokens=10, **LONG)
+        assert take.start["sr"] == 48000 and take.start["gpu_first_ms"] > 0
+        assert take.end["n_frames"] == 10 and take.end["reason"] == "max_frames"
+        assert len(take.pcm) == 10 * FRAME_SAMPLES * 2
+        assert take.end["gpu_total_ms"] >= take.start["gpu_first_ms"]
+        assert len(take_codes(srv, take.end["take"])) == 10
+
+    run(scenario())
+
+
+def test_uploaded_voice_is_encoded_and_cloned(moss_server) -> None:
+    srv = moss_server()
+    resp = requests.post(f"{srv.url}/api/upload_ref?ext=wav", data=sine_wav(1.2), timeout=30)
+    assert resp.status_code == 200, resp.text
+    ref = resp.json()
+
+    async def scenario() -> None:
+        async with DirectingClient.connect(srv.ws_url) as client:
+            plain = await client.speak("Same words.", seed=4, max_new_tokens=8, **LONG)
+            cloned = await client.speak("Same words.", seed=4, max_new_tokens=8, reference=ref["ref_id"], **LONG)
+        assert cloned.end["n_frames"] == 8
+        # The reference enters the prompt, so the same seed gives other codes.
+        assert (take_codes(srv, plain.take_id) != take_codes(srv, cloned.take_id)).any()
+
+    run(scenario())
+
+
+def test_bad_prompt_is_an_error_not_a_crash(moss_server) -> None:
+    srv = moss_server(max_seq_len=200)
+
+    async def scenario() -> None:
+        async with DirectingClient.connect(srv.ws_url) as client:
+            try:
+                await client.speak("x " * 200, max_new_tokens=5)
+            except ServerError as err:
+                assert err.code == "internal" and "cache" in str(err)
+                assert (await next_message(client, "end"))["reason"] == "error"
+            else:  # pragma: no cover - the prompt cannot fit 200 positions
+                raise AssertionError("expected an error")
+            take = await client.speak("ok", max_new_tokens=3, **LONG)
+            assert take.end["n_frames"] >= 1, take.end
+
+    run(scenario())
