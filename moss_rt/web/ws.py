@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 # How long barge-in waits for the replaced take to send its end (it stops within one frame).
 REPLACE_TIMEOUT_SEC = 5.0
-# A close handshake with a client that does not read cannot complete; give it this long.
+# A close handshake with a client that does not read cannot complete; give it this long, then abort.
 CLOSE_TIMEOUT_SEC = 1.0
 # Close codes (docs/limits.md).
 CLOSE_IDLE = WSCloseCode.OK  # reason "idle timeout"
@@ -94,7 +94,8 @@ class Connection:
                     self.client,
                     self.state.settings.send_stall_timeout_sec,
                 )
-                await self._drop(CLOSE_POLICY, b"send stalled: client not reading")
+                # No close frame: the socket buffer it would go through is the one that is full.
+                self._abort()
                 raise ConnectionResetError("client stopped reading") from None
 
     async def send_json(self, obj: dict[str, object]) -> None:
@@ -103,15 +104,15 @@ class Connection:
     async def send_error(self, err: ProtocolError, take: str | None = None) -> None:
         await self.send_json(error_message(err, take=take).to_dict())
 
-    async def _drop(self, code: int, message: bytes) -> None:
-        """Give up on the client: free its take at once, try a close frame briefly, then abort."""
+    def _abort(self) -> None:
+        """Give up on the client now: free its take and drop the TCP connection.
+
+        Unsent bytes would keep the socket (and its buffers) alive for as long as the peer keeps
+        its window shut; abort discards them. The reader then sees EOF and the handler ends.
+        """
         self._dead = True
         if self._handle is not None:
             self._handle.cancel(EndReason.CANCELLED)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.ws.close(code=code, message=message), CLOSE_TIMEOUT_SEC)
-        # Unsent bytes would keep the socket (and its buffers) alive for as long as the peer
-        # keeps its window shut; abort discards them.
         if self._transport is not None:
             self._transport.abort()
 
@@ -155,10 +156,18 @@ class Connection:
         return self._take_task is not None and not self._take_task.done()
 
     async def _close(self, code: int, message: bytes) -> None:
+        """Close with ``code``; a peer that does not complete the handshake in time is aborted."""
         try:
             await asyncio.wait_for(self.ws.close(code=code, message=message), CLOSE_TIMEOUT_SEC)
-        except (TimeoutError, Exception):
-            await self._drop(code, message)
+            return
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                self._abort()
+                raise
+        except Exception:
+            log.debug("close handshake with %s failed", self.client, exc_info=True)
+        self._abort()
 
     async def _on_message(self, data: str | bytes, *, text: bool) -> None:
         limits = self.state.settings.limits
