@@ -246,12 +246,16 @@ class VoiceStore:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("skipping damaged voice record %s: %s", meta_path.name, exc)
         # Leftover temporaries are from a crash mid-write; the voice they belonged to is absent.
-        for tmp in self._dir.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
+        leftovers = list(self._dir.glob(".*.tmp"))
         # Audio without a record was never acknowledged to its uploader (the crash came first).
-        for orphan in self._dir.glob("ref_*.*"):
-            if orphan.suffix.lstrip(".") in UPLOAD_EXTENSIONS and orphan.name not in referenced:
-                orphan.unlink(missing_ok=True)
+        leftovers += [
+            p for p in self._dir.glob("ref_*.*")
+            if p.suffix.lstrip(".") in UPLOAD_EXTENSIONS and p.name not in referenced
+        ]
+        for path in leftovers:
+            path.unlink(missing_ok=True)
+        if leftovers:
+            log.warning("removed %d file(s) left by interrupted voice writes", len(leftovers))
         return voices
 
     def list(self) -> list[Voice]:
