@@ -420,7 +420,9 @@ def test_upload_reference_then_speak_with_it(page: Any, server: str, tmp_path: P
     fake = tmp_path / "fake.wav"
     fake.write_bytes(b"RIFF0000WAVEnot really")
     pg.set_input_files("#uploadFile", str(fake))
-    pg.wait_for_function("document.getElementById('uploadNote').textContent.startsWith('Upload failed')", timeout=10_000)
+    pg.wait_for_function(
+        "document.getElementById('uploadNote').textContent.startsWith('Upload failed')", timeout=10_000
+    )
     assert pg.evaluate("window.studio.connected")
 
 
@@ -562,3 +564,42 @@ def test_api_key_prompt_token_and_downloads(browser: Any, tmp_path: Path) -> Non
                 assert w.getnframes() == 10 * FRAME
         finally:
             context.close()
+
+
+def test_speak_again_replaces_the_running_take(page: Any) -> None:
+    """Barge-in: a new Speak while a take streams replaces it; requests map to their own takes."""
+    pg = page
+    set_param(pg, "tokens", "400")
+    pg.fill("#text", "The first line, which will be interrupted.")
+    pg.click("#speak")
+    pg.wait_for_function(f"window.studio.stats.samplesPlayed > {SR // 4}", timeout=15_000)
+    set_param(pg, "tokens", "15")
+    pg.fill("#text", "The second line.")
+    pg.click("#speak")
+    second = wait_take_ended(pg, 2)
+    wait_playback_drained(pg)
+    first = takes(pg)[0]
+    assert first["end"]["reason"] == "replaced"
+    assert first["request"]["text"] == "The first line, which will be interrupted."
+    assert second["request"]["text"] == "The second line."
+    assert second["end"]["reason"] == "done" and second["samples"] == 15 * FRAME
+
+    # Two starts in the same instant: the last one wins and carries its own direction.
+    pg.evaluate(
+        """() => {
+            const t = document.getElementById('text'), b = document.getElementById('speak');
+            t.value = 'Quick one.'; b.click(); t.value = 'Quick two.'; b.click();
+        }"""
+    )
+    pg.wait_for_function(
+        "!window.studio.busy && window.studio.takes().at(-1).request.text === 'Quick two.'"
+        " && window.studio.takes().at(-1).end !== null",
+        timeout=20_000,
+    )
+    wait_playback_drained(pg)
+    last = takes(pg)[-1]
+    assert last["end"]["reason"] == "done"
+    assert [t["name"] for t in takes(pg)] == [f"Take {i + 1}" for i in range(len(takes(pg)))]
+    for t in takes(pg):
+        if t["request"]["text"] == "Quick one.":
+            assert t["end"]["reason"] == "replaced"
