@@ -262,8 +262,10 @@ class MossTTSLocalModel(nn.Module):
         """[B,2] fp32 logits: class 0 = continue (assistant slot), class 1 = stop (audio end)."""
         if self.local_text_lm_head is not None:
             return self.local_text_lm_head(z0).float()
-        ids = [self.config.audio_assistant_slot_token_id, self.config.audio_end_token_id]
-        return F.linear(z0, self.text_lm_head.weight[ids]).float()
+        weight = self.text_lm_head.weight
+        # Integer indexing (views), not a list index: no host-to-device copy inside CUDA graphs.
+        rows = torch.stack([weight[self.config.audio_assistant_slot_token_id], weight[self.config.audio_end_token_id]])
+        return F.linear(z0, rows).float()
 
     def audio_logits(self, z: torch.Tensor, codebook: int) -> torch.Tensor:
         return self.audio_lm_heads[codebook](z).float()

@@ -46,8 +46,9 @@ def write_streaming(
         handle.write(struct.pack("<Q", len(raw)))
         handle.write(raw)
         for name, shape in specs:
-            tensor = make(name, tuple(shape)).detach().to(device="cpu", dtype=dtype).contiguous()
+            # Convert where the tensor was made (e.g. on the GPU), then copy the smaller result to the host.
+            tensor = make(name, tuple(shape)).detach().to(dtype).to("cpu").contiguous()
             if tuple(tensor.shape) != tuple(shape):
                 raise ValueError(f"{name}: produced shape {tuple(tensor.shape)}, expected {tuple(shape)}")
-            handle.write(tensor.view(torch.uint8).numpy().tobytes())
+            handle.write(memoryview(tensor.view(torch.uint8).numpy()))
     return 8 + len(raw) + offset

@@ -75,7 +75,7 @@ def filter_top_k_top_p(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     top_k <= 0 or >= V disables top-k; top_p outside (0,1) disables top-p (upstream rules).
     """
     vocab = scores.shape[-1]
-    neg_inf = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
+    neg_inf = scores.new_full((), float("-inf"))  # a fill, not a host copy: CUDA-graph safe
     sorted_scores, order = torch.sort(scores, dim=-1, descending=True, stable=True)
     k_on = (top_k > 0) & (top_k < vocab)
     k_eff = torch.where(k_on, top_k, torch.full_like(top_k, vocab))
