@@ -388,6 +388,20 @@ def test_retake_from_a_point_splices_at_the_acknowledged_sample(page: Any) -> No
     pg.keyboard.press("Escape")
     pg.wait_for_function("!window.studio.playing", timeout=5_000)
 
+    # Continue a take from its very end (seek to N = n_frames) with a new line of text.
+    pg.evaluate(f"window.studio.select('{first['key']}')")
+    assert pg.evaluate("window.studio.setCursorFrame(100000)") == 40 * FRAME
+    assert pg.locator("#retakeBtn").inner_text() == "Continue from the end"
+    assert pg.locator("#replayBtn").is_disabled()
+    pg.fill("#rtInstruction", "")
+    pg.fill("#rtText", "And then, the next line.")
+    pg.click("#retakeBtn")
+    third = wait_take_ended(pg, 3)
+    wait_playback_drained(pg)
+    assert third["parent"] == first["id"] and third["spliceSample"] == 40 * FRAME
+    assert third["request"]["text"] == "And then, the next line."
+    assert pg.evaluate(f"window.studio.samples('{third['key']}', {40 * FRAME - 1}, {40 * FRAME + 1}, 0)") == [40, 41]
+
 
 def test_upload_reference_then_speak_with_it(page: Any, server: str, tmp_path: Path) -> None:
     pg = page
