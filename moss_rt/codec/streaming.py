@@ -15,6 +15,10 @@ Batched calls: streams with the same chunk length T run in one forward; groups o
 one after another (no padding, so padding can never advance a state). Slots that form a contiguous
 range are used as a view of the pool; otherwise they are gathered.
 
+On CUDA, ``cuda_graphs=True`` captures one graph per (batch, T) on first use (or in :meth:`warmup`):
+the step is pure device work with slots/offsets as input tensors, captured against a scratch pool row so
+capture never touches a live stream. Graph mode always gathers slots (the slot set is dynamic).
+
 Not thread-safe: one worker thread owns a StreamingDecoder (as it owns the GPU).
 """
 
@@ -31,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import DEFAULT_DECODE_LEVELS, CodecModel, Patch
-from .modules import ProjectedTransformer, rope_angles
+from .modules import ProjectedTransformer, rope_rotation
 
 __all__ = ["DecoderState", "StreamingDecoder", "NoFreeSlot"]
 
@@ -62,6 +66,17 @@ class DecoderState:
 
 
 @dataclass
+class _Graph:
+    """One captured step: static inputs, the graph, and its output buffer."""
+
+    codes: torch.Tensor  # [B, T, nq] int64
+    slots: torch.Tensor  # [B] int64
+    offs: torch.Tensor  # [B] int64
+    graph: torch.cuda.CUDAGraph
+    out: torch.Tensor  # [B, ch, T * spf] float32
+
+
+@dataclass
 class _Stage:
     """Streaming bookkeeping of one decoder transformer stage."""
 
@@ -84,6 +99,9 @@ class StreamingDecoder:
         max_streams: number of pool slots (live states at once).
         max_chunk_frames: largest chunk decoded in one forward; sets the ring headroom.
         num_quantizers: codebooks used per frame (12 for MOSS-TTS).
+        cuda_graphs: capture and replay one CUDA graph per (batch, T) (CUDA only).
+        attention: "sdpa" (fused kernel), "matmul" (two batched GEMMs + softmax; for short chunks over long
+            windows) or "auto" (matmul while the score tensor stays under ``matmul_max_scores`` elements).
     """
 
     def __init__(
@@ -95,8 +113,20 @@ class StreamingDecoder:
         max_streams: int = 16,
         max_chunk_frames: int = 25,
         num_quantizers: int = DEFAULT_DECODE_LEVELS,
+        cuda_graphs: bool = False,
+        attention: str = "sdpa",
+        matmul_max_scores: int = 1 << 26,
     ) -> None:
         self.device = torch.device(device)
+        if attention not in ("sdpa", "matmul", "auto"):
+            raise ValueError(f"attention must be sdpa, matmul or auto, got {attention!r}")
+        self.attention = attention
+        self.matmul_max_scores = int(matmul_max_scores)
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError("cuda_graphs needs a CUDA device")
+        self.cuda_graphs = cuda_graphs
+        self._graphs: dict[tuple[int, int, int | None], _Graph] = {}
+        self._graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.dtype = dtype
         if codec.device != self.device:
             codec.to(self.device)
@@ -116,8 +146,10 @@ class StreamingDecoder:
             if isinstance(m, ProjectedTransformer):
                 spec = m.spec
                 tpf = int(round(spec.rate_hz / frame_rate))
-                ring = spec.context + self.max_chunk_frames * tpf
-                shape = (self.max_streams, spec.num_heads, ring, spec.head_dim)
+                # Headroom for one chunk; rounded up to 64 so the additive mask rows stay aligned for SDPA.
+                ring = -(-(spec.context + self.max_chunk_frames * tpf) // 64) * 64
+                # One extra row (index max_streams) is scratch: graph capture writes there, never to a stream.
+                shape = (self.max_streams + 1, spec.num_heads, ring, spec.head_dim)
                 self._stages[idx] = _Stage(
                     module=m,
                     tokens_per_frame=tpf,
@@ -227,11 +259,62 @@ class StreamingDecoder:
     def _run(self, states: Sequence[DecoderState], codes: torch.Tensor) -> torch.Tensor:
         """One forward of B streams, equal T <= max_chunk_frames. codes ``[B, T, nq]`` → audio ``[B, ch, T*spf]``."""
         slots_list = [s.slot for s in states]
-        B = len(slots_list)
+        offs_list = [s.frames for s in states]
+        B, T = codes.shape[0], codes.shape[1]
         contig = slots_list == list(range(slots_list[0], slots_list[0] + B))
+        start = slots_list[0] if contig else None
+        if self.cuda_graphs:
+            # Contiguous slot ranges get their own graph that reads the pools as views (no gather copy).
+            key = (B, T, start)
+            g = self._graphs.get(key) or self._capture(B, T, start)
+            g.codes.copy_(codes)
+            g.slots.copy_(torch.tensor(slots_list, dtype=torch.int64))
+            g.offs.copy_(torch.tensor(offs_list, dtype=torch.int64))
+            g.graph.replay()
+            # Graphs share one memory pool: copy the output out before any other graph runs.
+            return g.out.clone()
         slots = torch.tensor(slots_list, device=self.device, dtype=torch.int64)
-        offs = torch.tensor([s.frames for s in states], device=self.device, dtype=torch.int64)
-        return self._forward(codes, slots, offs, slots_list[0] if contig else None)
+        offs = torch.tensor(offs_list, device=self.device, dtype=torch.int64)
+        return self._forward(codes, slots, offs, start)
+
+    @torch.no_grad()
+    def warmup(self, batch_sizes: Sequence[int], chunk_frames: Sequence[int], contiguous_from: int | None = 0) -> None:
+        """Capture CUDA graphs now instead of on first use (no-op without graphs): for each (batch, T), the
+        gather graph and, unless ``contiguous_from`` is None, the graph for slots ``contiguous_from..+batch-1``."""
+        if not self.cuda_graphs:
+            return
+        for b in batch_sizes:
+            for t in chunk_frames:
+                starts: list[int | None] = [None]
+                if contiguous_from is not None and contiguous_from + b <= self.max_streams:
+                    starts.append(contiguous_from)
+                for start in starts:
+                    if (b, t, start) not in self._graphs:
+                        self._capture(b, t, start)
+
+    def _capture(self, B: int, T: int, start: int | None) -> _Graph:
+        if B > self.max_streams or T > self.max_chunk_frames:
+            raise ValueError(f"graph ({B}, {T}) exceeds max_streams/max_chunk_frames")
+        dev = self.device
+        codes = torch.zeros(B, T, self.num_quantizers, dtype=torch.int64, device=dev)
+        scratch = torch.full((B,), self.max_streams, dtype=torch.int64, device=dev)
+        offs = torch.zeros(B, dtype=torch.int64, device=dev)
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            # Warm-up runs (allocator, cuBLAS/SDPA plans) outside the capture. Writes go to the scratch
+            # row; a contiguous graph only *reads* live rows here, so no stream state is touched.
+            for _ in range(2):
+                self._forward(codes, scratch, offs, start)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            out = self._forward(codes, scratch, offs, start)
+        g = _Graph(codes=codes, slots=scratch, offs=offs, graph=graph, out=out)
+        self._graphs[(B, T, start)] = g
+        log.info("captured codec decode graph: batch %d, %d frames, slots %s", B, T,
+                 "gathered" if start is None else f"{start}..{start + B - 1}")
+        return g
 
     def _forward(
         self, codes: torch.Tensor, slots: torch.Tensor, offs: torch.Tensor, contig_start: int | None
@@ -265,12 +348,19 @@ class StreamingDecoder:
         j = torch.arange(R, device=dev)[None, :]
         pos_j = last - (last - j) % R  # [B, R]; negative = never written
         delta = pos[:, :, None] - pos_j[:, None, :]  # [B, Tq, R]
-        mask = ((pos_j >= 0)[:, None, :] & (delta >= 0) & (delta < st.context))[:, None]  # [B, 1, Tq, R]
-        cos, sin = rope_angles(pos, st.module.spec.head_dim, st.module.spec.max_period)
+        visible = ((pos_j >= 0)[:, None, :] & (delta >= 0) & (delta < st.context))[:, None]  # [B, 1, Tq, R]
+        # Additive mask made once per stage: a bool mask would be converted again in every layer.
+        mask = torch.zeros(visible.shape, device=dev, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
+        rot = rope_rotation(pos, st.module.spec.head_dim, st.module.spec.max_period)
         rows = slots[:, None]
+        H = st.module.spec.num_heads
+        use_matmul = self.attention == "matmul" or (
+            self.attention == "auto" and B * H * Tq * R <= self.matmul_max_scores
+        )
+        scale = st.module.spec.head_dim**-0.5
         h = st.module.project_in(x)
         for li, layer in enumerate(st.module.transformer.layers):
-            q, k, v = layer.qkv(h, cos, sin)
+            q, k, v = layer.qkv(h, rot)
             kp, vp = st.k_pool[li], st.v_pool[li]
             # Advanced indices (rows, ring_idx) around a slice: target shape [B, Tq, H, Dh].
             kp[rows, :, ring_idx] = k.transpose(1, 2)
@@ -279,6 +369,10 @@ class StreamingDecoder:
                 kb, vb = kp[contig_start : contig_start + B], vp[contig_start : contig_start + B]
             else:
                 kb, vb = kp.index_select(0, slots), vp.index_select(0, slots)
-            attn = F.scaled_dot_product_attention(q, kb, vb, attn_mask=mask)
+            if use_matmul:
+                scores = torch.matmul(q * scale, kb.transpose(-1, -2)) + mask  # [B, H, Tq, R]
+                attn = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(vb.dtype), vb)
+            else:
+                attn = F.scaled_dot_product_attention(q, kb, vb, attn_mask=mask)
             h = layer.finish(h, attn)
         return st.module.project_out(h)

@@ -1,0 +1,239 @@
+"""Codec benchmark (CUDA): streaming decode per chunk and reference-encoding time, full-size random weights.
+
+    python bench/codec_bench.py --out bench_codec.json
+
+1. Self-check on the device: tiny codec in fp32, streaming (eager and CUDA-graph) == whole-clip decode.
+2. Full-size v2 shapes with random weights (built directly on the GPU; ``--via-disk`` writes and loads the
+   real on-disk layout instead), bf16 compute, K/V pools for ``--streams`` slots.
+3. For each mode (eager, graphs), streams S in {1, 16} and chunk T in {1, 5, 18}: ms per decode call,
+   ms per frame (call / T). Then whole-clip decode of 10 s and encode of 10 s of audio.
+
+Needs only torch + numpy + safetensors (no soundfile/soxr): the encode timing is the codec part of
+reference encoding; decoding/resampling the upload is CPU work not measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from moss_rt.codec import CodecModel, load_codec  # noqa: E402
+from moss_rt.codec.config import CodecConfig  # noqa: E402
+from moss_rt.codec.streaming import StreamingDecoder  # noqa: E402
+from moss_rt.codec.tiny import (  # noqa: E402
+    full_size_config,
+    tiny_config,
+    write_full_size_random_codec,
+    write_tiny_codec,
+)
+
+log = logging.getLogger("codec_bench")
+
+
+def self_check(device: str, graphs: bool = True) -> dict[str, float]:
+    """Streaming == whole on the device, fp32, tiny codec (windows 2 frames; 40 frames)."""
+    with tempfile.TemporaryDirectory() as d:
+        codec = load_codec(write_tiny_codec(Path(d) / "tiny"), device=device)
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 1024, (40, 12)).astype(np.int64)
+    whole = codec.decode(torch.from_numpy(codes).to(device)[None])[0].cpu().numpy()
+    out: dict[str, float] = {}
+    for use_graphs in (False, True) if graphs else (False,):
+        dec = StreamingDecoder(codec, device=device, dtype=torch.float32, max_streams=3, max_chunk_frames=8,
+                               cuda_graphs=use_graphs)
+        for n in (1, 5, 7):
+            st = dec.new_state()
+            parts = [dec.decode([st], [codes[i : i + n]])[0] for i in range(0, 40, n)]
+            st.close()
+            out[f"{'graph' if use_graphs else 'eager'}_chunk{n}_maxabs"] = float(
+                np.abs(np.concatenate(parts, -1) - whole).max()
+            )
+        # two streams batched, different ages; alternate slot order so both the contiguous-view and
+        # the gather paths (and graphs) are exercised
+        a, b = dec.new_state(), dec.new_state()
+        dec.decode([a], [codes[:3]])
+        pa, pb = [], []
+        for k, i in enumerate(range(0, 35, 5)):
+            if k % 2:
+                rb, ra = dec.decode([b, a], [codes[i : i + 5], codes[3 + i : 8 + i]])
+            else:
+                ra, rb = dec.decode([a, b], [codes[3 + i : 8 + i], codes[i : i + 5]])
+            pa.append(ra)
+            pb.append(rb)
+        out[f"{'graph' if use_graphs else 'eager'}_batched_maxabs"] = float(
+            max(np.abs(np.concatenate(pa, -1) - whole[:, 3 * 3840 : 38 * 3840]).max(),
+                np.abs(np.concatenate(pb, -1) - whole[:, : 35 * 3840]).max())
+        )
+    return out
+
+
+@torch.no_grad()
+def random_full_size(device: str, context_duration: float, with_encoder: bool, tiny: bool = False) -> CodecModel:
+    """Full-size codec with random weights made on the GPU (no 8 GB file round trip); ``tiny`` for dry runs."""
+    cfg = CodecConfig.from_dict((tiny_config if tiny else full_size_config)(context_duration))
+    with torch.device("meta"):
+        model = CodecModel(cfg, with_encoder=with_encoder)
+    model = model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    for name, p in model.named_parameters():
+        if name.endswith(("norm1.weight", "norm2.weight")):
+            p.fill_(1.0)
+        elif name.endswith(("norm1.bias", "norm2.bias", ".bias")):
+            p.zero_()
+        elif name.endswith(".scale"):
+            p.fill_(0.01)
+        elif name.endswith("codebook.weight"):
+            p.normal_(generator=gen)
+        else:
+            p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
+    return model.eval().requires_grad_(False)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, iters: int, warm: int) -> float:
+    """Mean ms per call (CUDA-synchronised)."""
+    for _ in range(warm):
+        fn()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync()
+    return (time.perf_counter() - t0) * 1000 / iters
+
+
+def profile_step(dec: StreamingDecoder, states: list, codes: list, path: Path) -> None:
+    """Kernel-level breakdown of 3 eager decode calls (top ops by CUDA time) written to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            dec.decode_tensors(states, codes)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    n_kernels = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+    path.write_text(f"CUDA kernels over 3 calls: {n_kernels}\n{table}\n")
+
+
+def bench_mode(
+    mode: str, codec: CodecModel, device: str, streams: list[int], chunks: list[int],
+    rng: np.random.Generator, res: dict[str, object], profile_dir: Path | None = None,
+) -> list[dict[str, object]]:
+    """Time one decoder mode over every (streams, chunk) pair.
+
+    ``mode`` is ``eager`` or ``graph``, optionally with an attention kernel suffix: ``graph-matmul``, ``graph-auto``.
+    """
+    rows: list[dict[str, object]] = []
+    kind, _, attn = mode.partition("-")
+    dec = StreamingDecoder(codec, device=device, dtype=torch.bfloat16, max_streams=max(streams),
+                           max_chunk_frames=max(chunks), cuda_graphs=(kind == "graph"), attention=attn or "sdpa")
+    pool_mb = sum(t.numel() * t.element_size() for s in dec._stages.values() for t in s.k_pool + s.v_pool) / 1e6
+    res[f"{mode}_kv_pool_MB"] = round(pool_mb, 1)
+    for S in streams:
+        for T in chunks:
+            states = [dec.new_state() for _ in range(S)]
+            codes = [rng.integers(0, 1024, (T, 12)) for _ in range(S)]
+            t_cap = time.perf_counter()
+            dec.warmup([S], [T])
+            cap_s = time.perf_counter() - t_cap
+            iters = 10 if T == 18 else 20
+            ms = timed(lambda: dec.decode_tensors(states, codes), iters=iters, warm=2)  # noqa: B023
+            ms_np = timed(lambda: dec.decode(states, codes), iters=5, warm=1)  # noqa: B023
+            ms_gather = None
+            if S > 1:  # reversed order is not a contiguous ascending range: the gather path
+                ms_gather = timed(lambda: dec.decode_tensors(states[::-1], codes[::-1]), iters=iters, warm=2)  # noqa: B023
+            if profile_dir is not None and kind == "eager" and T == 1:
+                profile_step(dec, states, codes, profile_dir / f"profile_{mode}_S{S}_T{T}.txt")
+            for st in states:
+                st.close()
+            row = {"mode": mode, "streams": S, "chunk_frames": T, "ms_per_call": round(ms, 2),
+                   "ms_per_frame_step": round(ms / T, 3), "ms_per_call_numpy_out": round(ms_np, 2),
+                   "realtime_x_per_stream": round(80.0 * T / ms, 1), "capture_s": round(cap_s, 2),
+                   "ms_per_call_gathered_slots": None if ms_gather is None else round(ms_gather, 2)}
+            rows.append(row)
+            log.info("%s", row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="codec_bench.json")
+    ap.add_argument("--context-duration", type=float, default=10.0)
+    ap.add_argument("--streams", default="1,16")
+    ap.add_argument("--chunks", default="1,5,18")
+    ap.add_argument("--modes", default="eager,graph")
+    ap.add_argument("--via-disk", action="store_true", help="write + load the real layout instead of GPU init")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="dry run with the tiny config")
+    ap.add_argument("--profile", action="store_true", help="write eager kernel profiles next to --out")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    device = args.device
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    res: dict[str, object] = {"gpu": gpu, "torch": torch.__version__, "context_duration_s": args.context_duration}
+    out = Path(args.out)
+    try:
+        res["self_check"] = self_check(device, graphs=device == "cuda")
+    except Exception as exc:  # keep going: the timings are still worth having
+        log.exception("self-check failed")
+        res["self_check"] = {"error": repr(exc)}
+    log.info("self-check: %s", res["self_check"])
+
+    t0 = time.perf_counter()
+    if args.via_disk:
+        with tempfile.TemporaryDirectory() as d:
+            write_full_size_random_codec(d, context_duration=args.context_duration)
+            codec = load_codec(d, device=device, compute_dtype=torch.bfloat16)
+    else:
+        codec = random_full_size(device, args.context_duration, with_encoder=True, tiny=args.tiny)
+        codec.set_compute_dtype(torch.bfloat16)
+        codec.quantizer.build_lut()
+    res["build_s"] = round(time.perf_counter() - t0, 2)
+    res["params_M"] = round(sum(p.numel() for p in codec.parameters()) / 1e6, 1)
+    streams = [int(s) for s in args.streams.split(",")]
+    chunks = [int(c) for c in args.chunks.split(",")]
+    rng = np.random.default_rng(1)
+    rows: list[dict[str, object]] = []
+    for mode in args.modes.split(","):
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        try:
+            rows += bench_mode(mode, codec, device, streams, chunks, rng, res,
+                               out.parent if (args.profile and device == "cuda") else None)
+        except Exception as exc:
+            log.exception("mode %s failed", mode)
+            res[f"{mode}_error"] = repr(exc)
+        res["decode"] = rows
+        out.write_text(json.dumps(res, indent=2) + "\n")  # partial results survive a later failure
+    if device == "cuda":
+        res["peak_mem_GB"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+    try:
+        codes10 = torch.from_numpy(rng.integers(0, 1024, (1, 125, 12))).to(device)
+        res["whole_decode_10s_ms"] = round(timed(lambda: codec.decode(codes10), iters=3, warm=1), 1)
+        wav = (0.1 * torch.randn(1, 2, 480000, generator=torch.Generator().manual_seed(0))).to(device)
+        res["encode_10s_ms_bf16"] = round(timed(lambda: codec.encode(wav, 12), iters=3, warm=1), 1)
+        res["encode_10s_frames"] = int(codec.encode(wav, 12).shape[1])
+    except Exception as exc:
+        log.exception("whole-clip timings failed")
+        res["whole_error"] = repr(exc)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
