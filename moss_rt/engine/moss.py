@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.1  # nothing to do: sleep until woken (submit, cancel, job) or this long
 PAUSED_POLL_S = 0.005  # only paused slots: poll their channels this often
+SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU inference runs single-threaded
 CODEC_CHUNK_FRAMES = 25  # largest chunk the streaming decoder runs in one forward (longer ones are split)
 
 
@@ -229,7 +230,7 @@ class MossEngine:
 
     # ------------------------------------------------------------------ loading
     def _load(self) -> None:
-        from moss_rt.codec import load_codec
+        from moss_rt.codec import CodecLoadError, load_codec
         from moss_rt.codec.streaming import StreamingDecoder
         from moss_rt.model.loader import load_model
         from moss_rt.model.runner import ModelRunner
@@ -248,11 +249,20 @@ class MossEngine:
             model_choice = Choice(str(tiny_model_dir(s)), True, "tiny")
             loaded = load_model(model_choice.source, device=where.device, dtype=where.dtype)
         codec_choice = choose_codec(s, model_choice)
-        if where.device.type == "cpu" and model_choice.demo:
-            # The tiny model's ops are microseconds long: intra-op threads only add contention
+        params = sum(p.numel() for p in loaded.model.parameters())
+        if where.device.type == "cpu" and params < SMALL_MODEL_PARAMS:
+            # A small model's ops are microseconds long: intra-op threads only add contention
             # (measured 10 ms/frame on one thread vs 250 ms on two of a busy 2-core machine).
             torch.set_num_threads(1)
-        codec = load_codec(codec_choice.source, device=where.device, compute_dtype=where.dtype)
+        voice_cloning = True
+        try:
+            codec = load_codec(codec_choice.source, device=where.device, compute_dtype=where.dtype)
+        except CodecLoadError as exc:
+            # A decode-only codec checkpoint (no encoder weights) still serves speech; uploads cannot be encoded.
+            log.warning("codec %s cannot be loaded with its encoder (%s); loading it decode-only: "
+                        "reference voices cannot be encoded", codec_choice.source, exc)
+            codec = load_codec(codec_choice.source, device=where.device, compute_dtype=where.dtype, decode_only=True)
+            voice_cloning = False
         decoder = StreamingDecoder(
             codec,
             device=where.device,
@@ -296,6 +306,7 @@ class MossEngine:
             "max_slots": str(s.max_slots),
             "max_seq_len": str(s.max_seq_len),
             "cuda_graphs": str(bool(runner.use_cuda_graphs)).lower(),
+            "voice_cloning": "on" if voice_cloning else "off (codec loaded without its encoder)",
             "load_sec": f"{time.perf_counter() - t0:.1f}",
         }
         if demo:

@@ -1,0 +1,404 @@
+"""Engine benchmark (issue 5): the real server driven over WebSocket at concurrency 1, 8, 32, 64.
+
+On a CUDA machine:
+    python bench/engine_bench.py --out results.json
+writes full-size random-weight checkpoints in the real layout (model 4.55B bf16; codec decode-only),
+starts ``python -m moss_rt serve`` on them in a subprocess, and drives it with aiohttp WebSocket
+clients (``/api/ws``, wire protocol v1), one take per client, 400-row prompts, repetition penalty 1.1.
+It prints one JSON object: per concurrency the server-side ``gpu_first_ms`` and client-side TTFA
+(p50/p95), per-stream real-time factor (min/median), aggregate real-time factor, and the server's
+step-time split from ``/metrics`` (model step, codec decode, scheduling rest); then an eager,
+synchronised profile of one frame (backbone / local transformer / sampling) and of the codec.
+``--tiny`` runs everything on the tiny model (CPU smoke test of this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+log = logging.getLogger("engine_bench")
+PENALTY = 1.1
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def write_checkpoints(work: Path, tiny: bool) -> tuple[Path, Path]:
+    model, codec = work / "model", work / "codec"
+    if not (model / "config.json").is_file():
+        t0 = time.perf_counter()
+        if tiny:
+            from moss_rt.model.tiny import write_tiny_checkpoint
+
+            write_tiny_checkpoint(model)
+        else:
+            from moss_rt.model.tiny import write_full_size_random_checkpoint
+
+            write_full_size_random_checkpoint(model)
+        log.info("model checkpoint written in %.1f s", time.perf_counter() - t0)
+    if not (codec / "config.json").is_file():
+        t0 = time.perf_counter()
+        if tiny:
+            from moss_rt.codec.tiny import write_tiny_codec
+
+            write_tiny_codec(codec)
+        else:
+            from moss_rt.codec.tiny import write_full_size_random_codec
+
+            write_full_size_random_codec(codec, with_encoder=False)  # the engine loads it decode-only
+        log.info("codec checkpoint written in %.1f s", time.perf_counter() - t0)
+    return model, codec
+
+
+def text_for_rows(model_dir: Path, rows: int) -> tuple[str, str]:
+    """A directed line whose prompt is exactly ``rows`` rows with this checkpoint's tokenizer."""
+    from moss_rt.model.config import MossTTSConfig
+    from moss_rt.model.prompt import build_prompt_rows, load_tokenizer
+
+    tok, cfg = load_tokenizer(model_dir), MossTTSConfig.from_file(model_dir / "config.json")
+    instruction = "Tired, slow, a little hoarse; pauses between the sentences."
+    base = "It was late, and the house was quiet. The rain had stopped an hour ago. "
+    words = (base * 200).split(" ")
+
+    def count(n: int) -> int:
+        return len(build_prompt_rows(tok, cfg, text=" ".join(words[:n]), instruction=instruction))
+
+    lo, hi = 1, len(words)
+    while lo < hi:  # largest word count not above the target
+        mid = (lo + hi + 1) // 2
+        if count(mid) <= rows:
+            lo = mid
+        else:
+            hi = mid - 1
+    text = " ".join(words[:lo])
+    # Top up one character at a time (at most one row each) so the row count is exact.
+    while count_rows(tok, cfg, text, instruction) < rows:
+        text += "."
+    return text, instruction
+
+
+def count_rows(tok: Any, cfg: Any, text: str, instruction: str) -> int:
+    from moss_rt.model.prompt import build_prompt_rows
+
+    return len(build_prompt_rows(tok, cfg, text=text, instruction=instruction))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(args: argparse.Namespace, model: Path, codec: Path, port: int, log_path: Path) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.update(
+        MOSS_RT_MAX_SEQ_LEN=str(args.max_seq_len),
+        MOSS_RT_MAX_TAKES_PER_CLIENT="0",  # every bench client shares 127.0.0.1
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
+    )
+    cmd = [
+        sys.executable, "-m", "moss_rt", "serve", "--port", str(port), "--model", str(model), "--codec", str(codec),
+        "--device", "cpu" if args.tiny else "cuda", "--max-slots", str(max(args.concurrency)),
+        "--max-queue", str(max(args.concurrency)), "--max-lead-sec", "0", "--data-dir", str(args.work / "data"),
+        "--log-level", "INFO",
+    ]
+    fh = open(log_path, "w")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+
+
+async def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession() as http:
+        while time.perf_counter() - t0 < timeout:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}")
+            try:
+                async with http.get(url + "/readyz") as resp:
+                    if resp.status == 200:
+                        return time.perf_counter() - t0
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.5)
+    raise TimeoutError("server not ready")
+
+
+# --------------------------------------------------------------------------- driving
+
+
+async def one_take(http: aiohttp.ClientSession, ws_url: str, start: dict[str, Any], go: asyncio.Event) -> dict:
+    async with http.ws_connect(ws_url, max_msg_size=64 * 2**20) as ws:
+        await ws.receive()  # hello
+        await go.wait()
+        t0 = time.perf_counter()
+        await ws.send_str(json.dumps(start))
+        first_pcm: float | None = None
+        pcm_bytes = 0
+        server_first = None
+        async for msg in ws:
+            data = msg.data
+            if data[0] == 1:
+                if first_pcm is None:
+                    first_pcm = time.perf_counter()
+                pcm_bytes += len(data) - 5
+                continue
+            obj = json.loads(data[5:])
+            if obj["type"] == "start":
+                server_first = obj.get("gpu_first_ms")
+            elif obj["type"] == "error":
+                raise RuntimeError(f"server error: {obj}")
+            elif obj["type"] == "end":
+                wall = time.perf_counter() - t0
+                audio = pcm_bytes / 2 / 48000
+                return {
+                    "ttfa_ms": None if first_pcm is None else (first_pcm - t0) * 1000.0,
+                    "gpu_first_ms": server_first,
+                    "audio_sec": audio,
+                    "wall_sec": wall,
+                    "rtf": audio / wall,
+                    "reason": obj["reason"],
+                    "frames": obj["n_frames"],
+                }
+    raise RuntimeError("socket closed before the end frame")
+
+
+async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    async with http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.array(values), q)) if values else float("nan")
+
+
+async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, Any]) -> dict:
+    ws_url = url.replace("http", "ws") + "/api/ws"
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        before = await scrape(http, url)
+        takes: list[dict] = []
+        t0 = time.perf_counter()
+        aggregate = []
+        for r in range(repeats):
+            go = asyncio.Event()
+            tasks = [
+                asyncio.create_task(one_take(http, ws_url, {**start, "seed": 1000 * r + i}, go))
+                for i in range(concurrency)
+            ]
+            await asyncio.sleep(0.2)  # every client connected and holding its hello
+            go.set()
+            t_round = time.perf_counter()
+            done = await asyncio.gather(*tasks)
+            wall = time.perf_counter() - t_round
+            aggregate.append(sum(d["audio_sec"] for d in done) / wall)
+            takes.extend(done)
+        total = time.perf_counter() - t0
+        after = await scrape(http, url)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    steps = delta("moss_rt_step_seconds_count")
+    codec_calls = delta("moss_rt_codec_seconds_count")
+    frames = delta("moss_rt_frames_total")
+    return {
+        "concurrency": concurrency,
+        "takes": len(takes),
+        "frames_per_take": start["max_new_tokens"],
+        "reasons": sorted({t["reason"] for t in takes}),
+        "gpu_first_ms_p50": pct([t["gpu_first_ms"] for t in takes if t["gpu_first_ms"] is not None], 50),
+        "gpu_first_ms_p95": pct([t["gpu_first_ms"] for t in takes if t["gpu_first_ms"] is not None], 95),
+        "ttfa_ms_p50": pct([t["ttfa_ms"] for t in takes if t["ttfa_ms"] is not None], 50),
+        "ttfa_ms_p95": pct([t["ttfa_ms"] for t in takes if t["ttfa_ms"] is not None], 95),
+        "stream_rtf_min": min(t["rtf"] for t in takes),
+        "stream_rtf_median": pct([t["rtf"] for t in takes], 50),
+        "aggregate_rtf": float(np.median(aggregate)),
+        "wall_sec": total,
+        "server": {
+            "steps": steps,
+            "mean_batch": delta("moss_rt_step_batch_size_sum") / max(1.0, steps),
+            "model_step_ms_mean": 1000.0 * delta("moss_rt_step_seconds_sum") / max(1.0, steps),
+            "codec_calls": codec_calls,
+            "codec_ms_mean_per_call": 1000.0 * delta("moss_rt_codec_seconds_sum") / max(1.0, codec_calls),
+            "codec_ms_per_step": 1000.0 * delta("moss_rt_codec_seconds_sum") / max(1.0, steps),
+            "prefill_ms_mean": 1000.0 * delta("moss_rt_prefill_seconds_sum")
+            / max(1.0, delta("moss_rt_prefill_seconds_count")),
+            "frames": frames,
+        },
+    }
+
+
+# --------------------------------------------------------------------------- eager profile
+
+
+def eager_profile(model_dir: Path, codec_dir: Path, batches: list[int], prompt_rows: int, tiny: bool) -> dict:
+    """One frame split into backbone / local / sampling (synchronised laps, eager: no graphs), and codec calls."""
+    import torch
+
+    import moss_rt.model.step as step_mod
+    from moss_rt.codec import load_codec
+    from moss_rt.codec.streaming import StreamingDecoder
+    from moss_rt.model.loader import load_model
+    from moss_rt.model.runner import ModelRunner
+    from moss_rt.protocol.messages import SamplingParams
+
+    device = torch.device("cpu" if tiny else "cuda")
+    dtype = torch.float32 if tiny else torch.bfloat16
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    original_start, original_lap = step_mod.Timer.start, step_mod.Timer.lap
+
+    def start(self: Any) -> None:
+        sync()
+        original_start(self)
+
+    def lap(self: Any, bucket: str) -> None:
+        sync()
+        original_lap(self, bucket)
+
+    step_mod.Timer.start, step_mod.Timer.lap = start, lap  # type: ignore[method-assign]
+    out: dict[str, Any] = {}
+    loaded = load_model(model_dir, device=device, dtype=dtype)
+    runner = ModelRunner(loaded.model, loaded.tokenizer, loaded.config, max_slots=max(batches),
+                         max_seq_len=prompt_rows + 64, device=device, dtype=dtype, use_cuda_graphs=False)
+    text, instruction = text_for_rows(model_dir, prompt_rows)
+    rows = runner.build_prompt(text=text, instruction=instruction)
+    slots = [runner.alloc_slot() for _ in range(max(batches))]
+    for i, s in enumerate(slots):
+        runner.prefill(s, rows)
+        runner.set_sampling(s, SamplingParams(audio_repetition_penalty=PENALTY, text_temperature=0.0), seed=i)
+    st = runner.state
+    for b in batches:
+        laps = []
+        for it in range(8):
+            st.active.zero_()
+            st.active[:b] = True
+            timer = step_mod.Timer()
+            key_len = int(st.lengths[:b].max()) + 1
+            step_mod.frame_step(runner.model, st, runner.tables, 0, b, key_len, timer)
+            st.active.zero_()
+            if it >= 3:
+                laps.append((timer.backbone_ms, timer.local_ms, timer.sampling_ms))
+        arr = np.array(laps)
+        out[f"model_eager_batch{b}_ms"] = {
+            "backbone": float(np.median(arr[:, 0])), "local": float(np.median(arr[:, 1])),
+            "sampling": float(np.median(arr[:, 2])),
+        }
+    del runner, loaded
+    step_mod.Timer.start, step_mod.Timer.lap = original_start, original_lap  # type: ignore[method-assign]
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    codec = load_codec(codec_dir, device=device, compute_dtype=dtype, decode_only=True)
+    dec = StreamingDecoder(codec, device=device, dtype=dtype, max_streams=max(batches))
+    for b in batches:
+        for t in (1, 8):
+            states = [dec.new_state() for _ in range(b)]
+            codes = [np.zeros((t, 12), dtype=np.int64)] * b
+            times = []
+            for it in range(6):
+                sync()
+                t0 = time.perf_counter()
+                dec.decode(states, codes)
+                sync()
+                if it >= 2:
+                    times.append((time.perf_counter() - t0) * 1000.0)
+            out[f"codec_batch{b}_T{t}_ms"] = float(np.median(times))
+            for s in states:
+                s.close()
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--work", type=Path, default=Path("/tmp/moss-engine-bench"))
+    p.add_argument("--tiny", action="store_true", help="tiny model on CPU (smoke test)")
+    p.add_argument("--concurrency", default="1,8,32,64")
+    p.add_argument("--frames", type=int, default=150, help="frames per take (12.5 per second of audio)")
+    p.add_argument("--single-repeats", type=int, default=5, help="sequential takes at concurrency 1")
+    p.add_argument("--prompt-rows", type=int, default=400)
+    p.add_argument("--max-seq-len", type=int, default=1024)
+    p.add_argument("--chunk-frames", type=int, default=8)
+    p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--server-log", type=Path, default=None)
+    args = p.parse_args()
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args.work.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    t_all = time.perf_counter()
+    model, codec = write_checkpoints(args.work, args.tiny)
+    result["checkpoints_sec"] = time.perf_counter() - t_all
+    text, instruction = text_for_rows(model, args.prompt_rows)
+    start = {
+        "type": "start", "text": text, "instruction": instruction, "max_new_tokens": args.frames,
+        "chunk_frames": args.chunk_frames, "audio_repetition_penalty": PENALTY,
+    }
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = args.server_log or (args.work / "server.log")
+    proc = start_server(args, model, codec, port, log_path)
+    try:
+        result["server_ready_sec"] = asyncio.run(wait_ready(url, proc, 900))
+        for c in args.concurrency:
+            try:
+                repeats = args.single_repeats if c == 1 else 1
+                frames = args.frames if c > 1 else max(50, args.frames * 2 // 3)
+                r = asyncio.run(run_round(url, c, repeats, {**start, "max_new_tokens": frames}))
+                result[f"c{c}"] = r
+                log.info("concurrency %d: %s", c, json.dumps(r))
+            except Exception:
+                result[f"c{c}"] = {"error": traceback.format_exc(limit=3)}
+    except Exception:
+        result["server_error"] = traceback.format_exc(limit=3)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    if not args.no_profile:
+        try:
+            result["eager_profile"] = eager_profile(model, codec, [1, 32], args.prompt_rows, args.tiny)
+        except Exception:
+            result["eager_profile"] = {"error": traceback.format_exc(limit=3)}
+    result["total_sec"] = time.perf_counter() - t_all
+    text_out = json.dumps(result, indent=1)
+    print(text_out)
+    if args.out:
+        args.out.write_text(text_out)
+
+
+if __name__ == "__main__":
+    main()
