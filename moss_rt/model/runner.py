@@ -133,8 +133,14 @@ class ModelRunner:
         self._sync_length(slot)
 
     def slot_length(self, slot: int) -> int:
+        """Positions filled: prompt rows + frames produced (after truncation)."""
         self._check_slot(slot)
         return int(self._lengths[slot])
+
+    def slot_frame_index(self, slot: int) -> int:
+        """The RNG counter of the slot's next frame (set_sampling's frame_index + frames produced since)."""
+        self._check_slot(slot)
+        return int(self._frames[slot])
 
     @property
     def free_slots(self) -> int:

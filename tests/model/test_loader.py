@@ -110,3 +110,19 @@ def test_unknown_spec_and_tiny_source(tmp_path):
     source = resolve_model_source("tiny", tiny_dir=tmp_path / "t")
     assert source.demo and source.kind == "tiny"
     assert json.loads((source.path / "config.json").read_text())["n_vq"] == 12
+
+
+def test_full_vocab_stop_head_uses_text_lm_head_rows(tmp_path):
+    dst = _copy(tmp_path)
+    raw = json.loads((dst / "config.json").read_text())
+    raw["local_text_head_mode"] = "full_vocab"
+    (dst / "config.json").write_text(json.dumps(raw))
+    tensors = load_file(str(dst / "model.safetensors"))
+    tensors.pop("local_text_lm_head.weight")
+    save_file(tensors, str(dst / "model.safetensors"))
+    model = load_model(dst).model
+    assert model.local_text_lm_head is None
+    z = torch.randn(3, 64)
+    cfg = model.config
+    rows = model.text_lm_head.weight[[cfg.audio_assistant_slot_token_id, cfg.audio_end_token_id]]
+    assert torch.allclose(model.stop_logits(z), z @ rows.T)
