@@ -287,11 +287,13 @@ class ModelRunner:
         return min(bucket, self.state.positions)
 
     def key_buckets(self) -> list[int]:
+        """Every key-length bucket a step can use (a step needs length+1 <= max_seq_len keys)."""
         out, bucket = [], MIN_KEY_BUCKET
-        while bucket < self.state.positions:
-            out.append(bucket)
+        while True:
+            out.append(min(bucket, self.state.positions))
+            if bucket >= self.max_seq_len:
+                return out
             bucket *= 2
-        return out + [self.state.positions]
 
     def _graph(self, batch: int, key_len: int) -> torch.cuda.CUDAGraph:
         key = (batch, key_len)

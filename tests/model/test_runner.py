@@ -205,3 +205,12 @@ def test_sampling_parameter_validation(make_runner):
         runner.set_sampling(slot, SamplingParams(audio_repetition_penalty=0.0), 0)
     with pytest.raises(ValueError, match="history"):
         runner.set_sampling(slot, DEFAULT, 0, history=np.zeros((3, 5), np.int64))
+
+
+def test_key_buckets_cover_every_reachable_length_once(make_runner):
+    runner = make_runner(max_slots=1, max_seq_len=1024)
+    assert runner.key_buckets() == [256, 512, 1024]
+    assert {runner._key_bucket(n) for n in range(1, 1025)} == set(runner.key_buckets())
+    odd = make_runner(max_slots=1, max_seq_len=1000)
+    assert odd.key_buckets() == [256, 512, 1001]
+    assert {odd._key_bucket(n) for n in range(1, 1001)} == set(odd.key_buckets())
