@@ -218,3 +218,24 @@ def write_full_size_random_codec(
     return write_codec(
         directory, full_size_config(context_duration), seed=seed, num_shards=3, with_encoder=with_encoder
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m moss_rt.codec.tiny OUT_DIR [--full-size] [--decode-only] [--seed N]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="write a random-weight MOSS-Audio-Tokenizer-v2 in the real layout")
+    ap.add_argument("out_dir")
+    ap.add_argument("--full-size", action="store_true", help="real shapes (8.5 GB; 4.2 GB with --decode-only)")
+    ap.add_argument("--decode-only", action="store_true", help="full size: skip the encoder tensors")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.full_size:
+        write_full_size_random_codec(args.out_dir, seed=args.seed, with_encoder=not args.decode_only)
+    else:
+        write_tiny_codec(args.out_dir, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()
