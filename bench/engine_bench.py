@@ -125,10 +125,10 @@ def start_server(args: argparse.Namespace, model: Path, codec: Path, port: int, 
     return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
 
-async def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:
+async def wait_ready(url: str, proc: subprocess.Popen, limit_sec: float) -> float:
     t0 = time.perf_counter()
     async with aiohttp.ClientSession() as http:
-        while time.perf_counter() - t0 < timeout:
+        while time.perf_counter() - t0 < limit_sec:
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode}")
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import queue
 import threading
@@ -151,12 +152,12 @@ class MossEngine:
             self._warm_up()
         except BaseException as exc:
             log.exception("engine failed to load")
-            self._info = EngineInfo(**{**self._info.__dict__, "details": {**self._info.details, "status": "failed"}})
+            self._set_status("failed")
             if not self._loaded.done():
                 self._loaded.set_exception(exc)
             return
         self._ready = True
-        self._info = EngineInfo(**{**self._info.__dict__, "details": {**self._info.details, "status": "ready"}})
+        self._set_status("ready")
         if not self._loaded.done():
             self._loaded.set_result(None)
         try:
@@ -164,6 +165,9 @@ class MossEngine:
         finally:
             self._ready = False
             self._shutdown()
+
+    def _set_status(self, status: str) -> None:
+        self._info = dataclasses.replace(self._info, details={**self._info.details, "status": status})
 
     def _serve(self) -> None:
         sched = self._scheduler
