@@ -72,6 +72,8 @@ class Connection:
         self._take_task: asyncio.Task[None] | None = None
         self._handle: TakeHandle | None = None
         self._replay_stop: EndReason | None = None  # why a running replay was stopped
+        self._replaying = False  # the take task is a replay (no engine handle)
+        self._stop_requested: EndReason | None = None  # a stop that came before the engine handle
         self._dead = False  # set once the client is known gone or dropped: no more sends
         self._shutting_down = False
 
@@ -215,7 +217,7 @@ class Connection:
             running = self.session.running
             if running is not None and (msg.take is None or msg.take in (running.take_id, running.label)):
                 await self._stop_take(EndReason.CANCELLED, wait=False)
-            elif running is None and self._handle is None and self._take_running():
+            elif running is None and self._replaying and self._take_running():
                 await self._stop_take(EndReason.CANCELLED, wait=False)  # a replay
         elif isinstance(msg, StartTake):
             await self._start(msg)
@@ -231,18 +233,25 @@ class Connection:
             handle.cancel(reason)
         if task is None or task.done():
             return
-        if handle is None:
-            # A replay (or a take still being admitted) has no engine handle: stop the task itself;
-            # a replay answers with its end frame carrying ``reason``.
+        if handle is None and self._replaying:
+            # A replay has no engine handle: stop the task itself; it answers with an end frame
+            # carrying ``reason``.
             self._replay_stop = reason
             task.cancel()
+        elif handle is None:
+            # A take still being admitted (voice encoding, engine queue): it applies this as soon
+            # as it has its handle, so the client still gets the take's end with this reason.
+            self._stop_requested = self._stop_requested or reason
         if wait:
             # asyncio.wait, unlike awaiting the task, never re-raises the task's own cancellation
             # into this (reader) task.
             done, _ = await asyncio.wait({task}, timeout=REPLACE_TIMEOUT_SEC)
             if not done:
                 task.cancel()
-        elif self.ws.closed or self._dead:
+        elif (self.ws.closed or self._dead) and (handle is not None or self._replaying):
+            # Nobody to stream to. A take still being admitted is left to finish admission: it
+            # cancels its own handle then, whereas cancelling it mid-submit could leave the
+            # engine generating for no one.
             task.cancel()
 
     def _refuse_if_shutting_down(self) -> None:
@@ -266,6 +275,8 @@ class Connection:
         if plan.mode == "replay":
             self._handle = None
             self._replay_stop = None
+            self._stop_requested = None
+            self._replaying = True
             self._take_task = asyncio.create_task(
                 self._replay(plan.source, plan.frame, model), name=f"replay-{plan.source.take_id}"
             )
@@ -275,6 +286,8 @@ class Connection:
     def _launch(self, take: TakeRecord, model: str, *, prefix: object, t_request: float) -> None:
         self._handle = None
         self._replay_stop = None
+        self._stop_requested = None
+        self._replaying = False
         self._take_task = asyncio.create_task(
             self._run_take(take, model, prefix, t_request), name=f"take-{take.take_id}"
         )
@@ -289,7 +302,10 @@ class Connection:
             spec = await build_spec(self.state, take, prefix_codes=prefix)  # type: ignore[arg-type]
             handle = await self.state.engine.submit(spec)
             self._handle = handle
-            if self.session.running is not take:  # cancelled while we were being admitted
+            # Stops that arrived while we were being admitted apply now (the first one wins).
+            if self._stop_requested is not None:
+                handle.cancel(self._stop_requested)
+            if self.session.running is not take:
                 handle.cancel(EndReason.CANCELLED)
             if self._shutting_down:
                 handle.cancel(EndReason.SHUTDOWN)
@@ -345,12 +361,15 @@ class Connection:
         await self._close(CLOSE_SHUTDOWN, b"server shutdown")
 
     async def close(self) -> None:
+        """Release everything the connection holds; bounded, never leaves its take task behind."""
+        self._dead = True
         task = self._take_task
         await self._stop_take(EndReason.CANCELLED, wait=False)
         if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            done, _ = await asyncio.wait({task}, timeout=REPLACE_TIMEOUT_SEC)
+            if not done:
+                task.cancel()
+                await asyncio.wait({task})
 
 
 async def websocket_handler(request: web.Request) -> web.StreamResponse:

@@ -1,0 +1,448 @@
+"""Bounded soak test: ``make soak`` (``python -m tests.soak``); minutes, not part of ``make test``.
+
+Starts a real server process (the tiny random-weight MOSS model when the real engine is
+available, else the scripted test engine, and says which), then runs for ``--duration`` seconds:
+
+* ``--ws-clients`` WebSocket clients, each doing random start / cancel / seek (retake) / replay /
+  barge-in / ping / bad messages / abrupt disconnects;
+* ``--http-clients`` legacy HTTP stream clients, some of which hang up mid-take;
+* one uploader sending valid and invalid reference voices.
+
+It reports requests, errors by kind, takes by end reason and server RSS at start (after warm-up)
+and end, and fails on any 5xx, any ``internal`` error, any stuck take (started but never ended
+within ``--take-timeout``), engine slots still busy after the clients leave, a server that dies,
+or RSS growth beyond ``--rss-growth-mb`` (default 150 MB: allocator and cache slack for a
+process that holds a model; a leak of per-take state over thousands of takes exceeds it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import io
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import soundfile as sf
+import websockets
+
+log = logging.getLogger("soak")
+REPO = Path(__file__).resolve().parents[1]
+TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog.", "Again, with feeling!", "No.", "Wait... what?"]
+GARBAGE: list[str | bytes] = [
+    "{not json", "[]", '{"type": "dance"}', '{"type": "start", "text": ""}', 
+    b"\xc1\xc1", b"\x00" * 64, '{"type": "start", "text": "x", "chunk_frames": 0}', "x" * 70000,
+]
+
+
+@dataclass
+class Stats:
+    requests: collections.Counter[str] = field(default_factory=collections.Counter)
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    http_status: collections.Counter[str] = field(default_factory=collections.Counter)
+    end_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+    failures: list[str] = field(default_factory=list)
+    stuck: int = 0
+
+    def fail(self, message: str) -> None:
+        if len(self.failures) < 50:
+            self.failures.append(message)
+        log.error("FAIL: %s", message)
+
+
+# --------------------------------------------------------------------------- server process
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def choose_engine(requested: str) -> tuple[str, list[str]]:
+    if requested in ("auto", "moss"):
+        try:
+            import moss_rt.engine.moss  # noqa: F401  (needs torch and the real engine)
+
+            return "moss", ["--engine", "moss", "--model", "tiny", "--codec", "tiny", "--device", "cpu"]
+        except Exception as exc:  # the engine is not there (yet) or torch is missing
+            if requested == "moss":
+                raise
+            log.warning("real engine unavailable (%s): FALLING BACK TO THE SCRIPTED TEST ENGINE", exc)
+    return "scripted", ["--engine", "scripted", "--frame-ms", "20"]
+
+
+def start_server(engine_args: list[str], data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "moss_rt", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--data-dir", str(data_dir), "--voices-dir", str(data_dir / "builtin"), *engine_args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOSS_RT_")}
+    with open(log_path, "wb") as out:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+async def wait_ready(http: aiohttp.ClientSession, url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        with contextlib.suppress(aiohttp.ClientError):
+            async with http.get(url + "/readyz") as r:
+                if r.status == 200:
+                    return
+        await asyncio.sleep(0.2)
+    raise RuntimeError("server never became ready")
+
+
+async def metric(http: aiohttp.ClientSession, url: str, name: str) -> float | None:
+    async with http.get(url + "/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
+# --------------------------------------------------------------------------- WebSocket clients
+
+
+def frame_of(data: str | bytes) -> tuple[int, Any]:
+    assert isinstance(data, bytes), "the server sends binary frames only"
+    tag, length = data[0], int.from_bytes(data[1:5], "big")
+    payload = data[5 : 5 + length]
+    return tag, json.loads(payload) if tag == 0 else payload
+
+
+class WsClient:
+    """One directing client. Tracks takes it asked for until their end (or an error) arrives."""
+
+    def __init__(self, url: str, stats: Stats, rng: random.Random, take_timeout: float) -> None:
+        self.url = url
+        self.stats = stats
+        self.rng = rng
+        self.take_timeout = take_timeout
+        self.pending: dict[int, float] = {}  # outstanding start/seek requests (by sequence) → sent at
+        self.seq = 0
+        self.finished: list[tuple[str, int]] = []  # (take id, n_frames) of ended takes
+        self.running = False
+
+    async def run(self, until: float) -> None:
+        while time.monotonic() < until:
+            try:
+                async with websockets.connect(self.url, max_size=None, open_timeout=20) as ws:
+                    self.stats.requests["ws_connect"] += 1
+                    await self.session(ws, until)
+            except websockets.InvalidStatus as exc:
+                code = exc.response.status_code
+                self.stats.http_status[str(code)] += 1
+                if code >= 500 and code != 503:
+                    self.stats.fail(f"WebSocket upgrade answered {code}")
+                await asyncio.sleep(0.5)
+            except (websockets.ConnectionClosed, OSError) as exc:
+                self.stats.errors[f"ws_closed:{type(exc).__name__}"] += 1
+            self.check_stuck(final=False)
+            self.pending.clear()  # a disconnect ends what was pending on that socket
+            self.running = False
+
+    async def session(self, ws: websockets.ClientConnection, until: float) -> None:
+        reader = asyncio.create_task(self.read(ws), name="soak-ws-reader")
+        try:
+            await asyncio.sleep(0)
+            while time.monotonic() < until and not reader.done():
+                await self.act(ws)
+                if self.rng.random() < 0.03:  # abrupt disconnect mid-whatever
+                    self.stats.requests["ws_disconnect"] += 1
+                    if self.rng.random() < 0.5:
+                        ws.transport.abort()
+                    return
+                await asyncio.sleep(self.rng.uniform(0.05, 0.6))
+                self.check_stuck(final=False)
+            # Let what is running finish, then leave cleanly.
+            deadline = time.monotonic() + self.take_timeout
+            while self.pending and time.monotonic() < deadline and not reader.done():
+                await asyncio.sleep(0.05)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    async def act(self, ws: websockets.ClientConnection) -> None:
+        r = self.rng.random()
+        if r < 0.35 or not self.finished:
+            await self.send(ws, {"type": "start", "text": self.rng.choice(TEXTS), "seed": self.rng.randrange(1000),
+                                 "max_new_tokens": self.rng.randint(8, 60), "chunk_frames": self.rng.choice([1, 2, 4, 8]),
+                                 "channels": self.rng.choice([1, 2])}, "start", expects_take=True)
+        elif r < 0.50:
+            await self.send(ws, {"type": "cancel"}, "cancel")
+        elif r < 0.65:
+            take, n = self.rng.choice(self.finished)
+            await self.send(ws, {"type": "seek", "take": take, "frame": self.rng.randint(0, max(0, n)),
+                                 "seed": self.rng.randrange(1000)}, "seek_retake", expects_take=True)
+        elif r < 0.78:
+            take, n = self.rng.choice(self.finished)
+            await self.send(ws, {"type": "seek", "take": take, "frame": self.rng.randint(0, max(0, n)),
+                                 "mode": "replay"}, "seek_replay", expects_take=True)
+        elif r < 0.90:
+            await self.send(ws, {"type": "ping", "t": time.time()}, "ping")
+        else:
+            self.stats.requests["ws_bad_message"] += 1
+            await ws.send(self.rng.choice(GARBAGE))
+
+    async def send(self, ws: websockets.ClientConnection, msg: dict[str, Any], kind: str, *, expects_take: bool = False) -> None:
+        self.stats.requests[f"ws_{kind}"] += 1
+        if expects_take:
+            self.seq += 1
+            self.pending[self.seq] = time.monotonic()
+        await ws.send(json.dumps(msg))
+
+    def resolve_one(self) -> None:
+        if self.pending:
+            del self.pending[min(self.pending)]
+
+    async def read(self, ws: websockets.ClientConnection) -> None:
+        async for data in ws:
+            tag, obj = frame_of(data)
+            if tag != 0:
+                continue
+            kind = obj["type"]
+            if kind == "end":
+                self.stats.end_reasons[obj["reason"]] += 1
+                self.resolve_one()
+                if obj["reason"] in ("done", "max_frames", "cancelled", "replaced") and obj.get("n_frames"):
+                    self.finished = (self.finished + [(obj["take"], int(obj["n_frames"]))])[-16:]
+            elif kind == "error":
+                self.stats.errors[obj["code"]] += 1
+                if obj["code"] == "internal":
+                    self.stats.fail(f"internal error: {obj}")
+                if obj.get("take") or obj.get("field") in ("take", "frame") or obj["code"] in ("busy", "rate_limited"):
+                    self.resolve_one()  # the request that expected a take was refused
+
+    def check_stuck(self, *, final: bool) -> None:
+        now = time.monotonic()
+        for seq, sent in list(self.pending.items()):
+            if now - sent > self.take_timeout:
+                self.stats.stuck += 1
+                self.stats.fail(f"take request {seq} got no end within {self.take_timeout} s")
+                del self.pending[seq]
+
+
+# --------------------------------------------------------------------------- HTTP clients
+
+
+async def http_streamer(http: aiohttp.ClientSession, url: str, stats: Stats, rng: random.Random, until: float,
+                        take_timeout: float) -> None:
+    while time.monotonic() < until:
+        body = {"text": rng.choice(TEXTS), "max_new_tokens": rng.randint(8, 60), "chunk_frames": rng.choice([1, 4, 8])}
+        stats.requests["http_stream"] += 1
+        hang_up = rng.random() < 0.2
+        try:
+            async with asyncio.timeout(take_timeout):
+                async with http.post(url + "/api/stream", json=body) as r:
+                    stats.http_status[str(r.status)] += 1
+                    if r.status >= 500 and r.status != 503:
+                        stats.fail(f"/api/stream answered {r.status}")
+                    if r.status != 200:
+                        continue
+                    buf = b""
+                    last: dict[str, Any] | None = None
+                    async for chunk in r.content.iter_chunked(65536):
+                        buf += chunk
+                        while len(buf) >= 5 and len(buf) >= 5 + int.from_bytes(buf[1:5], "big"):
+                            n = 5 + int.from_bytes(buf[1:5], "big")
+                            tag, obj = frame_of(buf[:n])
+                            buf = buf[n:]
+                            if tag == 0:
+                                last = obj
+                        if hang_up:
+                            stats.requests["http_hang_up"] += 1
+                            break
+                    if not hang_up:
+                        if last is None or last["type"] != "end":
+                            stats.fail(f"HTTP stream ended without an end frame: {last}")
+                        else:
+                            stats.end_reasons["http_" + last["reason"]] += 1
+        except TimeoutError:
+            stats.stuck += 1
+            stats.fail(f"HTTP stream took longer than {take_timeout} s")
+        except aiohttp.ClientError as exc:
+            stats.errors[f"http:{type(exc).__name__}"] += 1
+        await asyncio.sleep(rng.uniform(0.05, 0.5))
+
+
+def wav_bytes(seconds: float, sr: int, seed: int) -> bytes:
+    data = 0.1 * np.random.default_rng(seed).standard_normal(int(seconds * sr)).astype(np.float32)
+    buf = io.BytesIO()
+    sf.write(buf, data, sr, format="WAV")
+    return buf.getvalue()
+
+
+async def uploader(http: aiohttp.ClientSession, url: str, stats: Stats, rng: random.Random, until: float) -> None:
+    i = 0
+    while time.monotonic() < until:
+        i += 1
+        r = rng.random()
+        if r < 0.6:
+            data, ext = wav_bytes(rng.uniform(0.6, 3.0), rng.choice([16000, 24000, 48000]), i), "wav"
+        elif r < 0.8:
+            data, ext = os.urandom(rng.randint(0, 5000)), "wav"
+        else:
+            good = wav_bytes(1.0, 16000, i)
+            data, ext = good[: len(good) // 2], "wav"
+        stats.requests["http_upload"] += 1
+        try:
+            async with http.post(url + "/api/upload_ref", params={"ext": ext}, data=data) as resp:
+                stats.http_status[str(resp.status)] += 1
+                if resp.status >= 500:
+                    stats.fail(f"/api/upload_ref answered {resp.status}")
+                elif resp.status == 200:
+                    ref = (await resp.json())["ref_id"]
+                    stats.requests["http_stream_with_voice"] += 1
+                    async with http.post(url + "/api/stream", json={"text": "voice", "reference": ref,
+                                                                    "max_new_tokens": 10}) as s:
+                        stats.http_status[str(s.status)] += 1
+                        await s.read()
+                        if s.status >= 500 and s.status != 503:
+                            stats.fail(f"/api/stream with an uploaded voice answered {s.status}")
+        except aiohttp.ClientError as exc:
+            stats.errors[f"http:{type(exc).__name__}"] += 1
+        await asyncio.sleep(rng.uniform(0.2, 1.0))
+
+
+# --------------------------------------------------------------------------- main
+
+
+async def soak(args: argparse.Namespace) -> dict[str, Any]:
+    engine, engine_args = choose_engine(args.engine)
+    workdir = Path(tempfile.mkdtemp(prefix="moss-rt-soak-"))
+    port = args.port or free_port()
+    url, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/api/ws"
+    proc = start_server(engine_args, workdir / "data", port, workdir / "server.log")
+    stats = Stats()
+    rng = random.Random(args.seed)
+    report: dict[str, Any] = {"engine": engine, "duration_sec": args.duration, "ws_clients": args.ws_clients,
+                              "http_clients": args.http_clients, "server_log": str(workdir / "server.log")}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as http:
+            await wait_ready(http, url, proc, args.ready_timeout)
+            # Warm-up before the RSS baseline: first takes allocate caches that are not leaks.
+            for _ in range(3):
+                async with http.post(url + "/api/stream", json={"text": "warm up", "max_new_tokens": 20}) as r:
+                    await r.read()
+            rss_start = rss_mb(proc.pid)
+            log.info("engine %s, RSS after warm-up %.1f MB; soaking for %.0f s", engine, rss_start, args.duration)
+            t0 = time.monotonic()
+            until = t0 + args.duration
+            clients = [WsClient(ws_url, stats, random.Random(rng.random()), args.take_timeout) for _ in range(args.ws_clients)]
+            tasks = [asyncio.create_task(c.run(until), name=f"soak-ws-{i}") for i, c in enumerate(clients)]
+            tasks += [asyncio.create_task(http_streamer(http, url, stats, random.Random(rng.random()), until, args.take_timeout),
+                                          name=f"soak-http-{i}") for i in range(args.http_clients)]
+            tasks.append(asyncio.create_task(uploader(http, url, stats, random.Random(rng.random()), until), name="soak-upload"))
+            rss_peak = rss_start
+            while not all(t.done() for t in tasks):
+                await asyncio.sleep(1.0)
+                if proc.poll() is not None:
+                    stats.fail(f"server died with {proc.returncode}")
+                    break
+                rss_peak = max(rss_peak, rss_mb(proc.pid))
+            for t in tasks:
+                t.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for res in results:
+                if isinstance(res, Exception):
+                    stats.fail(f"client crashed: {res!r}")
+            for c in clients:
+                c.check_stuck(final=True)
+            # Every slot must be free once the clients are gone (moss engine exposes the gauge).
+            busy_slots = None
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                busy_slots = await metric(http, url, "moss_rt_active_slots")
+                if not busy_slots:
+                    break
+                await asyncio.sleep(0.2)
+            if busy_slots:
+                stats.fail(f"{busy_slots:.0f} engine slots still busy after every client left")
+            async with http.get(url + "/readyz") as r:
+                if r.status != 200:
+                    stats.fail(f"/readyz answered {r.status} after the soak")
+            await asyncio.sleep(1.0)
+            rss_end = rss_mb(proc.pid)
+            growth = rss_end - rss_start
+            if growth > args.rss_growth_mb:
+                stats.fail(f"RSS grew by {growth:.1f} MB (bound {args.rss_growth_mb} MB)")
+            report.update(
+                elapsed_sec=round(time.monotonic() - t0, 1),
+                rss_start_mb=round(rss_start, 1), rss_end_mb=round(rss_end, 1), rss_peak_mb=round(rss_peak, 1),
+                rss_growth_mb=round(growth, 1), rss_bound_mb=args.rss_growth_mb,
+                slots_busy_after=busy_slots,
+            )
+        # Graceful exit is part of the soak: SIGTERM must end the process quickly.
+        t_term = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            report["exit_code"] = proc.wait(30)
+            report["exit_sec"] = round(time.monotonic() - t_term, 2)
+        except subprocess.TimeoutExpired:
+            stats.fail("server did not exit within 30 s of SIGTERM")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    report.update(
+        requests=dict(sorted(stats.requests.items())),
+        total_requests=sum(stats.requests.values()),
+        errors_by_kind=dict(sorted(stats.errors.items())),
+        http_status=dict(sorted(stats.http_status.items())),
+        end_reasons=dict(sorted(stats.end_reasons.items())),
+        stuck_takes=stats.stuck,
+        failures=stats.failures,
+        passed=not stats.failures,
+    )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=float(os.environ.get("SOAK_DURATION", 120)))
+    p.add_argument("--ws-clients", type=int, default=8)
+    p.add_argument("--http-clients", type=int, default=3)
+    p.add_argument("--engine", choices=("auto", "moss", "scripted"), default="auto")
+    p.add_argument("--take-timeout", type=float, default=60.0, help="a take request without an end after this is stuck")
+    p.add_argument("--rss-growth-mb", type=float, default=150.0)
+    p.add_argument("--ready-timeout", type=float, default=180.0)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--report", type=Path, default=REPO / "artifacts" / "soak-report.json")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    report = asyncio.run(soak(args))
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    print(f"soak {'PASSED' if report['passed'] else 'FAILED'} (report: {args.report})")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
