@@ -211,11 +211,11 @@ class ModelRunner:
         st.frame_index[slot] = int(frame_index)
         st.audio_temperature[slot] = float(params.audio_temperature)
         st.audio_top_k[slot] = int(params.audio_top_k)
-        st.audio_top_p[slot] = float(params.audio_top_p)
+        st.audio_top_p[slot] = _float32_top_p(params.audio_top_p)
         st.audio_penalty[slot] = float(params.audio_repetition_penalty)
         st.text_temperature[slot] = float(params.text_temperature)
         st.text_top_k[slot] = int(params.text_top_k)
-        st.text_top_p[slot] = float(params.text_top_p)
+        st.text_top_p[slot] = _float32_top_p(params.text_top_p)
         presence = torch.zeros((self.config.n_vq, self.config.audio_vocab_size), dtype=torch.bool)
         if history is not None and len(history):
             hist = torch.as_tensor(np.asarray(history), dtype=torch.int64)
@@ -335,6 +335,13 @@ class ModelRunner:
         for b in batches:
             for k in keys:
                 self._graph(b, k)
+
+
+def _float32_top_p(p: float) -> float:
+    """top_p is stored in float32; a tiny positive p must not underflow to 0 (= off): any p below
+    1e-6 keeps just the top token, exactly like 1e-6 does."""
+    p = float(p)
+    return 1e-6 if 0.0 < p < 1e-6 else p
 
 
 def _bucket(value: int, buckets: list[int]) -> int:

@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from moss_rt.model.sampling import (
     apply_repetition_penalty,
@@ -145,3 +147,57 @@ def test_split_seed_rejects_out_of_range():
         split_seed(-1)
     with pytest.raises(ValueError):
         split_seed(2**63)
+
+
+def _reference_keep(scores: list[float], k: int, p: float) -> list[bool]:
+    """The upstream rules written out per row with plain Python (distinct scores, so no tie ambiguity)."""
+    vocab = len(scores)
+    keep = [True] * vocab
+    if 0 < k < vocab:
+        kth = sorted(scores, reverse=True)[k - 1]
+        keep = [s >= kth for s in scores]
+    if 0 < p < 1:
+        order = sorted((i for i in range(vocab) if keep[i]), key=lambda i: -scores[i])
+        top = max(scores[i] for i in order)
+        weights = [math.exp(scores[i] - top) for i in order]
+        total, mass = sum(weights), 0.0
+        survivors = set()
+        for i, w in zip(order, weights, strict=True):
+            if mass > p:
+                break
+            survivors.add(i)
+            mass += w / total
+        keep = [i in survivors for i in range(vocab)]
+    return keep
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    scores=st.lists(st.floats(-8, 8, allow_nan=False), min_size=2, max_size=24, unique=True),
+    k=st.integers(-1, 30),
+    p=st.one_of(st.just(0.0), st.floats(1e-6, 1.2)),  # per-row p is float32 (see set_sampling)
+)
+def test_filter_matches_a_plain_reading_of_the_rules(scores, k, p):
+    ordered = sorted(scores)
+    assume(min(b - a for a, b in zip(ordered, ordered[1:], strict=False)) > 1e-4)  # no float32 ties
+    got = _filter(scores, k, p)
+    expected = _reference_keep(scores, k, p)
+    # float32 cumulative sums may differ from Python's float64 right at the threshold
+    if 0 < p < 1:
+        assume(all(abs(c - p) > 1e-5 for c in _cumulative(scores, k)))
+    assert [v != NEG for v in got] == expected, (scores, k, p)
+
+
+def _cumulative(scores: list[float], k: int) -> list[float]:
+    vocab = len(scores)
+    kept = sorted(scores, reverse=True)
+    if 0 < k < vocab:
+        kept = kept[:k]
+    top = kept[0]
+    weights = [math.exp(s - top) for s in kept]
+    total = sum(weights)
+    out, acc = [], 0.0
+    for w in weights:
+        acc += w / total
+        out.append(acc)
+    return out
