@@ -60,6 +60,7 @@ class ModelRunner:
         device: torch.device | str,
         dtype: torch.dtype,
         use_cuda_graphs: bool | None = None,
+        cpu_batch_invariant: bool = True,
     ) -> None:
         if max_slots < 1 or max_seq_len < 2:
             raise ValueError("max_slots must be >= 1 and max_seq_len >= 2")
@@ -74,8 +75,10 @@ class ModelRunner:
         self.tables = Tables.build(model, self.state.positions, self.device, dtype)
         cuda = self.device.type == "cuda"
         self.use_cuda_graphs = cuda if use_cuda_graphs is None else bool(use_cuda_graphs and cuda)
-        # On CPU each slot steps alone so that batching never changes a take's numbers.
-        self.per_slot_eager = not cuda
+        # On CPU each slot steps alone so that batching never changes a take's numbers (CPU GEMMs are not
+        # row-invariant across batch sizes); cpu_batch_invariant=False batches them instead (faster with
+        # many slots, same code as the CUDA graphs, codes then equal only up to float rounding).
+        self.per_slot_eager = not cuda and cpu_batch_invariant
         self._lengths = np.zeros(self.max_slots, dtype=np.int64)
         self._frames = np.zeros(self.max_slots, dtype=np.int64)
         self._allocated = np.zeros(self.max_slots, dtype=bool)
