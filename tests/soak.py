@@ -45,8 +45,14 @@ log = logging.getLogger("soak")
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog.", "Again, with feeling!", "No.", "Wait... what?"]
 GARBAGE: list[str | bytes] = [
-    "{not json", "[]", '{"type": "dance"}', '{"type": "start", "text": ""}', 
-    b"\xc1\xc1", b"\x00" * 64, '{"type": "start", "text": "x", "chunk_frames": 0}', "x" * 70000,
+    "{not json",
+    "[]",
+    '{"type": "dance"}',
+    '{"type": "start", "text": ""}',
+    b"\xc1\xc1",
+    b"\x00" * 64,
+    '{"type": "start", "text": "x", "chunk_frames": 0}',
+    "x" * 70000,
 ]
 
 
@@ -96,15 +102,28 @@ def choose_engine(requested: str) -> tuple[str, list[str]]:
 
 
 def start_server(engine_args: list[str], data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "moss_rt", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--data-dir", str(data_dir), "--voices-dir", str(data_dir / "builtin"), *engine_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "moss_rt",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--voices-dir",
+        str(data_dir / "builtin"),
+        *engine_args,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOSS_RT_")}
     with open(log_path, "wb") as out:
         return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
-async def wait_ready(http: aiohttp.ClientSession, url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_ready(http: aiohttp.ClientSession, url: str, proc: subprocess.Popen[bytes], within: float) -> None:
+    deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
@@ -180,7 +199,7 @@ class WsClient:
                 self.check_stuck(final=False)
             # Let what is running finish, then leave cleanly.
             deadline = time.monotonic() + self.take_timeout
-            while self.pending and time.monotonic() < deadline and not reader.done():
+            while self.pending and time.monotonic() < deadline and not reader.done():  # noqa: ASYNC110 - polls two sources
                 await asyncio.sleep(0.05)
         finally:
             reader.cancel()
@@ -190,26 +209,51 @@ class WsClient:
     async def act(self, ws: websockets.ClientConnection) -> None:
         r = self.rng.random()
         if r < 0.35 or not self.finished:
-            await self.send(ws, {"type": "start", "text": self.rng.choice(TEXTS), "seed": self.rng.randrange(1000),
-                                 "max_new_tokens": self.rng.randint(8, 60), "chunk_frames": self.rng.choice([1, 2, 4, 8]),
-                                 "channels": self.rng.choice([1, 2])}, "start", expects_take=True)
+            await self.send(
+                ws,
+                {
+                    "type": "start",
+                    "text": self.rng.choice(TEXTS),
+                    "seed": self.rng.randrange(1000),
+                    "max_new_tokens": self.rng.randint(8, 60),
+                    "chunk_frames": self.rng.choice([1, 2, 4, 8]),
+                    "channels": self.rng.choice([1, 2]),
+                },
+                "start",
+                expects_take=True,
+            )
         elif r < 0.50:
             await self.send(ws, {"type": "cancel"}, "cancel")
         elif r < 0.65:
             take, n = self.rng.choice(self.finished)
-            await self.send(ws, {"type": "seek", "take": take, "frame": self.rng.randint(0, max(0, n)),
-                                 "seed": self.rng.randrange(1000)}, "seek_retake", expects_take=True)
+            await self.send(
+                ws,
+                {
+                    "type": "seek",
+                    "take": take,
+                    "frame": self.rng.randint(0, max(0, n)),
+                    "seed": self.rng.randrange(1000),
+                },
+                "seek_retake",
+                expects_take=True,
+            )
         elif r < 0.78:
             take, n = self.rng.choice(self.finished)
-            await self.send(ws, {"type": "seek", "take": take, "frame": self.rng.randint(0, max(0, n)),
-                                 "mode": "replay"}, "seek_replay", expects_take=True)
+            await self.send(
+                ws,
+                {"type": "seek", "take": take, "frame": self.rng.randint(0, max(0, n)), "mode": "replay"},
+                "seek_replay",
+                expects_take=True,
+            )
         elif r < 0.90:
             await self.send(ws, {"type": "ping", "t": time.time()}, "ping")
         else:
             self.stats.requests["ws_bad_message"] += 1
             await ws.send(self.rng.choice(GARBAGE))
 
-    async def send(self, ws: websockets.ClientConnection, msg: dict[str, Any], kind: str, *, expects_take: bool = False) -> None:
+    async def send(
+        self, ws: websockets.ClientConnection, msg: dict[str, Any], kind: str, *, expects_take: bool = False
+    ) -> None:
         self.stats.requests[f"ws_{kind}"] += 1
         if expects_take:
             self.seq += 1
@@ -250,8 +294,9 @@ class WsClient:
 # --------------------------------------------------------------------------- HTTP clients
 
 
-async def http_streamer(http: aiohttp.ClientSession, url: str, stats: Stats, rng: random.Random, until: float,
-                        take_timeout: float) -> None:
+async def http_streamer(
+    http: aiohttp.ClientSession, url: str, stats: Stats, rng: random.Random, until: float, take_timeout: float
+) -> None:
     while time.monotonic() < until:
         body = {"text": rng.choice(TEXTS), "max_new_tokens": rng.randint(8, 60), "chunk_frames": rng.choice([1, 4, 8])}
         stats.requests["http_stream"] += 1
@@ -318,8 +363,9 @@ async def uploader(http: aiohttp.ClientSession, url: str, stats: Stats, rng: ran
                 elif resp.status == 200:
                     ref = (await resp.json())["ref_id"]
                     stats.requests["http_stream_with_voice"] += 1
-                    async with http.post(url + "/api/stream", json={"text": "voice", "reference": ref,
-                                                                    "max_new_tokens": 10}) as s:
+                    async with http.post(
+                        url + "/api/stream", json={"text": "voice", "reference": ref, "max_new_tokens": 10}
+                    ) as s:
                         stats.http_status[str(s.status)] += 1
                         await s.read()
                         if s.status >= 500 and s.status != 503:
@@ -340,8 +386,13 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     proc = start_server(engine_args, workdir / "data", port, workdir / "server.log")
     stats = Stats()
     rng = random.Random(args.seed)
-    report: dict[str, Any] = {"engine": engine, "duration_sec": args.duration, "ws_clients": args.ws_clients,
-                              "http_clients": args.http_clients, "server_log": str(workdir / "server.log")}
+    report: dict[str, Any] = {
+        "engine": engine,
+        "duration_sec": args.duration,
+        "ws_clients": args.ws_clients,
+        "http_clients": args.http_clients,
+        "server_log": str(workdir / "server.log"),
+    }
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as http:
             await wait_ready(http, url, proc, args.ready_timeout)
@@ -353,18 +404,32 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             log.info("engine %s, RSS after warm-up %.1f MB; soaking for %.0f s", engine, rss_start, args.duration)
             t0 = time.monotonic()
             until = t0 + args.duration
-            clients = [WsClient(ws_url, stats, random.Random(rng.random()), args.take_timeout) for _ in range(args.ws_clients)]
+            clients = [
+                WsClient(ws_url, stats, random.Random(rng.random()), args.take_timeout) for _ in range(args.ws_clients)
+            ]
             tasks = [asyncio.create_task(c.run(until), name=f"soak-ws-{i}") for i, c in enumerate(clients)]
-            tasks += [asyncio.create_task(http_streamer(http, url, stats, random.Random(rng.random()), until, args.take_timeout),
-                                          name=f"soak-http-{i}") for i in range(args.http_clients)]
-            tasks.append(asyncio.create_task(uploader(http, url, stats, random.Random(rng.random()), until), name="soak-upload"))
+            tasks += [
+                asyncio.create_task(
+                    http_streamer(http, url, stats, random.Random(rng.random()), until, args.take_timeout),
+                    name=f"soak-http-{i}",
+                )
+                for i in range(args.http_clients)
+            ]
+            tasks.append(
+                asyncio.create_task(uploader(http, url, stats, random.Random(rng.random()), until), name="soak-upload")
+            )
             rss_peak = rss_start
+            rss_timeline: list[tuple[int, float]] = [(0, round(rss_start, 1))]  # (s, MB) every 15 s: leak or plateau?
             while not all(t.done() for t in tasks):
                 await asyncio.sleep(1.0)
                 if proc.poll() is not None:
                     stats.fail(f"server died with {proc.returncode}")
                     break
-                rss_peak = max(rss_peak, rss_mb(proc.pid))
+                rss_now = rss_mb(proc.pid)
+                rss_peak = max(rss_peak, rss_now)
+                elapsed = int(time.monotonic() - t0)
+                if elapsed >= rss_timeline[-1][0] + 15:
+                    rss_timeline.append((elapsed, round(rss_now, 1)))
             for t in tasks:
                 t.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -393,9 +458,13 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 stats.fail(f"RSS grew by {growth:.1f} MB (bound {args.rss_growth_mb} MB)")
             report.update(
                 elapsed_sec=round(time.monotonic() - t0, 1),
-                rss_start_mb=round(rss_start, 1), rss_end_mb=round(rss_end, 1), rss_peak_mb=round(rss_peak, 1),
-                rss_growth_mb=round(growth, 1), rss_bound_mb=args.rss_growth_mb,
+                rss_start_mb=round(rss_start, 1),
+                rss_end_mb=round(rss_end, 1),
+                rss_peak_mb=round(rss_peak, 1),
+                rss_growth_mb=round(growth, 1),
+                rss_bound_mb=args.rss_growth_mb,
                 slots_busy_after=busy_slots,
+                rss_timeline=rss_timeline,
             )
         # Graceful exit is part of the soak: SIGTERM must end the process quickly.
         t_term = time.monotonic()

@@ -319,7 +319,9 @@ class Connection:
             self.session.record_end(take, EndReason.ERROR.value, {})
             err = ProtocolError(ErrorCode.BUSY, f"the service is at capacity; retry in {busy.retry_after_sec:.0f} s")
             await self._safe(self.send_error(err, take=take.take_id))
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:
+            log.debug("client %s left during take %s", self.client, take.take_id)  # nobody to tell
+        except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("take %s failed", take.take_id)

@@ -51,9 +51,21 @@ class ServerProcess:
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
         cmd = [
-            sys.executable, "-m", "moss_rt", "serve", "--engine", "scripted", "--host", "127.0.0.1",
-            "--port", str(self.port), "--data-dir", str(self.data_dir),
-            "--voices-dir", str(self.data_dir.parent / "builtin-voices"), *self.extra,
+            sys.executable,
+            "-m",
+            "moss_rt",
+            "serve",
+            "--engine",
+            "scripted",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--voices-dir",
+            str(self.data_dir.parent / "builtin-voices"),
+            *self.extra,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env = {k: v for k, v in env.items() if not k.startswith("MOSS_RT_")}

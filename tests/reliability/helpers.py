@@ -32,7 +32,7 @@ def decode(data: str | bytes) -> tuple[int, Any]:
     return tag, (json.loads(payload) if tag == 0 else payload)
 
 
-async def next_json(ws: websockets.ClientConnection, kind: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
+async def next_json(ws: websockets.ClientConnection, kind: str | None = None, within: float = 10.0) -> dict[str, Any]:
     """The next tag-0 message (of ``kind`` if given), skipping audio and other messages."""
 
     async def _wait() -> dict[str, Any]:
@@ -41,7 +41,7 @@ async def next_json(ws: websockets.ClientConnection, kind: str | None = None, ti
             if tag == 0 and (kind is None or obj["type"] == kind):
                 return obj
 
-    return await asyncio.wait_for(_wait(), timeout)
+    return await asyncio.wait_for(_wait(), within)
 
 
 async def hello(ws: websockets.ClientConnection) -> dict[str, Any]:
@@ -57,12 +57,12 @@ def parse_frames(body: bytes) -> list[tuple[int, Any]]:
     return frames
 
 
-async def wait_until(pred: Any, timeout: float, interval: float = 0.005) -> float:
+async def wait_until(pred: Any, within: float, interval: float = 0.005) -> float:
     """Seconds until ``pred()`` held; raises AssertionError on timeout."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     while not pred():
-        if loop.time() - t0 > timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
+        if loop.time() - t0 > within:
+            raise AssertionError(f"condition not met within {within} s")
         await asyncio.sleep(interval)
     return loop.time() - t0

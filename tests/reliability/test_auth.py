@@ -159,8 +159,11 @@ def test_cors_only_for_configured_origins(fast_server) -> None:
     assert "Access-Control-Allow-Origin" not in r.headers
     pre = requests.options(
         f"{srv.url}/api/stream",
-        headers={"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"},
+        headers={
+            "Origin": "https://app.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
     )
     assert pre.status_code == 204
     assert "POST" in pre.headers["Access-Control-Allow-Methods"]

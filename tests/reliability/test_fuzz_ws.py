@@ -23,9 +23,29 @@ from moss_rt.protocol import ErrorCode, Limits
 from tests.reliability.helpers import decode
 
 FIELDS = [
-    "type", "text", "instruction", "language", "reference", "seed", "audio_temperature", "audio_top_p",
-    "audio_top_k", "audio_repetition_penalty", "text_temperature", "text_top_p", "text_top_k",
-    "max_new_tokens", "chunk_frames", "model", "tokens", "take", "channels", "frame", "time_sec", "mode", "t",
+    "type",
+    "text",
+    "instruction",
+    "language",
+    "reference",
+    "seed",
+    "audio_temperature",
+    "audio_top_p",
+    "audio_top_k",
+    "audio_repetition_penalty",
+    "text_temperature",
+    "text_top_p",
+    "text_top_k",
+    "max_new_tokens",
+    "chunk_frames",
+    "model",
+    "tokens",
+    "take",
+    "channels",
+    "frame",
+    "time_sec",
+    "mode",
+    "t",
 ]
 TYPES = ["start", "seek", "cancel", "ping", "hello", "end", "", "START", "\x00"]
 CODES = {c.value for c in ErrorCode}
@@ -38,7 +58,11 @@ scalars = (
     | st.text(max_size=40)
     | st.sampled_from(["none", "t_x", "ref_" + "0" * 24, "../../etc/passwd", "replay", "retake"])
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 near_valid = st.fixed_dictionaries(
     {"type": st.sampled_from(TYPES) | st.text(max_size=10)},
     optional={name: values for name in FIELDS[1:]},

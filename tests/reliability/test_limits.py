@@ -101,7 +101,9 @@ def test_upload_refused_from_content_length_before_reading(fast_server) -> None:
     assert status == 413
     # A chunked upload is cut off while streaming.
     big = sine_wav(seconds=5.0, sr=24000)
-    r = requests.post(f"{srv.url}/api/upload_ref?ext=wav", data=iter([big[i : i + 8192] for i in range(0, len(big), 8192)]))
+    r = requests.post(
+        f"{srv.url}/api/upload_ref?ext=wav", data=iter([big[i : i + 8192] for i in range(0, len(big), 8192)])
+    )
     assert r.status_code == 413 and error_of(r)["code"] == "too_large"
     # Under the limit, with Expect: 100-continue, the upload goes through.
     ok = sine_wav(seconds=1.0, sr=16000)
@@ -252,9 +254,9 @@ def test_engine_queue_full_is_503_busy_on_ws(fast_server) -> None:
                 await ws.send(json.dumps({"type": "start", "text": "busy " * 40}))
             codes = []
             for ws in sockets:
-                msg = await next_json(ws, timeout=5)
+                msg = await next_json(ws, within=5)
                 while msg["type"] not in ("start", "error"):
-                    msg = await next_json(ws, timeout=5)
+                    msg = await next_json(ws, within=5)
                 codes.append(msg.get("code", "started"))
             assert "busy" in codes, codes
         finally:

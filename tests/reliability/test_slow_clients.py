@@ -18,6 +18,12 @@ def port_of(url: str) -> int:
     return int(url.rsplit(":", 1)[1].split("/")[0])
 
 
+def post_stream_head(body: str) -> str:
+    """A complete raw ``POST /api/stream`` request with a JSON body."""
+    headers = f"Host: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return f"POST /api/stream HTTP/1.1\r\n{headers}\r\n{body}"
+
+
 def drained_until_closed(sock: socket.socket, timeout: float = 5.0) -> bool:
     """Read what the server had sent; True once the server closed (EOF or reset)."""
     sock.settimeout(timeout)
@@ -61,7 +67,7 @@ def test_http_stream_reader_that_stops_is_dropped_and_slot_freed(fast_server) ->
     body = json.dumps({"text": "stall " * 400, "chunk_frames": 4})
     sock = raw_http(
         port_of(srv.url),
-        f"POST /api/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}",
+        post_stream_head(body),
         rcvbuf=4096,
     )
 
@@ -98,7 +104,7 @@ def test_http_disconnect_mid_take_frees_the_slot_within_one_frame(fast_server) -
     body = json.dumps({"text": "bye " * 100, "chunk_frames": 1})
     sock = raw_http(
         port_of(srv.url),
-        f"POST /api/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}",
+        post_stream_head(body),
     )
     status, _ = read_head(sock)
     assert status == 200
@@ -131,7 +137,7 @@ def test_idle_websocket_is_closed_but_not_while_a_take_plays(fast_server) -> Non
         async with websockets.connect(srv.ws_url) as ws:
             await hello(ws)
             await ws.send(json.dumps({"type": "start", "text": "listen", "tokens": 60}))
-            end = await next_json(ws, "end", timeout=5)
+            end = await next_json(ws, "end", within=5)
             assert end["reason"] == "done" and end["n_frames"] == 60
 
     run(scenario())

@@ -21,7 +21,11 @@ from tests.reliability.helpers import error_of
 
 def encode(seconds: float, sr: int = 16000, channels: int = 1, fmt: str = "WAV", silent: bool = False) -> bytes:
     n = int(seconds * sr)
-    data = np.zeros((n, channels), np.float32) if silent else 0.2 * np.random.default_rng(0).standard_normal((n, channels)).astype(np.float32)
+    data = (
+        np.zeros((n, channels), np.float32)
+        if silent
+        else 0.2 * np.random.default_rng(0).standard_normal((n, channels)).astype(np.float32)
+    )
     buf = io.BytesIO()
     sf.write(buf, data, sr, format=fmt)
     return buf.getvalue()
@@ -124,7 +128,15 @@ def test_voice_store_capacity(fast_server) -> None:
 
 @pytest.mark.parametrize(
     "reference",
-    ["../../etc/passwd", "ref_../../../etc/passwd", "/etc/passwd", "ref_" + "0" * 24, "..", "voices/../x", "ref_%2e%2e"],
+    [
+        "../../etc/passwd",
+        "ref_../../../etc/passwd",
+        "/etc/passwd",
+        "ref_" + "0" * 24,
+        "..",
+        "voices/../x",
+        "ref_%2e%2e",
+    ],
 )
 def test_references_cannot_address_files(fast_server, tmp_path: Path, reference: str) -> None:
     srv = fast_server()
