@@ -21,7 +21,7 @@ from moss_rt.protocol.frames import decode_json_object
 from moss_rt.session import DirectingSession
 from moss_rt.web.errors import busy_response, error_response, protocol_error_response
 from moss_rt.web.openapi import openapi_document
-from moss_rt.web.security import issue_token
+from moss_rt.web.security import is_authorized, issue_token, unauthorized
 from moss_rt.web.state import STATE
 from moss_rt.web.takes import build_spec, resolve_model, stream_take
 
@@ -57,7 +57,13 @@ def _body_limit_for(request: web.Request) -> int:
 
 
 async def expect_within_limit(request: web.Request) -> web.StreamResponse | None:
-    """``Expect: 100-continue``: refuse an oversize body before the client sends any of it."""
+    """``Expect: 100-continue``: refuse an oversize or unauthenticated body before it is sent.
+
+    aiohttp runs this before the middlewares, so the auth check is repeated here.
+    """
+    settings = request.app[STATE].settings
+    if settings.api_key and not is_authorized(settings, request):
+        return unauthorized()
     limit = _body_limit_for(request)
     if request.content_length is not None and request.content_length > limit:
         return error_response(ErrorCode.TOO_LARGE, f"body of {request.content_length} bytes exceeds {limit}")

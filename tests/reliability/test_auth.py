@@ -58,6 +58,21 @@ def test_key_required_on_api_and_ws_but_not_on_probes_and_page(fast_server) -> N
     run(scenario())
 
 
+def test_expect_continue_upload_refused_before_the_body_without_credentials(fast_server) -> None:
+    from tests.reliability.conftest import raw_http, read_head
+
+    srv = fast_server(api_key=KEY)
+    head = "POST /api/upload_ref?ext=wav HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n"
+    sock = raw_http(int(srv.url.rsplit(":", 1)[1]), head + "\r\n")
+    status, _ = read_head(sock)
+    sock.close()
+    assert status == 401  # not "100 Continue": the body is never sent
+    sock = raw_http(int(srv.url.rsplit(":", 1)[1]), head + f"Authorization: Bearer {KEY}\r\n\r\n")
+    status, _ = read_head(sock)
+    sock.close()
+    assert status == 100
+
+
 def test_browser_token_exchange_and_use(fast_server) -> None:
     srv = fast_server(api_key=KEY, token_ttl_sec=60.0)
     r = requests.post(f"{srv.url}/api/token", headers=bearer(KEY))
