@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 
@@ -21,7 +22,7 @@ from moss_rt.protocol.frames import decode_json_object
 from moss_rt.session import DirectingSession
 from moss_rt.web.errors import busy_response, error_response, protocol_error_response
 from moss_rt.web.openapi import openapi_document
-from moss_rt.web.security import is_authorized, issue_token, unauthorized
+from moss_rt.web.security import bearer, is_authorized, issue_token, unauthorized
 from moss_rt.web.state import STATE
 from moss_rt.web.takes import build_spec, resolve_model, stream_take
 
@@ -211,7 +212,10 @@ async def issue_browser_token(request: web.Request) -> web.Response:
     settings = request.app[STATE].settings
     if not settings.api_key:
         return web.json_response({"auth_required": False, "token": None, "expires_at": None, "expires_in": None})
-    # The auth middleware has already checked the Bearer credential (key or unexpired token).
+    # Only the key itself buys a token: a token that leaked (URLs end up in logs) must not be able
+    # to renew itself forever.
+    if not hmac.compare_digest((bearer(request) or "").encode(), settings.api_key.encode()):
+        return error_response(ErrorCode.UNAUTHORIZED, "a token is issued for the API key only (Bearer <api key>)")
     token, expiry = issue_token(settings.api_key, settings.token_ttl_sec)
     return web.json_response(
         {"auth_required": True, "token": token, "expires_at": expiry, "expires_in": int(settings.token_ttl_sec)},

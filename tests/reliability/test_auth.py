@@ -86,8 +86,9 @@ def test_browser_token_exchange_and_use(fast_server) -> None:
     assert requests.get(f"{srv.url}/api/takes/t_missing.wav", params={"token": token}).status_code == 404
     # A query token is not accepted for POSTs (no URL-carried credentials for state changes).
     assert requests.post(f"{srv.url}/api/stream", params={"token": token}, json={"text": "x"}).status_code == 401
-    # A token can be refreshed with itself.
-    assert requests.post(f"{srv.url}/api/token", headers=bearer(token)).status_code == 200
+    # Only the key buys tokens: a leaked token cannot renew itself.
+    r = requests.post(f"{srv.url}/api/token", headers=bearer(token))
+    assert r.status_code == 401 and error_of(r)["code"] == "unauthorized"
 
     async def scenario() -> None:
         async with websockets.connect(f"{srv.ws_url}?token={token}") as ws:
