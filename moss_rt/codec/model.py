@@ -90,12 +90,14 @@ class CodecModel(nn.Module):
         return self.deinterleave(x)
 
     def deinterleave(self, x: torch.Tensor) -> torch.Tensor:
-        """Decoder output ``[B, S * ch, 1]`` (interleaved) → ``[B, ch, S]`` float32."""
+        """Decoder output ``[B, S * ch, 1]`` (interleaved) → ``[B, ch, S]`` float32 (float64 for a double codec)."""
         B = x.shape[0]
         ch = self.config.interleave_factor
+        if x.dtype != torch.float64:
+            x = x.float()
         if ch == 1:
-            return x.reshape(B, 1, -1).float()
-        return x.reshape(B, -1, ch).transpose(1, 2).float().contiguous()
+            return x.reshape(B, 1, -1)
+        return x.reshape(B, -1, ch).transpose(1, 2).contiguous()
 
     # ----------------------------------------------------------------- encode
     @torch.no_grad()

@@ -26,8 +26,9 @@ from .config import TransformerSpec
 __all__ = [
     "Attend",
     "ProjectedTransformer",
+    "acc_dtype",
     "TransformerLayer",
-    "apply_rope",
+    "rotate_pairs",
     "patch_fold",
     "patch_unfold",
     "rope_angles",
@@ -39,35 +40,52 @@ __all__ = [
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def rope_angles(positions: torch.Tensor, head_dim: int, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
+def acc_dtype(weight_dtype: torch.dtype) -> torch.dtype:
+    """Dtype of the residual stream, norms and RoPE for a given linear-weight dtype: fp32 for fp32/bf16
+    weights; fp64 only for a codec cast to double (used by tests to separate logic from rounding)."""
+    return torch.float64 if weight_dtype == torch.float64 else torch.float32
+
+
+def rope_angles(
+    positions: torch.Tensor, head_dim: int, max_period: float, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables for interleaved (GPT-J) RoPE.
 
     Args:
         positions: ``[B, T]`` int64 absolute token positions.
     Returns:
-        ``(cos, sin)`` each ``[B, 1, T, head_dim // 2]`` float32.
+        ``(cos, sin)`` each ``[B, 1, T, head_dim // 2]`` in ``dtype`` (float32 normally).
     """
     # Same fp32 formula as upstream (frequencies exp(-ln(max_period) * 2i / D)) so angles match bitwise.
-    ds = torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
+    ds = torch.arange(head_dim // 2, device=positions.device, dtype=dtype)
     freqs = torch.exp(ds * (-math.log(max_period) * 2 / head_dim))
-    ang = positions.to(torch.float32)[:, None, :, None] * freqs
+    ang = positions.to(dtype)[:, None, :, None] * freqs
     return torch.cos(ang), torch.sin(ang)
 
 
-def rope_rotation(positions: torch.Tensor, head_dim: int, max_period: float) -> torch.Tensor:
-    """Unit rotations e^{i·angle} for interleaved RoPE as complex64 ``[B, T, 1, 1, head_dim // 2]``
+def rope_rotation(
+    positions: torch.Tensor, head_dim: int, max_period: float, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Unit rotations e^{i·angle} for interleaved RoPE, complex ``[B, T, 1, 1, head_dim // 2]``
     (broadcast over the q/k axis and heads of ``[B, T, 2, H, Dh/2]``)."""
-    cos, sin = rope_angles(positions, head_dim, max_period)  # [B, 1, T, Dh/2]
+    cos, sin = rope_angles(positions, head_dim, max_period, dtype)  # [B, 1, T, Dh/2]
     return torch.complex(cos, sin).permute(0, 2, 1, 3)[:, :, None]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (x[2i], x[2i+1]) of ``x`` ``[B, H, T, Dh]``; math in fp32, result in x.dtype."""
+def rotate_pairs(x: torch.Tensor, rot: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """Interleaved (GPT-J) RoPE: pairs (x[2i], x[2i+1]) as complex numbers times ``rot`` = e^{i·angle}.
+
+    The complex product is exactly the GPT-J formula (re·cos − im·sin, re·sin + im·cos), computed in the
+    accumulation dtype, in 3 kernels instead of ~10 per tensor (launch count bounds streaming decode).
+
+    Args:
+        x: ``[..., Dh]`` any float dtype. rot: complex, broadcastable to ``[..., Dh/2]``.
+    Returns:
+        ``[..., Dh]`` in ``out_dtype``.
+    """
     shape = x.shape
-    pairs = x.reshape(*shape[:-1], shape[-1] // 2, 2)
-    re, im = pairs[..., 0].float(), pairs[..., 1].float()
-    out = torch.stack((re * cos - im * sin, re * sin + im * cos), dim=-1)
-    return out.to(x.dtype).reshape(shape)
+    xc = torch.view_as_complex(x.to(acc_dtype(out_dtype)).reshape(*shape[:-1], shape[-1] // 2, 2))
+    return torch.view_as_real(xc * rot).to(out_dtype).reshape(shape)
 
 
 def windowed_attention(
@@ -143,10 +161,7 @@ class TransformerLayer(nn.Module):
         w = self.self_attn.in_proj.weight
         h = F.layer_norm(x, self.norm1.normalized_shape, self.norm1.weight, self.norm1.bias, self.norm1.eps)
         qkv = F.linear(h.to(w.dtype), w).view(B, T, 3, H, Dh)
-        # q and k rotated together as complex pairs (x[2i] + i·x[2i+1]) · e^{i·angle} in fp32: the same
-        # products as the GPT-J formula, in 3 kernels instead of ~20 (launch count bounds streaming decode).
-        qk = torch.view_as_complex(qkv[:, :, :2].float().reshape(B, T, 2, H, Dh // 2, 2))
-        qk = torch.view_as_real(qk * rot).to(w.dtype).reshape(B, T, 2, H, Dh)
+        qk = rotate_pairs(qkv[:, :, :2], rot, w.dtype)  # q and k in one go: [B, T, 2, H, Dh]
         return qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -189,18 +204,18 @@ class ProjectedTransformer(nn.Module):
     def project_in(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, T, input_dimension]`` → ``[B, T, d_model]`` fp32 residual stream."""
         w = self.input_proj.weight
-        return F.linear(x.to(w.dtype), w).float()
+        return F.linear(x.to(w.dtype), w).to(acc_dtype(w.dtype))
 
     def project_out(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, T, d_model]`` → ``[B, T, output_dimension]`` fp32."""
         w = self.output_proj.weight
-        return F.linear(x.to(w.dtype), w).float()
+        return F.linear(x.to(w.dtype), w).to(acc_dtype(w.dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Whole-sequence forward from position 0. ``x`` ``[B, T, in]`` → ``[B, T, out]`` fp32."""
         B, T, _ = x.shape
         pos = torch.arange(T, device=x.device).expand(B, T)
-        rot = rope_rotation(pos, self.spec.head_dim, self.spec.max_period)
+        rot = rope_rotation(pos, self.spec.head_dim, self.spec.max_period, acc_dtype(self.input_proj.weight.dtype))
         context = self.spec.context
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -106,10 +106,11 @@ class ResidualLFQ(nn.Module):
         """
         tables = []
         for q in self.quantizers:
-            dec = q.out_proj(q.codebook.weight.float())  # [size, rvq]
-            tables.append(F.linear(dec, self.output_proj.weight.float()))  # [size, out]
+            dec = q.out_proj(q.codebook.weight)  # [size, rvq]
+            tables.append(F.linear(dec, self.output_proj.weight))  # [size, out]
+        # fp32 (the quantizer's dtype; fp64 only when a test casts the whole codec to double)
         self._lut = torch.stack(tables)
-        self._lut_bias = self.output_proj.bias.detach().float()
+        self._lut_bias = self.output_proj.bias.detach().clone()
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:

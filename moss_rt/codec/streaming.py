@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import DEFAULT_DECODE_LEVELS, CodecModel, Patch
-from .modules import ProjectedTransformer, rope_rotation
+from .modules import ProjectedTransformer, acc_dtype, rope_rotation
 
 __all__ = ["DecoderState", "StreamingDecoder", "NoFreeSlot"]
 
@@ -351,7 +351,7 @@ class StreamingDecoder:
         visible = ((pos_j >= 0)[:, None, :] & (delta >= 0) & (delta < st.context))[:, None]  # [B, 1, Tq, R]
         # Additive mask made once per stage: a bool mask would be converted again in every layer.
         mask = torch.zeros(visible.shape, device=dev, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
-        rot = rope_rotation(pos, st.module.spec.head_dim, st.module.spec.max_period)
+        rot = rope_rotation(pos, st.module.spec.head_dim, st.module.spec.max_period, acc_dtype(self.dtype))
         rows = slots[:, None]
         H = st.module.spec.num_heads
         use_matmul = self.attention == "matmul" or (

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from moss_rt.codec import CodecModel
-from moss_rt.codec.modules import apply_rope, patch_fold, patch_unfold, rope_angles, windowed_attention
+from moss_rt.codec.modules import patch_fold, patch_unfold, rope_rotation, rotate_pairs, windowed_attention
 
 
 def test_patch_fold_is_channel_major_and_unfold_inverts_it() -> None:
@@ -26,21 +26,24 @@ def test_patch_fold_is_channel_major_and_unfold_inverts_it() -> None:
 
 def test_rope_is_interleaved_gptj() -> None:
     torch.manual_seed(0)
-    B, H, T, D = 2, 3, 5, 8
-    x = torch.randn(B, H, T, D)
+    B, T, H, D = 2, 5, 3, 8
+    x = torch.randn(B, T, 2, H, D)  # the [B, T, (q, k), H, Dh] layout the layer rotates
     pos = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
-    cos, sin = rope_angles(pos, D, 10000.0)
-    y = apply_rope(x, cos, sin)
+    y = rotate_pairs(x, rope_rotation(pos, D, 10000.0), torch.float32)
+    assert y.shape == x.shape
     for b in range(B):
         for t in range(T):
             p = float(pos[b, t])
             for i in range(D // 2):
                 theta = p * 10000.0 ** (-2 * i / D)
-                re, im = x[b, 0, t, 2 * i], x[b, 0, t, 2 * i + 1]
-                assert math.isclose(float(y[b, 0, t, 2 * i]), float(re * math.cos(theta) - im * math.sin(theta)),
-                                    abs_tol=1e-5)
-                assert math.isclose(float(y[b, 0, t, 2 * i + 1]), float(re * math.sin(theta) + im * math.cos(theta)),
-                                    abs_tol=1e-5)
+                for qk in range(2):
+                    re, im = float(x[b, t, qk, 1, 2 * i]), float(x[b, t, qk, 1, 2 * i + 1])
+                    assert math.isclose(float(y[b, t, qk, 1, 2 * i]), re * math.cos(theta) - im * math.sin(theta),
+                                        abs_tol=1e-5)
+                    assert math.isclose(float(y[b, t, qk, 1, 2 * i + 1]),
+                                        re * math.sin(theta) + im * math.cos(theta), abs_tol=1e-5)
+    # a half-split (NeoX) rotation would differ: the pairing matters
+    assert not torch.allclose(y[0, 3], x[0, 3], atol=1e-3)
 
 
 def test_windowed_attention_matches_dense_local_mask_across_blocks() -> None:

@@ -105,6 +105,14 @@ def test_ogg_vorbis_upload_decodes() -> None:
     assert sr == 44100 and audio.shape[0] == 1 and abs(audio.shape[1] - 22050) < 2048
 
 
+def test_mp3_upload_decodes() -> None:
+    if "MP3" not in sf.available_formats():
+        pytest.skip("libsndfile without MP3")
+    data = _encode_file(_tone(0.5, 48000), 48000, fmt="MP3", subtype="MPEG_LAYER_III")
+    audio, sr = decode_audio_bytes(data)
+    assert sr == 48000 and audio.shape[0] == 1 and abs(audio.shape[1] - 24000) < 4096
+
+
 @pytest.mark.parametrize(
     "data, match",
     [
