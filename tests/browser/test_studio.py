@@ -509,9 +509,11 @@ def test_errors_and_reconnect(page: Any) -> None:
     pg.select_option("#voice", "none")
     take = speak_and_finish(pg, 1, frames=10)
     serial = pg.evaluate("window.studio.connectionSerial")
-    pg.evaluate("window.studio.disconnect()")
-    pg.wait_for_function("!window.studio.connected", timeout=5_000)
-    assert pg.locator("#conn").get_attribute("data-state") in ("reconnecting", "connecting", "closed")
+    state_when_down = pg.evaluate(
+        "window.studio.disconnect(), new Promise((ok) => { const t = setInterval(() => { if (!window.studio.connected)"
+        " { clearInterval(t); ok(document.getElementById('conn').dataset.state); } }, 5); })"
+    )
+    assert state_when_down in ("reconnecting", "connecting", "closed")
     pg.wait_for_function(f"window.studio.connected && window.studio.connectionSerial > {serial}", timeout=15_000)
     assert pg.locator("#conn").get_attribute("data-state") == "open"
     assert stats(pg)["reconnects"] >= 1
