@@ -181,6 +181,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="dry run with the tiny config")
     ap.add_argument("--profile", action="store_true", help="write eager kernel profiles next to --out")
+    ap.add_argument("--bf16-check", action="store_true", help="compare bf16 with fp32 on the same random weights")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     device = args.device
@@ -222,6 +223,15 @@ def main() -> None:
         out.write_text(json.dumps(res, indent=2) + "\n")  # partial results survive a later failure
     if device == "cuda":
         res["peak_mem_GB"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+    if args.bf16_check and not args.via_disk:
+        # Same random weights in fp32: how far is bf16 compute from fp32 on the full-size network?
+        ref = random_full_size(device, args.context_duration, with_encoder=True, tiny=args.tiny)  # same draw order
+        ref.quantizer.build_lut()
+        c = torch.from_numpy(rng.integers(0, 1024, (1, 20, 12))).to(device)
+        a32, a16 = ref.decode(c), codec.decode(c)
+        res["bf16_vs_fp32_whole_decode_rel_maxabs"] = float((a16 - a32).abs().max() / a32.abs().max())
+        res["bf16_finite"] = bool(torch.isfinite(a16).all())
+        del ref
     try:
         codes10 = torch.from_numpy(rng.integers(0, 1024, (1, 125, 12))).to(device)
         res["whole_decode_10s_ms"] = round(timed(lambda: codec.decode(codes10), iters=3, warm=1), 1)

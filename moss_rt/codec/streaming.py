@@ -102,6 +102,9 @@ class StreamingDecoder:
         cuda_graphs: capture and replay one CUDA graph per (batch, T) (CUDA only).
         attention: "sdpa" (fused kernel), "matmul" (two batched GEMMs + softmax; for short chunks over long
             windows) or "auto" (matmul while the score tensor stays under ``matmul_max_scores`` elements).
+        contiguous_graphs: in graph mode, give a batch of >= 2 streams in adjacent ascending slots its own graph
+            that reads the pools as views (≈2x faster at 16 streams × 1 frame) at the cost of one capture per
+            start slot; False always uses the gather graphs. A single stream always uses the gather graph.
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class StreamingDecoder:
         cuda_graphs: bool = False,
         attention: str = "sdpa",
         matmul_max_scores: int = 1 << 26,
+        contiguous_graphs: bool = True,
     ) -> None:
         self.device = torch.device(device)
         if attention not in ("sdpa", "matmul", "auto"):
@@ -125,6 +129,7 @@ class StreamingDecoder:
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs needs a CUDA device")
         self.cuda_graphs = cuda_graphs
+        self.contiguous_graphs = contiguous_graphs
         self._graphs: dict[tuple[int, int, int | None], _Graph] = {}
         self._graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.dtype = dtype
@@ -264,9 +269,10 @@ class StreamingDecoder:
         contig = slots_list == list(range(slots_list[0], slots_list[0] + B))
         start = slots_list[0] if contig else None
         if self.cuda_graphs:
-            # Contiguous slot ranges get their own graph that reads the pools as views (no gather copy).
-            key = (B, T, start)
-            g = self._graphs.get(key) or self._capture(B, T, start)
+            # Contiguous slot ranges may get their own graph that reads the pools as views (no gather copy);
+            # not for one stream, where the gather is cheap and a graph per slot would be wasteful.
+            gstart = start if (self.contiguous_graphs and B >= 2) else None
+            g = self._graphs.get((B, T, gstart)) or self._capture(B, T, gstart)
             g.codes.copy_(codes)
             g.slots.copy_(torch.tensor(slots_list, dtype=torch.int64))
             g.offs.copy_(torch.tensor(offs_list, dtype=torch.int64))
@@ -286,7 +292,12 @@ class StreamingDecoder:
         for b in batch_sizes:
             for t in chunk_frames:
                 starts: list[int | None] = [None]
-                if contiguous_from is not None and contiguous_from + b <= self.max_streams:
+                if (
+                    self.contiguous_graphs
+                    and b >= 2
+                    and contiguous_from is not None
+                    and contiguous_from + b <= self.max_streams
+                ):
                     starts.append(contiguous_from)
                 for start in starts:
                     if (b, t, start) not in self._graphs:

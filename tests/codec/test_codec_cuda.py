@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from moss_rt.codec import load_codec
 from moss_rt.codec.streaming import StreamingDecoder
+
+# Self-contained (no conftest fixtures) so it also runs with --noconftest on a bare GPU machine.
+TINY = Path(__file__).resolve().parent.parent / "fixtures" / "codec" / "tiny"
 
 pytestmark = [
     pytest.mark.gpu,
@@ -16,8 +21,8 @@ pytestmark = [
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "matmul"])
-def test_cuda_graph_streaming_equals_whole(tiny_dir, attention: str) -> None:
-    codec = load_codec(tiny_dir, device="cuda")
+def test_cuda_graph_streaming_equals_whole(attention: str) -> None:
+    codec = load_codec(TINY, device="cuda")
     codes = np.random.default_rng(0).integers(0, 1024, (40, 12))
     whole = codec.decode(torch.from_numpy(codes).cuda()[None])[0].cpu().numpy()
     dec = StreamingDecoder(codec, device="cuda", dtype=torch.float32, max_streams=3, max_chunk_frames=8,
@@ -36,11 +41,11 @@ def test_cuda_graph_streaming_equals_whole(tiny_dir, attention: str) -> None:
     assert np.abs(np.concatenate(pb, -1) - whole[:, : 35 * 3840]).max() < 1e-5
 
 
-def test_bf16_streaming_is_close_to_fp32(tiny_dir) -> None:
-    ref = load_codec(tiny_dir, device="cuda")
+def test_bf16_streaming_is_close_to_fp32() -> None:
+    ref = load_codec(TINY, device="cuda")
     codes = np.random.default_rng(1).integers(0, 1024, (20, 12))
     whole = ref.decode(torch.from_numpy(codes).cuda()[None])[0].cpu().numpy()
-    dec = StreamingDecoder(load_codec(tiny_dir, device="cuda"), device="cuda", dtype=torch.bfloat16,
+    dec = StreamingDecoder(load_codec(TINY, device="cuda"), device="cuda", dtype=torch.bfloat16,
                            cuda_graphs=True)
     st = dec.new_state()
     got = np.concatenate([dec.decode([st], [codes[i : i + 5]])[0] for i in range(0, 20, 5)], -1)
