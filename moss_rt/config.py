@@ -40,7 +40,7 @@ class Settings:
     max_lead_sec: float = 20.0  # audio a client may hold unplayed before its take is paused
     frame_ms: float = 80.0  # scripted engine only: wall time per generated frame
     max_seq_len: int = 5120  # cache positions per slot: prompt rows + frames (longer takes end max_frames)
-    prefill_chunk: int = 256  # prompt rows per prefill call (long prompts are prefilled in pieces)
+    prefill_chunk: int = 512  # prompt rows per prefill call (longer prompts are prefilled in pieces)
     prefill_budget_ms: float = 40.0  # prefill work per scheduling round while other takes stream
     # Connections.
     max_connections: int = 256

@@ -19,7 +19,8 @@ from moss_rt.audio import to_int16_pcm
 
 if TYPE_CHECKING:
     from moss_rt.codec.model import CodecModel
-    from moss_rt.codec.streaming import DecoderState, StreamingDecoder
+    from moss_rt.codec.streaming import DecoderState
+    from moss_rt.engine.codec_batch import CodecBatcher
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Job:
 class RenderJob(Job):
     codes: np.ndarray
     channels: int
-    decoder: StreamingDecoder
+    codec: CodecBatcher
     _state: DecoderState | None = field(default=None, init=False)
     _done: int = field(default=0, init=False)
     _pcm: list[bytes] = field(default_factory=list, init=False)
@@ -66,11 +67,13 @@ class RenderJob(Job):
         if n == 0:
             self.future.set_result(b"")
             return True
+        decoder = self.codec.decoder
         if self._state is None:
-            self._state = self.decoder.new_state()
+            self._state = decoder.new_state()
         try:
             end = min(n, self._done + RENDER_CHUNK_FRAMES)
-            audio = self.decoder.decode([self._state], [self.codes[self._done : end]])[0]
+            with self.codec.eager():  # one stream, odd lengths: no graph per shape for this
+                audio = decoder.decode([self._state], [self.codes[self._done : end]])[0]
             self._pcm.append(to_int16_pcm(audio, self.channels))
             self._done = end
             if end < n:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import inspect
 import logging
 import queue
 import threading
@@ -22,6 +23,7 @@ import torch
 
 from moss_rt.config import Settings
 from moss_rt.engine.base import EngineBusy, EngineInfo, TakeSpec
+from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.resolve import DEMO_BANNER, Choice, choose_codec, choose_model, placement, tiny_model_dir
@@ -72,6 +74,7 @@ class MossEngine:
         self._scheduler: Scheduler | None = None
         self._codec: object | None = None
         self._decoder: object | None = None
+        self._batcher: CodecBatcher | None = None
 
     # ------------------------------------------------------------------ the seam
     @property
@@ -123,7 +126,7 @@ class MossEngine:
         codes = np.asarray(codes, dtype=np.int64).reshape(-1, 12)
         if codes.shape[0] == 0:
             return b""
-        job = RenderJob(codes, channels, self._require_decoder())
+        job = RenderJob(codes, channels, self._require_batcher())
         return await self._run_job(job)  # type: ignore[return-value]
 
     async def encode_reference(self, audio: bytes) -> np.ndarray:
@@ -132,10 +135,10 @@ class MossEngine:
         job = EncodeJob(audio, self._codec, self.settings.limits.max_upload_seconds)  # type: ignore[arg-type]
         return await self._run_job(job)  # type: ignore[return-value]
 
-    def _require_decoder(self) -> object:
-        if self._decoder is None:
+    def _require_batcher(self) -> CodecBatcher:
+        if self._batcher is None:
             raise EngineBusy(retry_after_sec=5.0)
-        return self._decoder
+        return self._batcher
 
     async def _run_job(self, job: Job) -> object:
         try:
@@ -267,13 +270,17 @@ class MossEngine:
                         "reference voices cannot be encoded", codec_choice.source, exc)
             codec = load_codec(codec_choice.source, device=where.device, compute_dtype=where.dtype, decode_only=True)
             voice_cloning = False
+        graphs = where.device.type == "cuda" and "cuda_graphs" in inspect.signature(StreamingDecoder).parameters
         decoder = StreamingDecoder(
             codec,
             device=where.device,
             dtype=where.dtype,
-            max_streams=s.max_slots + 2,  # every slot plus renders
+            # every slot, renders, and the padding streams of graphed calls
+            max_streams=s.max_slots + 2 + CodecBatcher.pad_streams(),
             max_chunk_frames=CODEC_CHUNK_FRAMES,
+            **({"cuda_graphs": True} if graphs else {}),
         )
+        batcher = CodecBatcher(decoder)  # before any other state: its padding streams take the lowest slots
         runner = ModelRunner(
             loaded.model,
             loaded.tokenizer,
@@ -283,12 +290,12 @@ class MossEngine:
             device=where.device,
             dtype=where.dtype,
         )
-        self._codec, self._decoder = codec, decoder
+        self._codec, self._decoder, self._batcher = codec, decoder, batcher
         self._runner = runner
         self._device = where.device
         self._scheduler = Scheduler(
             runner,
-            decoder,
+            batcher,
             self.metrics,
             SchedulerConfig(
                 max_slots=s.max_slots,
@@ -310,6 +317,7 @@ class MossEngine:
             "max_slots": str(s.max_slots),
             "max_seq_len": str(s.max_seq_len),
             "cuda_graphs": str(bool(runner.use_cuda_graphs)).lower(),
+            "codec_cuda_graphs": str(batcher.graphs).lower(),
             "voice_cloning": "on" if voice_cloning else "off (codec loaded without its encoder)",
             "load_sec": f"{time.perf_counter() - t0:.1f}",
         }
@@ -347,12 +355,19 @@ class MossEngine:
                 runner.step([slot])
         finally:
             runner.free_slot(slot)
-        decoder = self._decoder
-        state = decoder.new_state()  # type: ignore[attr-defined]
+        batcher = self._batcher
+        assert batcher is not None
+        t1 = time.perf_counter()
+        batcher.warm_up()
+        if batcher.graphs:
+            log.info("codec graphs captured in %.1f s", time.perf_counter() - t1)
+        state = batcher.decoder.new_state()
         try:
             codes = np.zeros((1 + 8, 12), dtype=np.int64)
-            decoder.decode([state], [codes[:1]])  # type: ignore[attr-defined]
-            decoder.decode([state], [codes[1:]])  # type: ignore[attr-defined]
+            batcher.decode([state], [codes[:1]])
+            batcher.decode([state], [codes[1:]])
+            with batcher.eager():
+                batcher.decoder.decode([state], [codes[1:]])
         finally:
             state.close()
         self._sync()

@@ -26,6 +26,7 @@ import numpy as np
 
 from moss_rt.audio import to_int16_pcm
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
+from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.slots import Phase, Retained, RetainedSlots, Take
 
@@ -51,7 +52,7 @@ class Scheduler:
     def __init__(
         self,
         runner: ModelRunner,
-        decoder: StreamingDecoder,
+        codec: CodecBatcher,
         metrics: EngineMetrics,
         config: SchedulerConfig,
         *,
@@ -59,7 +60,8 @@ class Scheduler:
         sync: Callable[[], None] = lambda: None,
     ) -> None:
         self.runner = runner
-        self.decoder = decoder
+        self.codec = codec
+        self.decoder: StreamingDecoder = codec.decoder
         self.metrics = metrics
         self.config = config
         self._on_done = on_take_done
@@ -266,7 +268,8 @@ class Scheduler:
         if take.rebuilt < n:
             # The codec state at frame n is rebuilt exactly by decoding the kept frames (audio discarded).
             end = min(n, take.rebuilt + REBUILD_CHUNK_FRAMES)
-            self.decoder.decode_tensors([take.decoder], [take.codes_array(take.rebuilt, end)])
+            with self.codec.eager():
+                self.decoder.decode_tensors([take.decoder], [take.codes_array(take.rebuilt, end)])
             self._sync()
             take.rebuilt = end
             return True
@@ -311,7 +314,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ audio out
     def _flush_and_finish(self) -> bool:
-        due = [t for t in self.running if t.chunk_due() or (t.ending and t.pending > 0)]
+        due = [t for t in self.running if t.chunk_due(self.steps) or (t.ending and t.pending > 0)]
         worked = False
         if due:
             self._safe_flush(due)
@@ -329,7 +332,7 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             chunks = [t.codes_array(t.flushed, t.frames) for t in takes]
-            audio = self.decoder.decode([t.decoder for t in takes], chunks)
+            audio = self.codec.decode([t.decoder for t in takes if t.decoder is not None], chunks)
         except Exception as exc:
             log.exception("codec decode failed for %d takes", len(takes))
             for take in takes:
@@ -360,13 +363,14 @@ class Scheduler:
         first_ms = None if take.first_audio is None else (take.first_audio - take.admitted) * 1000.0
         queue_ms = ((take.prep_started or now) - take.admitted) * 1000.0
         timings = {"queue_ms": round(queue_ms, 2), "prefill_ms": round(take.prep_ms, 2)}
-        take.channel.push(
-            TakeFinished(reason, take.frames, (now - take.admitted) * 1000.0, first_ms, error, timings)
-        )
+        # Counted before the end event goes out, so whoever saw the end also sees it in /metrics.
         self.metrics.takes.labels(reason.value).inc()
         if reason in (EndReason.CANCELLED, EndReason.REPLACED):
             self.metrics.cancels.inc()
         self._on_done(take)
+        take.channel.push(
+            TakeFinished(reason, take.frames, (now - take.admitted) * 1000.0, first_ms, error, timings)
+        )
 
     def _release(self, take: Take, *, keep: bool) -> None:
         """Give back the codec state; keep the model slot for retakes when it holds a usable cache."""

@@ -73,13 +73,19 @@ class Take:
     def pending(self) -> int:
         return self.frames - self.flushed
 
-    def chunk_due(self) -> bool:
-        """First audio after one frame, then every ``chunk_frames``."""
+    def chunk_due(self, step: int) -> bool:
+        """First audio after one frame, then on the engine's shared cadence of ``chunk_frames`` steps.
+
+        Aligning chunks to the global step count (not to each take's own start) makes every take
+        with the same ``chunk_frames`` flush on the same step, so one codec call serves them all;
+        a take that joined mid-cycle sends one shorter chunk to get in phase.
+        """
         if self.pending <= 0:
             return False
         if self.first_audio is None:
             return True
-        return self.pending >= self.spec.request.chunk_frames
+        every = self.spec.request.chunk_frames
+        return step % every == 0 or self.pending >= every
 
     def codes_array(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         part = self.codes[start:stop]
