@@ -162,6 +162,8 @@ class WsClient:
         self.rng = rng
         self.take_timeout = take_timeout
         self.pending: dict[int, float] = {}  # outstanding start/seek requests (by sequence) → sent at
+        self.sent: dict[int, str] = {}  # what each pending request was (for the failure report)
+        self.log: collections.deque[str] = collections.deque(maxlen=12)  # recent traffic, for diagnosis
         self.seq = 0
         self.finished: list[tuple[str, int]] = []  # (take id, n_frames) of ended takes
         self.running = False
@@ -182,6 +184,7 @@ class WsClient:
                 self.stats.errors[f"ws_closed:{type(exc).__name__}"] += 1
             self.check_stuck(final=False)
             self.pending.clear()  # a disconnect ends what was pending on that socket
+            self.sent.clear()
             self.running = False
 
     async def session(self, ws: websockets.ClientConnection, until: float) -> None:
@@ -258,11 +261,15 @@ class WsClient:
         if expects_take:
             self.seq += 1
             self.pending[self.seq] = time.monotonic()
+            self.sent[self.seq] = json.dumps(msg)[:160]
+        self.log.append(f"{time.strftime('%H:%M:%S')} > {json.dumps(msg)[:120]}")
         await ws.send(json.dumps(msg))
 
     def resolve_one(self) -> None:
         if self.pending:
-            del self.pending[min(self.pending)]
+            seq = min(self.pending)
+            del self.pending[seq]
+            self.sent.pop(seq, None)
 
     async def read(self, ws: websockets.ClientConnection) -> None:
         async for data in ws:
@@ -270,6 +277,8 @@ class WsClient:
             if tag != 0:
                 continue
             kind = obj["type"]
+            if kind != "pong":
+                self.log.append(f"{time.strftime('%H:%M:%S')} < {json.dumps(obj)[:160]}")
             if kind == "end":
                 self.stats.end_reasons[obj["reason"]] += 1
                 self.resolve_one()
@@ -287,7 +296,10 @@ class WsClient:
         for seq, sent in list(self.pending.items()):
             if now - sent > self.take_timeout:
                 self.stats.stuck += 1
-                self.stats.fail(f"take request {seq} got no end within {self.take_timeout} s")
+                self.stats.fail(
+                    f"take request {seq} ({self.sent.get(seq)}) got no end within {self.take_timeout} s; "
+                    f"recent traffic: {list(self.log)}"
+                )
                 del self.pending[seq]
 
 

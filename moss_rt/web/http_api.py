@@ -195,8 +195,11 @@ async def stream(request: web.Request) -> web.StreamResponse:
         await response.prepare(request)
         await stream_take(state, handle, plan.take, session, send, t_request=t_request, model=model)
         await response.write_eof()
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:
+        # The client hung up (or was dropped for not reading): not a server error, nothing to answer.
         log.info("client left during take %s; cancelling it", plan.take.take_id)
+    except asyncio.CancelledError:
+        log.info("request for take %s cancelled; cancelling the take", plan.take.take_id)
         raise
     finally:
         # A client that disconnected (or any failure) must free the engine slot.

@@ -74,6 +74,7 @@ class Connection:
         self._replay_stop: EndReason | None = None  # why a running replay was stopped
         self._replaying = False  # the take task is a replay (no engine handle)
         self._stop_requested: EndReason | None = None  # a stop that came before the engine handle
+        self._retiring: set[asyncio.Task[None]] = set()  # replaced take tasks still finishing
         self._dead = False  # set once the client is known gone or dropped: no more sends
         self._shutting_down = False
 
@@ -247,7 +248,13 @@ class Connection:
             # into this (reader) task.
             done, _ = await asyncio.wait({task}, timeout=REPLACE_TIMEOUT_SEC)
             if not done:
-                task.cancel()
+                # Still being admitted (a slow engine): cancelling it now could lose its end frame
+                # or strand an engine slot, so it finishes in the background (it applies the stop
+                # as soon as it holds its handle); the connection still owns it.
+                log.warning("%s did not stop within %.0f s; it ends in the background", task.get_name(),
+                            REPLACE_TIMEOUT_SEC)
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
         elif (self.ws.closed or self._dead) and (handle is not None or self._replaying):
             # Nobody to stream to. A take still being admitted is left to finish admission: it
             # cancels its own handle then, whereas cancelling it mid-submit could leave the
@@ -367,11 +374,13 @@ class Connection:
         self._dead = True
         task = self._take_task
         await self._stop_take(EndReason.CANCELLED, wait=False)
-        if task is not None and not task.done():
-            done, _ = await asyncio.wait({task}, timeout=REPLACE_TIMEOUT_SEC)
-            if not done:
-                task.cancel()
-                await asyncio.wait({task})
+        pending = {t for t in (task, *self._retiring) if t is not None and not t.done()}
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=REPLACE_TIMEOUT_SEC)
+            for t in late:
+                t.cancel()
+            if late:
+                await asyncio.wait(late)
 
 
 async def websocket_handler(request: web.Request) -> web.StreamResponse:
