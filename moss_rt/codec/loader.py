@@ -130,8 +130,7 @@ def load_codec(
         model = CodecModel(
             config, with_encoder=not decode_only, quantizer_levels=decode_levels if decode_only else None
         )
-    params = dict(model.named_parameters())
-    needed: dict[str, list[str]] = {k: _source_keys(k) for k in params}
+    needed: dict[str, list[str]] = {k: _source_keys(k) for k, _ in model.named_parameters()}
     missing = sorted(src for srcs in needed.values() for src in srcs if src not in wm)
     if missing:
         shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
@@ -146,26 +145,37 @@ def load_codec(
     by_shard: dict[str, list[str]] = defaultdict(list)
     for src in used:
         by_shard[wm[src]].append(src)
-    raw: dict[str, torch.Tensor] = {}
+    # Shard by shard straight into the parameters on the target device: peak host memory is one shard,
+    # not the whole checkpoint twice. A weight-norm pair may straddle two shards, hence `pending`.
+    model = model.to_empty(device=device)
+    params = dict(model.named_parameters())
+    pending = dict(needed)
+    have: dict[str, torch.Tensor] = {}
     for shard, keys in sorted(by_shard.items()):
         log.info("reading %d tensors from %s", len(keys), shard)
-        with safe_open(str(folder / shard), framework="pt", device="cpu") as fh:
-            for k in keys:
-                raw[k] = fh.get_tensor(k).float()
-
-    model = model.to_empty(device="cpu")
-    state: dict[str, torch.Tensor] = {}
-    for name, p in params.items():
-        srcs = needed[name]
-        t = fold_weight_norm(raw[srcs[0]], raw[srcs[1]]).squeeze(-1) if len(srcs) == 2 else raw[srcs[0]]
-        if tuple(t.shape) != tuple(p.shape):
-            raise CodecLoadError(f"{name}: checkpoint shape {tuple(t.shape)} != expected {tuple(p.shape)}")
-        state[name] = t
-    model.load_state_dict(state, strict=True)
-    del raw, state
+        try:
+            with safe_open(str(folder / shard), framework="pt", device="cpu") as fh:
+                for k in keys:
+                    have[k] = fh.get_tensor(k).float()
+        except Exception as exc:  # safetensors raises its own error type for truncated/corrupt files
+            raise CodecLoadError(f"cannot read {shard} in {folder}: {exc}") from exc
+        for name, srcs in list(pending.items()):
+            if not all(src in have for src in srcs):
+                continue
+            t = fold_weight_norm(have[srcs[0]], have[srcs[1]]).squeeze(-1) if len(srcs) == 2 else have[srcs[0]]
+            p = params[name]
+            if tuple(t.shape) != tuple(p.shape):
+                raise CodecLoadError(f"{name}: checkpoint shape {tuple(t.shape)} != expected {tuple(p.shape)}")
+            with torch.no_grad():
+                p.copy_(t)
+            for src in srcs:
+                del have[src]
+            del pending[name]
+    if pending:  # every source was found in the weight map, so this means a shard lied about its contents
+        raise CodecLoadError(f"tensors not found in their shards: {sorted(pending)[:8]}")
     if compute_dtype != torch.float32:
         model.set_compute_dtype(compute_dtype)
-    model = model.to(device).eval().requires_grad_(False)
+    model = model.eval().requires_grad_(False)
     model.quantizer.build_lut()
     n = sum(p.numel() for p in model.parameters())
     log.info(

@@ -160,3 +160,12 @@ def test_hub_id_offline_without_cache_is_a_clear_error(monkeypatch: pytest.Monke
 def test_missing_local_folder(tmp_path: Path) -> None:
     with pytest.raises(CodecLoadError, match="not a directory"):
         load_codec(str(tmp_path / "nope"))
+
+
+def test_corrupt_shard_is_a_clear_error(tmp_path: Path, tiny_dir: Path) -> None:
+    d = tmp_path / "c"
+    shutil.copytree(tiny_dir, d)
+    shard = d / "model-00003-of-00003.safetensors"
+    shard.write_bytes(shard.read_bytes()[: 1000])  # truncated download
+    with pytest.raises(CodecLoadError, match="cannot read model-00003-of-00003"):
+        load_codec(d)
