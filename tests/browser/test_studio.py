@@ -619,3 +619,33 @@ def test_speak_again_replaces_the_running_take(page: Any) -> None:
     for t in takes(pg):
         if t["request"]["text"] == "Quick one.":
             assert t["end"]["reason"] == "replaced"
+
+
+def test_limit_error_shows_and_retry_works(browser: Any, tmp_path: Path) -> None:
+    """A refused take (one take per client at a time) is shown with its code and can be retried."""
+    with run_server(tmp_path, "--max-takes-per-client", "1") as url:
+        context = browser.new_context(viewport={"width": 1280, "height": 860})
+        first, second = context.new_page(), context.new_page()
+        try:
+            for pg in (first, second):
+                pg.goto(url + "/")
+                pg.wait_for_function("window.studio && window.studio.connected", timeout=15_000)
+            set_param(first, "tokens", "500")
+            first.click("#speak")
+            first.wait_for_function("window.studio.stats.samplesReceived > 0", timeout=10_000)
+            set_param(second, "tokens", "10")
+            second.click("#speak")
+            second.wait_for_selector("#alert", state="visible", timeout=10_000)
+            assert second.locator("#alertCode").inner_text() == "rate_limited"
+            assert second.locator("#alertRetry").is_visible()
+            second.wait_for_function("!window.studio.busy", timeout=5_000)
+            assert takes(second) == []
+            shot(second, "studio-limit")
+            first.click("#cancel")
+            first.wait_for_function("!window.studio.busy", timeout=10_000)
+            second.click("#alertRetry")
+            take = wait_take_ended(second, 1)
+            assert take["end"]["reason"] == "done"
+            assert second.locator("#alert").is_hidden()
+        finally:
+            context.close()
