@@ -22,7 +22,14 @@ from safetensors.torch import save_file
 
 from .config import CodecConfig, TransformerSpec
 
-__all__ = ["full_size_config", "tiny_config", "write_codec", "write_full_size_random_codec", "write_tiny_codec"]
+__all__ = [
+    "checkpoint_manifest",
+    "full_size_config",
+    "tiny_config",
+    "write_codec",
+    "write_full_size_random_codec",
+    "write_tiny_codec",
+]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +113,49 @@ def full_size_config(context_duration: float = 10.0) -> dict[str, Any]:
     q = {"input_dim": 768, "rvq_dim": 512, "output_dim": 768, "num_quantizers": 32, "codebook_size": 1024,
          "codebook_dim": 8}
     return _config(enc, dec, q, context_duration)
+
+
+def checkpoint_manifest(cfg: CodecConfig, *, with_encoder: bool = True) -> dict[str, tuple[int, ...]]:
+    """Every tensor key of a v2 checkpoint for ``cfg`` and its shape (no data), in the writer's order."""
+    out: dict[str, tuple[int, ...]] = {}
+
+    def stage(prefix: str, s: TransformerSpec) -> None:
+        d = s.d_model
+        out[f"{prefix}.input_proj.weight"] = (d, s.input_dimension)
+        out[f"{prefix}.output_proj.weight"] = (s.output_dimension, d)
+        for li in range(s.num_layers):
+            p = f"{prefix}.transformer.layers.{li}"
+            for n in ("norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias"):
+                out[f"{p}.{n}"] = (d,)
+            out[f"{p}.self_attn.in_proj.weight"] = (3 * d, d)
+            out[f"{p}.self_attn.out_proj.weight"] = (d, d)
+            out[f"{p}.ffn.0.weight"] = (s.dim_feedforward, d)
+            out[f"{p}.ffn.2.weight"] = (d, s.dim_feedforward)
+            out[f"{p}.layer_scale_1.scale"] = (d,)
+            out[f"{p}.layer_scale_2.scale"] = (d,)
+
+    def wn_conv(prefix: str, o: int, i: int) -> None:
+        out[f"{prefix}.parametrizations.weight.original0"] = (o, 1, 1)
+        out[f"{prefix}.parametrizations.weight.original1"] = (o, i, 1)
+        out[f"{prefix}.bias"] = (o,)
+
+    if with_encoder:
+        for idx, s in enumerate(cfg.encoder):
+            if isinstance(s, TransformerSpec):
+                stage(f"encoder.{idx}", s)
+    q = cfg.quantizer
+    if with_encoder:
+        wn_conv("quantizer.input_proj", q.rvq_dim, q.input_dim)
+    wn_conv("quantizer.output_proj", q.output_dim, q.rvq_dim)
+    for li in range(q.num_quantizers):
+        p = f"quantizer.quantizers.{li}"
+        wn_conv(f"{p}.in_proj", q.codebook_dim, q.rvq_dim)
+        wn_conv(f"{p}.out_proj", q.rvq_dim, q.codebook_dim)
+        out[f"{p}.codebook.weight"] = (q.codebook_size, q.codebook_dim)
+    for idx, s in enumerate(cfg.decoder):
+        if isinstance(s, TransformerSpec):
+            stage(f"decoder.{idx}", s)
+    return out
 
 
 def _random_tensors(cfg: CodecConfig, gen: torch.Generator, *, with_encoder: bool) -> dict[str, torch.Tensor]:
