@@ -74,6 +74,7 @@ def start_message(take: TakeRecord, gpu_first_ms: float | None, model: str, **ex
         "seed": take.seed,
         "model": model,
         "first_frame": take.branch_frame,
+        **({"label": take.label} if take.label is not None else {}),
         **extra,
     }
 
@@ -142,8 +143,13 @@ async def stream_take(
             if event.reason == EndReason.ERROR:
                 await send(
                     encode_json_frame(
-                        {"type": "error", "code": ErrorCode.INTERNAL.value, "message": event.error or "generation failed",
-                         "fatal": False, "take": take.take_id}
+                        {
+                            "type": "error",
+                            "code": ErrorCode.INTERNAL.value,
+                            "message": event.error or "generation failed",
+                            "fatal": False,
+                            "take": take.take_id,
+                        }
                     )
                 )
             end = {

@@ -21,6 +21,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from moss_rt.engine.base import EndReason, EngineBusy, TakeHandle
 from moss_rt.protocol import (
+    SAMPLING_DEFAULTS,
     Cancel,
     ClientMessage,
     ErrorCode,
@@ -130,6 +131,7 @@ class Connection:
                 demo=info.demo,
                 limits=self.state.settings.limits,
                 engine=info.name,
+                sampling_defaults=SAMPLING_DEFAULTS,
             ).to_dict()
         )
         idle = self.state.settings.ws_idle_timeout_sec

@@ -38,6 +38,8 @@ def test_hello_then_take(server: RunningServer) -> None:
             assert h["limits"]["max_text_chars"] > 0
             take = await client.speak("abcdefghij", seed=5, channels=2, take="line-1", chunk_frames=4)
             assert take.start["take"].startswith("t_") and take.start["seed"] == 5 and take.channels == 2
+            assert take.start["label"] == "line-1"
+            assert h["sampling_defaults"]["audio_temperature"] == 1.7
             assert take.end["reason"] == "done" and take.end["take"] == take.start["take"]
             n = take.end["n_frames"]
             assert stereo_frames(bytes(take.pcm)) == expected_stereo(0, n, 5)
