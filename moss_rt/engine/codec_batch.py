@@ -2,12 +2,12 @@
 
 The full-size codec decoder is launch-bound when run eagerly (about 55 ms per call on an H200 whatever
 the batch), while a captured graph replays a small call in about 9 ms. Graphs are captured per exact
-(batch, T), so small batches are padded up to a few bucket sizes with padding streams (states of their
-own whose output is thrown away and whose position is reset before every call), and the first entry
-of every graphed batch is a padding stream: the slot list is then never contiguous, so only the
-decoder's "gathered" graphs are ever used (its contiguous-range graphs are keyed by start slot too,
-which would mean a capture per slot). Large batches (many streams flushing together) run eagerly:
-their cost is compute, not launches, and they happen once per chunk.
+(batch, T), so batches are padded up to a few bucket sizes with padding streams (states of their own
+whose output is thrown away and whose position is reset before every call), and the first entry of
+every graphed batch is a padding stream: the slot list is then never contiguous, so only the decoder's
+"gathered" graphs are ever used (its contiguous-range graphs are keyed by start slot too, which would
+mean a capture per slot). All graphs are captured at start-up; a shape without one (an odd chunk
+length in a large batch, a long chunk) runs eagerly rather than stalling every stream for a capture.
 """
 
 from __future__ import annotations
@@ -25,27 +25,44 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GRAPH_BUCKETS = (2, 4, 8, 16)  # graphed batch sizes, padding stream included
-GRAPH_WARM_T = tuple(range(1, 9))  # chunk lengths captured at start-up (first chunk 1, default chunk 8)
+SMALL_BUCKETS = (2, 4, 8, 16)  # graphed batch sizes (padding stream included), every chunk length 1..8
+LARGE_BUCKETS = (32, 48)  # plus max_slots + 2: graphed for the first chunk (T=1) and full chunks (T=8)
+SMALL_T = tuple(range(1, 9))
+LARGE_T = (1, 8)
+
+
+def graph_buckets(max_streams: int) -> tuple[int, ...]:
+    """Batch sizes that get graphs; the last one holds every stream plus the leading padding stream."""
+    top = max_streams + 2
+    return tuple(sorted({b for b in (*SMALL_BUCKETS, *LARGE_BUCKETS) if b < top} | {top}))
 
 
 class CodecBatcher:
-    def __init__(self, decoder: StreamingDecoder) -> None:
+    def __init__(self, decoder: StreamingDecoder, max_streams: int) -> None:
         self.decoder = decoder
         self.graphs = bool(getattr(decoder, "cuda_graphs", False))
+        self.buckets = graph_buckets(max_streams)
+        self._warm: set[tuple[int, int]] = set()
         self._pads: list[DecoderState] = []
         if self.graphs:
             # Allocated first, so they hold the lowest slots and real streams never sit next to pad 0.
-            self._pads = [decoder.new_state() for _ in range(GRAPH_BUCKETS[-1] // 2)]
+            self._pads = [decoder.new_state() for _ in range(self.pad_streams(max_streams))]
 
     @staticmethod
-    def pad_streams() -> int:
-        """Decoder slots the padding streams need (reserve them in ``max_streams``)."""
-        return GRAPH_BUCKETS[-1] // 2
+    def pad_streams(max_streams: int) -> int:
+        """Decoder slots the padding streams need (reserve them in ``max_streams``): the widest bucket gap."""
+        buckets = graph_buckets(max_streams)
+        return max(b - (prev + 1) for prev, b in zip((0, *buckets), buckets, strict=False)) + 1
 
     def warm_up(self) -> None:
-        if self.graphs:
-            self.decoder.warmup(GRAPH_BUCKETS, GRAPH_WARM_T, contiguous_from=None)
+        """Capture every graph we will use now: an unexpected shape later runs eagerly, never captures."""
+        if not self.graphs:
+            return
+        for b in self.buckets:
+            for t in SMALL_T if b <= SMALL_BUCKETS[-1] else LARGE_T:
+                if t <= self.decoder.max_chunk_frames and b <= self.decoder.max_streams:
+                    self.decoder.warmup([b], [t], contiguous_from=None)
+                    self._warm.add((b, t))
 
     @contextlib.contextmanager
     def eager(self) -> Iterator[None]:
@@ -73,8 +90,8 @@ class CodecBatcher:
 
     def _decode_group(self, states: list[DecoderState], chunks: list[np.ndarray], t: int) -> list[np.ndarray]:
         n = len(states)
-        bucket = next((b for b in GRAPH_BUCKETS if b >= n + 1), None)
-        if not self.graphs or bucket is None or t > self.decoder.max_chunk_frames:
+        bucket = next((b for b in self.buckets if b >= n + 1), None)
+        if not self.graphs or bucket is None or (bucket, t) not in self._warm:
             with self.eager():
                 return self.decoder.decode(states, chunks)
         pads = self._pads[: bucket - n]

@@ -33,6 +33,8 @@ from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE
 
 log = logging.getLogger(__name__)
 
+BURST_WINDOW_S = 0.003  # an idle engine collects takes arriving within this of each other...
+BURST_MAX_S = 0.05  # ...for at most this long
 IDLE_WAIT_S = 0.1  # nothing to do: sleep until woken (submit, cancel, job) or this long
 PAUSED_POLL_S = 0.005  # only paused slots: poll their channels this often
 SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU inference runs single-threaded
@@ -177,18 +179,36 @@ class MossEngine:
         assert sched is not None
         while not self._stop.is_set():
             self._wake.clear()
-            self._drain_inbox(sched)
+            was_idle = sched.idle
+            if self._drain_inbox(sched) and was_idle:
+                self._gather_burst(sched)
             worked = sched.iterate()
             worked |= self._run_jobs(streaming=bool(sched.running))
             if not worked:
                 self.metrics.idle()
                 self._wake.wait(PAUSED_POLL_S if sched.has_paused or sched.preparing else IDLE_WAIT_S)
 
-    def _drain_inbox(self, sched: Scheduler) -> None:
+    def _drain_inbox(self, sched: Scheduler) -> int:
+        n = 0
         while True:
             try:
                 sched.add(self._inbox.get_nowait())
+                n += 1
             except queue.Empty:
+                return n
+
+    def _gather_burst(self, sched: Scheduler) -> None:
+        """An idle engine that just got a take waits a moment for the rest of a burst.
+
+        Takes prepared while nothing streams are prefilled back to back and then step together
+        (one batch, one codec call per chunk); a take arriving a round later would instead be
+        prefilled under the streaming budget, a prefill per round. The wait ends as soon as a
+        short window brings nothing new, so a lone take pays one window.
+        """
+        deadline = time.monotonic() + BURST_MAX_S
+        while time.monotonic() < deadline:
+            time.sleep(BURST_WINDOW_S)
+            if self._drain_inbox(sched) == 0:
                 return
 
     def _run_jobs(self, *, streaming: bool) -> bool:
@@ -276,11 +296,12 @@ class MossEngine:
             device=where.device,
             dtype=where.dtype,
             # every slot, renders, and the padding streams of graphed calls
-            max_streams=s.max_slots + 2 + CodecBatcher.pad_streams(),
+            max_streams=s.max_slots + 2 + CodecBatcher.pad_streams(s.max_slots),
             max_chunk_frames=CODEC_CHUNK_FRAMES,
             **({"cuda_graphs": True} if graphs else {}),
         )
-        batcher = CodecBatcher(decoder)  # before any other state: its padding streams take the lowest slots
+        # Created before any other decoder state: its padding streams must take the lowest slots.
+        batcher = CodecBatcher(decoder, s.max_slots)
         runner = ModelRunner(
             loaded.model,
             loaded.tokenizer,

@@ -34,7 +34,7 @@ from moss_rt.engine.base import (
     TakeSpec,
 )
 from moss_rt.engine.channel import TakeChannel
-from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE, FRAME_SAMPLES, SAMPLE_RATE
+from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE, FRAME_SAMPLES
 
 log = logging.getLogger(__name__)
 N_CODEBOOKS = 12

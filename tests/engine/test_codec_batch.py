@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moss_rt.engine.codec_batch import GRAPH_BUCKETS, CodecBatcher
+from moss_rt.engine.codec_batch import CodecBatcher, graph_buckets
 
 
 @dataclass(eq=False)
@@ -20,11 +20,17 @@ class FakeState:
 
 class FakeDecoder:
     max_chunk_frames = 25
+    max_streams = 200
 
     def __init__(self) -> None:
         self.cuda_graphs = True
         self.next_slot = 0
         self.calls: list[tuple[bool, list[int], int]] = []
+        self.captured: list[tuple[int, int]] = []
+
+    def warmup(self, batch_sizes: list[int], chunk_frames: list[int], contiguous_from: int | None = 0) -> None:
+        assert contiguous_from is None
+        self.captured += [(b, t) for b in batch_sizes for t in chunk_frames]
 
     def new_state(self) -> FakeState:
         self.next_slot += 1
@@ -43,26 +49,30 @@ class FakeDecoder:
 
 def test_small_batches_are_padded_and_never_contiguous() -> None:
     dec = FakeDecoder()
-    batcher = CodecBatcher(dec)  # type: ignore[arg-type]
-    assert batcher.graphs and dec.next_slot == CodecBatcher.pad_streams()
+    batcher = CodecBatcher(dec, 64)  # type: ignore[arg-type]
+    assert batcher.graphs and dec.next_slot == CodecBatcher.pad_streams(64) == 18
+    batcher.warm_up()
+    assert (2, 5) in dec.captured and (66, 8) in dec.captured and (66, 5) not in dec.captured
     streams = [dec.new_state() for _ in range(5)]
     chunks = [np.zeros((8, 12), np.int64)] * 3 + [np.zeros((1, 12), np.int64)] * 2
     audio = batcher.decode(streams, chunks)
     assert [int(a[0, 0]) for a in audio] == [s.slot for s in streams]
     assert [a.shape[1] for a in audio] == [3840 * 8] * 3 + [3840] * 2
     for graphed, slots, _ in dec.calls:
-        assert graphed and len(slots) in GRAPH_BUCKETS
+        assert graphed and len(slots) in graph_buckets(64)
         assert slots[0] == 0 and slots[1] != 1  # pad 0 first: the slot list is never a contiguous run
     assert [s.frames for s in streams] == [8, 8, 8, 1, 1]
 
 
-def test_big_batches_and_long_chunks_run_eager() -> None:
+def test_unwarmed_shapes_run_eager_and_full_batches_fit() -> None:
     dec = FakeDecoder()
-    batcher = CodecBatcher(dec)  # type: ignore[arg-type]
-    streams = [dec.new_state() for _ in range(GRAPH_BUCKETS[-1])]
-    audio = batcher.decode(streams, [np.zeros((8, 12), np.int64)] * len(streams))
-    assert len(audio) == len(streams)
-    one = batcher.decode(streams[:1], [np.zeros((30, 12), np.int64)])
+    batcher = CodecBatcher(dec, 64)  # type: ignore[arg-type]
+    batcher.warm_up()
+    streams = [dec.new_state() for _ in range(64)]
+    audio = batcher.decode(streams, [np.zeros((8, 12), np.int64)] * 64)  # graphed: bucket 66
+    assert len(audio) == 64 and [int(a[0, 0]) for a in audio] == [s.slot for s in streams]
+    batcher.decode(streams[:40], [np.zeros((5, 12), np.int64)] * 40)  # (48, 5) has no graph: eager
+    one = batcher.decode(streams[:1], [np.zeros((30, 12), np.int64)])  # longer than any graph: eager
     assert one[0].shape[1] == 30 * 3840
-    assert [graphed for graphed, _, _ in dec.calls] == [False, False]
+    assert [(graphed, len(slots)) for graphed, slots, _ in dec.calls] == [(True, 66), (False, 40), (False, 1)]
     assert dec.cuda_graphs  # restored after the eager calls
