@@ -379,6 +379,7 @@ def main() -> None:
                 frames = args.frames if c > 1 else max(50, args.frames * 2 // 3)
                 r = asyncio.run(run_round(url, c, repeats, {**start, "max_new_tokens": frames}))
                 result[f"c{c}"] = r
+                save(result, args.out)
                 log.info("concurrency %d: %s", c, json.dumps(r))
             except Exception:
                 result[f"c{c}"] = {"error": traceback.format_exc(limit=3)}
