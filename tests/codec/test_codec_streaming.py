@@ -189,3 +189,20 @@ def test_exact_at_real_window_sizes(tmp_path_factory: pytest.TempPathFactory) ->
         parts.append(dec.decode([state], [codes[i : i + step]])[0])
         i += step
     assert np.abs(np.concatenate(parts, -1) - whole).max() < 1e-10
+
+
+def test_reused_slot_does_not_leak_the_previous_stream(dec: StreamingDecoder, clips) -> None:
+    """A new state in a slot that just held another stream (its rings full of that stream's keys) must
+    decode exactly like a fresh decoder: entries from before position 0 are masked out."""
+    first = dec.new_state()
+    slot = first.slot
+    for i in range(0, N, 8):
+        dec.decode([first], [clips[0][0][i : i + 8]])
+    first.close()
+    second = dec.new_state()
+    try:
+        assert second.slot == slot  # the free list hands the same row back
+        parts = [dec.decode([second], [clips[1][0][i : i + 3]])[0] for i in range(0, 30, 3)]
+    finally:
+        second.close()
+    assert np.abs(np.concatenate(parts, -1) - clips[1][1][:, : 30 * 3840]).max() < TOL
