@@ -76,6 +76,8 @@ class Connection:
         self._replaying = False  # the take task is a replay (no engine handle)
         self._stop_requested: EndReason | None = None  # a stop that came before the engine handle
         self._retiring: set[asyncio.Task[None]] = set()  # replaced take tasks still finishing
+        self._replay_take: TakeRecord | None = None
+        self._replay_started = False
         self._dead = False  # set once the client is known gone or dropped: no more sends
         self._shutting_down = False
 
@@ -238,9 +240,12 @@ class Connection:
             return
         if handle is None and self._replaying:
             # A replay has no engine handle: stop the task itself; it answers with an end frame
-            # carrying ``reason``.
+            # carrying ``reason``. One cancelled before its first step (the reader can handle the
+            # next message before the new task ever ran) cannot answer, so the end is sent here.
             self._replay_stop = reason
             task.cancel()
+            if not self._replay_started and self._replay_take is not None:
+                await self._safe(self.send_json(self._replay_end(self._replay_take, reason)))
         elif handle is None:
             # A take still being admitted (voice encoding, engine queue): it applies this as soon
             # as it has its handle, so the client still gets the take's end with this reason.
@@ -286,6 +291,8 @@ class Connection:
             self._replay_stop = None
             self._stop_requested = None
             self._replaying = True
+            self._replay_take = plan.source
+            self._replay_started = False
             self._take_task = asyncio.create_task(
                 self._replay(plan.source, plan.frame, model), name=f"replay-{plan.source.take_id}"
             )
@@ -344,7 +351,12 @@ class Connection:
             if holding:
                 self.state.client_takes.release(self.client)
 
+    @staticmethod
+    def _replay_end(take: TakeRecord, reason: EndReason) -> dict[str, object]:
+        return {"type": "end", "take": take.take_id, "reason": reason.value, "replay": True, "n_frames": take.n_frames}
+
     async def _replay(self, take: TakeRecord, frame: int, model: str) -> None:
+        self._replay_started = True
         try:
             await replay_take(self.state, take, frame, self.send_frame, model=model)
         except ConnectionResetError:
@@ -353,9 +365,7 @@ class Connection:
             reason = self._replay_stop
             if reason is not None and not self._dead and not self.ws.closed:
                 # Stopped on purpose (cancel, barge-in, shutdown): the client still gets an end.
-                end = {"type": "end", "take": take.take_id, "reason": reason.value, "replay": True,
-                       "n_frames": take.n_frames}
-                await self._safe(self.send_json(end))
+                await self._safe(self.send_json(self._replay_end(take, reason)))
             raise
 
     async def _safe(self, coro: object) -> None:
@@ -400,6 +410,8 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
     state.ws_slots += 1  # reserved now, so concurrent upgrades cannot overshoot the limit
     try:
         ws = web.WebSocketResponse(
+            # PCM barely compresses; permessage-deflate would only cost CPU per frame.
+            compress=False,
             heartbeat=settings.ws_heartbeat_sec if settings.ws_heartbeat_sec > 0 else None,
             # Oversize-but-sane messages get a tag-0 too_large error from the decoder; only
             # absurd ones are cut off by aiohttp itself (close 1009) before being buffered whole.

@@ -71,3 +71,30 @@ def test_disconnect_during_admission_frees_the_slot(make_server) -> None:
         assert srv.state.client_takes.running("127.0.0.1") == 0
 
     run(scenario())
+
+
+def test_back_to_back_messages_never_lose_an_end(make_server) -> None:
+    """A replay stopped by the very next message (before its task ever ran) still gets its end."""
+    from tests.web.conftest import scripted
+
+    srv = make_server(scripted, engine="scripted", frame_ms=5.0, max_lead_sec=0.0)
+
+    async def scenario() -> None:
+        async with websockets.connect(srv.ws_url) as ws:
+            await hello(ws)
+            await ws.send(json.dumps({"type": "start", "text": "source", "tokens": 20}))
+            source = (await next_json(ws, "end"))["take"]
+            for i in range(10):
+                replay = json.dumps({"type": "seek", "take": source, "frame": 2, "mode": "replay"})
+                follow = {"type": "cancel"} if i % 2 else {"type": "start", "text": "next", "tokens": 2}
+                await ws.send(replay)
+                await ws.send(json.dumps(follow))  # same TCP segment, most likely
+                end = await next_json(ws, "end", within=5)
+                assert end["take"] == source and end.get("replay") is True
+                if i % 2 == 0:
+                    assert end["reason"] in ("replaced", "done")
+                    assert (await next_json(ws, "end", within=5))["reason"] == "done"
+                else:
+                    assert end["reason"] in ("cancelled", "done")
+
+    run(scenario())
