@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,6 +31,9 @@ from moss_rt.engine.resolve import DEMO_BANNER, Choice, choose_codec, choose_mod
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import EngineChannel, Take
 from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE
+
+if TYPE_CHECKING:
+    from moss_rt.model.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,8 @@ class MossEngine:
         self._codec: object | None = None
         self._decoder: object | None = None
         self._batcher: CodecBatcher | None = None
+        self._runner: ModelRunner | None = None
+        self._device = torch.device("cpu")
 
     # ------------------------------------------------------------------ the seam
     @property
@@ -182,7 +188,12 @@ class MossEngine:
             was_idle = sched.idle
             if self._drain_inbox(sched) and was_idle:
                 self._gather_burst(sched)
-            worked = sched.iterate()
+            try:
+                worked = sched.iterate()
+            except Exception:  # a scheduler bug must not leave every client hanging on a dead thread
+                log.exception("scheduling round failed; ending every take with an error")
+                sched.fail_all("internal engine error")
+                worked = True
             worked |= self._run_jobs(streaming=bool(sched.running))
             if not worked:
                 self.metrics.idle()
@@ -367,6 +378,7 @@ class MossEngine:
 
         t0 = time.perf_counter()
         runner = self._runner
+        assert runner is not None
         runner.warmup()
         slot = runner.alloc_slot()
         try:

@@ -388,6 +388,18 @@ class Scheduler:
         else:
             self.runner.free_slot(slot)
 
+    def fail_all(self, error: str) -> None:
+        """End every take with an error and give back whatever it held (after an unexpected failure)."""
+        for take in [*self.waiting, *self.preparing, *self.running]:
+            try:
+                self._finish(take, EndReason.ERROR, error=error)
+            except Exception:  # keep ending the others
+                log.exception("could not end take %s cleanly", take.take_id)
+        self.waiting.clear()
+        self.preparing.clear()
+        self.running.clear()
+        self._update_gauges()
+
     def shutdown(self) -> None:
         """End every take (reason shutdown) and free all slots."""
         for take in list(self.waiting):

@@ -149,3 +149,33 @@ def test_bad_prompt_is_an_error_not_a_crash(moss_server) -> None:
             assert take.end["n_frames"] >= 1, take.end
 
     run(scenario())
+
+
+def test_a_failing_step_ends_its_takes_and_the_engine_keeps_serving(moss_server) -> None:
+    srv = moss_server()
+    runner = srv.engine._runner
+    real_step = runner.step
+    calls = {"n": 0}
+
+    def flaky(slots: list[int]):  # noqa: ANN202 - stands in for ModelRunner.step
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("device fell over")
+        return real_step(slots)
+
+    runner.step = flaky
+
+    async def scenario() -> None:
+        async with DirectingClient.connect(srv.ws_url) as client:
+            try:
+                await client.speak("This one breaks.", max_new_tokens=10, **LONG)
+            except ServerError as err:
+                assert err.code == "internal"
+                assert (await next_message(client, "end"))["reason"] == "error"
+            else:  # pragma: no cover
+                raise AssertionError("expected an error")
+            take = await client.speak("This one works.", max_new_tokens=5, **LONG)
+            assert take.end["reason"] == "max_frames" and take.end["n_frames"] == 5
+        assert srv.engine.active_count == 0
+
+    run(scenario())
