@@ -20,13 +20,23 @@ from moss_rt.voices import UPLOAD_EXTENSIONS
 from moss_rt.web.state import STATE
 
 JSON = "application/json"
+# "Contains a character that is not whitespace" with Python's whitespace set spelled out (the server
+# tests text.strip()), so regex engines that disagree on \s (ECMA, Rust, Python) all read it the same.
+_PY_WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + (
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+NON_BLANK = "[^" + "".join(f"\\u{ord(c):04x}" for c in _PY_WHITESPACE) + "]"
 _KINDS = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
 
 
 def _field_schema(spec: Field) -> dict[str, Any]:
     out: dict[str, Any] = {"type": _KINDS[spec.kind]}
-    if spec.kind == "int" and spec.maximum is not None and spec.maximum >= 2**31:
-        out["format"] = "int64"
+    if spec.kind == "int":
+        # The server takes an integral float (3.0) for an integer field, as JSON itself does not
+        # distinguish them; "integer" in OpenAPI 3.0 would call 3.0 invalid.
+        out = {"type": "number", "multipleOf": 1}
+        if spec.maximum is not None and spec.maximum >= 2**31:
+            out["format"] = "int64"
     if spec.minimum is not None:
         out["minimum"] = spec.minimum if spec.kind == "float" else int(spec.minimum)
         if spec.exclusive_minimum:
@@ -49,7 +59,7 @@ def _stream_request_schema(app: web.Application) -> dict[str, Any]:
     fields["take"] = Field("str", None, max_length=64, nullable=True)
     fields["channels"] = Field("int", 1, choices=(1, 2))
     props = {name: _field_schema(spec) for name, spec in fields.items()}
-    props["text"]["pattern"] = r"\S"  # blank text is refused
+    props["text"]["pattern"] = NON_BLANK  # blank text is refused
     props["text"]["description"] = "what to say; must contain a non-blank character"
     props["tokens"]["description"] = "duration hint in 80 ms frames"
     props["reference"]["description"] = "none, a built-in voice id, or a ref_id from /api/upload_ref"
