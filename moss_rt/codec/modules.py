@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused
 from .config import TransformerSpec
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "patch_unfold",
     "rope_angles",
     "rope_rotation",
+    "rope_tables",
+    "run_layers_fused",
     "windowed_attention",
 ]
 
@@ -70,6 +73,15 @@ def rope_rotation(
     (broadcast over the q/k axis and heads of ``[B, T, 2, H, Dh/2]``)."""
     cos, sin = rope_angles(positions, head_dim, max_period, dtype)  # [B, 1, T, Dh/2]
     return torch.complex(cos, sin).permute(0, 2, 1, 3)[:, :, None]
+
+
+def rope_tables(
+    positions: torch.Tensor, head_dim: int, max_period: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos/sin ``[B, T, head_dim // 2]`` (contiguous) for :func:`moss_rt.codec.fused.rope_store`; the
+    same values :func:`rope_rotation` packs into complex numbers."""
+    cos, sin = rope_angles(positions, head_dim, max_period, torch.float32)
+    return cos[:, 0].contiguous(), sin[:, 0].contiguous()
 
 
 def rotate_pairs(x: torch.Tensor, rot: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -180,6 +192,43 @@ class TransformerLayer(nn.Module):
         return self.finish(x, attend(q, k, v))
 
 
+# kv_dst(layer_index) -> (k_buf, v_buf, rows [B], ring_idx [B, T]): where rope_store puts the chunk's k/v.
+KVDest = Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+# attend(layer_index, q [B, H, T, Dh]) -> [B, H, T, Dh], after the layer's k/v are stored.
+AttendStored = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+def run_layers_fused(
+    layers: nn.ModuleList, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    kv_dst: KVDest, attend: AttendStored,
+) -> torch.Tensor:
+    """The layer stack with the fused kernels of :mod:`moss_rt.codec.fused` (CUDA, fp32 residual stream).
+
+    Same maths as ``layer(x, rot, attend)`` in a loop, in ~10 kernels per layer instead of ~17: each residual
+    update is fused with the LayerNorm (and cast) that follows it — LN2 after attention, the next layer's LN1
+    after the FFN — and RoPE is fused with the K/V store.
+
+    Args:
+        x: ``[B, T, d]`` fp32 residual stream after ``input_proj``. cos, sin: from :func:`rope_tables`.
+    Returns:
+        the residual stream after the last layer, already in the compute dtype (for ``output_proj``).
+    """
+    B, T, _ = x.shape
+    wdt = layers[0].self_attn.in_proj.weight.dtype
+    _, h = fused.residual_norm(x, None, None, layers[0].norm1, wdt)
+    for li, layer in enumerate(layers):
+        qkv = F.linear(h, layer.self_attn.in_proj.weight)
+        k_buf, v_buf, rows, ring_idx = kv_dst(li)
+        q = fused.rope_store(qkv, cos, sin, k_buf, v_buf, rows, ring_idx, layer.num_heads)
+        a = attend(li, q).transpose(1, 2).reshape(B, T, -1)
+        u = F.linear(a, layer.self_attn.out_proj.weight)
+        x, h = fused.residual_norm(x, u, layer.layer_scale_1.scale, layer.norm2, wdt)
+        u = F.linear(F.gelu(F.linear(h, layer.ffn[0].weight)), layer.ffn[2].weight)
+        nxt = layers[li + 1].norm1 if li + 1 < len(layers) else None
+        x, h = fused.residual_norm(x, u, layer.layer_scale_2.scale, nxt, wdt)
+    return h
+
+
 class TransformerStack(nn.Module):
     """Holds ``layers`` (checkpoint key ``<stage>.transformer.layers.<i>``)."""
 
@@ -215,13 +264,27 @@ class ProjectedTransformer(nn.Module):
         """Whole-sequence forward from position 0. ``x`` ``[B, T, in]`` → ``[B, T, out]`` fp32."""
         B, T, _ = x.shape
         pos = torch.arange(T, device=x.device).expand(B, T)
-        rot = rope_rotation(pos, self.spec.head_dim, self.spec.max_period, acc_dtype(self.input_proj.weight.dtype))
         context = self.spec.context
+        h = self.project_in(x)
+        if fused.usable(h):
+            # One K/V buffer pair [B, H, T, Dh] reused by every layer (row b, "ring" index t: no ring here).
+            cos, sin = rope_tables(pos, self.spec.head_dim, self.spec.max_period)
+            shape = (B, self.spec.num_heads, T, self.spec.head_dim)
+            k, v = (torch.empty(shape, device=h.device, dtype=self.input_proj.weight.dtype) for _ in range(2))
+            rows = torch.arange(B, device=h.device)
+
+            def kv_dst(li: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                return k, v, rows, pos
+
+            def attend_stored(li: int, q: torch.Tensor) -> torch.Tensor:
+                return windowed_attention(q, k, v, context)
+
+            return self.project_out(run_layers_fused(self.transformer.layers, h, cos, sin, kv_dst, attend_stored))
+        rot = rope_rotation(pos, self.spec.head_dim, self.spec.max_period, acc_dtype(self.input_proj.weight.dtype))
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return windowed_attention(q, k, v, context)
 
-        h = self.project_in(x)
         for layer in self.transformer.layers:
             h = layer(h, rot, attend)
         return self.project_out(h)

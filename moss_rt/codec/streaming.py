@@ -34,8 +34,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import fused
 from .model import DEFAULT_DECODE_LEVELS, CodecModel, Patch
-from .modules import ProjectedTransformer, acc_dtype, rope_rotation
+from .modules import ProjectedTransformer, acc_dtype, rope_rotation, rope_tables, run_layers_fused
 
 __all__ = ["DecoderState", "StreamingDecoder", "NoFreeSlot"]
 
@@ -362,28 +363,40 @@ class StreamingDecoder:
         visible = ((pos_j >= 0)[:, None, :] & (delta >= 0) & (delta < st.context))[:, None]  # [B, 1, Tq, R]
         # Additive mask made once per stage: a bool mask would be converted again in every layer.
         mask = torch.zeros(visible.shape, device=dev, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
-        rot = rope_rotation(pos, st.module.spec.head_dim, st.module.spec.max_period, acc_dtype(self.dtype))
         rows = slots[:, None]
         H = st.module.spec.num_heads
         use_matmul = self.attention == "matmul" or (
             self.attention == "auto" and B * H * Tq * R <= self.matmul_max_scores
         )
         scale = st.module.spec.head_dim**-0.5
-        h = st.module.project_in(x)
-        for li, layer in enumerate(st.module.transformer.layers):
-            q, k, v = layer.qkv(h, rot)
+
+        def attend(li: int, q: torch.Tensor) -> torch.Tensor:
+            """Attention of the chunk's queries over layer ``li``'s ring (the chunk's keys already written)."""
             kp, vp = st.k_pool[li], st.v_pool[li]
-            # Advanced indices (rows, ring_idx) around a slice: target shape [B, Tq, H, Dh].
-            kp[rows, :, ring_idx] = k.transpose(1, 2)
-            vp[rows, :, ring_idx] = v.transpose(1, 2)
             if contig_start is not None:
                 kb, vb = kp[contig_start : contig_start + B], vp[contig_start : contig_start + B]
             else:
                 kb, vb = kp.index_select(0, slots), vp.index_select(0, slots)
             if use_matmul:
                 scores = torch.matmul(q * scale, kb.transpose(-1, -2)) + mask  # [B, H, Tq, R]
-                attn = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(vb.dtype), vb)
-            else:
-                attn = F.scaled_dot_product_attention(q, kb, vb, attn_mask=mask)
-            h = layer.finish(h, attn)
+                return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(vb.dtype), vb)
+            return F.scaled_dot_product_attention(q, kb, vb, attn_mask=mask)
+
+        h = st.module.project_in(x)
+        layers = st.module.transformer.layers
+        if fused.usable(h):
+            # Fused kernels (CUDA): RoPE + ring write in one kernel, residual + LayerNorm + cast in another.
+            cos, sin = rope_tables(pos, st.module.spec.head_dim, st.module.spec.max_period)
+
+            def kv_dst(li: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                return st.k_pool[li], st.v_pool[li], slots, ring_idx
+
+            return st.module.project_out(run_layers_fused(layers, h, cos, sin, kv_dst, attend))
+        rot = rope_rotation(pos, st.module.spec.head_dim, st.module.spec.max_period, acc_dtype(self.dtype))
+        for li, layer in enumerate(layers):
+            q, k, v = layer.qkv(h, rot)
+            # Advanced indices (rows, ring_idx) around a slice: target shape [B, Tq, H, Dh].
+            st.k_pool[li][rows, :, ring_idx] = k.transpose(1, 2)
+            st.v_pool[li][rows, :, ring_idx] = v.transpose(1, 2)
+            h = layer.finish(h, attend(li, q))
         return st.module.project_out(h)

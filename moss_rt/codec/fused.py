@@ -1,0 +1,224 @@
+"""Fused elementwise kernels (Triton) for the codec transformers on CUDA.
+
+Why: a streaming decode step of 16 streams × 1 frame is bound by the *number* of kernels a CUDA graph replays
+(≈2,040 per step, ≈17.6 per layer over 92 decoder layers), not by their work. Per layer the plain-PyTorch path
+launches LayerNorm, a cast to the compute dtype, three RoPE kernels, two ring writes and two residual updates
+around the GEMMs and the attention. Two Triton kernels replace them:
+
+- :func:`residual_norm`: ``x += scale * update`` (LayerScale residual, fp32) followed by LayerNorm and the cast to
+  the compute dtype, one pass over the row. Used after attention (→ LN2) and after the FFN (→ the next layer's LN1,
+  or just the cast for ``output_proj`` after the last layer).
+- :func:`rope_store`: interleaved RoPE of q and k in fp32 from the in_proj output, q written out in the compute
+  dtype, rotated k and plain v written straight into their K/V buffers (ring slots of the streaming pools, or
+  fresh whole-clip buffers) at ``[rows[b], :, ring_idx[b, t], :]``.
+
+The maths and dtypes are the plain path's (fp32 residual, LayerNorm, LayerScale and RoPE; K/V and GEMM inputs in
+the compute dtype); only rounding order differs (fused multiply-adds, the LayerNorm reduction order), ~1e-7
+relative in fp32. Whole-clip decode uses the same kernels, so chunked == whole holds as before (tested on CUDA).
+
+Used when the tensors are on CUDA, the residual stream is fp32 and Triton imports; ``MOSS_RT_CODEC_FUSED=0``
+turns it off (and :func:`disabled` in code). ``MOSS_RT_CODEC_FUSED=interpret`` with ``TRITON_INTERPRET=1``
+runs the kernels on CPU tensors through Triton's interpreter (tests only; slow).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["disabled", "residual_norm", "rope_store", "usable"]
+
+log = logging.getLogger(__name__)
+
+_off = 0  # nesting depth of ``disabled()``
+
+
+@functools.cache
+def _triton():
+    """The jitted kernels, built on first use (so TRITON_INTERPRET is read then); None without Triton."""
+    try:
+        import triton
+        import triton.language as tl
+    except Exception:  # noqa: BLE001 - no Triton (CPU wheels): plain path
+        return None
+
+    @triton.jit
+    def _residual_norm(
+        X, U, LS, W, Bias, XOUT, H, D, eps,
+        HAS_RES: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        o = tl.arange(0, BLOCK)
+        m = o < D
+        x = tl.load(X + row * D + o, mask=m, other=0.0).to(tl.float32)
+        if HAS_RES:
+            u = tl.load(U + row * D + o, mask=m, other=0.0).to(tl.float32)
+            ls = tl.load(LS + o, mask=m, other=0.0).to(tl.float32)
+            x = x + ls * u
+            tl.store(XOUT + row * D + o, x, mask=m)
+        if HAS_NORM:
+            mean = tl.sum(x, axis=0) / D
+            xc = tl.where(m, x - mean, 0.0)
+            var = tl.sum(xc * xc, axis=0) / D
+            rstd = 1.0 / tl.sqrt(var + eps)
+            w = tl.load(W + o, mask=m, other=0.0).to(tl.float32)
+            b = tl.load(Bias + o, mask=m, other=0.0).to(tl.float32)
+            x = xc * rstd * w + b
+        tl.store(H + row * D + o, x.to(H.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _rope_store(
+        QKV, COS, SIN, Q, KB, VB, ROWS, RIDX, T, s_row, s_head, s_ring,
+        D: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        # One program per token n = b * T + t; lanes over the D/2 (head, pair) pairs of the token.
+        n = tl.program_id(0).to(tl.int64)
+        b = n // T
+        p = tl.arange(0, BLOCK)
+        m = p < D // 2
+        head = p // HALF
+        i = p % HALF
+        col = head * (2 * HALF) + 2 * i  # even element of the pair inside q (k, v at +D, +2D)
+        src = QKV + n * (3 * D) + col
+        c = tl.load(COS + n * HALF + i, mask=m, other=0.0)
+        s = tl.load(SIN + n * HALF + i, mask=m, other=0.0)
+        # (a + ib)(c + is): the complex product of the plain path.
+        qa = tl.load(src, mask=m, other=0.0).to(tl.float32)
+        qb = tl.load(src + 1, mask=m, other=0.0).to(tl.float32)
+        qdst = Q + n * D + col
+        tl.store(qdst, (qa * c - qb * s).to(Q.dtype.element_ty), mask=m)
+        tl.store(qdst + 1, (qa * s + qb * c).to(Q.dtype.element_ty), mask=m)
+        ka = tl.load(src + D, mask=m, other=0.0).to(tl.float32)
+        kb = tl.load(src + D + 1, mask=m, other=0.0).to(tl.float32)
+        va = tl.load(src + 2 * D, mask=m, other=0.0)
+        vb = tl.load(src + 2 * D + 1, mask=m, other=0.0)
+        slot = tl.load(ROWS + b)
+        r = tl.load(RIDX + n)
+        off = slot * s_row + head * s_head + r * s_ring + 2 * i
+        tl.store(KB + off, (ka * c - kb * s).to(KB.dtype.element_ty), mask=m)
+        tl.store(KB + off + 1, (ka * s + kb * c).to(KB.dtype.element_ty), mask=m)
+        tl.store(VB + off, va.to(VB.dtype.element_ty), mask=m)
+        tl.store(VB + off + 1, vb.to(VB.dtype.element_ty), mask=m)
+
+    return triton, _residual_norm, _rope_store
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether the fused kernels run for residual stream ``x`` (see the module docstring)."""
+    mode = os.environ.get("MOSS_RT_CODEC_FUSED", "1")
+    if _off or mode == "0" or x.dtype != torch.float32:
+        return False
+    if not (x.is_cuda or (mode == "interpret" and os.environ.get("TRITON_INTERPRET") == "1")):
+        return False
+    return _triton() is not None and _works_on(x.device)
+
+
+@functools.cache
+def _works_on(device: torch.device) -> bool:
+    """One tiny launch per device, the first time (always before any graph capture: captures are preceded by
+    warm-up runs): Triton can import yet fail to compile (no C compiler, unsupported GPU); then plain PyTorch."""
+    try:
+        x = torch.ones(2, 8, device=device)
+        norm = torch.nn.LayerNorm(8).to(device)
+        residual_norm(x, x, x[0], norm, torch.float32)
+        return True
+    except Exception:  # noqa: BLE001
+        log.warning("codec: Triton fused kernels unusable on %s; using plain PyTorch ops", device, exc_info=True)
+        return False
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Use the plain PyTorch path inside this block (comparisons, benchmarks)."""
+    global _off
+    _off += 1
+    try:
+        yield
+    finally:
+        _off -= 1
+
+
+def _block(n: int) -> int:
+    return 1 << max(5, (n - 1).bit_length())
+
+
+def _warps(block: int) -> int:
+    return 8 if block >= 2048 else 4
+
+
+def residual_norm(
+    x: torch.Tensor,
+    update: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    norm: torch.nn.LayerNorm | None,
+    out_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x + scale * update`` (fp32; ``x`` itself when ``update`` is None) and its LayerNorm (or the plain value
+    when ``norm`` is None) in ``out_dtype``.
+
+    Args:
+        x: ``[..., D]`` fp32 contiguous. update: same shape, any float dtype. scale: ``[D]``.
+    Returns:
+        (new residual fp32, normalised row in ``out_dtype``).
+    """
+    _, kern, _ = _triton()
+    D = x.shape[-1]
+    rows = x.numel() // D
+    has_res = update is not None
+    xo = torch.empty_like(x) if has_res else x
+    h = torch.empty(x.shape, device=x.device, dtype=out_dtype)
+    if rows:
+        blk = _block(D)
+        kern[(rows,)](
+            x, update.contiguous() if has_res else x, scale if has_res else x,
+            norm.weight if norm is not None else x, norm.bias if norm is not None else x,
+            xo, h, D, float(norm.eps) if norm is not None else 0.0,
+            HAS_RES=has_res, HAS_NORM=norm is not None, BLOCK=blk, num_warps=_warps(blk),
+        )
+    return xo, h
+
+
+def rope_store(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    rows: torch.Tensor,
+    ring_idx: torch.Tensor,
+    num_heads: int,
+) -> torch.Tensor:
+    """RoPE q/k from the in_proj output and store k/v; returns q.
+
+    Args:
+        qkv: ``[B, T, 3 * D]`` contiguous (q | k | v, heads inside each), any float dtype.
+        cos, sin: ``[B, T, Dh / 2]`` fp32 contiguous (:func:`moss_rt.codec.modules.rope_angles`).
+        k_buf, v_buf: ``[S, H, R, Dh]`` with equal strides and unit stride on Dh: rotated k and v land at
+            ``[rows[b], :, ring_idx[b, t], :]``.
+        rows: ``[B]`` int64; ring_idx: ``[B, T]`` int64.
+    Returns:
+        rotated q ``[B, H, T, Dh]`` (a transposed view of ``[B, T, H, Dh]``) in ``k_buf``'s dtype.
+    """
+    _, _, kern = _triton()
+    B, T, D3 = qkv.shape
+    D = D3 // 3
+    H = num_heads
+    Dh = D // H
+    assert k_buf.stride() == v_buf.stride() and k_buf.stride(-1) == 1 and k_buf.dtype == v_buf.dtype
+    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape == (B, T, Dh // 2)
+    qkv = qkv.contiguous()
+    ring_idx = ring_idx.expand(B, T).contiguous()
+    q = torch.empty(B, T, H, Dh, device=qkv.device, dtype=k_buf.dtype)
+    if B * T:
+        blk = _block(D // 2)
+        kern[(B * T,)](
+            qkv, cos, sin, q, k_buf, v_buf, rows, ring_idx, T,
+            k_buf.stride(0), k_buf.stride(1), k_buf.stride(2),
+            D=D, HALF=Dh // 2, BLOCK=blk, num_warps=_warps(blk),
+        )
+    return q.transpose(1, 2)
