@@ -15,6 +15,7 @@ reference encoding; decoding/resampling the upload is CPU work not measured here
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from moss_rt.codec import CodecModel, load_codec  # noqa: E402
+from moss_rt.codec import CodecModel, fused, load_codec  # noqa: E402
 from moss_rt.codec.config import CodecConfig  # noqa: E402
 from moss_rt.codec.streaming import StreamingDecoder  # noqa: E402
 from moss_rt.codec.tiny import (  # noqa: E402
@@ -130,43 +131,77 @@ def profile_step(dec: StreamingDecoder, states: list, codes: list, path: Path) -
     path.write_text(f"CUDA kernels over 3 calls: {n_kernels}\n{table}\n")
 
 
+def count_kernels(dec: StreamingDecoder, states: list, codes: list) -> int:
+    """CUDA kernels launched by one eager decode call (what a graph of the same step replays, give or take)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs, dec.cuda_graphs = dec.cuda_graphs, False
+    try:
+        dec.decode_tensors(states, codes)  # warm (Triton compiles, cuBLAS plans) outside the profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            dec.decode_tensors(states, codes)
+            torch.cuda.synchronize()
+    finally:
+        dec.cuda_graphs = graphs
+    return sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def bench_mode(
     mode: str, codec: CodecModel, device: str, streams: list[int], chunks: list[int],
     rng: np.random.Generator, res: dict[str, object], profile_dir: Path | None = None,
+    cases: list[tuple[int, int]] | None = None,
 ) -> list[dict[str, object]]:
-    """Time one decoder mode over every (streams, chunk) pair.
+    """Time one decoder mode over every (streams, chunk) pair (or only ``cases``).
 
-    ``mode`` is ``eager`` or ``graph``, optionally with an attention kernel suffix: ``graph-matmul``, ``graph-auto``.
+    ``mode`` is ``eager`` or ``graph``, optionally with suffixes: an attention kernel (``-matmul``, ``-auto``) and
+    ``-nofuse`` (plain PyTorch elementwise ops instead of the fused Triton kernels), e.g. ``graph-nofuse``.
     """
+    parts = mode.split("-")
+    ctx = fused.disabled() if "nofuse" in parts else contextlib.nullcontext()
+    with ctx:
+        return _bench_mode(mode, parts, codec, device, streams, chunks, rng, res, profile_dir, cases)
+
+
+def _bench_mode(
+    mode: str, parts: list[str], codec: CodecModel, device: str, streams: list[int], chunks: list[int],
+    rng: np.random.Generator, res: dict[str, object], profile_dir: Path | None,
+    cases: list[tuple[int, int]] | None,
+) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
-    kind, _, attn = mode.partition("-")
-    dec = StreamingDecoder(codec, device=device, dtype=torch.bfloat16, max_streams=max(streams),
-                           max_chunk_frames=max(chunks), cuda_graphs=(kind == "graph"), attention=attn or "sdpa")
+    kind = parts[0]
+    attn = next((p for p in parts[1:] if p in ("sdpa", "matmul", "auto")), "sdpa")
+    if cases is None:
+        cases = [(S, T) for S in streams for T in chunks]
+    dec = StreamingDecoder(codec, device=device, dtype=torch.bfloat16, max_streams=max(S for S, _ in cases),
+                           max_chunk_frames=max(T for _, T in cases), cuda_graphs=(kind == "graph"),
+                           attention=attn)
     pool_mb = sum(t.numel() * t.element_size() for s in dec._stages.values() for t in s.k_pool + s.v_pool) / 1e6
     res[f"{mode}_kv_pool_MB"] = round(pool_mb, 1)
-    for S in streams:
-        for T in chunks:
-            states = [dec.new_state() for _ in range(S)]
-            codes = [rng.integers(0, 1024, (T, 12)) for _ in range(S)]
-            t_cap = time.perf_counter()
-            dec.warmup([S], [T])
-            cap_s = time.perf_counter() - t_cap
-            iters = 10 if T == 18 else 20
-            ms = timed(lambda: dec.decode_tensors(states, codes), iters=iters, warm=2)  # noqa: B023
-            ms_np = timed(lambda: dec.decode(states, codes), iters=5, warm=1)  # noqa: B023
-            ms_gather = None
-            if S > 1:  # reversed order is not a contiguous ascending range: the gather path
-                ms_gather = timed(lambda: dec.decode_tensors(states[::-1], codes[::-1]), iters=iters, warm=2)  # noqa: B023
-            if profile_dir is not None and kind == "eager" and T == 1:
-                profile_step(dec, states, codes, profile_dir / f"profile_{mode}_S{S}_T{T}.txt")
-            for st in states:
-                st.close()
-            row = {"mode": mode, "streams": S, "chunk_frames": T, "ms_per_call": round(ms, 2),
-                   "ms_per_frame_step": round(ms / T, 3), "ms_per_call_numpy_out": round(ms_np, 2),
-                   "realtime_x_per_stream": round(80.0 * T / ms, 1), "capture_s": round(cap_s, 2),
-                   "ms_per_call_gathered_slots": None if ms_gather is None else round(ms_gather, 2)}
-            rows.append(row)
-            log.info("%s", row)
+    for S, T in cases:
+        states = [dec.new_state() for _ in range(S)]
+        codes = [rng.integers(0, 1024, (T, 12)) for _ in range(S)]
+        t_cap = time.perf_counter()
+        dec.warmup([S], [T])
+        cap_s = time.perf_counter() - t_cap
+        iters = 10 if T == 18 else 20
+        ms = timed(lambda: dec.decode_tensors(states, codes), iters=iters, warm=2)  # noqa: B023
+        ms_np = timed(lambda: dec.decode(states, codes), iters=5, warm=1)  # noqa: B023
+        ms_gather = None
+        if S > 1:  # reversed order is not a contiguous ascending range: the gather path
+            ms_gather = timed(lambda: dec.decode_tensors(states[::-1], codes[::-1]), iters=iters, warm=2)  # noqa: B023
+        if profile_dir is not None and kind == "eager" and T == 1:
+            profile_step(dec, states, codes, profile_dir / f"profile_{mode}_S{S}_T{T}.txt")
+        n_kern = count_kernels(dec, states, codes) if device == "cuda" and T == 1 else None
+        for st in states:
+            st.close()
+        row = {"mode": mode, "streams": S, "chunk_frames": T, "ms_per_call": round(ms, 2),
+               "ms_per_frame_step": round(ms / T, 3), "ms_per_call_numpy_out": round(ms_np, 2),
+               "realtime_x_per_stream": round(80.0 * T / ms, 1), "capture_s": round(cap_s, 2),
+               "ms_per_call_gathered_slots": None if ms_gather is None else round(ms_gather, 2),
+               "cuda_kernels_per_call": n_kern}
+        rows.append(row)
+        log.info("%s", row)
     return rows
 
 
@@ -177,6 +212,7 @@ def main() -> None:
     ap.add_argument("--streams", default="1,16")
     ap.add_argument("--chunks", default="1,5,18")
     ap.add_argument("--modes", default="eager,graph")
+    ap.add_argument("--cases", default=None, help="only these streams x chunk pairs, e.g. 16x1,16x5,1x5")
     ap.add_argument("--via-disk", action="store_true", help="write + load the real layout instead of GPU init")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="dry run with the tiny config")
@@ -208,6 +244,9 @@ def main() -> None:
     res["params_M"] = round(sum(p.numel() for p in codec.parameters()) / 1e6, 1)
     streams = [int(s) for s in args.streams.split(",")]
     chunks = [int(c) for c in args.chunks.split(",")]
+    cases = None
+    if args.cases:
+        cases = [(int(a), int(b)) for a, b in (c.split("x") for c in args.cases.split(","))]
     rng = np.random.default_rng(1)
     rows: list[dict[str, object]] = []
     for mode in args.modes.split(","):
@@ -215,7 +254,7 @@ def main() -> None:
             torch.cuda.empty_cache()
         try:
             rows += bench_mode(mode, codec, device, streams, chunks, rng, res,
-                               out.parent if (args.profile and device == "cuda") else None)
+                               out.parent if (args.profile and device == "cuda") else None, cases)
         except Exception as exc:
             log.exception("mode %s failed", mode)
             res[f"{mode}_error"] = repr(exc)
