@@ -142,11 +142,11 @@ class DirectingClient:
         return await self.collect()
 
 
-async def http_stream(base_url: str, timeout: float = 600.0, **fields: Any) -> TakeAudio:
+async def http_stream(base_url: str, total_timeout_sec: float = 600.0, **fields: Any) -> TakeAudio:
     """The legacy transport: POST /api/stream and parse the frame stream as it arrives."""
     take = TakeAudio()
     reader = FrameReader()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=total_timeout_sec)) as http:
         async with http.post(base_url.rstrip("/") + "/api/stream", json=fields) as resp:
             if resp.status != 200:
                 body = await resp.json(content_type=None)

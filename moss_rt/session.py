@@ -200,7 +200,9 @@ class DirectingSession:
         sampling: SamplingParams = request.sampling.replace(**msg.sampling)
         request = dataclasses.replace(request, sampling=sampling, seed=msg.seed, **overrides)
         seed = msg.seed if msg.seed is not None else self._new_seed()
-        take = TakeRecord(self._new_id(), request, seed, parent=source.take_id, branch_frame=msg.frame, label=source.label)
+        take = TakeRecord(
+            self._new_id(), request, seed, parent=source.take_id, branch_frame=msg.frame, label=source.label
+        )
         if msg.frame:
             take.append(0, source.codes[: msg.frame])
         self._remember(take)

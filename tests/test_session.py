@@ -14,8 +14,12 @@ from moss_rt.session import DirectingSession, TakeStore
 def make_session(max_takes: int = 4, store: TakeStore | None = None, prefix: str = "t") -> DirectingSession:
     ids = (f"{prefix}{i}" for i in itertools.count())
     seeds = itertools.count(1000)
-    return DirectingSession(store if store is not None else TakeStore(), max_takes=max_takes, id_factory=lambda: next(ids),
-                            seed_factory=lambda: next(seeds))
+    return DirectingSession(
+        store if store is not None else TakeStore(),
+        max_takes=max_takes,
+        id_factory=lambda: next(ids),
+        seed_factory=lambda: next(seeds),
+    )
 
 
 def codes(first: int, n: int) -> np.ndarray:
@@ -56,7 +60,8 @@ def test_retake_branches_with_prefix_overrides_and_new_seed() -> None:
     assert new.parent == "t0" and new.branch_frame == 8 and new.n_frames == 8
     assert np.array_equal(new.codes, parent.codes[:8]) and np.array_equal(plan.prefix_codes, parent.codes[:8])
     assert new.request.instruction == "angry" and new.request.text == "line"
-    assert new.request.sampling.audio_top_k == 5 and new.request.sampling.audio_top_p == parent.request.sampling.audio_top_p
+    assert new.request.sampling.audio_top_k == 5
+    assert new.request.sampling.audio_top_p == parent.request.sampling.audio_top_p
     assert new.seed == 1000 and s.running is new
     # The parent is untouched.
     assert parent.n_frames == 20 and parent.request.instruction == "calm"

@@ -17,7 +17,7 @@ import numpy as np
 from moss_rt.protocol import StartTake
 
 
-class EndReason(str, enum.Enum):
+class EndReason(enum.StrEnum):
     DONE = "done"
     CANCELLED = "cancelled"
     MAX_FRAMES = "max_frames"

@@ -109,7 +109,7 @@ def test_seek_retake_keeps_prefix_and_splices_at_ack(server: RunningServer) -> N
             assert continuation == expected_stereo(10, len(continuation), 99)
             assert second.end["n_frames"] == 10 + len(continuation)
             # The spliced take's download: frames before 10 bit-identical to the original.
-            wav = requests.get(f"{server.url}/api/takes/{new_id}.wav").content[44:]
+            wav = (await asyncio.to_thread(requests.get, f"{server.url}/api/takes/{new_id}.wav")).content[44:]
             spliced = stereo_frames(wav)
             assert spliced[:10] == original[:10]
             assert spliced[10:] == continuation
@@ -165,7 +165,8 @@ def test_disconnect_stops_generation(make_server) -> None:
             await next_message(client, "start")
             assert srv.engine.active_count == 1
         deadline = time.monotonic() + 2.0
-        while srv.engine.active_count and time.monotonic() < deadline:
+        # The engine exposes no event for this; a bounded poll is what a monitoring client would do.
+        while srv.engine.active_count and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         assert srv.engine.active_count == 0
 
