@@ -17,14 +17,13 @@ import numpy as np
 
 from moss_rt.protocol import (
     FRAME_SAMPLES,
+    N_CODEBOOKS,
     ErrorCode,
     ProtocolError,
     SamplingParams,
     Seek,
     StartTake,
 )
-
-N_CODEBOOKS = 12
 
 
 def new_take_id() -> str:
@@ -122,7 +121,6 @@ class TakeStore:
 @dataclass(frozen=True)
 class StartPlan:
     take: TakeRecord
-    replaces: TakeRecord | None  # the running take to cancel first (barge-in)
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,6 @@ class SeekPlan:
     source: TakeRecord
     frame: int
     take: TakeRecord  # the new take (retake) or the source itself (replay)
-    replaces: TakeRecord | None
 
     @property
     def sample(self) -> int:
@@ -176,10 +173,9 @@ class DirectingSession:
     def plan_start(self, request: StartTake) -> StartPlan:
         seed = request.seed if request.seed is not None else self._new_seed()
         take = TakeRecord(self._new_id(), request, seed, label=request.take)
-        replaces = self.running
         self._remember(take)
         self.running = take
-        return StartPlan(take, replaces)
+        return StartPlan(take)
 
     def plan_seek(self, msg: Seek) -> SeekPlan:
         source = self.get(msg.take)
@@ -189,12 +185,11 @@ class DirectingSession:
                 f"frame {msg.frame} is past the {source.n_frames} frames take {source.take_id} has",
                 field="frame",
             )
-        replaces = self.running
         if msg.mode == "replay":
             if source is self.running:
                 raise ProtocolError(ErrorCode.INVALID_FIELD, "cannot replay a take while it is running", field="take")
             self.running = None
-            return SeekPlan("replay", source, msg.frame, source, replaces)
+            return SeekPlan("replay", source, msg.frame, source)
         request = source.request
         overrides = {k: v for k, v in (("instruction", msg.instruction), ("text", msg.text)) if v is not None}
         sampling: SamplingParams = request.sampling.replace(**msg.sampling)
@@ -207,7 +202,7 @@ class DirectingSession:
             take.append(0, source.codes[: msg.frame])
         self._remember(take)
         self.running = take
-        return SeekPlan("retake", source, msg.frame, take, replaces)
+        return SeekPlan("retake", source, msg.frame, take)
 
     def record_chunk(self, take: TakeRecord, first_frame: int, codes: np.ndarray) -> None:
         take.append(first_frame, codes)

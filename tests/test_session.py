@@ -31,12 +31,11 @@ def finish(session: DirectingSession, take, n: int) -> None:  # noqa: ANN001
     session.record_end(take, "done", {"gpu_total_ms": 1.0})
 
 
-def test_start_assigns_id_and_seed_and_replaces_running() -> None:
+def test_start_assigns_id_and_seed_and_becomes_the_running_take() -> None:
     s = make_session()
     first = s.plan_start(StartTake(text="a", seed=5))
-    assert first.take.take_id == "t0" and first.take.seed == 5 and first.replaces is None
+    assert first.take.take_id == "t0" and first.take.seed == 5 and s.running is first.take
     second = s.plan_start(StartTake(text="b"))
-    assert second.replaces is first.take  # barge-in: the transport cancels it first
     assert second.take.seed == 1000 and s.running is second.take
 
 

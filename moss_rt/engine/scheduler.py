@@ -29,6 +29,7 @@ from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAu
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.slots import Phase, Retained, RetainedSlots, Take
+from moss_rt.protocol import N_CODEBOOKS
 
 if TYPE_CHECKING:
     from moss_rt.codec.streaming import StreamingDecoder
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-N_CODEBOOKS = 12
 REBUILD_CHUNK_FRAMES = 25  # prefix frames fed to a rebuilt codec state per unit of work
 
 

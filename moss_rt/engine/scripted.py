@@ -34,10 +34,9 @@ from moss_rt.engine.base import (
     TakeSpec,
 )
 from moss_rt.engine.channel import TakeChannel
-from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE, FRAME_SAMPLES
+from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS
 
 log = logging.getLogger(__name__)
-N_CODEBOOKS = 12
 
 
 def frame_marker(frame: int) -> int:

@@ -22,6 +22,7 @@ from moss_rt.protocol.schema import Field, coerce, short_repr, validate_fields
 PROTOCOL_VERSION = 1
 SAMPLE_RATE = 48000
 FRAME_SAMPLES = 3840  # per channel per 80 ms codec frame
+N_CODEBOOKS = 12  # codes per frame (the first 12 of the codec's 32 levels)
 FRAME_RATE = SAMPLE_RATE / FRAME_SAMPLES  # 12.5 frames per second
 DEFAULT_MODEL_ALIAS = "v2-best"
 DEFAULT_TEXT = "Hello! This is moss_rt, streaming expressive speech in real time."

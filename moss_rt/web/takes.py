@@ -46,9 +46,9 @@ async def build_spec(
     *,
     prefix_codes: np.ndarray | None = None,
 ) -> TakeSpec:
-    """Validate what needs the service (model, reference voice) and produce the engine's spec."""
+    """Resolve the reference voice (encoding it once) and produce the engine's spec; the caller has
+    already resolved the model."""
     request = take.request
-    resolve_model(state, request.model)
     reference_codes = None
     voice = state.voices.resolve(request.reference)
     if voice is not None:

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 
+import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from moss_rt.engine.base import EndReason, EngineBusy, TakeHandle
@@ -299,7 +300,7 @@ class Connection:
         else:
             self._launch(plan.take, model, prefix=plan.prefix_codes, t_request=t_request)
 
-    def _launch(self, take: TakeRecord, model: str, *, prefix: object, t_request: float) -> None:
+    def _launch(self, take: TakeRecord, model: str, *, prefix: np.ndarray | None, t_request: float) -> None:
         self._handle = None
         self._replay_stop = None
         self._stop_requested = None
@@ -308,14 +309,16 @@ class Connection:
             self._run_take(take, model, prefix, t_request), name=f"take-{take.take_id}"
         )
 
-    async def _run_take(self, take: TakeRecord, model: str, prefix: object, t_request: float) -> None:
+    async def _run_take(
+        self, take: TakeRecord, model: str, prefix: np.ndarray | None, t_request: float
+    ) -> None:
         handle: TakeHandle | None = None
         holding = False
         try:
             # Counted per client address across all its sockets and HTTP streams.
             self.state.client_takes.acquire(self.client)
             holding = True
-            spec = await build_spec(self.state, take, prefix_codes=prefix)  # type: ignore[arg-type]
+            spec = await build_spec(self.state, take, prefix_codes=prefix)
             handle = await self.state.engine.submit(spec)
             self._handle = handle
             # Stops that arrived while we were being admitted apply now (the first one wins).
