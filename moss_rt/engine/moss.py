@@ -27,10 +27,11 @@ from moss_rt.engine.base import EngineBusy, EngineInfo, TakeSpec
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.metrics import EngineMetrics
+from moss_rt.engine.prompts import PromptTooLong, frames_room, prompt_rows
 from moss_rt.engine.resolve import DEMO_BANNER, Choice, choose_codec, choose_model, placement, tiny_model_dir
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import EngineChannel, Take
-from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE
+from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE, ErrorCode, ProtocolError
 
 if TYPE_CHECKING:
     from moss_rt.model.runner import ModelRunner
@@ -120,6 +121,7 @@ class MossEngine:
     async def submit(self, spec: TakeSpec) -> EngineChannel:
         if self._loop is None or not self._ready or self._stop.is_set():
             raise EngineBusy(retry_after_sec=5.0)  # loading (or shutting down): come back later
+        await self._check_fits(spec)
         with self._admit_lock:
             if self._in_system >= self._capacity:
                 self.metrics.busy.inc()
@@ -129,6 +131,21 @@ class MossEngine:
         self._inbox.put_nowait(Take(spec, channel))
         self._wake.set()
         return channel
+
+    async def _check_fits(self, spec: TakeSpec) -> None:
+        """Refuse, as bad input, a prompt the KV cache can never hold (before it takes a queue place)."""
+        runner = self._runner
+        if runner is None:
+            return
+        rows = await asyncio.to_thread(prompt_rows, runner, spec)
+        max_seq = int(runner.max_seq_len)
+        try:
+            frames_room(len(rows), spec.start_frame, max_seq)
+        except PromptTooLong as exc:
+            # The prompt alone too long: the text (or instruction, reference) is at fault;
+            # otherwise the retake point is too late for the cache.
+            blame = "text" if len(rows) >= max_seq else "frame"
+            raise ProtocolError(ErrorCode.INVALID_FIELD, str(exc), field=blame) from None
 
     async def render(self, codes: np.ndarray, channels: int) -> bytes:
         codes = np.asarray(codes, dtype=np.int64).reshape(-1, 12)

@@ -133,20 +133,26 @@ def test_uploaded_voice_is_encoded_and_cloned(moss_server) -> None:
     run(scenario())
 
 
-def test_bad_prompt_is_an_error_not_a_crash(moss_server) -> None:
+def test_prompt_longer_than_the_cache_is_refused_as_bad_input(moss_server) -> None:
     srv = moss_server(max_seq_len=200)
+    # Legacy HTTP: refused before the stream starts, as a 422 naming the field.
+    r = requests.post(f"{srv.url}/api/stream", json={"text": "x " * 200, "max_new_tokens": 5}, timeout=30)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_field" and error["field"] == "text"
+    assert "holds 200" in error["message"]  # says how much the cache holds
 
     async def scenario() -> None:
         async with DirectingClient.connect(srv.ws_url) as client:
             try:
                 await client.speak("x " * 200, max_new_tokens=5)
             except ServerError as err:
-                assert err.code == "internal" and "cache" in str(err)
-                assert (await next_message(client, "end"))["reason"] == "error"
+                assert err.code == "invalid_field" and err.message.get("field") == "text", err.message
             else:  # pragma: no cover - the prompt cannot fit 200 positions
                 raise AssertionError("expected an error")
             take = await client.speak("ok", max_new_tokens=3, **LONG)
             assert take.end["n_frames"] >= 1, take.end
+        assert srv.engine.active_count == 0 and srv.engine.queued_count == 0
 
     run(scenario())
 

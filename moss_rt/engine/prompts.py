@@ -1,0 +1,46 @@
+"""Prompt rows for a take, and the check that they fit the slot's KV cache.
+
+The scheduler builds the rows on the worker thread; the engine builds them once more on a helper
+thread at submit time, so a prompt that can never fit is refused as bad input (``invalid_field``)
+before it queues, instead of failing later as a generation error.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from moss_rt.engine.base import TakeSpec
+
+if TYPE_CHECKING:
+    from moss_rt.model.runner import ModelRunner
+
+
+class PromptTooLong(ValueError):
+    """The prompt plus the frames kept by a retake leave no position to generate into."""
+
+
+def prompt_rows(runner: ModelRunner, spec: TakeSpec) -> np.ndarray:
+    """The take's prompt rows [T, 13] (thread-safe: tokenization only, no tensors)."""
+    req = spec.request
+    return runner.build_prompt(
+        text=req.text,
+        instruction=req.instruction,
+        language=req.language,
+        tokens=req.tokens,
+        reference_codes=spec.reference_codes,
+    )
+
+
+def frames_room(prompt_len: int, kept_frames: int, max_seq_len: int) -> int:
+    """Cache positions left after the prompt; raises :class:`PromptTooLong` when none are left
+    for a new frame after the ``kept_frames`` of a retake."""
+    room = max_seq_len - prompt_len
+    if room <= kept_frames:
+        raise PromptTooLong(
+            f"the prompt needs {prompt_len} positions"
+            + (f" and the retake keeps {kept_frames} frames" if kept_frames else "")
+            + f", but a take's cache holds {max_seq_len}; shorten the text, instruction or reference"
+        )
+    return room
