@@ -361,7 +361,14 @@ class Connection:
     async def _replay(self, take: TakeRecord, frame: int, model: str) -> None:
         self._replay_started = True
         try:
-            await replay_take(self.state, take, frame, self.send_frame, model=model)
+            # A replay streams (and renders) like a take, so it counts toward the client's take cap.
+            with self.state.client_takes.hold(self.client):
+                await replay_take(self.state, take, frame, self.send_frame, model=model)
+        except ProtocolError as err:
+            await self._safe(self.send_error(err, take=take.take_id))
+        except EngineBusy as busy:
+            err = ProtocolError(ErrorCode.BUSY, f"the service is at capacity; retry in {busy.retry_after_sec:.0f} s")
+            await self._safe(self.send_error(err, take=take.take_id))
         except ConnectionResetError:
             pass
         except asyncio.CancelledError:

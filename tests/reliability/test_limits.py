@@ -224,6 +224,30 @@ def test_takes_per_client_across_connections_and_transports(fast_server) -> None
     run(scenario())
 
 
+def test_a_replay_counts_toward_the_takes_per_client(fast_server) -> None:
+    # Paced to 0.5 s ahead of real time, replaying 100 frames (8 s) keeps running while b tries.
+    srv = fast_server(max_takes_per_client=1, frame_ms=1.0, max_lead_sec=0.5)
+
+    async def scenario() -> None:
+        async with websockets.connect(srv.ws_url) as a, websockets.connect(srv.ws_url) as b:
+            await hello(a)
+            await hello(b)
+            await a.send(json.dumps({"type": "start", "text": "to replay", "tokens": 100}))
+            take = (await next_json(a, "end", within=10))["take"]
+            await a.send(json.dumps({"type": "seek", "take": take, "frame": 0, "mode": "replay"}))
+            assert (await next_json(a, "start"))["replay"] is True
+            await b.send(json.dumps({"type": "start", "text": "second"}))
+            err = await next_json(b, "error")
+            assert err["code"] == "rate_limited", err
+            await a.send(json.dumps({"type": "cancel"}))
+            assert (await next_json(a, "end"))["reason"] == "cancelled"
+            await asyncio.sleep(0.05)
+            await b.send(json.dumps({"type": "start", "text": "second", "tokens": 3}))
+            assert (await next_json(b, "end"))["reason"] == "done"
+
+    run(scenario())
+
+
 def test_takes_kept_per_connection_is_bounded(fast_server) -> None:
     srv = fast_server(limits=Limits(max_takes_kept=2))
 
