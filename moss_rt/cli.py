@@ -66,6 +66,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--token-ttl-sec", type=float, default=base.token_ttl_sec)
     p.add_argument("--max-connections", type=int, default=base.max_connections)
     p.add_argument("--max-takes-per-client", type=int, default=base.max_takes_per_client, help="0: no cap")
+    p.add_argument(
+        "--trusted-proxies",
+        default=",".join(base.trusted_proxies),
+        help="reverse proxies (IPs or CIDRs, comma-separated) whose X-Forwarded-For names the client",
+    )
     p.add_argument("--ws-idle-timeout-sec", type=float, default=base.ws_idle_timeout_sec)
     p.add_argument("--ws-heartbeat-sec", type=float, default=base.ws_heartbeat_sec)
     p.add_argument("--send-stall-timeout-sec", type=float, default=base.send_stall_timeout_sec)
@@ -100,6 +105,7 @@ def run_serve(args: argparse.Namespace) -> int:
         token_ttl_sec=args.token_ttl_sec,
         max_connections=args.max_connections,
         max_takes_per_client=args.max_takes_per_client,
+        trusted_proxies=tuple(p.strip() for p in args.trusted_proxies.split(",") if p.strip()),
         ws_idle_timeout_sec=args.ws_idle_timeout_sec,
         ws_heartbeat_sec=args.ws_heartbeat_sec,
         send_stall_timeout_sec=args.send_stall_timeout_sec,

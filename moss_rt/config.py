@@ -45,8 +45,10 @@ class Settings:
     # Connections.
     max_connections: int = 256
     # Concurrent takes (WebSocket and HTTP) per remote address, across its connections; 0: no cap.
-    # Behind a reverse proxy every client shares the proxy's address: raise it or use 0 there.
+    # Behind a reverse proxy every client shares the proxy's address unless it is in trusted_proxies.
     max_takes_per_client: int = 16
+    # Reverse proxies (addresses or CIDR ranges) whose X-Forwarded-For names the client.
+    trusted_proxies: tuple[str, ...] = ()
     ws_idle_timeout_sec: float = 300.0  # no client message and no take running for this long → close
     ws_heartbeat_sec: float = 20.0  # server pings; no pong within half of it → the socket is dropped
     send_stall_timeout_sec: float = 15.0  # one send blocked this long (client not reading) → disconnect

@@ -71,8 +71,9 @@ def test_say_reports_server_errors(served: str, tmp_path: Path) -> None:
 def test_settings_from_env() -> None:
     s = settings_from_env(
         {"MOSS_RT_PORT": "9000", "MOSS_RT_MODEL": "/m", "MOSS_RT_DATA_DIR": "/d", "MOSS_RT_MAX_LEAD_SEC": "2.5",
-         "MOSS_RT_LIMIT_MAX_TEXT_CHARS": "100"}
+         "MOSS_RT_LIMIT_MAX_TEXT_CHARS": "100", "MOSS_RT_TRUSTED_PROXIES": "10.0.0.0/8, ::1"}
     )
+    assert s.trusted_proxies == ("10.0.0.0/8", "::1")
     assert (s.port, s.model, str(s.data_dir), s.max_lead_sec) == (9000, "/m", "/d", 2.5)
     assert s.limits.max_text_chars == 100 and s.limits.max_new_tokens == Settings().limits.max_new_tokens
 
@@ -80,5 +81,5 @@ def test_settings_from_env() -> None:
 def test_serve_help_lists_flags() -> None:
     result = subprocess.run([sys.executable, "-m", "moss_rt", "serve", "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
-    for flag in ("--host", "--port", "--model", "--data-dir", "--voices-dir", "--max-slots"):
+    for flag in ("--host", "--port", "--model", "--data-dir", "--voices-dir", "--max-slots", "--trusted-proxies"):
         assert flag in result.stdout

@@ -16,6 +16,7 @@ from moss_rt.voices import VoiceStore
 from moss_rt.web.guards import ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler
+from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
 from moss_rt.web.security import auth_middleware, cors_middleware, json_errors_middleware
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.ws import websocket_handler
@@ -29,7 +30,8 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
     # every error below it, aiohttp's own included, becomes a JSON body.
     app = web.Application(
         client_max_size=settings.limits.max_upload_bytes + 1024,
-        middlewares=[cors_middleware, json_errors_middleware, auth_middleware],
+        # forwarded_for first: everything after it (auth logs, per-client limits) sees the client.
+        middlewares=[forwarded_for_middleware, cors_middleware, json_errors_middleware, auth_middleware],
     )
     voices = VoiceStore(settings.voices_store_dir, settings.voices_dir, settings.limits)
     app[STATE] = ServiceState(
@@ -38,6 +40,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         voices=voices,
         takes=TakeStore(),
         client_takes=ClientTakes(settings.max_takes_per_client),
+        trusted_proxies=parse_networks(settings.trusted_proxies),
     )
     app.add_routes(routes)
     app.router.add_get("/api/ws", websocket_handler)

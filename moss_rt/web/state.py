@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -12,6 +12,9 @@ from moss_rt.engine.base import Engine
 from moss_rt.session import TakeStore
 from moss_rt.voices import VoiceStore
 from moss_rt.web.guards import ClientTakes
+
+if TYPE_CHECKING:
+    from ipaddress import IPv4Network, IPv6Network
 
 
 @dataclass
@@ -27,6 +30,8 @@ class ServiceState:
     connections: set[Any] = field(default_factory=set)
     http_takes: set[Any] = field(default_factory=set)
     client_takes: ClientTakes = field(default_factory=lambda: ClientTakes(0))
+    # Reverse proxies whose X-Forwarded-For is believed (parsed from settings.trusted_proxies).
+    trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
     ws_slots: int = 0  # WebSocket connections admitted (reserved before the upgrade completes)
 
 

@@ -1,0 +1,89 @@
+"""Clients behind a reverse proxy: X-Forwarded-For is believed from trusted proxies only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import requests
+import websockets
+
+from moss_rt.web.proxies import client_address, parse_networks
+from tests.reliability.helpers import error_of, hello, next_json, run
+
+PROXIES = parse_networks(["10.0.0.0/8", "127.0.0.1", "::1"])
+
+
+@pytest.mark.parametrize(
+    ("peer", "header", "client"),
+    [
+        ("203.0.113.9", ["198.51.100.1"], "203.0.113.9"),  # peer not a proxy: its header is ignored
+        ("10.1.2.3", ["198.51.100.1"], "198.51.100.1"),
+        ("10.1.2.3", [], "10.1.2.3"),  # a proxy's own request
+        # A client may put anything at the left; only the hop our proxy saw counts.
+        ("10.1.2.3", ["6.6.6.6, 198.51.100.1"], "198.51.100.1"),
+        ("10.1.2.3", ["198.51.100.1, 10.9.9.9"], "198.51.100.1"),  # two trusted hops
+        ("10.1.2.3", ["198.51.100.1", "10.9.9.9"], "198.51.100.1"),  # repeated header lines
+        ("10.1.2.3", ["10.9.9.9, 10.8.8.8"], "10.9.9.9"),  # all trusted: the farthest one
+        ("10.1.2.3", ["not-an-ip"], "10.1.2.3"),  # garbage: stop at the last hop we can vouch for
+        ("10.1.2.3", ["198.51.100.1:4711"], "198.51.100.1"),
+        ("10.1.2.3", ["[2001:db8::7]:443"], "2001:db8::7"),
+        ("::ffff:10.1.2.3", ["198.51.100.1"], "198.51.100.1"),  # IPv4 on a dual-stack socket
+        ("::1", ["2001:db8::7"], "2001:db8::7"),
+    ],
+)
+def test_client_address(peer: str, header: list[str], client: str) -> None:
+    assert client_address(peer, header, PROXIES) == client
+
+
+def test_no_trusted_proxies_means_the_peer() -> None:
+    assert client_address("10.1.2.3", ["198.51.100.1"], ()) == "10.1.2.3"
+
+
+def test_bad_proxy_entry_is_a_configuration_error() -> None:
+    with pytest.raises(ValueError, match="not-a-net"):
+        parse_networks(["10.0.0.0/8", "not-a-net"])
+
+
+def _start_http(url: str, forwarded_for: str | None) -> requests.Response:
+    headers = {"X-Forwarded-For": forwarded_for} if forwarded_for else {}
+    return requests.post(f"{url}/api/stream", json={"text": "short", "tokens": 2}, headers=headers, timeout=30)
+
+
+def test_takes_per_client_count_forwarded_clients_separately(fast_server) -> None:
+    srv = fast_server(max_takes_per_client=1, frame_ms=20.0, trusted_proxies=("127.0.0.1",))
+
+    async def scenario() -> None:
+        alice = {"X-Forwarded-For": "198.51.100.1"}
+        async with websockets.connect(srv.ws_url, additional_headers=alice) as ws:
+            await hello(ws)
+            await ws.send(json.dumps({"type": "start", "text": "long " * 100}))
+            await next_json(ws, "start")
+            # Another client behind the same proxy is not limited by alice's take...
+            r = await asyncio.to_thread(_start_http, srv.url, "198.51.100.2")
+            assert r.status_code == 200, r.text
+            # ...alice herself is, whichever way she comes in.
+            r = await asyncio.to_thread(_start_http, srv.url, "6.6.6.6, 198.51.100.1")
+            assert r.status_code == 429 and error_of(r)["code"] == "rate_limited"
+            await ws.send(json.dumps({"type": "cancel"}))
+            await next_json(ws, "end")
+
+    run(scenario())
+
+
+def test_forwarded_for_is_ignored_unless_the_proxy_is_trusted(fast_server) -> None:
+    srv = fast_server(max_takes_per_client=1, frame_ms=20.0)  # no trusted proxies
+
+    async def scenario() -> None:
+        async with websockets.connect(srv.ws_url, additional_headers={"X-Forwarded-For": "198.51.100.1"}) as ws:
+            await hello(ws)
+            await ws.send(json.dumps({"type": "start", "text": "long " * 100}))
+            await next_json(ws, "start")
+            # A header cannot buy a second take: both requests come from 127.0.0.1.
+            r = await asyncio.to_thread(_start_http, srv.url, "198.51.100.2")
+            assert r.status_code == 429 and error_of(r)["code"] == "rate_limited"
+            await ws.send(json.dumps({"type": "cancel"}))
+            await next_json(ws, "end")
+
+    run(scenario())
