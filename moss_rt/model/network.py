@@ -53,11 +53,15 @@ class Qwen3Attention(nn.Module):
         write_pos: torch.Tensor,
         key_len: int,
         key_mask: torch.Tensor,
+        cache_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x [B,T,H]; cos/sin [B,T,D]; caches [B,Hkv,S,D] (views of the runner's buffers).
 
         Writes this chunk's keys/values at ``write_pos`` [B,T] and attends over the
-        first ``key_len`` cached positions with ``key_mask`` [B,T,key_len].
+        first ``key_len`` cached positions with ``key_mask`` [B,T,key_len]. With
+        ``cache_rows`` [B] the caches are the whole [slots,Hkv,S,D] buffers and batch row
+        b uses cache row ``cache_rows[b]`` (a batched prefill of scattered slots, without
+        copying their caches in and out).
         """
         batch, tq, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(batch, tq, self.num_heads, self.head_dim))
@@ -66,11 +70,18 @@ class Qwen3Attention(nn.Module):
         c, s = cos.unsqueeze(2), sin.unsqueeze(2)
         q = q * c + rotate_half_split(q) * s
         k = k * c + rotate_half_split(k) * s
-        rows = torch.arange(batch, device=x.device)[:, None].expand(batch, tq)
+        if cache_rows is None:
+            rows = torch.arange(batch, device=x.device)[:, None].expand(batch, tq)
+        else:
+            rows = cache_rows[:, None].expand(batch, tq)
         # Advanced indices on dims 0 and 2 put the [B,T] index dims first: value [B,T,Hkv,D].
         k_cache[rows, :, write_pos] = k
         v_cache[rows, :, write_pos] = v
-        out = grouped_attention(q, k_cache[:, :, :key_len], v_cache[:, :, :key_len], key_mask, self.scale)
+        if cache_rows is None:
+            keys, values = k_cache[:, :, :key_len], v_cache[:, :, :key_len]
+        else:  # gathers only the key window of the batch's slots
+            keys, values = k_cache[cache_rows, :, :key_len], v_cache[cache_rows, :, :key_len]
+        out = grouped_attention(q, keys, values, key_mask, self.scale)
         return self.o_proj(out)
 
 
@@ -114,14 +125,18 @@ class Qwen3Backbone(nn.Module):
         write_pos: torch.Tensor,
         key_len: int,
         key_mask: torch.Tensor,
+        cache_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run all layers on embedded rows x [B,T,H]; caches are [L,B,Hkv,S,D] views.
+        """Run all layers on embedded rows x [B,T,H]; caches are [L,B,Hkv,S,D] views (or the whole
+        [L,slots,Hkv,S,D] buffers with ``cache_rows`` [B], see Qwen3Attention).
 
         Returns the hidden states after the final RMSNorm (what the local transformer reads).
         """
         for index, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
-            x = x + layer.self_attn(h, cos, sin, k_caches[index], v_caches[index], write_pos, key_len, key_mask)
+            x = x + layer.self_attn(
+                h, cos, sin, k_caches[index], v_caches[index], write_pos, key_len, key_mask, cache_rows
+            )
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,17 +26,27 @@ from moss_rt.model.network import MossTTSLocalModel
 from moss_rt.model.prompt import build_prompt_rows
 from moss_rt.model.sampling import split_seed
 from moss_rt.model.state import SlotState
-from moss_rt.model.step import Tables, Timer, frame_step, prefill_rows
+from moss_rt.model.step import Tables, Timer, frame_step, prefill_batch_rows
 from moss_rt.protocol.messages import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MIN_KEY_BUCKET = 256
+DEFAULT_PREFILL_MAX_ROWS = 8192  # padded prompt rows per prefill pass (bounds its activation memory)
 
 
 class SlotError(RuntimeError):
     """A slot operation that cannot be done (full, unknown slot, out of positions...)."""
+
+
+@dataclass(frozen=True)
+class PrefillRequest:
+    """Prompt rows [T,1+n_vq] for positions [start, start+T) of a slot; anything after is dropped."""
+
+    slot: int
+    rows: np.ndarray
+    start: int = 0
 
 
 @dataclass
@@ -61,9 +72,13 @@ class ModelRunner:
         dtype: torch.dtype,
         use_cuda_graphs: bool | None = None,
         cpu_batch_invariant: bool = True,
+        prefill_max_rows: int = DEFAULT_PREFILL_MAX_ROWS,
     ) -> None:
         if max_slots < 1 or max_seq_len < 2:
             raise ValueError("max_slots must be >= 1 and max_seq_len >= 2")
+        if prefill_max_rows < 1:
+            raise ValueError("prefill_max_rows must be >= 1")
+        self.prefill_max_rows = int(prefill_max_rows)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = config
@@ -157,11 +172,37 @@ class ModelRunner:
         self.state.lengths[slot] = int(self._lengths[slot])
 
     # ------------------------------------------------------------------ prefill / seek
-    @torch.inference_mode()
     def prefill(self, slot: int, rows: np.ndarray, *, start: int = 0) -> None:
         """Write prompt rows at positions [start, start+T); anything after is dropped."""
+        self.prefill_batch([PrefillRequest(slot, rows, start)])
+
+    @torch.inference_mode()
+    def prefill_batch(self, requests: Sequence[PrefillRequest]) -> int:
+        """Prefill several slots together; returns the number of backbone passes run.
+
+        Chunks of different lengths and start offsets share one pass, padded to the longest;
+        passes hold at most ``prefill_max_rows`` padded rows (a longer chunk is cut into
+        consecutive pieces). Every request is checked before anything is written, and a slot's
+        length changes only once all passes ran. The cache contents equal those of prefilling
+        each slot alone: valid rows attend only to their own slot's keys.
+        """
+        checked = [self._checked_request(r) for r in requests]
+        slots = [slot for slot, _, _ in checked]
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"duplicate slots in {slots}")
+        passes = plan_prefill_passes([int(rows.shape[0]) for _, rows, _ in checked], self.prefill_max_rows)
+        for group in passes:
+            pieces = [(checked[i][0], checked[i][1][off : off + n], checked[i][2] + off) for i, off, n in group]
+            self._prefill_pass(pieces)
+        for slot, rows, start in checked:
+            self._lengths[slot] = start + int(rows.shape[0])
+            self._sync_length(slot)
+        return len(passes)
+
+    def _checked_request(self, request: PrefillRequest) -> tuple[int, torch.Tensor, int]:
+        slot, start = int(request.slot), int(request.start)
         self._check_slot(slot)
-        rows_t = torch.as_tensor(np.asarray(rows), dtype=torch.int64)
+        rows_t = torch.as_tensor(np.asarray(request.rows), dtype=torch.int64)
         if rows_t.ndim != 2 or rows_t.shape[1] != self.config.n_channels or rows_t.shape[0] == 0:
             raise ValueError(f"rows must be a non-empty [T,{self.config.n_channels}] array, got {tuple(rows_t.shape)}")
         if not 0 <= start <= self._lengths[slot]:
@@ -170,9 +211,26 @@ class ModelRunner:
         if end > self.max_seq_len:
             raise SlotError(f"prefill to {end} positions exceeds max_seq_len={self.max_seq_len}")
         self._check_row_values(rows_t)
-        prefill_rows(self.model, self.state, self.tables, slot, rows_t, start)
-        self._lengths[slot] = end
-        self._sync_length(slot)
+        return slot, rows_t, start
+
+    def _prefill_pass(self, pieces: list[tuple[int, torch.Tensor, int]]) -> None:
+        """One backbone pass over (slot, rows, start) pieces of distinct slots, padded to the longest."""
+        width = max(int(rows.shape[0]) for _, rows, _ in pieces)
+        padded = torch.zeros((len(pieces), width, self.config.n_channels), dtype=torch.int64)  # ids 0 are valid
+        for b, (_, rows, _) in enumerate(pieces):
+            padded[b, : rows.shape[0]] = rows
+        starts = [start for _, _, start in pieces]
+        counts = [int(rows.shape[0]) for _, rows, _ in pieces]
+        prefill_batch_rows(
+            self.model,
+            self.state,
+            self.tables,
+            torch.tensor([slot for slot, _, _ in pieces], device=self.device),
+            padded.to(self.device),
+            torch.tensor(starts, device=self.device),
+            torch.tensor(counts, device=self.device),
+            max(s + c for s, c in zip(starts, counts, strict=True)),
+        )
 
     def _check_row_values(self, rows: torch.Tensor) -> None:
         cfg = self.config
@@ -345,6 +403,32 @@ def _float32_top_p(p: float) -> float:
     1e-6 keeps just the top token, exactly like 1e-6 does."""
     p = float(p)
     return 1e-6 if 0.0 < p < 1e-6 else p
+
+
+def plan_prefill_passes(lengths: Sequence[int], max_rows: int) -> list[list[tuple[int, int, int]]]:
+    """Group prompt chunks into backbone passes of at most ``max_rows`` padded rows (chunks x longest).
+
+    Returns the passes in order, each a list of (request index, row offset, row count) of distinct
+    requests. A request longer than ``max_rows`` is cut into consecutive pieces that go to later
+    and later passes, so every piece sees the keys its earlier pieces wrote.
+    """
+    if max_rows < 1:
+        raise ValueError("max_rows must be >= 1")
+    pieces = [[(i, off, min(max_rows, n - off)) for off in range(0, n, max_rows)] for i, n in enumerate(lengths)]
+    passes: list[list[tuple[int, int, int]]] = []
+    for depth in range(max((len(p) for p in pieces), default=0)):
+        current: list[tuple[int, int, int]] = []
+        widest = 0
+        for piece in (p[depth] for p in pieces if depth < len(p)):
+            wider = max(widest, piece[2])
+            if current and wider * (len(current) + 1) > max_rows:
+                passes.append(current)
+                current, wider = [], piece[2]
+            current.append(piece)
+            widest = wider
+        if current:
+            passes.append(current)
+    return passes
 
 
 def _bucket(value: int, buckets: list[int]) -> int:

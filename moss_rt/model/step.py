@@ -164,25 +164,44 @@ def frame_step(
         timer.lap("sampling_ms")
 
 
-def prefill_rows(
-    model: MossTTSLocalModel, st: SlotState, tables: Tables, slot: int, rows: torch.Tensor, start: int
+def prefill_batch_rows(
+    model: MossTTSLocalModel,
+    st: SlotState,
+    tables: Tables,
+    slots: torch.Tensor,
+    rows: torch.Tensor,
+    starts: torch.Tensor,
+    counts: torch.Tensor,
+    key_len: int,
 ) -> None:
-    """Write prompt rows [T,1+n_vq] at positions start..start+T-1 of one slot (eager only)."""
-    count = int(rows.shape[0])
+    """Write prompt rows of several slots in ONE backbone pass (eager only).
+
+    ``rows`` [B,T,1+n_vq] holds each slot's chunk padded to the longest (T); slot ``slots[b]``'s
+    rows t < ``counts[b]`` go to positions ``starts[b]+t``; ``key_len`` = max(starts + counts).
+    Every query attends causally to its own slot's keys only, so a valid row computes exactly
+    what it would alone. Padded rows write their keys, values and hidden state to the slot's
+    scratch position (never read by a valid row): positions past a shorter chunk keep whatever
+    they held, and the slot's length, not the cache, decides what later steps see. A padded
+    query still sees the slot's own earlier keys, so no attention row is fully masked (no NaN).
+    """
+    batch, width = int(rows.shape[0]), int(rows.shape[1])
     device = st.hidden.device
-    positions = torch.arange(start, start + count, device=device)[None, :]
-    key_len = start + count
+    offsets = torch.arange(width, device=device)[None, :]
+    positions = starts[:, None] + offsets  # [B,T]
+    valid = offsets < counts[:, None]
+    write_pos = torch.where(valid, positions, torch.full_like(positions, st.scratch))
+    rope_pos = positions.clamp(max=st.scratch)  # padded rows may run past the table; their values are unused
     keys = torch.arange(key_len, device=device)
     key_mask = keys[None, None, :] <= positions[:, :, None]
-    x = model.embed_rows(rows.to(device)[None])
     out = model.transformer(
-        x,
-        tables.cos[positions],
-        tables.sin[positions],
-        st.k_cache[:, slot : slot + 1],
-        st.v_cache[:, slot : slot + 1],
-        positions,
+        model.embed_rows(rows),
+        tables.cos[rope_pos],
+        tables.sin[rope_pos],
+        st.k_cache,
+        st.v_cache,
+        write_pos,
         key_len,
         key_mask,
+        cache_rows=slots,
     )
-    st.hidden[slot, start : start + count] = out[0]
+    st.hidden[slots[:, None].expand(batch, width), write_pos] = out

@@ -1,0 +1,143 @@
+"""Batched prefill: several slots in one backbone pass equal each slot prefilled alone (CPU fp32, bit for bit)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from moss_rt.model import ModelRunner, SlotError
+from moss_rt.model.runner import PrefillRequest, plan_prefill_passes
+from moss_rt.protocol.messages import SamplingParams
+
+GREEDY = SamplingParams(text_temperature=0.0, audio_temperature=0.0)
+SAMPLED = SamplingParams(text_temperature=0.0, audio_repetition_penalty=1.1)  # 1.7 / 0.8 / 25 + penalty
+TRUNCATE_AT = 100  # slot 2 is cut back to this many positions, then its new tail is prefilled from there
+
+
+@pytest.fixture
+def prompts(make_runner) -> list[np.ndarray]:
+    r = make_runner(max_slots=1)
+    return [
+        r.build_prompt(text="The night is long.", instruction="Whisper."),
+        r.build_prompt(text="Hi.", instruction=""),
+        r.build_prompt(text="A much longer line of text, said very calmly and slowly.", instruction="Whisper."),
+        r.build_prompt(text="A much longer line, shouted.", instruction="Shout it across the yard."),
+    ]
+
+
+def _history(runner: ModelRunner, prompts: list[np.ndarray]) -> list[int]:
+    """Three slots; slot 2 already holds a take (prompt + 6 frames) that is then truncated, as a seek does."""
+    slots = [runner.alloc_slot() for _ in range(3)]
+    runner.prefill(slots[2], prompts[2])
+    runner.set_sampling(slots[2], SAMPLED, seed=4)
+    for _ in range(6):
+        runner.step([slots[2]])
+    runner.truncate(slots[2], TRUNCATE_AT)
+    return slots
+
+
+def _requests(slots: list[int], prompts: list[np.ndarray]) -> list[PrefillRequest]:
+    return [
+        PrefillRequest(slots[0], prompts[0]),
+        PrefillRequest(slots[1], prompts[1]),
+        PrefillRequest(slots[2], prompts[3][TRUNCATE_AT:], start=TRUNCATE_AT),  # nonzero start offset
+    ]
+
+
+def _frames(runner: ModelRunner, slots: list[int], frames: int) -> np.ndarray:
+    out = []
+    for _ in range(frames):
+        result = runner.step(slots)
+        assert not result.stop.any()
+        out.append(result.codes)
+    return np.stack(out, axis=1)  # [slots, frames, 12]
+
+
+def _assert_same_cache(a: ModelRunner, b: ModelRunner, slots: list[int]) -> None:
+    for s in slots:
+        n = a.slot_length(s)
+        assert b.slot_length(s) == n
+        for name in ("k_cache", "v_cache"):
+            assert torch.equal(getattr(a.state, name)[:, s, :, :n], getattr(b.state, name)[:, s, :, :n]), (name, s)
+        assert torch.equal(a.state.hidden[s, :n], b.state.hidden[s, :n]), ("hidden", s)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_batched_prefill_equals_prefilling_each_slot_alone(make_runner, prompts, sampling) -> None:
+    lengths = [len(prompts[0]), len(prompts[1]), len(prompts[3])]
+    assert len(set(lengths)) == 3 and lengths[1] < lengths[0]  # padding happens
+
+    alone = make_runner(max_slots=3)
+    slots = _history(alone, prompts)
+    for req in _requests(slots, prompts):
+        alone.prefill(req.slot, req.rows, start=req.start)
+
+    together = make_runner(max_slots=3)
+    assert _history(together, prompts) == slots
+    short = slots[1]
+    beyond = (
+        together.state.k_cache[:, short, :, lengths[1] : -1].clone(),
+        together.state.hidden[short, lengths[1] : -1].clone(),
+    )
+    assert together.prefill_batch(_requests(slots, prompts)) == 1  # one backbone pass for all three
+    assert [together.slot_length(s) for s in slots] == lengths
+
+    _assert_same_cache(alone, together, slots)
+    # The short slot's padded rows wrote nowhere but its scratch position.
+    assert torch.equal(together.state.k_cache[:, short, :, lengths[1] : -1], beyond[0])
+    assert torch.equal(together.state.hidden[short, lengths[1] : -1], beyond[1])
+
+    for runner in (alone, together):
+        for i, s in enumerate(slots):
+            runner.set_sampling(s, sampling, seed=30 + i)
+    # Generation runs on past every padded position of the batch: nothing of the padding is ever seen.
+    frames = lengths[0] - lengths[1] + 4
+    np.testing.assert_array_equal(_frames(alone, slots, frames), _frames(together, slots, frames))
+    _assert_same_cache(alone, together, slots)
+
+
+def test_passes_are_capped_by_padded_rows(make_runner, prompts) -> None:
+    whole = make_runner(max_slots=3)
+    slots = _history(whole, prompts)
+    assert whole.prefill_batch(_requests(slots, prompts)) == 1
+
+    capped = make_runner(max_slots=3)
+    capped.prefill_max_rows = 64  # every prompt is longer: each is cut into pieces over several passes
+    _history(capped, prompts)
+    passes = capped.prefill_batch(_requests(slots, prompts))
+    assert passes == len(plan_prefill_passes([len(prompts[0]), len(prompts[1]), len(prompts[3]) - TRUNCATE_AT], 64))
+    assert passes > 3
+    _assert_same_cache(whole, capped, slots)
+
+
+def test_plan_prefill_passes() -> None:
+    assert plan_prefill_passes([], 8) == []
+    assert plan_prefill_passes([3, 2, 1], 9) == [[(0, 0, 3), (1, 0, 2), (2, 0, 1)]]
+    # 3 chunks x 4 rows padded = 12 > 10: the third goes to a second pass
+    assert plan_prefill_passes([4, 1, 2], 10) == [[(0, 0, 4), (1, 0, 1)], [(2, 0, 2)]]
+    # a chunk longer than the cap is cut; its second piece comes in a later pass than its first
+    assert plan_prefill_passes([7, 2], 4) == [[(0, 0, 4)], [(1, 0, 2)], [(0, 4, 3)]]
+    for lengths, cap in (([5, 9, 1, 13, 2], 6), ([400] * 64, 8192), ([1] * 10, 3)):
+        passes = plan_prefill_passes(lengths, cap)
+        for group in passes:
+            assert len(group) * max(n for _, _, n in group) <= cap
+            assert len({i for i, _, _ in group}) == len(group)
+        covered = {i: 0 for i in range(len(lengths))}
+        for group in passes:
+            for i, off, n in group:
+                assert off == covered[i]  # pieces of a request come in order
+                covered[i] += n
+        assert covered == dict(enumerate(lengths))
+
+
+def test_a_bad_request_writes_nothing(make_runner, prompts) -> None:
+    runner = make_runner(max_slots=2)
+    a, b = runner.alloc_slot(), runner.alloc_slot()
+    with pytest.raises(ValueError, match="duplicate"):
+        runner.prefill_batch([PrefillRequest(a, prompts[0]), PrefillRequest(a, prompts[1])])
+    with pytest.raises(SlotError, match="beyond the slot's length"):
+        runner.prefill_batch([PrefillRequest(a, prompts[0]), PrefillRequest(b, prompts[1], start=3)])
+    assert runner.slot_length(a) == runner.slot_length(b) == 0
+    assert not runner.state.hidden[a].any()
+    assert runner.prefill_batch([]) == 0
