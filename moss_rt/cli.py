@@ -66,6 +66,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--token-ttl-sec", type=float, default=base.token_ttl_sec)
     p.add_argument("--max-connections", type=int, default=base.max_connections)
     p.add_argument("--max-takes-per-client", type=int, default=base.max_takes_per_client, help="0: no cap")
+    p.add_argument("--http-requests-per-sec", type=float, default=base.http_requests_per_sec, help="0: no limit")
+    p.add_argument("--http-request-burst", type=int, default=base.http_request_burst)
     p.add_argument(
         "--trusted-proxies",
         default=",".join(base.trusted_proxies),
@@ -105,6 +107,8 @@ def run_serve(args: argparse.Namespace) -> int:
         token_ttl_sec=args.token_ttl_sec,
         max_connections=args.max_connections,
         max_takes_per_client=args.max_takes_per_client,
+        http_requests_per_sec=args.http_requests_per_sec,
+        http_request_burst=args.http_request_burst,
         trusted_proxies=tuple(p.strip() for p in args.trusted_proxies.split(",") if p.strip()),
         ws_idle_timeout_sec=args.ws_idle_timeout_sec,
         ws_heartbeat_sec=args.ws_heartbeat_sec,

@@ -42,11 +42,17 @@ class Settings:
     max_seq_len: int = 5120  # cache positions per slot: prompt rows + frames (longer takes end max_frames)
     prefill_chunk: int = 512  # prompt rows per prefill call (longer prompts are prefilled in pieces)
     prefill_budget_ms: float = 40.0  # prefill work per scheduling round while other takes stream
+    # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest): bounds its memory.
+    prefill_max_rows: int = 8192
     # Connections.
     max_connections: int = 256
     # Concurrent takes (WebSocket and HTTP) per remote address, across its connections; 0: no cap.
     # Behind a reverse proxy every client shares the proxy's address unless it is in trusted_proxies.
     max_takes_per_client: int = 16
+    # Requests that cost work (POSTs, WebSocket upgrades, take downloads) per client address: a token
+    # bucket refilled at this rate with this burst; 0 disables it.
+    http_requests_per_sec: float = 20.0
+    http_request_burst: int = 100
     # Reverse proxies (addresses or CIDR ranges) whose X-Forwarded-For names the client.
     trusted_proxies: tuple[str, ...] = ()
     ws_idle_timeout_sec: float = 300.0  # no client message and no take running for this long → close

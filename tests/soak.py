@@ -115,6 +115,9 @@ def start_server(engine_args: list[str], data_dir: Path, port: int, log_path: Pa
         str(data_dir),
         "--voices-dir",
         str(data_dir / "builtin"),
+        # Every soak client shares 127.0.0.1: the per-address request rate would refuse most of them.
+        "--http-requests-per-sec",
+        "0",
         *engine_args,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOSS_RT_")}

@@ -13,11 +13,16 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine
 from moss_rt.session import TakeStore
 from moss_rt.voices import VoiceStore
-from moss_rt.web.guards import ClientTakes
+from moss_rt.web.guards import ClientRequestRate, ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
-from moss_rt.web.security import auth_middleware, cors_middleware, json_errors_middleware
+from moss_rt.web.security import (
+    auth_middleware,
+    cors_middleware,
+    json_errors_middleware,
+    request_rate_middleware,
+)
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.ws import websocket_handler
 
@@ -31,7 +36,14 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
     app = web.Application(
         client_max_size=settings.limits.max_upload_bytes + 1024,
         # forwarded_for first: everything after it (auth logs, per-client limits) sees the client.
-        middlewares=[forwarded_for_middleware, cors_middleware, json_errors_middleware, auth_middleware],
+        # The request rate is checked before auth, so unauthenticated floods are limited too.
+        middlewares=[
+            forwarded_for_middleware,
+            cors_middleware,
+            json_errors_middleware,
+            request_rate_middleware,
+            auth_middleware,
+        ],
     )
     voices = VoiceStore(settings.voices_store_dir, settings.voices_dir, settings.limits)
     app[STATE] = ServiceState(
@@ -40,6 +52,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         voices=voices,
         takes=TakeStore(),
         client_takes=ClientTakes(settings.max_takes_per_client),
+        request_rate=ClientRequestRate(settings.http_requests_per_sec, settings.http_request_burst),
         trusted_proxies=parse_networks(settings.trusted_proxies),
     )
     app.add_routes(routes)

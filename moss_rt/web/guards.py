@@ -1,8 +1,9 @@
-"""Per-connection and per-client admission guards: a message rate limiter and a take counter."""
+"""Per-connection and per-client admission guards: rate limiters and a take counter."""
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -72,3 +73,40 @@ class ClientTakes:
             yield
         finally:
             self.release(client)
+
+
+class ClientRequestRate:
+    """A :class:`TokenBucket` per client address for HTTP requests that cost work.
+
+    Bounded: at most ``max_clients`` buckets, the least recently seen forgotten first (a forgotten
+    client starts again with a full burst, which only ever errs on the side of letting it in).
+    """
+
+    def __init__(
+        self, rate: float, burst: int, *, max_clients: int = 10_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._rate = rate
+        self._burst = burst
+        self._max_clients = max(1, max_clients)
+        self._clock = clock
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+
+    @property
+    def enabled(self) -> bool:
+        return self._rate > 0
+
+    def admit(self, client: str) -> float | None:
+        """None if the request may go ahead, else the seconds until it may be retried."""
+        if not self.enabled:
+            return None
+        bucket = self._buckets.get(client)
+        if bucket is None:
+            bucket = self._buckets[client] = TokenBucket(self._rate, self._burst, self._clock)
+            if len(self._buckets) > self._max_clients:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(client)
+        return None if bucket.take() else bucket.retry_after_sec
+
+    def __len__(self) -> int:
+        return len(self._buckets)

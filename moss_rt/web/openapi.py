@@ -81,7 +81,7 @@ def _common_errors(*statuses: int) -> dict[str, Any]:
         404: "no such resource (not_found)",
         413: "body over the limit (too_large)",
         422: "a field is out of range or of the wrong type (invalid_field)",
-        429: "too many takes for this client, or the voice store is full (rate_limited)",
+        429: "too many takes or requests from this client, or the voice store is full (rate_limited); see Retry-After",
         503: "at capacity or shutting down (busy); see Retry-After",
     }
     return {str(s): _error(text[s]) for s in statuses}
@@ -253,7 +253,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                 "parameters": [take_id],
                 "responses": {
                     "200": _ok("WAV audio", {"type": "string", "format": "binary"}, "audio/wav"),
-                    **_common_errors(401, 404),
+                    **_common_errors(401, 404, 429),
                 },
             }
         },
@@ -275,7 +275,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                             },
                         },
                     ),
-                    **_common_errors(401),
+                    **_common_errors(401, 429),
                 },
             }
         },

@@ -14,6 +14,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -171,6 +172,30 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if headers and not response.prepared:
         response.headers.update(headers)
     return response
+
+
+def costs_work(request: web.Request) -> bool:
+    """Requests the per-client rate applies to: anything that posts, opens a directing socket or
+    renders a take. Pages, probes, metrics and listings are cheap and stay unlimited."""
+    if request.method == "POST":
+        return True
+    path = request.path
+    return request.method == "GET" and (path == "/api/ws" or (path.startswith("/api/takes/") and path.endswith(".wav")))
+
+
+@web.middleware
+async def request_rate_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    rate = request.app[STATE].request_rate
+    if rate.enabled and costs_work(request):
+        retry_after = rate.admit(request.remote or "unknown")
+        if retry_after is not None:
+            log.info("refused %s %s from %s: request rate", request.method, request.path, request.remote)
+            return error_response(
+                ErrorCode.RATE_LIMITED,
+                "too many requests from this client; slow down",
+                headers={"Retry-After": str(max(1, math.ceil(retry_after)))},
+            )
+    return await handler(request)
 
 
 @web.middleware

@@ -11,7 +11,7 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import Engine
 from moss_rt.session import TakeStore
 from moss_rt.voices import VoiceStore
-from moss_rt.web.guards import ClientTakes
+from moss_rt.web.guards import ClientRequestRate, ClientTakes
 
 if TYPE_CHECKING:
     from ipaddress import IPv4Network, IPv6Network
@@ -30,6 +30,7 @@ class ServiceState:
     connections: set[Any] = field(default_factory=set)
     http_takes: set[Any] = field(default_factory=set)
     client_takes: ClientTakes = field(default_factory=lambda: ClientTakes(0))
+    request_rate: ClientRequestRate = field(default_factory=lambda: ClientRequestRate(0.0, 1))
     # Reverse proxies whose X-Forwarded-For is believed (parsed from settings.trusted_proxies).
     trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
     ws_slots: int = 0  # WebSocket connections admitted (reserved before the upgrade completes)

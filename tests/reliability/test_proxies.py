@@ -1,4 +1,5 @@
-"""Clients behind a reverse proxy: X-Forwarded-For is believed from trusted proxies only."""
+"""Clients behind a reverse proxy (X-Forwarded-For believed from trusted proxies only) and the
+per-client request rate."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import requests
 import websockets
 
+from moss_rt.web.guards import ClientRequestRate
 from moss_rt.web.proxies import client_address, parse_networks
 from tests.reliability.helpers import error_of, hello, next_json, run
 
@@ -87,3 +89,44 @@ def test_forwarded_for_is_ignored_unless_the_proxy_is_trusted(fast_server) -> No
             await next_json(ws, "end")
 
     run(scenario())
+
+
+# --------------------------------------------------------------------------- request rate per client
+
+
+def test_request_rate_bucket_per_client_is_bounded() -> None:
+    now = [0.0]
+    rate = ClientRequestRate(2.0, 3, max_clients=2, clock=lambda: now[0])
+    assert [rate.admit("a") for _ in range(3)] == [None, None, None]
+    assert rate.admit("a") == pytest.approx(0.5)  # one token comes back every 0.5 s
+    assert rate.admit("b") is None  # another client has its own bucket
+    now[0] = 0.5
+    assert rate.admit("a") is None
+    rate.admit("c")
+    assert len(rate) == 2  # bounded: the least recently seen client ("b") was forgotten
+    assert ClientRequestRate(0.0, 1).admit("a") is None  # 0 disables it
+
+
+def test_costly_requests_are_rate_limited_per_client(fast_server) -> None:
+    srv = fast_server(http_requests_per_sec=0.1, http_request_burst=3, trusted_proxies=("127.0.0.1",))
+
+    def post(forwarded_for: str) -> requests.Response:
+        headers = {"X-Forwarded-For": forwarded_for}
+        return requests.post(f"{srv.url}/api/stream", json={"text": "hi", "tokens": 1}, headers=headers, timeout=30)
+
+    assert [post("198.51.100.1").status_code for _ in range(3)] == [200, 200, 200]
+    refused = post("198.51.100.1")
+    assert refused.status_code == 429 and error_of(refused)["code"] == "rate_limited"
+    assert 1 <= int(refused.headers["Retry-After"]) <= 10
+    # A WebSocket upgrade is refused the same way, as JSON before the upgrade.
+    ws = requests.get(
+        f"{srv.url}/api/ws",
+        headers={"X-Forwarded-For": "198.51.100.1", "Connection": "Upgrade", "Upgrade": "websocket",
+                 "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="},
+        timeout=30,
+    )
+    assert ws.status_code == 429 and error_of(ws)["code"] == "rate_limited"
+    # Cheap reads stay open to the same client, and other clients are unaffected.
+    assert requests.get(f"{srv.url}/api/models", headers={"X-Forwarded-For": "198.51.100.1"}, timeout=30).ok
+    assert requests.get(f"{srv.url}/readyz", headers={"X-Forwarded-For": "198.51.100.1"}, timeout=30).ok
+    assert post("198.51.100.2").status_code == 200
