@@ -37,6 +37,14 @@ class EngineMetrics:
         self.prefill_time = Histogram(
             "moss_rt_prefill_seconds", "Prompt prefill of one take (all chunks)", buckets=TTFA_BUCKETS, registry=r
         )
+        self.prefill_batch = Histogram(
+            "moss_rt_prefill_batch_size", "Takes whose prompt chunks were prefilled together in one backbone pass",
+            buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128), registry=r,
+        )
+        self.prefill_call_time = Histogram(
+            "moss_rt_prefill_call_seconds", "One batched prefill pass (every take in it, padded to the longest chunk)",
+            buckets=STEP_BUCKETS, registry=r,
+        )
         self.step_batch = Histogram(
             "moss_rt_step_batch_size", "Slots advanced per step", buckets=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128),
             registry=r,

@@ -338,6 +338,7 @@ class MossEngine:
             max_seq_len=s.max_seq_len,
             device=where.device,
             dtype=where.dtype,
+            prefill_max_rows=s.prefill_max_rows,
         )
         self._codec, self._decoder, self._batcher = codec, decoder, batcher
         self._runner = runner
@@ -351,6 +352,7 @@ class MossEngine:
                 prefill_chunk=s.prefill_chunk,
                 prep_budget_s=s.prefill_budget_ms / 1000.0,
                 retain_slots=s.max_slots,
+                prefill_max_rows=s.prefill_max_rows,
             ),
             on_take_done=self._take_done,
             sync=self._sync,

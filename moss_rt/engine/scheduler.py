@@ -6,7 +6,9 @@ One :meth:`Scheduler.iterate` is one scheduling round:
 1. takes whose channel was cancelled end now (a running one first sends the frames it already made);
 2. waiting takes get slots while slots are free;
 3. preparing takes advance their prompt prefill / codec rebuild, within a time budget while other
-   takes are streaming (so a long prompt stalls running streams by about a frame at most);
+   takes are streaming: the next prompt chunks of all of them go through the backbone in ONE batched
+   prefill pass (at most ``prefill_max_rows`` padded rows, so a burst of arrivals stalls running
+   streams by about a pass, a frame or two, instead of a prefill per take);
 4. every runnable slot (running, not paused) advances by one frame in ONE batched model step;
 5. slots whose chunk is due (first audio after one frame, then every ``chunk_frames``) are decoded
    in one batched streaming codec call, converted to int16 and pushed to their channels;
@@ -43,9 +45,10 @@ REBUILD_CHUNK_FRAMES = 25  # prefix frames fed to a rebuilt codec state per unit
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_slots: int
-    prefill_chunk: int  # prompt rows per prefill call
+    prefill_chunk: int  # prompt rows per take per prefill pass
     prep_budget_s: float  # prefill/rebuild time per round while other takes stream
     retain_slots: int  # finished takes kept in the cache for retakes
+    prefill_max_rows: int = 8192  # padded rows per batched prefill pass (takes x longest chunk)
 
 
 class Scheduler:
@@ -225,55 +228,111 @@ class Scheduler:
         if not self.preparing:
             return False
         # Alone on the device: prepare everything now (lowest first-audio latency). Otherwise stop
-        # after the budget so running streams keep their pace.
+        # after the budget so running streams keep their pace. A batched prefill pass is one unit:
+        # it is never cut short, and prefill_max_rows bounds how long it stalls the streams.
         streaming = bool(self.running)
         t0 = time.monotonic()
-        worked = False
-        for take in list(self.preparing):
-            while True:
-                if streaming and worked and time.monotonic() - t0 >= self.config.prep_budget_s:
-                    return True
-                try:
-                    more = self._prepare_unit(take)
-                except Exception as exc:
-                    log.exception("take %s failed while preparing", take.take_id)
-                    self.preparing.remove(take)
-                    self._release(take, keep=False)
-                    self._finish(take, EndReason.ERROR, error=f"prefill failed: {exc}")
-                    worked = True
-                    break
-                worked = True
-                if not more:
-                    self.preparing.remove(take)
-                    take.phase = Phase.RUNNING
-                    take.prep_ms = (time.monotonic() - (take.prep_started or take.admitted)) * 1000.0
-                    self.metrics.prefill_time.observe(take.prep_ms / 1000.0)
-                    self.running.append(take)
-                    break
+        worked = self._promote_ready()
+        while self.preparing:
+            if streaming and worked and time.monotonic() - t0 >= self.config.prep_budget_s:
+                break
+            self._prepare_unit()
+            self._promote_ready()
+            worked = True
         return worked
 
-    def _prepare_unit(self, take: Take) -> bool:
-        """One bounded piece of preparation; False once the take is ready to step."""
-        rows = take.prompt_rows
-        assert rows is not None
-        if take.prefilled < len(rows):
-            end = min(len(rows), take.prefilled + self.config.prefill_chunk)
-            self.runner.prefill(
-                take.model_slot, rows[take.prefilled : end], start=take.prefill_offset + take.prefilled
-            )
+    def _prepare_unit(self) -> None:
+        """One bounded piece of preparation, chosen by the oldest preparing take's need.
+
+        Its prompt is not fully prefilled: one batched prefill pass over it and every other take
+        with prompt rows left. Otherwise: one chunk of its codec rebuild. Either way some take
+        advances or ends, so the caller's loop makes progress.
+        """
+        oldest = self.preparing[0]
+        if self._rows_left(oldest):
+            self._prefill(self._prefill_batch())
+        else:
+            self._rebuild_unit(oldest)
+
+    @staticmethod
+    def _rows_left(take: Take) -> int:
+        assert take.prompt_rows is not None
+        return len(take.prompt_rows) - take.prefilled
+
+    def _prefill_batch(self) -> list[tuple[Take, int]]:
+        """(take, rows) for one pass: the next chunk of every take with rows left, oldest first,
+        while the pass stays within prefill_max_rows padded rows (takes x longest chunk)."""
+        cap = self.config.prefill_max_rows
+        chosen: list[tuple[Take, int]] = []
+        widest = 0
+        for take in self.preparing:
+            left = self._rows_left(take)
+            if left <= 0:
+                continue
+            count = min(left, self.config.prefill_chunk, cap)
+            wider = max(widest, count)
+            if chosen and wider * (len(chosen) + 1) > cap:
+                continue  # a shorter chunk further on may still fit
+            chosen.append((take, count))
+            widest = wider
+        return chosen
+
+    def _prefill(self, batch: list[tuple[Take, int]]) -> None:
+        """One batched prefill pass; if it fails, each take is retried alone so only a bad one ends."""
+        from moss_rt.model.runner import PrefillRequest  # here: importing the scheduler needs no torch
+
+        requests = []
+        for take, count in batch:
+            assert take.prompt_rows is not None and take.model_slot is not None
+            rows = take.prompt_rows[take.prefilled : take.prefilled + count]
+            requests.append(PrefillRequest(take.model_slot, rows, take.prefill_offset + take.prefilled))
+        t0 = time.perf_counter()
+        try:
+            self.runner.prefill_batch(requests)
             self._sync()
-            take.prefilled = end
-            return True
-        n = take.spec.start_frame
-        if take.rebuilt < n:
-            # The codec state at frame n is rebuilt exactly by decoding the kept frames (audio discarded).
-            end = min(n, take.rebuilt + REBUILD_CHUNK_FRAMES)
+        except Exception as exc:
+            if len(batch) > 1:
+                log.warning("batched prefill of %d takes failed (%s); prefilling them one by one", len(batch), exc)
+                for item in batch:
+                    self._prefill([item])
+                return
+            take = batch[0][0]
+            log.exception("take %s failed while preparing", take.take_id)
+            self._fail_preparing(take, f"prefill failed: {exc}")
+            return
+        self.metrics.prefill_call_time.observe(time.perf_counter() - t0)
+        self.metrics.prefill_batch.observe(len(batch))
+        for take, count in batch:
+            take.prefilled += count
+
+    def _rebuild_unit(self, take: Take) -> None:
+        """The codec state at frame n is rebuilt exactly by decoding the kept frames (audio discarded)."""
+        end = min(take.spec.start_frame, take.rebuilt + REBUILD_CHUNK_FRAMES)
+        try:
             with self.codec.eager():
                 self.decoder.decode_tensors([take.decoder], [take.codes_array(take.rebuilt, end)])
             self._sync()
-            take.rebuilt = end
-            return True
-        return False
+        except Exception as exc:
+            log.exception("take %s failed while preparing", take.take_id)
+            self._fail_preparing(take, f"codec rebuild failed: {exc}")
+            return
+        take.rebuilt = end
+
+    def _fail_preparing(self, take: Take, error: str) -> None:
+        self.preparing.remove(take)
+        self._release(take, keep=False)
+        self._finish(take, EndReason.ERROR, error=error)
+
+    def _promote_ready(self) -> bool:
+        """Takes with their prompt in the cache and their codec state rebuilt start running."""
+        ready = [t for t in self.preparing if not self._rows_left(t) and t.rebuilt >= t.spec.start_frame]
+        for take in ready:
+            self.preparing.remove(take)
+            take.phase = Phase.RUNNING
+            take.prep_ms = (time.monotonic() - (take.prep_started or take.admitted)) * 1000.0
+            self.metrics.prefill_time.observe(take.prep_ms / 1000.0)
+            self.running.append(take)
+        return bool(ready)
 
     # ------------------------------------------------------------------ stepping
     def _step(self) -> bool:

@@ -96,7 +96,8 @@ def test_metrics_exposed(moss_server) -> None:
         assert m["moss_rt_codec_seconds_count"] >= 1
         assert m['moss_rt_takes_total{reason="max_frames"}'] >= 1
         for name in ("moss_rt_active_slots", "moss_rt_queued_takes", "moss_rt_frames_per_second",
-                     "moss_rt_cancels_total", "moss_rt_pauses_total", "moss_rt_prefill_seconds_count"):
+                     "moss_rt_cancels_total", "moss_rt_pauses_total", "moss_rt_prefill_seconds_count",
+                     "moss_rt_prefill_batch_size_count", "moss_rt_prefill_call_seconds_count"):
             assert name in m, name
 
     run(scenario())
