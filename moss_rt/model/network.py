@@ -11,6 +11,8 @@ the host, so the same code runs eagerly and inside CUDA graphs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,6 +28,20 @@ from moss_rt.model.layers import (
 )
 
 # --------------------------------------------------------------------------- backbone
+
+
+@dataclass(frozen=True)
+class CacheRows:
+    """Batch row b of a batched prefill uses cache row ``index[b]`` of the whole [slots,...] caches.
+
+    With ``spans`` ((slot, rows, keys) per batch row, host ints) attention runs per slot over exactly
+    its ``rows`` queries and first ``keys`` keys: the same shapes as prefilling that slot alone, so the
+    result is bit-identical to it on the CPU (the projections and MLP, most of the work, stay batched).
+    Without, one attention over the padded batch (fewer kernel launches; equal to float rounding).
+    """
+
+    index: torch.Tensor  # [B] int64 on the cache's device
+    spans: tuple[tuple[int, int, int], ...] | None = None
 
 
 class Qwen3Attention(nn.Module):
@@ -53,15 +69,15 @@ class Qwen3Attention(nn.Module):
         write_pos: torch.Tensor,
         key_len: int,
         key_mask: torch.Tensor,
-        cache_rows: torch.Tensor | None = None,
+        cache_rows: CacheRows | None = None,
     ) -> torch.Tensor:
         """x [B,T,H]; cos/sin [B,T,D]; caches [B,Hkv,S,D] (views of the runner's buffers).
 
         Writes this chunk's keys/values at ``write_pos`` [B,T] and attends over the
         first ``key_len`` cached positions with ``key_mask`` [B,T,key_len]. With
-        ``cache_rows`` [B] the caches are the whole [slots,Hkv,S,D] buffers and batch row
-        b uses cache row ``cache_rows[b]`` (a batched prefill of scattered slots, without
-        copying their caches in and out).
+        ``cache_rows`` the caches are the whole [slots,Hkv,S,D] buffers and batch row b
+        uses cache row ``cache_rows.index[b]`` (a batched prefill of scattered slots,
+        without copying their caches in and out).
         """
         batch, tq, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(batch, tq, self.num_heads, self.head_dim))
@@ -73,16 +89,39 @@ class Qwen3Attention(nn.Module):
         if cache_rows is None:
             rows = torch.arange(batch, device=x.device)[:, None].expand(batch, tq)
         else:
-            rows = cache_rows[:, None].expand(batch, tq)
+            rows = cache_rows.index[:, None].expand(batch, tq)
         # Advanced indices on dims 0 and 2 put the [B,T] index dims first: value [B,T,Hkv,D].
         k_cache[rows, :, write_pos] = k
         v_cache[rows, :, write_pos] = v
+        if cache_rows is not None and cache_rows.spans is not None:
+            return self.o_proj(self._attend_per_slot(q, k_cache, v_cache, key_mask, cache_rows.spans))
         if cache_rows is None:
             keys, values = k_cache[:, :, :key_len], v_cache[:, :, :key_len]
         else:  # gathers only the key window of the batch's slots
-            keys, values = k_cache[cache_rows, :, :key_len], v_cache[cache_rows, :, :key_len]
+            keys, values = k_cache[cache_rows.index, :, :key_len], v_cache[cache_rows.index, :, :key_len]
         out = grouped_attention(q, keys, values, key_mask, self.scale)
         return self.o_proj(out)
+
+    def _attend_per_slot(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        key_mask: torch.Tensor,
+        spans: tuple[tuple[int, int, int], ...],
+    ) -> torch.Tensor:
+        """Attention of each batch row over exactly its slot's keys (see CacheRows); padded rows get 0."""
+        batch, tq = q.shape[:2]
+        out = q.new_zeros((batch, tq, self.num_heads * self.head_dim))
+        for b, (slot, rows, keys) in enumerate(spans):
+            out[b, :rows] = grouped_attention(
+                q[b : b + 1, :rows],
+                k_cache[slot : slot + 1, :, :keys],
+                v_cache[slot : slot + 1, :, :keys],
+                key_mask[b : b + 1, :rows, :keys],
+                self.scale,
+            )[0]
+        return out
 
 
 class Qwen3MLP(nn.Module):
@@ -125,10 +164,10 @@ class Qwen3Backbone(nn.Module):
         write_pos: torch.Tensor,
         key_len: int,
         key_mask: torch.Tensor,
-        cache_rows: torch.Tensor | None = None,
+        cache_rows: CacheRows | None = None,
     ) -> torch.Tensor:
         """Run all layers on embedded rows x [B,T,H]; caches are [L,B,Hkv,S,D] views (or the whole
-        [L,slots,Hkv,S,D] buffers with ``cache_rows`` [B], see Qwen3Attention).
+        [L,slots,Hkv,S,D] buffers with ``cache_rows``, see CacheRows).
 
         Returns the hidden states after the final RMSNorm (what the local transformer reads).
         """

@@ -184,7 +184,9 @@ class ModelRunner:
         passes hold at most ``prefill_max_rows`` padded rows (a longer chunk is cut into
         consecutive pieces). Every request is checked before anything is written, and a slot's
         length changes only once all passes ran. The cache contents equal those of prefilling
-        each slot alone: valid rows attend only to their own slot's keys.
+        each slot alone: valid rows attend only to their own slot's keys (bit for bit on the CPU,
+        where attention runs per slot; to float rounding with ``cpu_batch_invariant=False`` and on
+        CUDA, where one padded attention serves the whole pass).
         """
         checked = [self._checked_request(r) for r in requests]
         slots = [slot for slot, _, _ in checked]
@@ -219,17 +221,22 @@ class ModelRunner:
         padded = torch.zeros((len(pieces), width, self.config.n_channels), dtype=torch.int64)  # ids 0 are valid
         for b, (_, rows, _) in enumerate(pieces):
             padded[b, : rows.shape[0]] = rows
+        slots = [slot for slot, _, _ in pieces]
         starts = [start for _, _, start in pieces]
         counts = [int(rows.shape[0]) for _, rows, _ in pieces]
+        # On the CPU attention runs per slot (bit-identical to prefilling alone, as per_slot_eager does
+        # for steps); elsewhere one padded attention saves a loop of kernel launches per layer.
+        spans = tuple(zip(slots, counts, [s + c for s, c in zip(starts, counts, strict=True)], strict=True))
         prefill_batch_rows(
             self.model,
             self.state,
             self.tables,
-            torch.tensor([slot for slot, _, _ in pieces], device=self.device),
+            torch.tensor(slots, device=self.device),
             padded.to(self.device),
             torch.tensor(starts, device=self.device),
             torch.tensor(counts, device=self.device),
             max(s + c for s, c in zip(starts, counts, strict=True)),
+            spans if self.per_slot_eager else None,
         )
 
     def _check_row_values(self, rows: torch.Tensor) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from moss_rt.model.layers import rope_tables_half_split, rope_tables_interleaved
-from moss_rt.model.network import MossTTSLocalModel
+from moss_rt.model.network import CacheRows, MossTTSLocalModel
 from moss_rt.model.sampling import apply_repetition_penalty, sample, token_keys, uniforms
 from moss_rt.model.state import SlotState
 
@@ -173,6 +173,7 @@ def prefill_batch_rows(
     starts: torch.Tensor,
     counts: torch.Tensor,
     key_len: int,
+    spans: tuple[tuple[int, int, int], ...] | None = None,
 ) -> None:
     """Write prompt rows of several slots in ONE backbone pass (eager only).
 
@@ -183,6 +184,8 @@ def prefill_batch_rows(
     scratch position (never read by a valid row): positions past a shorter chunk keep whatever
     they held, and the slot's length, not the cache, decides what later steps see. A padded
     query still sees the slot's own earlier keys, so no attention row is fully masked (no NaN).
+    ``spans`` ((slot, rows, keys) per batch row) makes attention run per slot: bit-identical to
+    prefilling each slot alone on the CPU (see CacheRows).
     """
     batch, width = int(rows.shape[0]), int(rows.shape[1])
     device = st.hidden.device
@@ -202,6 +205,6 @@ def prefill_batch_rows(
         write_pos,
         key_len,
         key_mask,
-        cache_rows=slots,
+        cache_rows=CacheRows(slots, spans),
     )
     st.hidden[slots[:, None].expand(batch, width), write_pos] = out

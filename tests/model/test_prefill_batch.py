@@ -22,7 +22,12 @@ def prompts(make_runner) -> list[np.ndarray]:
         r.build_prompt(text="The night is long.", instruction="Whisper."),
         r.build_prompt(text="Hi.", instruction=""),
         r.build_prompt(text="A much longer line of text, said very calmly and slowly.", instruction="Whisper."),
-        r.build_prompt(text="A much longer line, shouted.", instruction="Shout it across the yard."),
+        # The longest: with its key window one attention over the padded batch would differ from the others
+        # alone in the last bits (checked), so the exact test below really tests the per-slot attention.
+        r.build_prompt(
+            text="The night is long, and the stars are listening. Nobody else is awake at this hour, so speak softly.",
+            instruction="Shout it across the yard.",
+        ),
     ]
 
 
@@ -97,18 +102,46 @@ def test_batched_prefill_equals_prefilling_each_slot_alone(make_runner, prompts,
     _assert_same_cache(alone, together, slots)
 
 
+def test_one_padded_attention_matches_to_rounding(make_runner, prompts) -> None:
+    """The CUDA path (one attention over the padded batch, cpu_batch_invariant=False here) on the CPU:
+    the reduction over keys runs over the batch's longest key window, so the cache equals prefilling
+    alone only to float rounding; the codes still come out the same."""
+    alone = make_runner(max_slots=3)
+    slots = _history(alone, prompts)
+    for req in _requests(slots, prompts):
+        alone.prefill(req.slot, req.rows, start=req.start)
+    padded = make_runner(max_slots=3)
+    _history(padded, prompts)
+    padded.per_slot_eager = False
+    assert padded.prefill_batch(_requests(slots, prompts)) == 1
+    padded.per_slot_eager = True  # steps as in the other runner: only the prefill differs
+    for s in slots:
+        n = alone.slot_length(s)
+        torch.testing.assert_close(padded.state.k_cache[:, s, :, :n], alone.state.k_cache[:, s, :, :n])
+        torch.testing.assert_close(padded.state.hidden[s, :n], alone.state.hidden[s, :n])
+    for runner in (alone, padded):
+        for i, s in enumerate(slots):
+            runner.set_sampling(s, SAMPLED, seed=50 + i)
+    np.testing.assert_array_equal(_frames(alone, slots, 12), _frames(padded, slots, 12))
+
+
 def test_passes_are_capped_by_padded_rows(make_runner, prompts) -> None:
-    whole = make_runner(max_slots=3)
-    slots = _history(whole, prompts)
-    assert whole.prefill_batch(_requests(slots, prompts)) == 1
+    """prefill_max_rows below every prompt: each is cut into 64-row pieces spread over several passes; the
+    cache equals prefilling each slot alone in the same pieces (chunked prefill itself equals one-shot only
+    to rounding: its key windows differ)."""
+    cap = 64
+    pieces = make_runner(max_slots=3)
+    slots = _history(pieces, prompts)
+    for req in _requests(slots, prompts):
+        for off in range(0, len(req.rows), cap):
+            pieces.prefill(req.slot, req.rows[off : off + cap], start=req.start + off)
 
     capped = make_runner(max_slots=3)
-    capped.prefill_max_rows = 64  # every prompt is longer: each is cut into pieces over several passes
+    capped.prefill_max_rows = cap
     _history(capped, prompts)
     passes = capped.prefill_batch(_requests(slots, prompts))
-    assert passes == len(plan_prefill_passes([len(prompts[0]), len(prompts[1]), len(prompts[3]) - TRUNCATE_AT], 64))
-    assert passes > 3
-    _assert_same_cache(whole, capped, slots)
+    assert passes == len(plan_prefill_passes([len(r.rows) for r in _requests(slots, prompts)], cap)) > 3
+    _assert_same_cache(pieces, capped, slots)
 
 
 def test_plan_prefill_passes() -> None:
