@@ -7,8 +7,9 @@ starts ``python -m moss_rt serve`` on them in a subprocess, and drives it with a
 clients (``/api/ws``, wire protocol v1), one take per client, 400-row prompts, repetition penalty 1.1.
 It prints one JSON object: per concurrency the server-side ``gpu_first_ms`` and client-side TTFA
 (p50/p95), per-stream real-time factor (min/median), aggregate real-time factor, and the server's
-step-time split from ``/metrics`` (model step, codec decode, scheduling rest); then an eager,
-synchronised profile of one frame (backbone / local transformer / sampling) and of the codec.
+step-time split from ``/metrics`` (model step, codec decode, batched prefill passes and takes per pass,
+scheduling rest); then an eager, synchronised profile of one frame (backbone / local transformer /
+sampling) and of the codec.
 ``--tiny`` runs everything on the tiny model (CPU smoke test of this script).
 """
 
@@ -247,6 +248,12 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
             "codec_ms_per_step": 1000.0 * delta("moss_rt_codec_seconds_sum") / max(1.0, steps),
             "prefill_ms_mean": 1000.0 * delta("moss_rt_prefill_seconds_sum")
             / max(1.0, delta("moss_rt_prefill_seconds_count")),
+            # batched prefill: passes through the backbone, takes per pass, wall time of one pass
+            "prefill_passes": delta("moss_rt_prefill_batch_size_count"),
+            "prefill_takes_per_pass": delta("moss_rt_prefill_batch_size_sum")
+            / max(1.0, delta("moss_rt_prefill_batch_size_count")),
+            "prefill_pass_ms_mean": 1000.0 * delta("moss_rt_prefill_call_seconds_sum")
+            / max(1.0, delta("moss_rt_prefill_call_seconds_count")),
             "frames": frames,
         },
     }
