@@ -25,7 +25,7 @@ import sys
 import time
 import urllib.request
 import wave
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,10 @@ SHOTS = ROOT / "artifacts" / "screenshots"
 SR = 48000
 FRAME = 3840
 FRAME_MS = 20  # scripted engine: 4x faster than real time, so playback never starves
+# The engine arguments of `moss_rt serve`: the scripted test engine (the default here) or the real engine on the
+# tiny random-weight model and codec on CPU (test_studio_tiny_model.py, make_screenshot.py).
+SCRIPTED_ENGINE = ("--engine", "scripted", "--frame-ms", str(FRAME_MS))
+TINY_MODEL_ENGINE = ("--engine", "moss", "--model", "tiny", "--codec", "tiny", "--device", "cpu")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -85,21 +89,23 @@ def http_json(url: str) -> Any:
 
 
 @contextlib.contextmanager
-def run_server(base: Path, *extra: str) -> Iterator[str]:
-    """The real service on the scripted engine, as a subprocess; yields its base URL."""
+def run_server(
+    base: Path, *extra: str, engine: Sequence[str] = SCRIPTED_ENGINE, ready_timeout: float = 60.0
+) -> Iterator[str]:
+    """The real service as a subprocess (by default on the scripted engine); yields its base URL."""
     port = free_port()
     log_path = base / "server.log"
     cmd = [
-        sys.executable, "-m", "moss_rt", "serve", "--engine", "scripted",
+        sys.executable, "-m", "moss_rt", "serve", *engine,
         "--host", "127.0.0.1", "--port", str(port),
         "--data-dir", str(base / "data"), "--voices-dir", str(base / "voices"),
-        "--frame-ms", str(FRAME_MS), *extra,
+        *extra,
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + ready_timeout
             while True:
                 if proc.poll() is not None:
                     pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
@@ -110,7 +116,7 @@ def run_server(base: Path, *extra: str) -> Iterator[str]:
                 except OSError:
                     pass
                 if time.monotonic() > deadline:
-                    pytest.fail(f"server not ready after 60 s:\n{log_path.read_text()[-4000:]}")
+                    pytest.fail(f"server not ready after {ready_timeout:.0f} s:\n{log_path.read_text()[-4000:]}")
                 time.sleep(0.1)
             yield url
         finally:
@@ -126,44 +132,6 @@ def run_server(base: Path, *extra: str) -> Iterator[str]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with run_server(tmp_path_factory.mktemp("studio")) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        pytest.skip(f"the playwright package is not installed ({exc}); pip install -r requirements-dev.txt")
-    chromium = find_chromium()
-    if chromium is None:
-        pytest.skip("Chromium not found at /usr/bin/chromium (install Debian's: apt-get install -y chromium)")
-    pw = sync_playwright().start()
-    try:
-        try:
-            b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True, timeout=60_000)
-        except Exception as exc:  # pragma: no cover - depends on the environment
-            pytest.skip(f"Chromium at {chromium} could not be started: {exc}")
-        yield b
-        b.close()
-    finally:
-        pw.stop()
-
-
-@pytest.fixture
-def page(browser: Any, server: str, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A fresh browser context (empty storage) on the studio, connected and ready."""
-    context = browser.new_context(viewport={"width": 1440, "height": 960}, accept_downloads=True)
-    context.grant_permissions(["microphone"], origin=server)
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.goto(server + "/")
-    pg.wait_for_function("window.studio && window.studio.connected", timeout=15_000)
-    yield pg
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    pg.screenshot(path=str(SHOTS / f"{request.node.name}-final.png"), full_page=True)
-    context.close()
-    assert not errors, f"uncaught page errors: {errors}"
 
 
 def shot(pg: Any, name: str, *, full_page: bool = True) -> None:
