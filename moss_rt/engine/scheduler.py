@@ -227,14 +227,14 @@ class Scheduler:
     def _prepare(self) -> bool:
         if not self.preparing:
             return False
-        # Alone on the device: prepare everything now (lowest first-audio latency). Otherwise stop
-        # after the budget so running streams keep their pace. A batched prefill pass is one unit:
-        # it is never cut short, and prefill_max_rows bounds how long it stalls the streams.
-        streaming = bool(self.running)
+        # Alone on the device: prepare everything now (lowest first-audio latency). Once takes stream,
+        # stop after the budget so they keep their pace; that includes takes this loop just made ready,
+        # so a burst larger than one pass starts streaming pass by pass instead of all after the last.
+        # A batched prefill pass is one unit: never cut short; prefill_max_rows bounds its stall.
         t0 = time.monotonic()
         worked = self._promote_ready()
         while self.preparing:
-            if streaming and worked and time.monotonic() - t0 >= self.config.prep_budget_s:
+            if self.running and worked and time.monotonic() - t0 >= self.config.prep_budget_s:
                 break
             self._prepare_unit()
             self._promote_ready()

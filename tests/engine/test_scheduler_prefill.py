@@ -1,0 +1,85 @@
+"""Scheduler._prepare with a recording runner: which prompt chunks go into which batched prefill pass."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moss_rt.engine.base import TakeSpec
+from moss_rt.engine.metrics import EngineMetrics
+from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
+from moss_rt.engine.slots import Phase, Take
+from moss_rt.model.runner import PrefillRequest
+from moss_rt.protocol.messages import StartTake
+
+
+class RecordingRunner:
+    """Stands in for ModelRunner: records (slot, rows, start) of every pass."""
+
+    def __init__(self) -> None:
+        self.passes: list[list[tuple[int, int, int]]] = []
+
+    def prefill_batch(self, requests: list[PrefillRequest]) -> int:
+        self.passes.append([(r.slot, len(r.rows), r.start) for r in requests])
+        return 1
+
+
+class NoCodec:
+    decoder = None
+
+
+def _scheduler(budget_s: float, max_rows: int = 8192, chunk: int = 512) -> tuple[Scheduler, RecordingRunner]:
+    runner = RecordingRunner()
+    config = SchedulerConfig(
+        max_slots=8, prefill_chunk=chunk, prep_budget_s=budget_s, retain_slots=0, prefill_max_rows=max_rows
+    )
+    return Scheduler(runner, NoCodec(), EngineMetrics(), config), runner  # type: ignore[arg-type]
+
+
+def _preparing(sched: Scheduler, lengths: list[int]) -> list[Take]:
+    takes = []
+    for slot, rows in enumerate(lengths):
+        take = Take(TakeSpec(f"t{slot}", StartTake(text="x"), seed=slot), channel=None)  # type: ignore[arg-type]
+        take.phase, take.model_slot = Phase.PREPARING, slot
+        take.prompt_rows = np.zeros((rows, 13), dtype=np.int64)
+        sched.preparing.append(take)
+        takes.append(take)
+    return takes
+
+
+def _ids(takes: list[Take]) -> list[str]:
+    return [t.take_id for t in takes]
+
+
+def test_all_prompts_share_passes_chunked_and_capped() -> None:
+    sched, runner = _scheduler(budget_s=10.0, max_rows=1200, chunk=512)
+    takes = _preparing(sched, [400, 700, 90, 300])
+    assert sched._prepare()
+    assert runner.passes == [
+        # 3 chunks x 512 rows = 1536 > 1200: the 90- and 300-row prompts wait for the next pass
+        [(0, 400, 0), (1, 512, 0)],
+        # the oldest take left (its second chunk) picks the unit; everyone with rows left comes along
+        [(1, 188, 512), (2, 90, 0), (3, 300, 0)],
+    ]
+    assert not sched.preparing and _ids(sched.running) == _ids(takes)
+    assert all(t.phase is Phase.RUNNING and t.prefilled == len(t.prompt_rows) for t in takes)
+    m = sched.metrics.registry
+    assert m.get_sample_value("moss_rt_prefill_batch_size_count") == 2
+    assert m.get_sample_value("moss_rt_prefill_batch_size_sum") == 5
+
+
+def test_alone_on_the_device_every_pass_runs_at_once() -> None:
+    sched, runner = _scheduler(budget_s=0.0, chunk=512)  # no budget: only a streaming take stops the loop
+    _preparing(sched, [1000, 900])
+    assert sched._prepare()
+    assert runner.passes == [[(0, 512, 0), (1, 512, 0)], [(0, 488, 512), (1, 388, 512)]]
+    assert not sched.preparing
+
+
+def test_takes_made_ready_by_a_pass_stream_before_the_next_pass() -> None:
+    sched, runner = _scheduler(budget_s=0.0, max_rows=800)
+    takes = _preparing(sched, [400, 400, 400, 400])
+    assert sched._prepare()  # one pass, then its two takes stream: the budget now applies
+    assert runner.passes == [[(0, 400, 0), (1, 400, 0)]]
+    assert _ids(sched.running) == _ids(takes[:2]) and _ids(sched.preparing) == _ids(takes[2:])
+    assert sched._prepare()  # the next round: the next pass
+    assert runner.passes[1] == [(2, 400, 0), (3, 400, 0)] and not sched.preparing
