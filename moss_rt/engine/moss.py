@@ -228,10 +228,10 @@ class MossEngine:
     def _gather_burst(self, sched: Scheduler) -> None:
         """An idle engine that just got a take waits a moment for the rest of a burst.
 
-        Takes prepared while nothing streams are prefilled back to back and then step together
-        (one batch, one codec call per chunk); a take arriving a round later would instead be
-        prefilled under the streaming budget, a prefill per round. The wait ends as soon as a
-        short window brings nothing new, so a lone take pays one window.
+        Takes that arrive together share one batched prefill pass and then step together (one
+        batch, one codec call per chunk); a take arriving a round later would need a pass of its
+        own, under the streaming budget. The wait ends as soon as a short window brings nothing
+        new, so a lone take pays one window.
         """
         deadline = time.monotonic() + BURST_MAX_S
         while time.monotonic() < deadline:
