@@ -267,6 +267,22 @@ def test_cancel_stops_audio_at_once(page: Any) -> None:
     assert not pg.evaluate("window.studio.playing")
 
 
+def test_cushion_above_two_seconds_still_plays_while_streaming(page: Any) -> None:
+    """A jitter cushion of more than the 2 s the page normally feeds ahead (set by the director, or grown by
+    underruns up to 3 s) is still filled: playback starts mid-take, not only once the take has ended."""
+    pg = page
+    set_param(pg, "cushion_ms", "2500")
+    set_param(pg, "tokens", "300")  # 24 s of audio, generated in 6 s
+    pg.click("#speak")
+    status_when_playing = pg.wait_for_function(
+        "window.studio.stats.samplesPlayed > 0 && window.studio.takes()[0].status", timeout=15_000
+    ).json_value()
+    assert status_when_playing == "streaming"
+    assert stats(pg)["cushion"] == 2500 * SR // 1000
+    pg.click("#cancel")
+    assert wait_take_ended(pg, 1)["end"]["reason"] == "cancelled"
+
+
 def test_retake_from_a_point_splices_at_the_acknowledged_sample(page: Any) -> None:
     pg = page
     set_param(pg, "channels", "2")  # stereo: left = frame index + 1, right = seed marker
