@@ -1,22 +1,27 @@
-"""Regenerate docs/studio.png: the studio after a short directing session, on the scripted engine.
+"""Regenerate docs/studio.png: the studio after a short directing session.
 
-    .venv/bin/python -m tests.browser.make_screenshot [docs/studio.png]
+    .venv/bin/python -m tests.browser.make_screenshot [--engine tiny|scripted] [docs/studio.png]
 
-Needs the same things as the browser test (playwright + Debian's chromium). The scene is driven
-through the UI like a director would: two takes, a retake from a point with new direction, an A/B
-pair, and the last take playing.
+By default the service runs the real engine on the tiny random-weight model on CPU (what `make run`
+serves without a GPU), so the picture shows the real engine and its demo banner; ``--engine scripted``
+uses the scripted test engine instead. Needs the same things as the browser test (playwright +
+Debian's chromium). The scene is driven through the UI like a director would: two takes, a retake
+from a point with new direction, an A/B pair, and the last take playing.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import tempfile
 import time
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from tests.browser.test_studio import CHROMIUM_ARGS, ROOT, find_chromium, run_server
+from tests.browser.test_studio import CHROMIUM_ARGS, ROOT, SCRIPTED_ENGINE, TINY_MODEL_ENGINE, find_chromium, run_server
+
+ENGINES = {"tiny": TINY_MODEL_ENGINE, "scripted": SCRIPTED_ENGINE}
+FRAMES = 110  # 8.8 s per take
 
 INSTRUCTION = (
     "GENERAL: A weathered lighthouse keeper in his late sixties, warm and unhurried, close to the microphone "
@@ -28,11 +33,15 @@ TEXT = (
 )
 
 
-def main(out: Path) -> None:
+def main(out: Path, engine: str = "tiny") -> None:
     chromium = find_chromium()
     if chromium is None:
         raise SystemExit("chromium not found (apt-get install -y chromium)")
-    with tempfile.TemporaryDirectory() as tmp, run_server(Path(tmp)) as url, sync_playwright() as pw:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        run_server(Path(tmp), engine=ENGINES[engine], ready_timeout=180) as url,
+        sync_playwright() as pw,
+    ):
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
         pg = browser.new_page(viewport={"width": 1440, "height": 1000})
         pg.goto(url + "/")
@@ -41,14 +50,18 @@ def main(out: Path) -> None:
         pg.fill("#text", TEXT)
         pg.fill("#language", "English")
         pg.click("#advanced > summary")
-        pg.fill("#tokens", "110")
+        pg.fill("#tokens", str(FRAMES))
+        if engine == "tiny":
+            # Takes of exactly FRAMES frames: with greedy text the tiny model's random stop head never fires.
+            pg.fill("#text_temperature", "0")
+            pg.fill("#max_new_tokens", str(FRAMES))
         pg.click("#advanced > summary")
 
         def take(n: int) -> None:
             pg.wait_for_function(
-                f"window.studio.takes().length >= {n} && window.studio.takes()[{n - 1}].end !== null", timeout=30_000
+                f"window.studio.takes().length >= {n} && window.studio.takes()[{n - 1}].end !== null", timeout=120_000
             )
-            pg.wait_for_function("!window.studio.busy", timeout=30_000)
+            pg.wait_for_function("!window.studio.busy", timeout=120_000)
 
         pg.click("#speak")
         take(1)
@@ -73,6 +86,7 @@ def main(out: Path) -> None:
         pg.click("#abPlayB")
         pg.wait_for_function("window.studio.playhead > 48000 * 4.3", timeout=15_000)
         pg.mouse.move(0, 0)
+        pg.evaluate("window.scrollTo(0, 0)")
         time.sleep(0.05)
         out.parent.mkdir(parents=True, exist_ok=True)
         pg.screenshot(path=str(out))
@@ -81,4 +95,10 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "studio.png")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", type=Path, default=ROOT / "docs" / "studio.png")
+    parser.add_argument(
+        "--engine", choices=sorted(ENGINES), default="tiny", help="tiny: the real engine on the tiny model (default)"
+    )
+    args = parser.parse_args()
+    main(args.out, args.engine)
