@@ -44,6 +44,8 @@ class Settings:
     prefill_budget_ms: float = 40.0  # prefill work per scheduling round while other takes stream
     # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest): bounds its memory.
     prefill_max_rows: int = 8192
+    # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
+    heard_audio_mb: int = 256
     # Connections.
     max_connections: int = 256
     # Concurrent takes (WebSocket and HTTP) per remote address, across its connections; 0: no cap.

@@ -11,6 +11,7 @@ from aiohttp import WSCloseCode, web
 
 from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine
+from moss_rt.heard_audio import HeardAudio
 from moss_rt.session import TakeStore
 from moss_rt.voices import VoiceStore
 from moss_rt.web.guards import ClientRequestRate, ClientTakes
@@ -51,6 +52,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         engine=engine,
         voices=voices,
         takes=TakeStore(),
+        heard=HeardAudio(settings.heard_audio_mb * 1024 * 1024),
         client_takes=ClientTakes(settings.max_takes_per_client),
         request_rate=ClientRequestRate(settings.http_requests_per_sec, settings.http_request_burst),
         trusted_proxies=parse_networks(settings.trusted_proxies),

@@ -24,7 +24,7 @@ from moss_rt.web.errors import busy_response, error_response, protocol_error_res
 from moss_rt.web.openapi import openapi_document
 from moss_rt.web.security import bearer, is_authorized, issue_token, unauthorized
 from moss_rt.web.state import STATE
-from moss_rt.web.takes import build_spec, resolve_model, stream_take
+from moss_rt.web.takes import build_spec, resolve_model, stream_take, take_audio
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -237,7 +237,7 @@ async def download_take(request: web.Request) -> web.Response:
     take = state.takes.get(request.match_info["take_id"])
     if take is None:
         return error_response(ErrorCode.NOT_FOUND, "no such take (it may have been evicted)", field="take")
-    pcm = await state.engine.render(take.codes, take.request.channels)
+    pcm = await take_audio(state, take)
     return web.Response(
         body=wav_bytes(pcm, SAMPLE_RATE, take.request.channels),
         content_type="audio/wav",

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from moss_rt.config import Settings
 from moss_rt.engine.base import Engine
+from moss_rt.heard_audio import HeardAudio
 from moss_rt.session import TakeStore
 from moss_rt.voices import VoiceStore
 from moss_rt.web.guards import ClientRequestRate, ClientTakes
@@ -23,6 +24,7 @@ class ServiceState:
     engine: Engine
     voices: VoiceStore
     takes: TakeStore
+    heard: HeardAudio = field(default_factory=lambda: HeardAudio(0))  # the PCM takes streamed
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
     shutting_down: bool = False
     # Reliability bookkeeping (issue 7): open directing connections (ws.Connection objects, kept

@@ -79,6 +79,18 @@ def start_message(take: TakeRecord, gpu_first_ms: float | None, model: str, **ex
     }
 
 
+def bytes_per_frame(take: TakeRecord) -> int:
+    return FRAME_SAMPLES * take.request.channels * 2
+
+
+async def take_audio(state: ServiceState, take: TakeRecord) -> bytes:
+    """A take's int16 PCM as it was streamed when still held, else rendered again from its codes."""
+    heard = state.heard.get(take.take_id, take.n_frames, bytes_per_frame(take))
+    if heard is not None:
+        return heard
+    return await state.engine.render(take.codes, take.request.channels)
+
+
 class Pacer:
     """Keeps a client at most ``max_lead_sec`` of audio ahead of real time (0 disables)."""
 
@@ -112,6 +124,7 @@ async def stream_take(
     The caller owns cancellation: on disconnect it cancels the handle (and this coroutine).
     """
     pacer = Pacer(state.settings.max_lead_sec)
+    state.heard.begin(take.take_id, bytes_per_frame(take), parent=take.parent, branch_frame=take.branch_frame)
     started = False
     ttfa_ms: float | None = None
     gpu_first_ms: float | None = None
@@ -123,6 +136,7 @@ async def stream_take(
                 await send(encode_json_frame(start_message(take, gpu_first_ms, model)))
                 started = True
             session.record_chunk(take, event.first_frame, event.codes)
+            state.heard.append(take.take_id, event.first_frame, event.pcm)
             await pacer.wait(event.n_frames / FRAME_RATE)
             await send(encode_pcm_frame(event.pcm))
             if ttfa_ms is None:
@@ -171,17 +185,16 @@ async def replay_take(
     state: ServiceState, take: TakeRecord, frame: int, send: SendFrame, *, model: str
 ) -> None:
     """Re-send a stored take's audio from ``frame`` without generating anything."""
-    channels = take.request.channels
     t0 = time.monotonic()
-    pcm = await state.engine.render(take.codes, channels)
-    bytes_per_frame = FRAME_SAMPLES * channels * 2
+    pcm = await take_audio(state, take)
+    frame_bytes = bytes_per_frame(take)
     await send(encode_json_frame(start_message(take, None, model, replay=True, first_frame=frame)))
     pacer = Pacer(state.settings.max_lead_sec)
     step = max(1, take.request.chunk_frames)
     for first in range(frame, take.n_frames, step):
         last = min(take.n_frames, first + step)
         await pacer.wait((last - first) / FRAME_RATE)
-        await send(encode_pcm_frame(pcm[first * bytes_per_frame : last * bytes_per_frame]))
+        await send(encode_pcm_frame(pcm[first * frame_bytes : last * frame_bytes]))
     await send(
         encode_json_frame(
             {

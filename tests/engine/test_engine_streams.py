@@ -146,7 +146,7 @@ def test_retake_keeps_prefix_bit_identical(moss_server) -> None:
     run(scenario())
 
 
-def test_replay_resends_rendered_audio(moss_server) -> None:
+def test_replay_and_download_send_exactly_what_was_heard(moss_server) -> None:
     srv = moss_server()
 
     async def scenario() -> None:
@@ -156,8 +156,35 @@ def test_replay_resends_rendered_audio(moss_server) -> None:
             ack = await next_message(client, "seek")
             assert ack["take"] == first.take_id
             replay = await client.collect()
+            assert bytes(replay.pcm) == bytes(first.pcm)[4 * FRAME_SAMPLES * 2 :]
+            assert _wav_frames(srv.url, first.take_id) == bytes(first.pcm)
+
+            # A retake's audio is the splice the client made: the parent's first n frames as heard,
+            # then the new stream.
+            n = 6
+            await client.seek(first.take_id, n, seed=3)
+            await next_message(client, "seek")
+            second = await client.collect()
+            heard = bytes(first.pcm)[: n * FRAME_SAMPLES * 2] + bytes(second.pcm)
+            assert _wav_frames(srv.url, second.take_id) == heard
+            await client.seek(second.take_id, 0, mode="replay")
+            await next_message(client, "seek")
+            assert bytes((await client.collect()).pcm) == heard
+
+    run(scenario())
+
+
+def test_without_held_audio_replays_are_rendered_from_the_codes(moss_server) -> None:
+    srv = moss_server(heard_audio_mb=0)
+
+    async def scenario() -> None:
+        async with DirectingClient.connect(srv.ws_url) as client:
+            first = await client.speak("Replay me.", seed=11, max_new_tokens=16, chunk_frames=4, **LONG)
+            await client.seek(first.take_id, 4, mode="replay")
+            await next_message(client, "seek")
+            replay = await client.collect()
             assert len(replay.pcm) == 12 * FRAME_SAMPLES * 2
-            # Streamed and re-rendered audio agree within a couple of LSB (chunking only changes rounding).
+            # Decoded again in other chunk shapes: equal within a couple of LSB (rounding only).
             live = np.frombuffer(bytes(first.pcm), "<i2")[4 * FRAME_SAMPLES :].astype(np.int32)
             again = np.frombuffer(bytes(replay.pcm), "<i2").astype(np.int32)
             assert np.abs(live - again).max() <= 2
