@@ -43,6 +43,7 @@ import websockets
 
 log = logging.getLogger("soak")
 REPO = Path(__file__).resolve().parents[1]
+HEARD_AUDIO_MB = 16  # the server's budget for held streamed PCM during the soak
 TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog.", "Again, with feeling!", "No.", "Wait... what?"]
 GARBAGE: list[str | bytes] = [
     "{not json",
@@ -118,6 +119,9 @@ def start_server(engine_args: list[str], data_dir: Path, port: int, log_path: Pa
         # Every soak client shares 127.0.0.1: the per-address request rate would refuse most of them.
         "--http-requests-per-sec",
         "0",
+        # Held streamed PCM is bounded by design; a small budget keeps it from hiding a leak in RSS.
+        "--heard-audio-mb",
+        str(HEARD_AUDIO_MB),
         *engine_args,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOSS_RT_")}
@@ -466,6 +470,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             async with http.get(url + "/readyz") as r:
                 if r.status != 200:
                     stats.fail(f"/readyz answered {r.status} after the soak")
+            heard_bytes = await metric(http, url, "moss_rt_heard_audio_bytes") or 0.0
+            if heard_bytes > HEARD_AUDIO_MB * 1024 * 1024:
+                stats.fail(f"held streamed PCM {heard_bytes / 2**20:.1f} MB is over its {HEARD_AUDIO_MB} MB budget")
             await asyncio.sleep(1.0)
             rss_end = rss_mb(proc.pid)
             growth = rss_end - rss_start
@@ -479,6 +486,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 rss_growth_mb=round(growth, 1),
                 rss_bound_mb=args.rss_growth_mb,
                 slots_busy_after=busy_slots,
+                heard_audio_mb=round(heard_bytes / 2**20, 1),
                 rss_timeline=rss_timeline,
             )
         # Graceful exit is part of the soak: SIGTERM must end the process quickly.

@@ -16,7 +16,7 @@ from moss_rt.session import TakeStore
 from moss_rt.voices import VoiceStore
 from moss_rt.web.guards import ClientRequestRate, ClientTakes
 from moss_rt.web.http_api import routes
-from moss_rt.web.metrics import metrics_handler
+from moss_rt.web.metrics import metrics_handler, service_registry
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
 from moss_rt.web.security import (
     auth_middleware,
@@ -57,6 +57,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         request_rate=ClientRequestRate(settings.http_requests_per_sec, settings.http_request_burst),
         trusted_proxies=parse_networks(settings.trusted_proxies),
     )
+    app[STATE].metrics_registry = service_registry(app[STATE])
     app.add_routes(routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from moss_rt.config import Settings
 from moss_rt.engine.base import Engine
@@ -36,6 +37,7 @@ class ServiceState:
     # Reverse proxies whose X-Forwarded-For is believed (parsed from settings.trusted_proxies).
     trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
     ws_slots: int = 0  # WebSocket connections admitted (reserved before the upgrade completes)
+    metrics_registry: CollectorRegistry = field(default_factory=CollectorRegistry)  # the service's gauges
 
 
 STATE: web.AppKey[ServiceState] = web.AppKey("moss_rt_state", ServiceState)

@@ -170,6 +170,9 @@ def test_replay_and_download_send_exactly_what_was_heard(moss_server) -> None:
             await client.seek(second.take_id, 0, mode="replay")
             await next_message(client, "seek")
             assert bytes((await client.collect()).pcm) == heard
+        # Both takes are held whole (ops can watch this stay under heard_audio_mb).
+        m = await metrics(srv)
+        assert m["moss_rt_heard_audio_bytes"] == len(first.pcm) + len(heard)
 
     run(scenario())
 

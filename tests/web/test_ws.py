@@ -257,3 +257,26 @@ def test_raw_websocket_frames_are_single_frames(server: RunningServer) -> None:
                     break
 
     run(scenario())
+
+
+def test_service_gauges_follow_connections_takes_and_held_audio(server: RunningServer) -> None:
+    def gauges() -> dict[str, float]:
+        text = requests.get(f"{server.url}/metrics", timeout=10).text
+        return {
+            line.split()[0]: float(line.split()[1])
+            for line in text.splitlines()
+            if line.startswith(("moss_rt_heard_audio_bytes", "moss_rt_takes_stored", "moss_rt_websocket_connections"))
+        }
+
+    before = gauges()
+    assert before["moss_rt_websocket_connections"] == 0
+
+    async def scenario() -> None:
+        async with DirectingClient.connect(server.ws_url) as client:
+            take = await client.speak("count me", tokens=5)
+            now = await asyncio.to_thread(gauges)
+            assert now["moss_rt_websocket_connections"] == 1
+            assert now["moss_rt_takes_stored"] == before["moss_rt_takes_stored"] + 1
+            assert now["moss_rt_heard_audio_bytes"] == before["moss_rt_heard_audio_bytes"] + len(take.pcm)
+
+    run(scenario())
