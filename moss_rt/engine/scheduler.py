@@ -231,15 +231,18 @@ class Scheduler:
         # stop after the budget so they keep their pace; that includes takes this loop just made ready,
         # so a burst larger than one pass starts streaming pass by pass instead of all after the last.
         # A batched prefill pass is one unit: never cut short; prefill_max_rows bounds its stall.
+        # Every round runs at least one unit: promoting a take that needed no work (a retake whose
+        # parent's cache holds its whole prompt) is not one, or such takes could starve the rest.
         t0 = time.monotonic()
-        worked = self._promote_ready()
+        promoted = self._promote_ready()
+        units = 0
         while self.preparing:
-            if self.running and worked and time.monotonic() - t0 >= self.config.prep_budget_s:
+            if self.running and units and time.monotonic() - t0 >= self.config.prep_budget_s:
                 break
             self._prepare_unit()
             self._promote_ready()
-            worked = True
-        return worked
+            units += 1
+        return promoted or units > 0
 
     def _prepare_unit(self) -> None:
         """One bounded piece of preparation, chosen by the oldest preparing take's need.

@@ -83,3 +83,17 @@ def test_takes_made_ready_by_a_pass_stream_before_the_next_pass() -> None:
     assert _ids(sched.running) == _ids(takes[:2]) and _ids(sched.preparing) == _ids(takes[2:])
     assert sched._prepare()  # the next round: the next pass
     assert runner.passes[1] == [(2, 400, 0), (3, 400, 0)] and not sched.preparing
+
+
+def test_a_take_ready_without_work_does_not_use_up_the_rounds_unit() -> None:
+    """A retake that reuses its parent's cache whole (``truncate`` path, from frame 0) is ready at once; its
+    promotion is no preparation work, so the round must still run a pass for the take behind it. With no
+    budget (one unit per round), counting the promotion as the round's work would run none at all."""
+    sched, runner = _scheduler(budget_s=0.0)
+    waiting, cached = _preparing(sched, [300, 200])
+    cached.prefilled = 200  # the parent's cache holds its whole prompt: nothing to prefill
+    streaming = Take(TakeSpec("s", StartTake(text="x"), seed=9), channel=None)  # type: ignore[arg-type]
+    sched.running.append(streaming)  # the budget applies
+    assert sched._prepare()
+    assert runner.passes == [[(0, 300, 0)]]
+    assert _ids(sched.running) == ["s", "t1", "t0"] and not sched.preparing
