@@ -122,6 +122,9 @@ class MossEngine:
         if self._loop is None or not self._ready or self._stop.is_set():
             raise EngineBusy(retry_after_sec=5.0)  # loading (or shutting down): come back later
         await self._check_fits(spec)
+        if not self._ready or self._stop.is_set():
+            # close() ran during the check: the stopped worker would never read the inbox again.
+            raise EngineBusy(retry_after_sec=5.0)
         with self._admit_lock:
             if self._in_system >= self._capacity:
                 self.metrics.busy.inc()

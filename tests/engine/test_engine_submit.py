@@ -1,0 +1,50 @@
+"""MossEngine.submit around its prompt check (which runs on a helper thread, outside the event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from moss_rt.config import Settings
+from moss_rt.engine import moss as moss_module
+from moss_rt.engine.base import EngineBusy, TakeSpec
+from moss_rt.engine.moss import MossEngine
+from moss_rt.protocol.messages import StartTake
+from tests.engine.conftest import run
+
+
+def test_a_take_submitted_while_the_engine_closes_is_refused(
+    tiny_data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() may run while submit awaits its prompt check; the take must then be refused as busy, not
+    queued into an inbox that the stopped worker never reads again (its client would wait forever)."""
+    checking, release = threading.Event(), threading.Event()
+    real_prompt_rows = moss_module.prompt_rows
+
+    def held(runner, spec):  # noqa: ANN001, ANN202 - stands in for prompts.prompt_rows
+        checking.set()
+        release.wait(30)
+        return real_prompt_rows(runner, spec)
+
+    monkeypatch.setattr(moss_module, "prompt_rows", held)
+    settings = Settings(
+        engine="moss", model="tiny", codec="tiny", device="cpu", data_dir=tiny_data_dir,
+        max_slots=2, max_queue=2, max_seq_len=256,
+    )
+
+    async def scenario() -> None:
+        engine = MossEngine(settings)
+        await engine.start()
+        submit = asyncio.create_task(engine.submit(TakeSpec("late", StartTake(text="Hi."), seed=1)))
+        try:
+            assert await asyncio.to_thread(checking.wait, 30)
+            await engine.close()
+        finally:
+            release.set()
+        with pytest.raises(EngineBusy):
+            await submit
+
+    run(scenario())
