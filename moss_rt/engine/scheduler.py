@@ -30,6 +30,7 @@ from moss_rt.audio import to_int16_pcm
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.metrics import EngineMetrics
+from moss_rt.engine.prompts import frames_room, prompt_rows
 from moss_rt.engine.slots import Phase, Retained, RetainedSlots, Take
 from moss_rt.protocol import N_CODEBOOKS
 
@@ -153,26 +154,15 @@ class Scheduler:
         spec, req = take.spec, take.spec.request
         take.phase = Phase.PREPARING
         take.prep_started = time.monotonic()
-        prompt = runner.build_prompt(
-            text=req.text,
-            instruction=req.instruction,
-            language=req.language,
-            tokens=req.tokens,
-            reference_codes=spec.reference_codes,
-        )
+        prompt = prompt_rows(runner, spec)
         n = spec.start_frame
         prefix = (
             np.asarray(spec.prefix_codes, dtype=np.int64).reshape(-1, N_CODEBOOKS)
             if n
             else np.zeros((0, N_CODEBOOKS), dtype=np.int64)
         )
-        max_seq = int(runner.max_seq_len)
-        room = max_seq - len(prompt)
-        if room <= n:
-            raise ValueError(
-                f"the prompt ({len(prompt)} rows) and {n} kept frames leave no room in the "
-                f"{max_seq}-position cache; shorten the text, instruction or reference"
-            )
+        # The rule submit already checked (PromptTooLong is a ValueError: _admit ends the take).
+        room = frames_room(len(prompt), n, int(runner.max_seq_len))
         take.frame_cap = min(n + req.max_new_tokens, room)
         take.capped_by_cache = n + req.max_new_tokens > room
         take.prompt_len = len(prompt)
