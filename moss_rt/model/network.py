@@ -32,16 +32,9 @@ from moss_rt.model.layers import (
 
 @dataclass(frozen=True)
 class CacheRows:
-    """Batch row b of a batched prefill uses cache row ``index[b]`` of the whole [slots,...] caches.
-
-    With ``spans`` ((slot, rows, keys) per batch row, host ints) attention runs per slot over exactly
-    its ``rows`` queries and first ``keys`` keys: the same shapes as prefilling that slot alone, so the
-    result is bit-identical to it on the CPU (the projections and MLP, most of the work, stay batched).
-    Without, one attention over the padded batch (fewer kernel launches; equal to float rounding).
-    """
+    """Batch row b of a batched prefill uses cache row ``index[b]`` of the whole [slots,...] caches."""
 
     index: torch.Tensor  # [B] int64 on the cache's device
-    spans: tuple[tuple[int, int, int], ...] | None = None
 
 
 class Qwen3Attention(nn.Module):
@@ -93,35 +86,12 @@ class Qwen3Attention(nn.Module):
         # Advanced indices on dims 0 and 2 put the [B,T] index dims first: value [B,T,Hkv,D].
         k_cache[rows, :, write_pos] = k
         v_cache[rows, :, write_pos] = v
-        if cache_rows is not None and cache_rows.spans is not None:
-            return self.o_proj(self._attend_per_slot(q, k_cache, v_cache, key_mask, cache_rows.spans))
         if cache_rows is None:
             keys, values = k_cache[:, :, :key_len], v_cache[:, :, :key_len]
         else:  # gathers only the key window of the batch's slots
             keys, values = k_cache[cache_rows.index, :, :key_len], v_cache[cache_rows.index, :, :key_len]
         out = grouped_attention(q, keys, values, key_mask, self.scale)
         return self.o_proj(out)
-
-    def _attend_per_slot(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        key_mask: torch.Tensor,
-        spans: tuple[tuple[int, int, int], ...],
-    ) -> torch.Tensor:
-        """Attention of each batch row over exactly its slot's keys (see CacheRows); padded rows get 0."""
-        batch, tq = q.shape[:2]
-        out = q.new_zeros((batch, tq, self.num_heads * self.head_dim))
-        for b, (slot, rows, keys) in enumerate(spans):
-            out[b, :rows] = grouped_attention(
-                q[b : b + 1, :rows],
-                k_cache[slot : slot + 1, :, :keys],
-                v_cache[slot : slot + 1, :, :keys],
-                key_mask[b : b + 1, :rows, :keys],
-                self.scale,
-            )[0]
-        return out
 
 
 class Qwen3MLP(nn.Module):

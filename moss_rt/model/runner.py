@@ -178,15 +178,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill_batch(self, requests: Sequence[PrefillRequest]) -> int:
-        """Prefill several slots together; returns the number of backbone passes run.
+        """Prefill several slots together; returns the number of passes they were grouped into.
 
         Chunks of different lengths and start offsets share one pass, padded to the longest;
         passes hold at most ``prefill_max_rows`` padded rows (a longer chunk is cut into
         consecutive pieces). Every request is checked before anything is written, and a slot's
         length changes only once all passes ran. The cache contents equal those of prefilling
         each slot alone: valid rows attend only to their own slot's keys (bit for bit on the CPU,
-        where attention runs per slot; to float rounding with ``cpu_batch_invariant=False`` and on
-        CUDA, where one padded attention serves the whole pass).
+        where a pass runs slot by slot as steps do; to float rounding with
+        ``cpu_batch_invariant=False`` and on CUDA, where one padded backbone call serves the pass).
         """
         checked = [self._checked_request(r) for r in requests]
         slots = [slot for slot, _, _ in checked]
@@ -216,7 +216,17 @@ class ModelRunner:
         return slot, rows_t, start
 
     def _prefill_pass(self, pieces: list[tuple[int, torch.Tensor, int]]) -> None:
-        """One backbone pass over (slot, rows, start) pieces of distinct slots, padded to the longest."""
+        """One backbone pass over (slot, rows, start) pieces of distinct slots, padded to the longest.
+
+        With ``per_slot_eager`` (the CPU default) each piece runs as a pass of its own, the shapes of
+        prefilling that slot alone, for the reason ``step`` runs slot by slot there: CPU GEMMs are not
+        row-invariant across row counts (a chunk of a few rows takes another kernel path batched with
+        hundreds), so any shared projection could change a slot's numbers with its neighbours.
+        """
+        if self.per_slot_eager and len(pieces) > 1:
+            for piece in pieces:
+                self._prefill_pass([piece])
+            return
         width = max(int(rows.shape[0]) for _, rows, _ in pieces)
         padded = torch.zeros((len(pieces), width, self.config.n_channels), dtype=torch.int64)  # ids 0 are valid
         for b, (_, rows, _) in enumerate(pieces):
@@ -224,9 +234,6 @@ class ModelRunner:
         slots = [slot for slot, _, _ in pieces]
         starts = [start for _, _, start in pieces]
         counts = [int(rows.shape[0]) for _, rows, _ in pieces]
-        # On the CPU attention runs per slot (bit-identical to prefilling alone, as per_slot_eager does
-        # for steps); elsewhere one padded attention saves a loop of kernel launches per layer.
-        spans = tuple(zip(slots, counts, [s + c for s, c in zip(starts, counts, strict=True)], strict=True))
         prefill_batch_rows(
             self.model,
             self.state,
@@ -236,7 +243,6 @@ class ModelRunner:
             torch.tensor(starts, device=self.device),
             torch.tensor(counts, device=self.device),
             max(s + c for s, c in zip(starts, counts, strict=True)),
-            spans if self.per_slot_eager else None,
         )
 
     def _check_row_values(self, rows: torch.Tensor) -> None:

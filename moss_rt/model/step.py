@@ -173,19 +173,18 @@ def prefill_batch_rows(
     starts: torch.Tensor,
     counts: torch.Tensor,
     key_len: int,
-    spans: tuple[tuple[int, int, int], ...] | None = None,
 ) -> None:
     """Write prompt rows of several slots in ONE backbone pass (eager only).
 
     ``rows`` [B,T,1+n_vq] holds each slot's chunk padded to the longest (T); slot ``slots[b]``'s
     rows t < ``counts[b]`` go to positions ``starts[b]+t``; ``key_len`` = max(starts + counts).
-    Every query attends causally to its own slot's keys only, so a valid row computes exactly
-    what it would alone. Padded rows write their keys, values and hidden state to the slot's
-    scratch position (never read by a valid row): positions past a shorter chunk keep whatever
-    they held, and the slot's length, not the cache, decides what later steps see. A padded
-    query still sees the slot's own earlier keys, so no attention row is fully masked (no NaN).
-    ``spans`` ((slot, rows, keys) per batch row) makes attention run per slot: bit-identical to
-    prefilling each slot alone on the CPU (see CacheRows).
+    Every query attends causally to its own slot's keys only, so a valid row computes what it
+    would alone, to float rounding (the GEMMs see more rows and the reduction over keys spans the
+    longest window; with B=1 the shapes are exactly those of prefilling alone). Padded rows write
+    their keys, values and hidden state to the slot's scratch position (never read by a valid
+    row): positions past a shorter chunk keep whatever they held, and the slot's length, not the
+    cache, decides what later steps see. A padded query still sees the slot's own earlier keys,
+    so no attention row is fully masked (no NaN).
     """
     batch, width = int(rows.shape[0]), int(rows.shape[1])
     device = st.hidden.device
@@ -205,6 +204,6 @@ def prefill_batch_rows(
         write_pos,
         key_len,
         key_mask,
-        cache_rows=CacheRows(slots, spans),
+        cache_rows=CacheRows(slots),
     )
     st.hidden[slots[:, None].expand(batch, width), write_pos] = out
