@@ -280,18 +280,23 @@ class Scheduler:
             rows = take.prompt_rows[take.prefilled : take.prefilled + count]
             requests.append(PrefillRequest(take.model_slot, rows, take.prefill_offset + take.prefilled))
         t0 = time.perf_counter()
+        error: str | None = None
         try:
             self.runner.prefill_batch(requests)
             self._sync()
         except Exception as exc:
+            error = str(exc)  # only the text: the exception's traceback holds the failed pass's tensors
+            if len(batch) == 1:
+                log.exception("take %s failed while preparing", batch[0][0].take_id)
+        if error is not None:
+            # Handled out here, once the traceback is gone: after running out of memory, the takes
+            # retried one by one need the memory the failed pass still held inside the except clause.
             if len(batch) > 1:
-                log.warning("batched prefill of %d takes failed (%s); prefilling them one by one", len(batch), exc)
+                log.warning("batched prefill of %d takes failed (%s); prefilling them one by one", len(batch), error)
                 for item in batch:
                     self._prefill([item])
-                return
-            take = batch[0][0]
-            log.exception("take %s failed while preparing", take.take_id)
-            self._fail_preparing(take, f"prefill failed: {exc}")
+            else:
+                self._fail_preparing(batch[0][0], f"prefill failed: {error}")
             return
         self.metrics.prefill_call_time.observe(time.perf_counter() - t0)
         self.metrics.prefill_batch.observe(len(batch))

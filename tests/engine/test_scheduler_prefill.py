@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from moss_rt.engine.base import TakeSpec
@@ -97,3 +99,30 @@ def test_a_take_ready_without_work_does_not_use_up_the_rounds_unit() -> None:
     assert sched._prepare()
     assert runner.passes == [[(0, 300, 0)]]
     assert _ids(sched.running) == ["s", "t1", "t0"] and not sched.preparing
+
+
+class Activations:
+    """Stands in for the tensors a forward pass holds in its frames when it runs out of memory."""
+
+
+def test_a_failed_pass_is_retried_after_its_memory_is_freed() -> None:
+    """The takes of a failed batched pass are retried one by one, typically after running out of memory. The
+    exception's traceback holds the frames of the failed forward and so its activations: the retries must
+    run once it is gone, or they find the memory still taken."""
+    sched, runner = _scheduler(budget_s=10.0)
+    _preparing(sched, [100, 100])
+    held: list[weakref.ref[Activations]] = []
+    alive_at_retry: list[bool] = []
+
+    def prefill_batch(requests: list[PrefillRequest]) -> int:
+        if len(requests) > 1:
+            activations = Activations()
+            held.append(weakref.ref(activations))
+            raise RuntimeError("CUDA out of memory")
+        alive_at_retry.append(held[0]() is not None)
+        return 1
+
+    runner.prefill_batch = prefill_batch  # type: ignore[method-assign]
+    assert sched._prepare()
+    assert alive_at_retry == [False, False]
+    assert not sched.preparing and len(sched.running) == 2
