@@ -38,7 +38,8 @@ class EngineMetrics:
             "moss_rt_prefill_seconds", "Prompt prefill of one take (all chunks)", buckets=TTFA_BUCKETS, registry=r
         )
         self.prefill_batch = Histogram(
-            "moss_rt_prefill_batch_size", "Takes whose prompt chunks were prefilled together in one backbone pass",
+            "moss_rt_prefill_batch_size",
+            "Takes whose prompt chunks shared one prefill pass (one backbone call on CUDA, slot by slot on the CPU)",
             buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128), registry=r,
         )
         self.prefill_call_time = Histogram(
