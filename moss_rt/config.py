@@ -42,7 +42,8 @@ class Settings:
     max_seq_len: int = 5120  # cache positions per slot: prompt rows + frames (longer takes end max_frames)
     prefill_chunk: int = 512  # prompt rows per prefill call (longer prompts are prefilled in pieces)
     prefill_budget_ms: float = 40.0  # prefill work per scheduling round while other takes stream
-    # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest): bounds its memory.
+    # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest); with the
+    # scheduler's keys-per-row bound on rows x longest key window, it bounds the pass's memory and stall.
     prefill_max_rows: int = 8192
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
     heard_audio_mb: int = 256

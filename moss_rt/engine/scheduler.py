@@ -41,6 +41,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REBUILD_CHUNK_FRAMES = 25  # prefix frames fed to a rebuilt codec state per unit of work
+# Attention scores of a pass grow with its padded rows x its longest key window (x heads), not with
+# rows alone: a re-prefill deep into a long take next to fresh prompts would give every one of them
+# its window. A pass keeps rows x keys within prefill_max_rows x this many keys (8192 x 1024 x 32
+# heads of fp32 scores: 1 GiB at the defaults); one chunk of one take always fits on its own.
+PREFILL_KEYS_PER_ROW = 1024
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class SchedulerConfig:
     prep_budget_s: float  # prefill/rebuild time per round while other takes stream
     retain_slots: int  # finished takes kept in the cache for retakes
     prefill_max_rows: int = 8192  # padded rows per batched prefill pass (takes x longest chunk)
+    prefill_keys_per_row: int = PREFILL_KEYS_PER_ROW  # with it, bounds padded rows x longest key window
 
 
 class Scheduler:
@@ -254,20 +260,24 @@ class Scheduler:
 
     def _prefill_batch(self) -> list[tuple[Take, int]]:
         """(take, rows) for one pass: the next chunk of every take with rows left, oldest first,
-        while the pass stays within prefill_max_rows padded rows (takes x longest chunk)."""
+        while the pass stays within prefill_max_rows padded rows (takes x longest chunk) and its
+        padded rows x longest key window within prefill_max_rows x prefill_keys_per_row."""
         cap = self.config.prefill_max_rows
+        score_cap = cap * self.config.prefill_keys_per_row
         chosen: list[tuple[Take, int]] = []
-        widest = 0
+        widest = keys = 0
         for take in self.preparing:
             left = self._rows_left(take)
             if left <= 0:
                 continue
             count = min(left, self.config.prefill_chunk, cap)
             wider = max(widest, count)
-            if chosen and wider * (len(chosen) + 1) > cap:
-                continue  # a shorter chunk further on may still fit
+            more_keys = max(keys, take.prefill_offset + take.prefilled + count)  # its chunk's last position
+            rows = wider * (len(chosen) + 1)
+            if chosen and (rows > cap or rows * more_keys > score_cap):
+                continue  # a shorter chunk (or window) further on may still fit
             chosen.append((take, count))
-            widest = wider
+            widest, keys = wider, more_keys
         return chosen
 
     def _prefill(self, batch: list[tuple[Take, int]]) -> None:

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MIN_KEY_BUCKET = 256
-DEFAULT_PREFILL_MAX_ROWS = 8192  # padded prompt rows per prefill pass (bounds its activation memory)
+DEFAULT_PREFILL_MAX_ROWS = 8192  # padded prompt rows per prefill pass (the scheduler also bounds rows x keys)
 
 
 class SlotError(RuntimeError):

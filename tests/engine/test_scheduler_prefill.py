@@ -126,3 +126,22 @@ def test_a_failed_pass_is_retried_after_its_memory_is_freed() -> None:
     assert sched._prepare()
     assert alive_at_retry == [False, False]
     assert not sched.preparing and len(sched.running) == 2
+
+
+def test_a_deep_reprefill_does_not_give_fresh_prompts_its_key_window() -> None:
+    """Rows x longest key window is bounded too: attention scores grow with both."""
+    runner = RecordingRunner()
+    config = SchedulerConfig(
+        max_slots=8, prefill_chunk=512, prep_budget_s=10.0, retain_slots=0, prefill_max_rows=2048,
+        prefill_keys_per_row=512,  # rows x keys <= 2048 x 512 = 1 M score cells per head
+    )
+    sched = Scheduler(runner, NoCodec(), EngineMetrics(), config)  # type: ignore[arg-type]
+    deep, *fresh = _preparing(sched, [2400, 300, 300, 300])
+    deep.prefilled = 1536  # a retake re-prefilled deep into a long take: its next chunk ends at 2048
+    assert sched._prepare()
+    assert runner.passes == [
+        [(0, 512, 1536)],  # with one fresh prompt: 2 x 512 rows x 2048 keys = 2 M > 1 M, so they wait
+        [(0, 352, 2048)],  # the deep take's last chunk, alone for the same reason
+        [(1, 300, 0), (2, 300, 0), (3, 300, 0)],  # 3 x 300 rows x 300 keys: together
+    ]
+    assert not sched.preparing and all(t.prefilled == len(t.prompt_rows) for t in [deep, *fresh])
