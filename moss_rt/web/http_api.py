@@ -181,6 +181,10 @@ async def stream(request: web.Request) -> web.StreamResponse:
     except EngineBusy as busy:
         state.client_takes.release(client)
         return busy_response(busy.retry_after_sec)
+    except BaseException:  # anything else (a 500, a cancelled request) must not keep the client's take
+        if holding:
+            state.client_takes.release(client)
+        raise
 
     # Shutdown ends this take with reason "shutdown"; the end frame still goes out.
     state.http_takes.add(handle)

@@ -317,3 +317,23 @@ def test_limits_hold_under_parallel_abuse_and_server_keeps_serving(fast_server) 
     assert all(400 <= s < 500 for s in statuses), statuses
     r = requests.post(f"{srv.url}/api/stream", json={"text": "still here", "tokens": 2})
     assert r.status_code == 200
+
+
+def test_an_unexpected_failure_before_streaming_gives_the_clients_take_back(fast_server) -> None:
+    srv = fast_server(max_takes_per_client=1)
+    real_submit = srv.engine.submit
+    failures = {"left": 1}
+
+    async def submit_failing_once(spec):  # noqa: ANN001, ANN202 - stands in for Engine.submit
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("engine fell over")
+        return await real_submit(spec)
+
+    srv.engine.submit = submit_failing_once
+    r = requests.post(f"{srv.url}/api/stream", json={"text": "first", "tokens": 2}, timeout=30)
+    assert r.status_code == 500 and error_of(r)["code"] == "internal"
+    assert "fell over" not in r.text  # no internals in the answer
+    # With a cap of one take per client, this is refused (429) if the failed request kept its take.
+    r = requests.post(f"{srv.url}/api/stream", json={"text": "second", "tokens": 2}, timeout=30)
+    assert r.status_code == 200, r.text
