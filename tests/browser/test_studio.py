@@ -173,6 +173,24 @@ def wait_playback_drained(pg: Any, timeout: float = 30_000) -> None:
     pg.wait_for_function("!window.studio.playing && !window.studio.busy", timeout=timeout)
 
 
+def place_playhead_with_the_mouse(pg: Any, fraction: float = 0.6) -> int:
+    """Click the waveform at ``fraction`` of its width, as a director would; the frame it lands on."""
+    box = pg.locator("#wave").bounding_box()
+    pg.mouse.click(box["x"] + box["width"] * fraction, box["y"] + box["height"] / 3)
+    cursor = pg.evaluate("window.studio.cursor")
+    assert cursor % FRAME == 0  # the playhead snaps to whole frames
+    return cursor // FRAME
+
+
+def retake_whispering(pg: Any, seed: int = 99) -> None:
+    """Retake from the playhead with a changed direction and a fixed new seed."""
+    pg.click("#retakeOptsBtn")
+    pg.fill("#rtInstruction", "GENERAL: the same voice, now whispering\nSCRIPT: (whispering) [pause]")
+    pg.select_option("#rtSeedMode", "fixed")
+    pg.fill("#rtSeed", str(seed))
+    pg.click("#retakeBtn")
+
+
 def speak_and_finish(pg: Any, count: int, *, frames: int = 30) -> dict[str, Any]:
     set_param(pg, "tokens", str(frames))
     pg.click("#speak")
@@ -292,20 +310,9 @@ def test_retake_from_a_point_splices_at_the_acknowledged_sample(page: Any) -> No
     left = pg.evaluate(f"window.studio.samples('{first['key']}', 0, {40 * FRAME}, 0)")
     assert left[::FRAME] == list(range(1, 41))
 
-    # Put the playhead at about 60 % of the waveform with the mouse, as a director would.
-    box = pg.locator("#wave").bounding_box()
-    pg.mouse.click(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 3)
-    cursor = pg.evaluate("window.studio.cursor")
-    assert cursor % FRAME == 0
-    frame = cursor // FRAME
+    frame = place_playhead_with_the_mouse(pg, 0.6)
     assert 10 < frame < 39
-
-    # Retake with a changed direction and a fixed new seed.
-    pg.click("#retakeOptsBtn")
-    pg.fill("#rtInstruction", "GENERAL: the same voice, now whispering\nSCRIPT: (whispering) [pause]")
-    pg.select_option("#rtSeedMode", "fixed")
-    pg.fill("#rtSeed", "99")
-    pg.click("#retakeBtn")
+    retake_whispering(pg, seed=99)
     second = wait_take_ended(pg, 2)
     wait_playback_drained(pg)
 

@@ -32,6 +32,8 @@ from tests.browser.test_studio import (
     SR,
     TINY_MODEL_ENGINE,
     http_json,
+    place_playhead_with_the_mouse,
+    retake_whispering,
     run_server,
     set_fixed_seed,
     set_param,
@@ -202,19 +204,9 @@ def test_tiny_model_retake_splices_at_the_acknowledged_sample(page: Any, server:
     first = speak_frames(pg, 1, 40)
     assert first["end"]["reason"] == "max_frames" and first["samples"] == 40 * FRAME
 
-    # The playhead at about 60 % of the waveform, placed with the mouse.
-    box = pg.locator("#wave").bounding_box()
-    pg.mouse.click(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 3)
-    cursor = pg.evaluate("window.studio.cursor")
-    assert cursor % FRAME == 0
-    frame = cursor // FRAME
+    frame = place_playhead_with_the_mouse(pg, 0.6)
     assert 10 < frame < 39
-
-    pg.click("#retakeOptsBtn")
-    pg.fill("#rtInstruction", "GENERAL: the same voice, now whispering\nSCRIPT: (whispering) [pause]")
-    pg.select_option("#rtSeedMode", "fixed")
-    pg.fill("#rtSeed", "99")
-    pg.click("#retakeBtn")
+    retake_whispering(pg, seed=99)
     second = wait_take_ended(pg, 2, timeout=WAIT_MS)
     wait_playback_drained(pg, timeout=WAIT_MS)
 
