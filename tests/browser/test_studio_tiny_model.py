@@ -43,6 +43,7 @@ from tests.browser.test_studio import (
     wait_playback_drained,
     wait_take_ended,
 )
+from tests.conftest import sine_wav
 
 pytestmark = pytest.mark.browser
 
@@ -247,13 +248,7 @@ def test_tiny_model_retake_splices_at_the_acknowledged_sample(page: Any, server:
 def test_tiny_model_upload_reference_then_speak_with_it(page: Any, server: str, tmp_path: Path) -> None:
     pg = page
     path = tmp_path / "my voice.wav"
-    t = np.arange(int(1.5 * 24000)) / 24000
-    tone = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(24000)
-        w.writeframes(tone.tobytes())
+    path.write_bytes(sine_wav(1.5, sr=24000))  # a 220 Hz tone, 16-bit WAV
     pg.set_input_files("#uploadFile", str(path))
     pg.wait_for_function(
         "document.getElementById('uploadNote').textContent.startsWith('Voice ready')", timeout=WAIT_MS
