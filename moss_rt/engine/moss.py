@@ -121,7 +121,7 @@ class MossEngine:
     async def submit(self, spec: TakeSpec) -> EngineChannel:
         if self._loop is None or not self._ready or self._stop.is_set():
             raise EngineBusy(retry_after_sec=5.0)  # loading (or shutting down): come back later
-        await self._check_fits(spec)
+        prompt = await self._checked_prompt(spec)
         if not self._ready or self._stop.is_set():
             # close() ran during the check: the stopped worker would never read the inbox again.
             raise EngineBusy(retry_after_sec=5.0)
@@ -131,15 +131,15 @@ class MossEngine:
                 raise EngineBusy(retry_after_sec=1.0)
             self._in_system += 1
         channel = EngineChannel(self._loop, spec.take_id, self._lead_frames, wake=self._wake)
-        self._inbox.put_nowait(Take(spec, channel))
+        self._inbox.put_nowait(Take(spec, channel, prompt=prompt))
         self._wake.set()
         return channel
 
-    async def _check_fits(self, spec: TakeSpec) -> None:
-        """Refuse, as bad input, a prompt the KV cache can never hold (before it takes a queue place)."""
+    async def _checked_prompt(self, spec: TakeSpec) -> np.ndarray:
+        """The take's prompt rows, tokenized on a helper thread (the worker reuses them); a prompt the
+        KV cache can never hold is refused as bad input before it takes a queue place."""
         runner = self._runner
-        if runner is None:
-            return
+        assert runner is not None, "ready implies loaded"
         rows = await asyncio.to_thread(prompt_rows, runner, spec)
         max_seq = int(runner.max_seq_len)
         try:
@@ -149,6 +149,7 @@ class MossEngine:
             # otherwise the retake point is too late for the cache.
             blame = "text" if len(rows) >= max_seq else "frame"
             raise ProtocolError(ErrorCode.INVALID_FIELD, str(exc), field=blame) from None
+        return rows
 
     async def render(self, codes: np.ndarray, channels: int) -> bytes:
         codes = np.asarray(codes, dtype=np.int64).reshape(-1, 12)

@@ -1,8 +1,8 @@
 """Prompt rows for a take, and the check that they fit the slot's KV cache.
 
-The scheduler builds the rows on the worker thread; the engine builds them once more on a helper
-thread at submit time, so a prompt that can never fit is refused as bad input (``invalid_field``)
-before it queues, instead of failing later as a generation error.
+The engine builds the rows on a helper thread at submit time, so a prompt that can never fit is
+refused as bad input (``invalid_field``) before it queues, instead of failing later as a generation
+error; the worker thread reuses them.
 """
 
 from __future__ import annotations

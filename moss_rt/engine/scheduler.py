@@ -30,7 +30,7 @@ from moss_rt.audio import to_int16_pcm
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.metrics import EngineMetrics
-from moss_rt.engine.prompts import frames_room, prompt_rows
+from moss_rt.engine.prompts import frames_room
 from moss_rt.engine.slots import Phase, Retained, RetainedSlots, Take
 from moss_rt.protocol import N_CODEBOOKS
 
@@ -160,14 +160,15 @@ class Scheduler:
         spec, req = take.spec, take.spec.request
         take.phase = Phase.PREPARING
         take.prep_started = time.monotonic()
-        prompt = prompt_rows(runner, spec)
+        assert take.prompt is not None, "submit builds and checks the prompt rows"
+        prompt = take.prompt
         n = spec.start_frame
         prefix = (
             np.asarray(spec.prefix_codes, dtype=np.int64).reshape(-1, N_CODEBOOKS)
             if n
             else np.zeros((0, N_CODEBOOKS), dtype=np.int64)
         )
-        # The rule submit already checked (PromptTooLong is a ValueError: _admit ends the take).
+        # The rule submit already checked (a PromptTooLong here is a ValueError: _admit ends the take).
         room = frames_room(len(prompt), n, int(runner.max_seq_len))
         take.frame_cap = min(n + req.max_new_tokens, room)
         take.capped_by_cache = n + req.max_new_tokens > room
@@ -182,7 +183,6 @@ class Scheduler:
             runner.truncate(kept.model_slot, len(prompt) + n)
             take.prompt_rows = prompt
             take.prefilled = len(prompt)
-            take.prefill_offset = 0
             take.reuse_path = "truncate"
         else:
             if kept is not None:  # prompt changed (new text/instruction): the old cache may serve another retake
@@ -272,7 +272,7 @@ class Scheduler:
                 continue
             count = min(left, self.config.prefill_chunk, cap)
             wider = max(widest, count)
-            more_keys = max(keys, take.prefill_offset + take.prefilled + count)  # its chunk's last position
+            more_keys = max(keys, take.prefilled + count)  # its chunk's last position (prompt rows start at 0)
             rows = wider * (len(chosen) + 1)
             if chosen and (rows > cap or rows * more_keys > score_cap):
                 continue  # a shorter chunk (or window) further on may still fit
@@ -288,7 +288,7 @@ class Scheduler:
         for take, count in batch:
             assert take.prompt_rows is not None and take.model_slot is not None
             rows = take.prompt_rows[take.prefilled : take.prefilled + count]
-            requests.append(PrefillRequest(take.model_slot, rows, take.prefill_offset + take.prefilled))
+            requests.append(PrefillRequest(take.model_slot, rows, take.prefilled))
         t0 = time.perf_counter()
         error: str | None = None
         try:

@@ -46,10 +46,10 @@ class Take:
     phase: Phase = Phase.WAITING
     model_slot: int | None = None
     decoder: DecoderState | None = None
-    prompt_rows: np.ndarray | None = None  # rows to prefill (may include prefix frames as assistant rows)
+    prompt: np.ndarray | None = None  # the prompt rows proper, built and checked at submit (off the worker)
+    prompt_rows: np.ndarray | None = None  # rows to prefill from position 0 (may add prefix frames as assistant rows)
     prompt_len: int = 0  # rows of the prompt proper (without prefix frames)
     prefilled: int = 0  # rows of prompt_rows already in the cache
-    prefill_offset: int = 0  # cache position where prompt_rows[0] goes
     rebuilt: int = 0  # prefix frames already fed to the codec state
     frames: int = 0  # frames of the take so far (the next frame's index)
     frame_cap: int = 0  # total frames allowed (prefix + max_new_tokens, bounded by the cache)
