@@ -336,8 +336,7 @@ class Connection:
             await self._safe(self.send_error(err, take=take.take_id))
         except EngineBusy as busy:
             self.session.record_end(take, EndReason.ERROR.value, {})
-            err = ProtocolError(ErrorCode.BUSY, f"the service is at capacity; retry in {busy.retry_after_sec:.0f} s")
-            await self._safe(self.send_error(err, take=take.take_id))
+            await self._safe(self.send_error(busy_error(busy), take=take.take_id))
         except ConnectionResetError:
             log.debug("client %s left during take %s", self.client, take.take_id)  # nobody to tell
         except asyncio.CancelledError:
@@ -367,8 +366,7 @@ class Connection:
         except ProtocolError as err:
             await self._safe(self.send_error(err, take=take.take_id))
         except EngineBusy as busy:
-            err = ProtocolError(ErrorCode.BUSY, f"the service is at capacity; retry in {busy.retry_after_sec:.0f} s")
-            await self._safe(self.send_error(err, take=take.take_id))
+            await self._safe(self.send_error(busy_error(busy), take=take.take_id))
         except ConnectionResetError:
             pass
         except asyncio.CancelledError:
@@ -403,6 +401,11 @@ class Connection:
                 t.cancel()
             if late:
                 await asyncio.wait(late)
+
+
+def busy_error(busy: EngineBusy) -> ProtocolError:
+    """The tag-0 form of an engine at capacity (HTTP answers 503 with Retry-After instead)."""
+    return ProtocolError(ErrorCode.BUSY, f"the service is at capacity; retry in {busy.retry_after_sec:.0f} s")
 
 
 async def websocket_handler(request: web.Request) -> web.StreamResponse:
