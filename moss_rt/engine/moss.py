@@ -23,12 +23,20 @@ import numpy as np
 import torch
 
 from moss_rt.config import Settings
-from moss_rt.engine.base import EngineBusy, EngineInfo, TakeSpec
+from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLoading, TakeSpec
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prompts import PromptTooLong, frames_room, prompt_rows
-from moss_rt.engine.resolve import DEMO_BANNER, Choice, choose_codec, choose_model, placement, tiny_model_dir
+from moss_rt.engine.resolve import (
+    Choice,
+    choose_codec,
+    choose_model,
+    demo_banner,
+    has_random_weights,
+    placement,
+    tiny_model_dir,
+)
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import EngineChannel, Take
 from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE, ErrorCode, ProtocolError
@@ -52,7 +60,9 @@ class MossEngine:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         spec = settings.model.strip()
-        likely_demo = spec == "tiny" or (spec == "auto" and not torch.cuda.is_available())
+        likely_demo = (
+            spec == "tiny" or (spec == "auto" and not torch.cuda.is_available()) or has_random_weights(spec)
+        )
         self._info = EngineInfo(
             name="moss",
             models=(DEFAULT_MODEL_ALIAS,),
@@ -119,8 +129,10 @@ class MossEngine:
         self._ready = False
 
     async def submit(self, spec: TakeSpec) -> EngineChannel:
-        if self._loop is None or not self._ready or self._stop.is_set():
-            raise EngineBusy(retry_after_sec=5.0)  # loading (or shutting down): come back later
+        if self._stop.is_set():
+            raise EngineBusy(retry_after_sec=5.0)  # shutting down: come back later
+        if self._loop is None or not self._ready:
+            raise EngineLoading(retry_after_sec=5.0)
         prompt = await self._checked_prompt(spec)
         if not self._ready or self._stop.is_set():
             # close() ran during the check: the stopped worker would never read the inbox again.
@@ -160,13 +172,13 @@ class MossEngine:
 
     async def encode_reference(self, audio: bytes) -> np.ndarray:
         if self._codec is None:
-            raise EngineBusy(retry_after_sec=5.0)
+            raise EngineLoading(retry_after_sec=5.0)
         job = EncodeJob(audio, self._codec, self.settings.limits.max_upload_seconds)  # type: ignore[arg-type]
         return await self._run_job(job)  # type: ignore[return-value]
 
     def _require_batcher(self) -> CodecBatcher:
         if self._batcher is None:
-            raise EngineBusy(retry_after_sec=5.0)
+            raise EngineLoading(retry_after_sec=5.0)
         return self._batcher
 
     async def _run_job(self, job: Job) -> object:
@@ -291,7 +303,7 @@ class MossEngine:
     def _load(self) -> None:
         from moss_rt.codec import CodecLoadError, load_codec
         from moss_rt.codec.streaming import StreamingDecoder
-        from moss_rt.model.loader import load_model
+        from moss_rt.model.loader import ModelUnavailable, load_model, random_weights_label
         from moss_rt.model.runner import ModelRunner
 
         s = self.settings
@@ -300,15 +312,20 @@ class MossEngine:
         model_choice = choose_model(s, where.device)
         try:
             loaded = load_model(model_choice.source, device=where.device, dtype=where.dtype)
-        except Exception as exc:
+        except ModelUnavailable as exc:
+            # Only weights that cannot be obtained (offline, download failed) fall back; a checkpoint
+            # that is there but does not load (out of memory, config or tensor mismatch, no tokenizer)
+            # is an error naming the problem: a silent demo would hide it.
             if s.model.strip() != "auto" or model_choice.demo:
                 raise
-            log.warning("--model auto: cannot load %s (%s); falling back to the tiny demo model",
+            log.warning("--model auto: cannot obtain %s (%s); falling back to the tiny demo model",
                         model_choice.source, exc)
-            model_choice = Choice(str(tiny_model_dir(s)), True, "tiny")
+            model_choice = Choice(str(tiny_model_dir(s)), True, "tiny", tiny=True)
             loaded = load_model(model_choice.source, device=where.device, dtype=where.dtype)
-        codec_choice = choose_codec(s, model_choice)
         params = sum(p.numel() for p in loaded.model.parameters())
+        if loaded.source.demo and not model_choice.demo:  # a random-weight checkpoint given by path
+            model_choice = dataclasses.replace(model_choice, demo=True)
+        codec_choice = choose_codec(s, model_choice)
         if where.device.type == "cpu" and params < SMALL_MODEL_PARAMS:
             # A small model's ops are microseconds long: intra-op threads only add contention
             # (measured 10 ms/frame on one thread vs 250 ms on two of a busy 2-core machine).
@@ -377,9 +394,11 @@ class MossEngine:
             "load_sec": f"{time.perf_counter() - t0:.1f}",
         }
         if demo:
-            details["banner"] = DEMO_BANNER
+            banner = demo_banner(random_weights_label(params) if model_choice.demo else "random codec")
+            details["banner"] = banner
+            details["weights"] = random_weights_label(params) if model_choice.demo else "random codec weights"
             for _ in range(3):  # loud on purpose: nobody should mistake this for the real model
-                log.warning("*** %s ***", DEMO_BANNER)
+                log.warning("*** %s ***", banner)
         self._info = EngineInfo(
             name="moss",
             models=(DEFAULT_MODEL_ALIAS,),

@@ -11,7 +11,7 @@ from aiohttp import HttpVersion11, web
 
 from moss_rt import __version__
 from moss_rt.audio import wav_bytes
-from moss_rt.engine.base import EndReason, EngineBusy
+from moss_rt.engine.base import EndReason, EngineBusy, EngineLoading
 from moss_rt.protocol import (
     SAMPLE_RATE,
     ErrorCode,
@@ -131,6 +131,8 @@ async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if state.engine.ready and not state.shutting_down:
         return web.json_response({"status": "ready"})
+    if state.engine_failure is not None:
+        return web.json_response({"status": "failed", "error": state.engine_failure}, status=503)
     return web.json_response({"status": "shutting_down" if state.shutting_down else "loading"}, status=503)
 
 
@@ -180,7 +182,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
         return error_response(err.code, err.message, field=err.field, headers=headers)
     except EngineBusy as busy:
         state.client_takes.release(client)
-        return busy_response(busy.retry_after_sec)
+        return busy_response(busy.retry_after_sec, loading=isinstance(busy, EngineLoading))
     except BaseException:  # anything else (a 500, a cancelled request) must not keep the client's take
         if holding:
             state.client_takes.release(client)

@@ -82,7 +82,7 @@ def _common_errors(*statuses: int) -> dict[str, Any]:
         413: "body over the limit (too_large)",
         422: "a field is out of range or of the wrong type (invalid_field)",
         429: "too many takes or requests from this client, or the voice store is full (rate_limited); see Retry-After",
-        503: "at capacity or shutting down (busy); see Retry-After",
+        503: "at capacity or shutting down (busy), or the model is still loading (loading); see Retry-After",
     }
     return {str(s): _error(text[s]) for s in statuses}
 

@@ -20,7 +20,7 @@ import time
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from moss_rt.engine.base import EndReason, EngineBusy, TakeHandle
+from moss_rt.engine.base import EndReason, EngineBusy, EngineLoading, TakeHandle
 from moss_rt.protocol import (
     SAMPLING_DEFAULTS,
     Cancel,
@@ -404,7 +404,11 @@ class Connection:
 
 
 def busy_error(busy: EngineBusy) -> ProtocolError:
-    """The tag-0 form of an engine at capacity (HTTP answers 503 with Retry-After instead)."""
+    """The tag-0 form of an engine at capacity or still loading (HTTP answers 503 with Retry-After instead)."""
+    if isinstance(busy, EngineLoading):
+        return ProtocolError(
+            ErrorCode.LOADING, f"the model is still loading; retry in {busy.retry_after_sec:.0f} s"
+        )
     return ProtocolError(ErrorCode.BUSY, f"the service is at capacity; retry in {busy.retry_after_sec:.0f} s")
 
 
