@@ -53,10 +53,13 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--dtype", default=base.dtype, help="auto | float32 | bfloat16")
     p.add_argument("--data-dir", type=Path, default=base.data_dir, help="uploaded voices, tiny models")
     p.add_argument("--voices-dir", type=Path, default=base.voices_dir, help="built-in voices (audio files)")
-    p.add_argument("--max-slots", type=int, default=base.max_slots)
+    p.add_argument("--max-slots", type=int, default=base.max_slots, help="concurrent takes; 0: the memory plan")
     p.add_argument("--max-queue", type=int, default=base.max_queue)
     p.add_argument("--max-lead-sec", type=float, default=base.max_lead_sec)
-    p.add_argument("--max-seq-len", type=int, default=base.max_seq_len, help="cache positions per slot")
+    p.add_argument("--max-seq-len", type=int, default=base.max_seq_len,
+                   help="cache positions per take; 0: the memory plan")
+    p.add_argument("--gpu-memory-utilization", type=float, default=base.gpu_memory_utilization,
+                   help="fraction of GPU memory the service may hold; the memory plan splits what is free under it")
     p.add_argument("--heard-audio-mb", type=int, default=base.heard_audio_mb, help="streamed PCM kept for replays")
     p.add_argument("--frame-ms", type=float, default=base.frame_ms, help="scripted engine frame time")
     p.add_argument("--api-key", default=base.api_key)
@@ -102,6 +105,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_lead_sec=args.max_lead_sec,
         max_seq_len=args.max_seq_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         frame_ms=args.frame_ms,
         heard_audio_mb=args.heard_audio_mb,
         api_key=args.api_key or None,

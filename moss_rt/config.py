@@ -35,11 +35,17 @@ class Settings:
     voices_dir: Path = Path("voices")  # built-in voices: audio files in this folder
     static_dir: Path = Path(__file__).resolve().parent.parent / "static"
     # Engine scheduling.
-    max_slots: int = 64  # takes generating at once
+    # Takes generating at once; 0: chosen by the memory plan at start (64 on a CPU).
+    max_slots: int = 0
     max_queue: int = 64  # takes waiting for a slot; beyond this requests are refused as busy
     max_lead_sec: float = 20.0  # audio a client may hold unplayed before its take is paused
     frame_ms: float = 80.0  # scripted engine only: wall time per generated frame
-    max_seq_len: int = 5120  # cache positions per slot: prompt rows + frames (longer takes end max_frames)
+    # Cache positions per take: prompt rows + frames (longer takes end max_frames); 0: chosen by the
+    # memory plan at start (5120 on a CPU).
+    max_seq_len: int = 0
+    # Fraction of the GPU's memory the service may hold (weights included); the memory plan made at
+    # start gives what is free under it to the KV cache, codec state, graph pools and a margin.
+    gpu_memory_utilization: float = 0.90
     prefill_chunk: int = 512  # prompt rows per prefill call (longer prompts are prefilled in pieces)
     prefill_budget_ms: float = 40.0  # prefill work per scheduling round while other takes stream
     # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest); with the

@@ -2,8 +2,8 @@
 
 The full-size codec decoder is launch-bound when run eagerly (about 55 ms per call on an H200 whatever
 the batch), while a captured graph replays a small call in about 9 ms. Graphs are captured per exact
-(batch, T), so batches are padded up to a few bucket sizes with padding streams (states of their own
-whose output is thrown away and whose position is reset before every call), and the first entry of
+(batch, T), so batches are padded up to a few bucket sizes with padding rows (states on the decoder's
+scratch pool row, whose output is thrown away and whose position is reset before every call), and the first entry of
 every graphed batch is a padding stream: the slot list is then never contiguous, so only the decoder's
 "gathered" graphs are ever used (its contiguous-range graphs are keyed by start slot too, which would
 mean a capture per slot). All graphs are captured at start-up; a shape without one (an odd chunk
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SMALL_BUCKETS = (2, 4, 8, 16)  # graphed batch sizes (padding stream included), every chunk length 1..8
-LARGE_BUCKETS = (32, 48)  # plus max_slots + 2: graphed for the first chunk (T=1) and full chunks (T=8)
+# Plus max_slots + 2; graphed for the first chunk (T=1) and full chunks (T=8).
+LARGE_BUCKETS = (32, 48, 64, 96, 128, 192)
 SMALL_T = tuple(range(1, 9))
 LARGE_T = (1, 8)
 
@@ -45,12 +46,13 @@ class CodecBatcher:
         self._warm: set[tuple[int, int]] = set()
         self._pads: list[DecoderState] = []
         if self.graphs:
-            # Allocated first, so they hold the lowest slots and real streams never sit next to pad 0.
-            self._pads = [decoder.new_state() for _ in range(self.pad_streams(max_streams))]
+            # Every padding row shares the decoder's scratch pool row: its output is thrown away and rows
+            # of a batched call never read each other's state, so padding costs no stream memory.
+            self._pads = [decoder.scratch_state() for _ in range(self.pad_streams(max_streams))]
 
     @staticmethod
     def pad_streams(max_streams: int) -> int:
-        """Decoder slots the padding streams need (reserve them in ``max_streams``): the widest bucket gap."""
+        """Padding rows a graphed call may need (the widest bucket gap); they hold no decoder slot."""
         buckets = graph_buckets(max_streams)
         return max(b - (prev + 1) for prev, b in zip((0, *buckets), buckets, strict=False)) + 1
 
@@ -104,6 +106,4 @@ class CodecBatcher:
         return audio[1 : 1 + n]
 
     def close(self) -> None:
-        for pad in self._pads:
-            pad.close()
-        self._pads = []
+        self._pads = []  # scratch-row states: nothing to give back

@@ -26,6 +26,7 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLoading, TakeSpec
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
+from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, MemoryPlan, plan_memory
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prompts import PromptTooLong, frames_room, prompt_rows
 from moss_rt.engine.resolve import (
@@ -42,6 +43,8 @@ from moss_rt.engine.slots import EngineChannel, Take
 from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE, ErrorCode, ProtocolError
 
 if TYPE_CHECKING:
+    from moss_rt.codec.model import CodecModel
+    from moss_rt.model.config import MossTTSConfig
     from moss_rt.model.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,7 @@ IDLE_WAIT_S = 0.1  # nothing to do: sleep until woken (submit, cancel, job) or t
 PAUSED_POLL_S = 0.005  # only paused slots: poll their channels this often
 SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU inference runs single-threaded
 CODEC_CHUNK_FRAMES = 25  # largest chunk the streaming decoder runs in one forward (longer ones are split)
+CODEC_EXTRA_STREAMS = 2  # codec decoder slots beyond one per take: a render and the warm-up stream
 
 
 class MossEngine:
@@ -75,7 +79,9 @@ class MossEngine:
         self.metrics_registry = self.metrics.registry  # rendered by GET /metrics
         lead_sec = settings.max_lead_sec if settings.max_lead_sec > 0 else 20.0
         self._lead_frames = max(1, int(lead_sec * FRAME_RATE))
-        self._capacity = settings.max_slots + settings.max_queue
+        self.memory_plan: MemoryPlan | None = None  # made at start, once the weights are loaded
+        # Until the plan is made, capacity is what the settings say (nothing is admitted before then).
+        self._capacity = (settings.max_slots or DEFAULT_CPU_SLOTS) + settings.max_queue
         # Admission is counted here, so the inbox can never be full when put_nowait runs.
         self._inbox: queue.Queue[Take] = queue.Queue(maxsize=self._capacity)
         self._jobs_in: queue.Queue[Job] = queue.Queue(maxsize=max(4, settings.max_queue))
@@ -339,24 +345,24 @@ class MossEngine:
                         "reference voices cannot be encoded", codec_choice.source, exc)
             codec = load_codec(codec_choice.source, device=where.device, compute_dtype=where.dtype, decode_only=True)
             voice_cloning = False
+        plan = self._plan_memory(loaded.config, codec, where.device, where.dtype)
+        slots, seq_len = plan.max_slots, plan.max_seq_len
         graphs = where.device.type == "cuda" and "cuda_graphs" in inspect.signature(StreamingDecoder).parameters
         decoder = StreamingDecoder(
             codec,
             device=where.device,
             dtype=where.dtype,
-            # every slot, renders, and the padding streams of graphed calls
-            max_streams=s.max_slots + 2 + CodecBatcher.pad_streams(s.max_slots),
+            max_streams=slots + CODEC_EXTRA_STREAMS,  # every slot, a render and the warm-up
             max_chunk_frames=CODEC_CHUNK_FRAMES,
             **({"cuda_graphs": True} if graphs else {}),
         )
-        # Created before any other decoder state: its padding streams must take the lowest slots.
-        batcher = CodecBatcher(decoder, s.max_slots)
+        batcher = CodecBatcher(decoder, slots)
         runner = ModelRunner(
             loaded.model,
             loaded.tokenizer,
             loaded.config,
-            max_slots=s.max_slots,
-            max_seq_len=s.max_seq_len,
+            max_slots=slots,
+            max_seq_len=seq_len,
             device=where.device,
             dtype=where.dtype,
             prefill_max_rows=s.prefill_max_rows,
@@ -369,10 +375,10 @@ class MossEngine:
             batcher,
             self.metrics,
             SchedulerConfig(
-                max_slots=s.max_slots,
+                max_slots=slots,
                 prefill_chunk=s.prefill_chunk,
                 prep_budget_s=s.prefill_budget_ms / 1000.0,
-                retain_slots=s.max_slots,
+                retain_slots=slots,
                 prefill_max_rows=s.prefill_max_rows,
             ),
             on_take_done=self._take_done,
@@ -386,8 +392,8 @@ class MossEngine:
             "codec": codec_choice.label,
             "codec_source": codec_choice.source,
             "dtype": str(where.dtype).replace("torch.", ""),
-            "max_slots": str(s.max_slots),
-            "max_seq_len": str(s.max_seq_len),
+            "max_slots": str(slots),
+            "max_seq_len": str(seq_len),
             "cuda_graphs": str(bool(runner.use_cuda_graphs)).lower(),
             "codec_cuda_graphs": str(batcher.graphs).lower(),
             "voice_cloning": "on" if voice_cloning else "off (codec loaded without its encoder)",
@@ -409,6 +415,43 @@ class MossEngine:
         )
         log.info("engine loaded in %.1f s: model %s, codec %s on %s/%s",
                  time.perf_counter() - t0, model_choice.source, codec_choice.source, where.device, where.dtype)
+
+    def _plan_memory(
+        self, config: MossTTSConfig, codec: CodecModel, device: torch.device, dtype: torch.dtype
+    ) -> MemoryPlan:
+        """The memory plan from what the device has free now that the weights are loaded (see memory_plan)."""
+        from moss_rt.engine.memory_costs import memory_costs
+
+        s = self.settings
+        costs = memory_costs(
+            config,
+            codec,
+            dtype,
+            prefill_max_rows=s.prefill_max_rows,
+            codec_chunk_frames=CODEC_CHUNK_FRAMES,
+            codec_extra_streams=CODEC_EXTRA_STREAMS,
+        )
+        total = free = None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            free, total = torch.cuda.mem_get_info(device)
+        plan = plan_memory(
+            costs,
+            device=str(device),
+            total_bytes=total,
+            free_bytes=free,
+            utilization=s.gpu_memory_utilization,
+            max_slots=s.max_slots,
+            max_seq_len=s.max_seq_len,
+        )
+        log.info("%s", plan.table())
+        self.memory_plan = plan
+        self.metrics.set_plan(plan)
+        # Admission counts against the plan: slots plus the wait queue, never more.
+        with self._admit_lock:
+            self._capacity = plan.max_slots + s.max_queue
+        self._inbox = queue.Queue(maxsize=self._capacity)
+        return plan
 
     def _sync(self) -> None:
         if self._device.type == "cuda":

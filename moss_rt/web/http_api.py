@@ -117,6 +117,8 @@ async def service_info(request: web.Request) -> web.Response:
             "ready": state.engine.ready,
             "sr": SAMPLE_RATE,
             "limits": state.settings.limits.to_dict(),
+            # The engine's start-up memory plan (slots x positions and where the memory goes), once made.
+            "memory_plan": plan.as_dict() if (plan := getattr(state.engine, "memory_plan", None)) else None,
         }
     )
 
