@@ -54,10 +54,10 @@ def run_scenario(runner: ModelRunner) -> dict[str, np.ndarray]:
     return {k: np.stack(v) for k, v in out.items()}
 
 
-def make_runner(max_slots: int = 4, max_seq_len: int = 320) -> ModelRunner:
+def make_runner(max_slots: int = 4, max_seq_len: int = 320, **paging: int) -> ModelRunner:
     loaded = load_model(FIXTURES / "tiny", device="cpu", dtype=torch.float32)
     return ModelRunner(loaded.model, loaded.tokenizer, loaded.config, max_slots=max_slots, max_seq_len=max_seq_len,
-                       device="cpu", dtype=torch.float32)
+                       device="cpu", dtype=torch.float32, **paging)
 
 
 if __name__ == "__main__":
