@@ -22,7 +22,7 @@ MIB = 1 << 20
 
 DEFAULT_CPU_SLOTS = 64  # CPU (and settings-only) defaults when --max-slots / --max-seq-len are not given
 DEFAULT_CPU_SEQ_LEN = 5120
-AUTO_SEQ_LEN = 2048  # cache positions per take when the plan chooses: a 400-row prompt + 2 minutes of audio
+PLANNED_TAKE_POSITIONS = 1280  # sizing slots: each could hold a 400-row prompt + 70 s of audio at once
 MIN_SEQ_LEN = 512  # below this even one short take cannot run; the plan fails instead
 MAX_AUTO_SLOTS = 256  # the plan never goes beyond this many slots on its own (step batch buckets end here)
 MARGIN_FRACTION = 0.03  # of the usable budget, at least MIN_MARGIN
@@ -52,7 +52,9 @@ class MemoryPlan:
     device: str
     source: str  # "measured" (free device memory) or "settings" (CPU: no device budget)
     max_slots: int
-    max_seq_len: int
+    max_seq_len: int  # the cap of one take (prompt + frames); it reserves nothing
+    kv_blocks: int  # blocks of the paged KV pool, the scratch block included
+    block_size: int  # positions per block
     total_bytes: int  # the device's memory (0 on CPU)
     in_use_bytes: int  # already used when planning: weights, CUDA context, other processes
     utilization: float
@@ -63,6 +65,11 @@ class MemoryPlan:
     margin_bytes: int
     slots_from: str  # "flag" or "plan"
     seq_len_from: str
+
+    @property
+    def kv_positions(self) -> int:
+        """Positions the pool holds, shared by every take (the scratch block excluded)."""
+        return (self.kv_blocks - 1) * self.block_size
 
     @property
     def planned_bytes(self) -> int:
@@ -88,8 +95,12 @@ class MemoryPlan:
             ]
         rows += [
             (f"concurrent takes (slots, from {self.slots_from})", str(self.max_slots)),
-            (f"positions per take (max_seq_len, from {self.seq_len_from})", str(self.max_seq_len)),
-            ("backbone KV cache", gib(self.backbone_cache_bytes)),
+            (f"longest take in positions (max_seq_len, from {self.seq_len_from})", str(self.max_seq_len)),
+            (
+                "backbone KV cache (paged pool)",
+                f"{gib(self.backbone_cache_bytes)}: {self.kv_blocks} blocks x {self.block_size} = "
+                f"{self.kv_positions} positions, {self.kv_positions // max(1, self.max_slots)} per slot",
+            ),
             ("codec streaming state", gib(self.codec_state_bytes)),
             ("graph pools and work memory", gib(self.work_bytes)),
             ("margin", gib(self.margin_bytes)),
@@ -111,6 +122,9 @@ class MemoryPlan:
             "source": self.source,
             "max_slots": self.max_slots,
             "max_seq_len": self.max_seq_len,
+            "kv_blocks": self.kv_blocks,
+            "block_size": self.block_size,
+            "kv_positions": self.kv_positions,
             "total_bytes": self.total_bytes,
             "in_use_bytes": self.in_use_bytes,
             "utilization": self.utilization,
@@ -124,21 +138,13 @@ class MemoryPlan:
         }
 
 
-def per_slot_bytes(costs: MemoryCosts, seq_len: int) -> int:
-    """One slot: its cache rows (max_seq_len + the scratch position), fixed state, codec stream, graph work."""
-    return (
-        (seq_len + 1) * costs.bytes_per_position
-        + costs.slot_bytes
-        + costs.codec_bytes_per_stream
-        + costs.work_bytes_per_slot
-    )
+def _blocks_for(positions: int, block_size: int) -> int:
+    return -(-positions // block_size)
 
 
-def _split(costs: MemoryCosts, slots: int, seq_len: int, margin: int) -> tuple[int, int, int]:
-    backbone = slots * ((seq_len + 1) * costs.bytes_per_position + costs.slot_bytes)
-    codec = (slots + costs.codec_extra_streams) * costs.codec_bytes_per_stream
-    work = costs.work_bytes + slots * costs.work_bytes_per_slot
-    return backbone, codec, work
+def min_blocks(seq_len: int, block_size: int) -> int:
+    """Pool blocks one take of ``seq_len`` positions needs: its blocks, one copy-on-write, the scratch block."""
+    return _blocks_for(seq_len + 1, block_size) + 2
 
 
 def plan_memory(
@@ -150,64 +156,62 @@ def plan_memory(
     utilization: float = 0.90,
     max_slots: int = 0,
     max_seq_len: int = 0,
+    block_size: int = 16,
 ) -> MemoryPlan:
-    """Plan slots x positions within the budget; ``max_slots`` / ``max_seq_len`` > 0 are kept as given.
+    """Slots, the per-take cap and the KV pool within the budget; ``max_slots`` / ``max_seq_len`` > 0 are kept.
 
+    The KV cache is one pool of blocks shared by every take (paged): slots are chosen so each could
+    hold ``PLANNED_TAKE_POSITIONS`` at once, and everything left after the codec streams and work
+    memory goes to the pool; a take's cap (``max_seq_len``) only bounds one take, it reserves nothing.
     ``total_bytes`` / ``free_bytes`` None (CPU): nothing is measured; unset values take the CPU
-    defaults and the figures only report what the settings cost.
+    defaults, the pool holds every slot at its cap, and the figures only report what that costs.
     """
     if not 0.0 < utilization <= 1.0:
         raise MemoryPlanError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
-    slots_from = "flag" if max_slots > 0 else "plan"
-    seq_from = "flag" if max_seq_len > 0 else "plan"
     if max_seq_len and max_seq_len < 2:
         raise MemoryPlanError("--max-seq-len must be at least 2")
+    bpp = costs.bytes_per_position
+    per_slot = costs.slot_bytes + costs.codec_bytes_per_stream + costs.work_bytes_per_slot  # besides the KV pool
+    block_bytes = block_size * bpp
+
+    def split(slots: int, blocks: int) -> tuple[int, int, int]:
+        backbone = blocks * block_bytes + slots * costs.slot_bytes
+        codec = (slots + costs.codec_extra_streams) * costs.codec_bytes_per_stream
+        return backbone, codec, costs.work_bytes + slots * costs.work_bytes_per_slot
+
     if total_bytes is None or free_bytes is None:
         slots = max_slots or DEFAULT_CPU_SLOTS
         seq_len = max_seq_len or DEFAULT_CPU_SEQ_LEN
-        backbone, codec, work = _split(costs, slots, seq_len, 0)
-        return MemoryPlan(device, "settings", slots, seq_len, 0, 0, utilization, backbone + codec + work,
-                          backbone, codec, work, 0, "flag" if max_slots else "default",
-                          "flag" if max_seq_len else "default")
+        blocks = slots * _blocks_for(seq_len + 1, block_size) + 1
+        backbone, codec, work = split(slots, blocks)
+        return MemoryPlan(device, "settings", slots, seq_len, blocks, block_size, 0, 0, utilization,
+                          backbone + codec + work, backbone, codec, work, 0,
+                          "flag" if max_slots else "default", "flag" if max_seq_len else "default")
 
     in_use = max(0, total_bytes - free_bytes)
     budget = int(utilization * total_bytes) - in_use
     margin = max(MIN_MARGIN, int(MARGIN_FRACTION * max(budget, 0)))
-    fixed = costs.codec_extra_streams * costs.codec_bytes_per_stream + costs.work_bytes + margin
+    # The scratch block, the extra codec streams, work memory and the margin come first.
+    fixed = block_bytes + costs.codec_extra_streams * costs.codec_bytes_per_stream + costs.work_bytes + margin
     room = budget - fixed
-
-    def slots_for(seq_len: int) -> int:
-        return max(0, room // per_slot_bytes(costs, seq_len)) if room > 0 else 0
-
-    def seq_for(slots: int) -> int:
-        if room <= 0:
-            return 0
-        per_slot_rest = costs.slot_bytes + costs.codec_bytes_per_stream + costs.work_bytes_per_slot
-        positions = (room // slots - per_slot_rest) // costs.bytes_per_position - 1
-        return int(max(0, positions))
-
-    if max_slots and max_seq_len:
-        slots, seq_len = max_slots, max_seq_len
-    elif max_seq_len:
-        seq_len = max_seq_len
-        slots = min(MAX_AUTO_SLOTS, slots_for(seq_len))
-    elif max_slots:
+    if max_slots:
         slots = max_slots
-        seq_len = min(DEFAULT_CPU_SEQ_LEN, seq_for(slots) // 256 * 256)
     else:
-        seq_len = AUTO_SEQ_LEN
-        slots = min(MAX_AUTO_SLOTS, slots_for(seq_len))
-        if slots == 0:  # a small card: shorter takes before none at all
-            seq_len = max(MIN_SEQ_LEN, seq_for(1) // 256 * 256)
-            slots = min(MAX_AUTO_SLOTS, slots_for(seq_len))
-
-    backbone, codec, work = _split(costs, slots, seq_len, margin)
-    too_short = seq_len < (2 if max_seq_len else MIN_SEQ_LEN)
-    if slots < 1 or too_short or backbone + codec + work + margin > budget:
+        slots = max(0, min(MAX_AUTO_SLOTS, room // (per_slot + PLANNED_TAKE_POSITIONS * bpp))) if room > 0 else 0
+        if slots == 0 and room > per_slot + min_blocks(MIN_SEQ_LEN, block_size) * block_bytes:
+            slots = 1  # a small card: one take, shorter than planned
+    blocks = 1 + (room - slots * per_slot) // block_bytes if room > 0 else 0
+    if max_seq_len:
+        seq_len = max_seq_len
+    else:
+        seq_len = min(DEFAULT_CPU_SEQ_LEN, max(0, (blocks - 2) * block_size - 1))
+    if slots < 1 or blocks < min_blocks(max(seq_len, 2 if max_seq_len else MIN_SEQ_LEN), block_size):
         raise MemoryPlanError(_advice(costs, device, total_bytes, in_use, budget, utilization,
-                                      max_slots, max_seq_len, fixed))
-    return MemoryPlan(device, "measured", slots, seq_len, total_bytes, in_use, utilization, budget,
-                      backbone, codec, work, margin, slots_from, seq_from)
+                                      max_slots, max_seq_len, fixed + max(1, slots) * per_slot, block_size))
+    backbone, codec, work = split(slots, blocks)
+    return MemoryPlan(device, "measured", slots, seq_len, blocks, block_size, total_bytes, in_use, utilization,
+                      budget, backbone, codec, work, margin,
+                      "flag" if max_slots else "plan", "flag" if max_seq_len else "plan")
 
 
 def _advice(
@@ -220,12 +224,13 @@ def _advice(
     max_slots: int,
     max_seq_len: int,
     fixed: int,
+    block_size: int,
 ) -> str:
-    want_slots = max(1, max_slots or 1)
+    want_slots = max(1, max_slots)
     want_seq = max_seq_len or MIN_SEQ_LEN
-    need = fixed + want_slots * per_slot_bytes(costs, want_seq)
+    need = fixed + min_blocks(want_seq, block_size) * block_size * costs.bytes_per_position
     msg = (
-        f"the memory plan cannot hold {want_slots} take(s) of {want_seq} positions on {device}: "
+        f"the memory plan cannot hold {want_slots} take(s) with one of {want_seq} positions on {device}: "
         f"it needs {need / GIB:.2f} GiB but the budget is {budget / GIB:.2f} GiB "
         f"({utilization:.2f} x {total / GIB:.2f} GiB minus {in_use / GIB:.2f} GiB already in use by the weights, "
         f"the CUDA context and other processes). "

@@ -61,6 +61,16 @@ class EngineMetrics:
         self.pauses = Counter("moss_rt_pauses_total", "Times a slot was paused for a slow client", registry=r)
         self.busy = Counter("moss_rt_busy_rejections_total", "Takes refused because slots and queue were full",
                             registry=r)
+        self.kv_blocks_free = Gauge("moss_rt_kv_blocks_free", "Blocks of the paged KV cache not held by any take",
+                                    registry=r)
+        self.kv_blocks_total = Gauge("moss_rt_kv_blocks_total", "Blocks of the paged KV cache (scratch excluded)",
+                                     registry=r)
+        self.kv_blocks_promised = Gauge(
+            "moss_rt_kv_blocks_promised", "Free KV blocks promised to running takes (their remaining budget)",
+            registry=r,
+        )
+        self.retained_caches = Gauge("moss_rt_retained_caches", "Finished takes whose cache is kept for retakes",
+                                     registry=r)
         self.plan_bytes = Gauge(
             "moss_rt_memory_plan_bytes",
             "The start-up memory plan by part (total, in_use, budget, backbone_cache, codec_state, work, margin)",

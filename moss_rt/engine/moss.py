@@ -366,6 +366,8 @@ class MossEngine:
             device=where.device,
             dtype=where.dtype,
             prefill_max_rows=s.prefill_max_rows,
+            num_blocks=plan.kv_blocks,
+            block_size=plan.block_size,
         )
         self._codec, self._decoder, self._batcher = codec, decoder, batcher
         self._runner = runner
@@ -421,6 +423,7 @@ class MossEngine:
     ) -> MemoryPlan:
         """The memory plan from what the device has free now that the weights are loaded (see memory_plan)."""
         from moss_rt.engine.memory_costs import memory_costs
+        from moss_rt.model.runner import DEFAULT_BLOCK_SIZE
 
         s = self.settings
         costs = memory_costs(
@@ -443,6 +446,7 @@ class MossEngine:
             utilization=s.gpu_memory_utilization,
             max_slots=s.max_slots,
             max_seq_len=s.max_seq_len,
+            block_size=DEFAULT_BLOCK_SIZE,
         )
         log.info("%s", plan.table())
         self.memory_plan = plan

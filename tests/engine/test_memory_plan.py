@@ -9,11 +9,11 @@ import requests
 
 from moss_rt.client import DirectingClient
 from moss_rt.engine.memory_plan import (
-    AUTO_SEQ_LEN,
     DEFAULT_CPU_SEQ_LEN,
     DEFAULT_CPU_SLOTS,
     GIB,
     MIB,
+    PLANNED_TAKE_POSITIONS,
     MemoryCosts,
     MemoryPlanError,
     plan_memory,
@@ -41,14 +41,14 @@ def card(total_gib: float, **kw: object):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("total_gib", [24, 40, 48, 80, 139])
 def test_plan_fits_the_budget_and_uses_most_of_it(total_gib: float) -> None:
     plan = card(total_gib)
-    assert plan.source == "measured" and plan.max_slots >= 1 and plan.max_seq_len == AUTO_SEQ_LEN
+    assert plan.source == "measured" and plan.max_slots >= 1 and plan.max_seq_len == DEFAULT_CPU_SEQ_LEN
     assert plan.in_use_bytes == WEIGHTS
     assert plan.budget_bytes == int(0.9 * total_gib * GIB) - WEIGHTS
     assert plan.planned_bytes <= plan.budget_bytes
-    # One more slot would not fit (unless the plan stopped at its slot cap).
-    per_slot = (plan.max_seq_len + 1) * FULL.bytes_per_position + FULL.codec_bytes_per_stream + 9 * MIB
-    assert plan.max_slots == 256 or plan.unplanned_bytes < per_slot
-    assert plan.backbone_cache_bytes >= plan.max_slots * (plan.max_seq_len + 1) * FULL.bytes_per_position
+    assert plan.unplanned_bytes < 16 * FULL.bytes_per_position  # less than one block is left over
+    # The pool holds every slot at the planned take length (it is shared: one take may grow much longer).
+    assert plan.kv_positions >= plan.max_slots * PLANNED_TAKE_POSITIONS
+    assert plan.backbone_cache_bytes >= plan.kv_positions * FULL.bytes_per_position
 
 
 def test_bigger_cards_hold_more_takes() -> None:
@@ -67,16 +67,17 @@ def test_flags_win_when_given() -> None:
     plan = card(80, max_slots=4, max_seq_len=1024)
     assert (plan.max_slots, plan.max_seq_len) == (4, 1024)
     assert (plan.slots_from, plan.seq_len_from) == ("flag", "flag")
-    only_len = card(80, max_seq_len=4096)
-    assert only_len.max_seq_len == 4096 and only_len.slots_from == "plan"
-    assert only_len.max_slots < card(80).max_slots  # longer takes: fewer of them
+    only_len = card(80, max_seq_len=8192)
+    assert only_len.max_seq_len == 8192 and only_len.slots_from == "plan"
+    assert only_len.max_slots == card(80).max_slots  # the cap of one take reserves nothing
     only_slots = card(80, max_slots=8)
-    assert only_slots.max_slots == 8 and only_slots.max_seq_len == DEFAULT_CPU_SEQ_LEN  # room to spare: the cap
+    assert only_slots.max_slots == 8 and only_slots.max_seq_len == DEFAULT_CPU_SEQ_LEN
+    assert only_slots.kv_blocks > card(80).kv_blocks  # fewer codec streams: a bigger pool
 
 
 def test_a_small_card_gets_shorter_takes_before_none() -> None:
-    plan = card(19.65)  # room for one slot of ~1000 positions, not of the usual 2048
-    assert plan.max_slots >= 1 and 512 <= plan.max_seq_len <= AUTO_SEQ_LEN
+    plan = card(19.6)  # room for one take of ~1000 positions, not for a planned slot's 1280
+    assert plan.max_slots == 1 and 512 <= plan.max_seq_len < PLANNED_TAKE_POSITIONS
 
 
 def test_a_plan_that_cannot_hold_one_take_fails_saying_what_to_change() -> None:
@@ -85,7 +86,7 @@ def test_a_plan_that_cannot_hold_one_take_fails_saying_what_to_change() -> None:
     text = str(err.value)
     assert "cannot hold" in text and "GiB" in text and "--gpu-memory-utilization" in text
     with pytest.raises(MemoryPlanError, match="--max-slots"):
-        card(24, max_slots=500, max_seq_len=5120)
+        card(24, max_slots=500)
 
 
 def test_cpu_plan_comes_from_the_settings() -> None:
@@ -93,7 +94,8 @@ def test_cpu_plan_comes_from_the_settings() -> None:
     assert (plan.max_slots, plan.max_seq_len, plan.source) == (DEFAULT_CPU_SLOTS, DEFAULT_CPU_SEQ_LEN, "settings")
     given = plan_memory(FULL, device="cpu", total_bytes=None, free_bytes=None, max_slots=3, max_seq_len=300)
     assert (given.max_slots, given.max_seq_len) == (3, 300)
-    assert given.backbone_cache_bytes == 3 * (301 * FULL.bytes_per_position + FULL.slot_bytes)
+    assert given.kv_blocks == 3 * 19 + 1  # every slot at its cap (301 positions in blocks of 16) + scratch
+    assert given.backbone_cache_bytes == 58 * 16 * FULL.bytes_per_position + 3 * FULL.slot_bytes
     assert "memory plan" in given.table() and "backbone KV cache" in given.table()
 
 
