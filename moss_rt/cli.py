@@ -60,6 +60,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
                    help="cache positions per take; 0: the memory plan")
     p.add_argument("--gpu-memory-utilization", type=float, default=base.gpu_memory_utilization,
                    help="fraction of GPU memory the service may hold; the memory plan splits what is free under it")
+    p.add_argument("--gpu-memory-limit-gib", type=float, default=base.gpu_memory_limit_gib,
+                   help="emulate a smaller GPU: hold at most this many GiB (0: the whole device)")
     p.add_argument("--heard-audio-mb", type=int, default=base.heard_audio_mb, help="streamed PCM kept for replays")
     p.add_argument("--frame-ms", type=float, default=base.frame_ms, help="scripted engine frame time")
     p.add_argument("--api-key", default=base.api_key)
@@ -106,6 +108,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_lead_sec=args.max_lead_sec,
         max_seq_len=args.max_seq_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        gpu_memory_limit_gib=args.gpu_memory_limit_gib,
         frame_ms=args.frame_ms,
         heard_audio_mb=args.heard_audio_mb,
         api_key=args.api_key or None,

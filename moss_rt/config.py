@@ -46,6 +46,9 @@ class Settings:
     # Fraction of the GPU's memory the service may hold (weights included); the memory plan made at
     # start gives what is free under it to the KV cache, codec state, graph pools and a margin.
     gpu_memory_utilization: float = 0.90
+    # Emulate a smaller GPU: the process may hold at most this many GiB (torch's per-process memory
+    # fraction) and the memory plan budgets that instead of the whole device; 0: the whole device.
+    gpu_memory_limit_gib: float = 0.0
     prefill_chunk: int = 512  # prompt rows per prefill call (longer prompts are prefilled in pieces)
     prefill_budget_ms: float = 40.0  # prefill work per scheduling round while other takes stream
     # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest); with the

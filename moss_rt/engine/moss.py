@@ -26,7 +26,7 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLoading, TakeSpec
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
-from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, MemoryPlan, plan_memory
+from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prompts import PromptTooLong, frames_room, prompt_rows
 from moss_rt.engine.resolve import (
@@ -55,6 +55,7 @@ IDLE_WAIT_S = 0.1  # nothing to do: sleep until woken (submit, cancel, job) or t
 PAUSED_POLL_S = 0.005  # only paused slots: poll their channels this often
 SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU inference runs single-threaded
 CODEC_CHUNK_FRAMES = 25  # largest chunk the streaming decoder runs in one forward (longer ones are split)
+WARM_CODEC_GRAPHS = 2  # codec graphs captured before ready (the first chunk and a full chunk of one stream)
 CODEC_EXTRA_STREAMS = 2  # codec decoder slots beyond one per take: a render and the warm-up stream
 
 
@@ -100,6 +101,7 @@ class MossEngine:
         self._batcher: CodecBatcher | None = None
         self._runner: ModelRunner | None = None
         self._device = torch.device("cpu")
+        self._graphs_done = False  # every CUDA graph captured (or nothing left to try)
 
     # ------------------------------------------------------------------ the seam
     @property
@@ -234,9 +236,39 @@ class MossEngine:
                 sched.fail_all("internal engine error")
                 worked = True
             worked |= self._run_jobs(streaming=bool(sched.running))
+            if not worked and sched.idle and self._capture_idle():
+                continue
             if not worked:
                 self.metrics.idle()
                 self._wake.wait(PAUSED_POLL_S if sched.has_paused or sched.preparing else IDLE_WAIT_S)
+
+    def _capture_idle(self) -> bool:
+        """Capture one missing CUDA graph while nothing runs (a take arriving now waits for it, ~1 s)."""
+        runner, batcher = self._runner, self._batcher
+        if self._graphs_done:
+            return False
+        try:
+            if runner is not None and runner.capture_next():
+                return True
+            if batcher is not None and batcher.capture_next():
+                return True
+        except Exception:  # a failed capture must not stop serving: the eager path remains
+            log.exception("graph capture while idle failed; leaving the remaining shapes eager/lazy")
+            self._graphs_done = True
+            return False
+        self._graphs_done = True
+        self._report_memory("every CUDA graph captured")
+        return False
+
+    def _report_memory(self, when: str) -> None:
+        """Log (and show in /api/info) what the device really holds next to the plan."""
+        if self._device.type != "cuda" or self.memory_plan is None:
+            return
+        reserved = torch.cuda.max_memory_reserved(self._device)
+        details = {**self._info.details, "peak_reserved_gib": f"{reserved / GIB:.2f}"}
+        self._info = dataclasses.replace(self._info, details=details)
+        log.info("%s: peak memory reserved by this process %.2f GiB (plan: %.2f GiB in use before + %.2f GiB planned)",
+                 when, reserved / GIB, self.memory_plan.in_use_bytes / GIB, self.memory_plan.planned_bytes / GIB)
 
     def _drain_inbox(self, sched: Scheduler) -> int:
         n = 0
@@ -315,6 +347,12 @@ class MossEngine:
         s = self.settings
         where = placement(s)
         t0 = time.perf_counter()
+        if where.device.type == "cuda" and s.gpu_memory_limit_gib > 0:
+            total = torch.cuda.get_device_properties(where.device).total_memory
+            fraction = min(1.0, s.gpu_memory_limit_gib * GIB / total)
+            torch.cuda.set_per_process_memory_fraction(fraction, where.device)
+            log.info("GPU memory limited to %.1f GiB (%.3f of the device) for this process",
+                     s.gpu_memory_limit_gib, fraction)
         model_choice = choose_model(s, where.device)
         try:
             loaded = load_model(model_choice.source, device=where.device, dtype=where.dtype)
@@ -438,6 +476,11 @@ class MossEngine:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             free, total = torch.cuda.mem_get_info(device)
+            if s.gpu_memory_limit_gib > 0:
+                # A smaller card, emulated: this process's allocator may hold only the limit, so the plan
+                # budgets the limit minus what this process already holds (weights and their rounding).
+                total = min(total, int(s.gpu_memory_limit_gib * GIB))
+                free = total - torch.cuda.memory_reserved(device)
         plan = plan_memory(
             costs,
             device=str(device),
@@ -468,7 +511,10 @@ class MossEngine:
         t0 = time.perf_counter()
         runner = self._runner
         assert runner is not None
-        runner.warmup()
+        # Only the graphs a first take needs are captured before ready (start-to-ready stays short); the
+        # rest are captured while the engine is idle, likeliest first (_capture_idle), and a step shape
+        # met before its turn is captured on first use, a codec shape runs eagerly until then.
+        runner.warmup(batch_sizes=[1], key_lengths=[runner.key_buckets()[0]])
         slot = runner.alloc_slot()
         try:
             runner.prefill(slot, runner.build_prompt(text="Warm-up.", instruction=""))
@@ -480,7 +526,7 @@ class MossEngine:
         batcher = self._batcher
         assert batcher is not None
         t1 = time.perf_counter()
-        batcher.warm_up()
+        batcher.warm_up(limit=WARM_CODEC_GRAPHS)
         if batcher.graphs:
             log.info("codec graphs captured in %.1f s", time.perf_counter() - t1)
         state = batcher.decoder.new_state()
@@ -494,3 +540,4 @@ class MossEngine:
             state.close()
         self._sync()
         log.info("engine warm-up done in %.1f s", time.perf_counter() - t0)
+        self._report_memory("after warm-up")

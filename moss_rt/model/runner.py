@@ -491,6 +491,22 @@ class ModelRunner:
         logger.info("captured step graph batch=%d keys=%d in %.0f ms", batch, key_len, (time.perf_counter() - t0) * 1e3)
         return graph
 
+    def pending_graphs(self) -> list[tuple[int, int]]:
+        """(batch, keys) step graphs not captured yet, the likeliest first (small batches, short keys)."""
+        if not self.use_cuda_graphs:
+            return []
+        every = [(b, k) for k in self.key_buckets() for b in self._batch_buckets()]
+        return sorted((key for key in every if key not in self._graphs), key=lambda bk: (bk[1], bk[0]))
+
+    @torch.inference_mode()
+    def capture_next(self) -> bool:
+        """Capture the likeliest missing step graph (the engine calls this while idle); False: none left."""
+        pending = self.pending_graphs()
+        if not pending:
+            return False
+        self._graph(*pending[0])
+        return True
+
     @torch.inference_mode()
     def warmup(self, batch_sizes: list[int] | None = None, key_lengths: list[int] | None = None) -> None:
         """Capture graphs ahead of serving (no-op without CUDA graphs)."""

@@ -81,3 +81,15 @@ def test_unwarmed_shapes_run_eager_and_full_batches_fit() -> None:
     assert one[0].shape[1] == 30 * 3840
     assert [(graphed, len(slots)) for graphed, slots, _ in dec.calls] == [(True, 66), (False, 40), (False, 1)]
     assert dec.cuda_graphs  # restored after the eager calls
+
+
+def test_many_streams_are_decoded_in_bounded_calls() -> None:
+    dec = FakeDecoder()
+    batcher = CodecBatcher(dec, 150)  # type: ignore[arg-type]
+    batcher.warm_up()
+    assert max(b for b, _ in dec.captured) == 66  # no graph (and no call) wider than 64 streams + padding
+    streams = [dec.new_state() for _ in range(150)]
+    audio = batcher.decode(streams, [np.zeros((8, 12), np.int64)] * 150)
+    assert [int(a[0, 0]) for a in audio] == [s.slot for s in streams]
+    assert [len(slots) for _, slots, _ in dec.calls] == [66, 66, 32]  # 64 + 64 + 22 streams, padded to buckets
+    assert all(s.frames == 8 for s in streams)
