@@ -54,7 +54,9 @@ BURST_MAX_S = 0.05  # ...for at most this long
 IDLE_WAIT_S = 0.1  # nothing to do: sleep until woken (submit, cancel, job) or this long
 PAUSED_POLL_S = 0.005  # only paused slots: poll their channels this often
 SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU inference runs single-threaded
-CODEC_CHUNK_FRAMES = 25  # largest chunk the streaming decoder runs in one forward (longer ones are split)
+# Largest chunk the streaming decoder runs in one forward (longer ones are split). It sets each stream's
+# ring headroom: 8 (the default chunk) instead of 25 cuts the codec state per stream by about 11 %.
+CODEC_CHUNK_FRAMES = 8
 WARM_CODEC_GRAPHS = 2  # codec graphs captured before ready (the first chunk and a full chunk of one stream)
 CODEC_EXTRA_STREAMS = 2  # codec decoder slots beyond one per take: a render and the warm-up stream
 
