@@ -93,7 +93,8 @@ async def drive(url: str, takes: int, start_msg: dict[str, Any]) -> dict[str, An
     ws_url = url.replace("http", "ws") + "/api/ws"
     timeout = aiohttp.ClientTimeout(total=None, sock_read=900)
     peak_active = 0
-    async with aiohttp.ClientSession(timeout=timeout) as http:
+    # limit=0: aiohttp's default connector holds at most 100 connections, which would cap the takes.
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
         go = asyncio.Event()
         tasks = [asyncio.create_task(eb.one_take(http, ws_url, {**start_msg, "seed": i}, go)) for i in range(takes)]
         await asyncio.sleep(0.5)

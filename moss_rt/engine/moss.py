@@ -350,9 +350,10 @@ class MossEngine:
         where = placement(s)
         t0 = time.perf_counter()
         if where.device.type == "cuda" and s.gpu_memory_limit_gib > 0:
-            total = torch.cuda.get_device_properties(where.device).total_memory
+            index = where.device.index if where.device.index is not None else torch.cuda.current_device()
+            total = torch.cuda.get_device_properties(index).total_memory
             fraction = min(1.0, s.gpu_memory_limit_gib * GIB / total)
-            torch.cuda.set_per_process_memory_fraction(fraction, where.device)
+            torch.cuda.set_per_process_memory_fraction(fraction, index)
             log.info("GPU memory limited to %.1f GiB (%.3f of the device) for this process",
                      s.gpu_memory_limit_gib, fraction)
         model_choice = choose_model(s, where.device)
