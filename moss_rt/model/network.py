@@ -35,11 +35,19 @@ class PagedIndex:
     """Where a pass reads and writes the paged cache (pool positions, see state.py).
 
     ``write`` [B,T]: the pool position of each query row's key/value (scratch for rows that are
-    not advanced); ``read`` [B,S]: the pool positions of keys 0..S-1 of each batch row's slot.
+    not advanced); ``read`` [B,Hkv,S]: rows of the pool viewed as [positions * Hkv, D] holding key
+    s of KV head h of each batch row's slot, so one gather yields [B,Hkv,S,D] in the layout the
+    attention GEMMs read without a further copy.
     """
 
     write: torch.Tensor
     read: torch.Tensor
+
+    @classmethod
+    def build(cls, write: torch.Tensor, read_positions: torch.Tensor, kv_heads: int) -> PagedIndex:
+        """From pool positions: ``read_positions`` [B,S] of the keys each row attends to."""
+        heads = torch.arange(kv_heads, device=read_positions.device)
+        return cls(write, read_positions[:, None, :] * kv_heads + heads[None, :, None])
 
 
 class Qwen3Attention(nn.Module):
@@ -81,8 +89,8 @@ class Qwen3Attention(nn.Module):
         k = k * c + rotate_half_split(k) * s
         k_cache[index.write] = k  # value [B,T,Hkv,D] at [B,T] pool positions
         v_cache[index.write] = v
-        keys = k_cache[index.read].transpose(1, 2)  # [B,S,Hkv,D] -> [B,Hkv,S,D]
-        values = v_cache[index.read].transpose(1, 2)
+        keys = k_cache.view(-1, self.head_dim)[index.read]  # [B,Hkv,S,D], contiguous
+        values = v_cache.view(-1, self.head_dim)[index.read]
         out = grouped_attention(q, keys, values, key_mask, self.scale)
         return self.o_proj(out)
 

@@ -88,6 +88,7 @@ def frame_step(
 
     # ---- local transformer + heads + sampling on the pending hidden state
     slot_ids = torch.arange(r0, r1, device=device)
+    kv_heads = cfg.backbone.num_key_value_heads
     h = st.hidden[st.pool_index(slot_ids, (lengths - 1).clamp(min=0)[:, None])[:, 0]]
     local = model.local_transformer
     buffers = local.new_buffers(batch, n_vq, device, h.dtype)
@@ -141,7 +142,7 @@ def frame_step(
     write_at = torch.where(active[:, None], st.pool_index(slot_ids, write_pos), torch.full_like(write_pos, st.scratch))
     keys = torch.arange(key_len, device=device)
     key_mask = (keys[None, :] <= write_pos) | ~active[:, None]
-    index = PagedIndex(write_at, st.pool_index(slot_ids, keys[None, :].expand(batch, key_len)))
+    index = PagedIndex.build(write_at, st.pool_index(slot_ids, keys[None, :].expand(batch, key_len)), kv_heads)
     out = model.transformer(
         x,
         tables.cos[write_pos],
@@ -191,6 +192,7 @@ def prefill_batch_rows(
     """
     batch, width = int(rows.shape[0]), int(rows.shape[1])
     device = st.hidden.device
+    kv_heads = model.config.backbone.num_key_value_heads
     offsets = torch.arange(width, device=device)[None, :]
     positions = starts[:, None] + offsets  # [B,T]
     valid = offsets < counts[:, None]
@@ -198,7 +200,7 @@ def prefill_batch_rows(
     write_at = torch.where(valid, st.pool_index(slots, rope_pos), torch.full_like(positions, st.scratch))
     keys = torch.arange(key_len, device=device)
     key_mask = keys[None, None, :] <= positions[:, :, None]
-    index = PagedIndex(write_at, st.pool_index(slots, keys[None, :].expand(batch, key_len)))
+    index = PagedIndex.build(write_at, st.pool_index(slots, keys[None, :].expand(batch, key_len)), kv_heads)
     out = model.transformer(
         model.embed_rows(rows),
         tables.cos[rope_pos],
