@@ -61,11 +61,20 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--frame-ms", type=float, default=base.frame_ms, help="scripted engine frame time")
     p.add_argument("--api-key", default=base.api_key)
     p.add_argument("--allowed-origins", default=",".join(base.allowed_origins))
+    p.add_argument(
+        "--allowed-hosts",
+        default=",".join(base.allowed_hosts),
+        help="Host names a keyless server answers besides localhost ('*': any)",
+    )
     # Reliability and security knobs (docs/limits.md, docs/security.md). Prefer MOSS_RT_API_KEY
     # over --api-key: a flag is visible to every user of the machine in the process list.
     p.add_argument("--cors-origins", default=",".join(base.cors_origins), help="origins that get CORS headers")
     p.add_argument("--token-ttl-sec", type=float, default=base.token_ttl_sec)
     p.add_argument("--max-connections", type=int, default=base.max_connections)
+    p.add_argument("--max-connections-per-client", type=int, default=base.max_connections_per_client, help="0: no cap")
+    p.add_argument("--body-read-timeout-sec", type=float, default=base.body_read_timeout_sec)
+    p.add_argument("--body-stall-timeout-sec", type=float, default=base.body_stall_timeout_sec)
+    p.add_argument("--http-keepalive-sec", type=float, default=base.http_keepalive_sec)
     p.add_argument("--max-takes-per-client", type=int, default=base.max_takes_per_client, help="0: no cap")
     p.add_argument("--http-requests-per-sec", type=float, default=base.http_requests_per_sec, help="0: no limit")
     p.add_argument("--http-request-burst", type=int, default=base.http_request_burst)
@@ -105,9 +114,14 @@ def run_serve(args: argparse.Namespace) -> int:
         heard_audio_mb=args.heard_audio_mb,
         api_key=args.api_key or None,
         allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
+        allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()),
         cors_origins=tuple(o for o in args.cors_origins.split(",") if o),
         token_ttl_sec=args.token_ttl_sec,
         max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
+        body_read_timeout_sec=args.body_read_timeout_sec,
+        body_stall_timeout_sec=args.body_stall_timeout_sec,
+        http_keepalive_sec=args.http_keepalive_sec,
         max_takes_per_client=args.max_takes_per_client,
         http_requests_per_sec=args.http_requests_per_sec,
         http_request_burst=args.http_request_burst,

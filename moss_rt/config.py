@@ -49,6 +49,13 @@ class Settings:
     heard_audio_mb: int = 256
     # Connections.
     max_connections: int = 256
+    # HTTP requests in progress (WebSockets included) per client address; more wait for none: 429.
+    max_connections_per_client: int = 64
+    # A request body must arrive within body_read_timeout_sec in all, with no pause longer than
+    # body_stall_timeout_sec between its pieces; else 408 and the connection is closed.
+    body_read_timeout_sec: float = 120.0
+    body_stall_timeout_sec: float = 15.0
+    http_keepalive_sec: float = 30.0  # an idle keep-alive connection (no request in progress) is closed
     # Concurrent takes (WebSocket and HTTP) per remote address, across its connections; 0: no cap.
     # Behind a reverse proxy every client shares the proxy's address unless it is in trusted_proxies.
     max_takes_per_client: int = 16
@@ -65,6 +72,9 @@ class Settings:
     # Security (all optional).
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()  # empty: same origin only
+    # Host names a keyless server answers (DNS-rebinding guard); localhost names and loopback
+    # addresses always, plus these ("*": any). Ignored when api_key is set.
+    allowed_hosts: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
     token_ttl_sec: float = 600.0  # lifetime of browser tokens from POST /api/token
     limits: Limits = field(default_factory=Limits)

@@ -14,12 +14,14 @@ from moss_rt.engine.base import EndReason, Engine
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.session import TakeStore
 from moss_rt.voices import VoiceStore
-from moss_rt.web.guards import ClientRequestRate, ClientTakes
+from moss_rt.web.cross_site import cross_site_middleware
+from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler, service_registry
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
 from moss_rt.web.security import (
     auth_middleware,
+    client_connections_middleware,
     cors_middleware,
     json_errors_middleware,
     request_rate_middleware,
@@ -36,12 +38,16 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
     # every error below it, aiohttp's own included, becomes a JSON body.
     app = web.Application(
         client_max_size=settings.limits.max_upload_bytes + 1024,
+        # Idle keep-alive connections are closed after this (aiohttp's default is an hour).
+        handler_args={"keepalive_timeout": settings.http_keepalive_sec},
         # forwarded_for first: everything after it (auth logs, per-client limits) sees the client.
         # The request rate is checked before auth, so unauthenticated floods are limited too.
         middlewares=[
             forwarded_for_middleware,
             cors_middleware,
             json_errors_middleware,
+            cross_site_middleware,
+            client_connections_middleware,
             request_rate_middleware,
             auth_middleware,
         ],
@@ -55,6 +61,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         heard=HeardAudio(settings.heard_audio_mb * 1024 * 1024),
         client_takes=ClientTakes(settings.max_takes_per_client),
         request_rate=ClientRequestRate(settings.http_requests_per_sec, settings.http_request_burst),
+        client_connections=ClientConnections(settings.max_connections_per_client),
         trusted_proxies=parse_networks(settings.trusted_proxies),
     )
     app[STATE].metrics_registry = service_registry(app[STATE])
