@@ -58,6 +58,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--max-lead-sec", type=float, default=base.max_lead_sec)
     p.add_argument("--max-seq-len", type=int, default=base.max_seq_len, help="cache positions per slot")
     p.add_argument("--heard-audio-mb", type=int, default=base.heard_audio_mb, help="streamed PCM kept for replays")
+    p.add_argument("--render-buffer-mb", type=int, default=base.render_buffer_mb, help="renders held for downloads")
     p.add_argument("--frame-ms", type=float, default=base.frame_ms, help="scripted engine frame time")
     p.add_argument("--api-key", default=base.api_key)
     p.add_argument("--allowed-origins", default=",".join(base.allowed_origins))
@@ -112,6 +113,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_seq_len=args.max_seq_len,
         frame_ms=args.frame_ms,
         heard_audio_mb=args.heard_audio_mb,
+        render_buffer_mb=args.render_buffer_mb,
         api_key=args.api_key or None,
         allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
         allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()),

@@ -47,6 +47,9 @@ class Settings:
     prefill_max_rows: int = 8192
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
     heard_audio_mb: int = 256
+    # Takes' codes rendered again for downloads (their streamed PCM gone), held while read: one
+    # render per take shared by its readers; past this, downloads that need a render get 503 busy.
+    render_buffer_mb: int = 256
     # Connections.
     max_connections: int = 256
     # HTTP requests in progress (WebSockets included) per client address; more wait for none: 429.

@@ -19,6 +19,7 @@ from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler, service_registry
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
+from moss_rt.web.renders import SharedRenders
 from moss_rt.web.security import (
     auth_middleware,
     client_connections_middleware,
@@ -59,6 +60,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         voices=voices,
         takes=TakeStore(),
         heard=HeardAudio(settings.heard_audio_mb * 1024 * 1024),
+        renders=SharedRenders(settings.render_buffer_mb * 1024 * 1024),
         client_takes=ClientTakes(settings.max_takes_per_client),
         request_rate=ClientRequestRate(settings.http_requests_per_sec, settings.http_request_burst),
         client_connections=ClientConnections(settings.max_connections_per_client),
@@ -87,6 +89,7 @@ async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
         loader.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await loader
+    await state.renders.close()
     await state.engine.close()
 
 

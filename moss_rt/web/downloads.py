@@ -10,7 +10,8 @@ never reads holds one piece plus the socket buffers until it is dropped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 from aiohttp import web
 
@@ -26,26 +27,42 @@ log = logging.getLogger(__name__)
 # one holds little (aiohttp waits for the socket to drain past 64 KiB buffered).
 WRITE_CHUNK = 64 * 1024
 
-PcmBuffer = bytes | bytearray
+# Copies out [offset, offset + size) of the take's PCM; None when the audio is no longer held.
+ReadPiece = Callable[[int, int], bytes | None]
 
 
-async def take_pcm(state: ServiceState, take: TakeRecord) -> PcmBuffer:
-    """The take's int16 PCM for reading (not for keeping): the held streamed buffer when complete,
-    else a shared render of its codes (raises ``EngineBusy`` when the engine's job queue is full)."""
-    held = state.heard.buffer(take.take_id, take.n_frames, bytes_per_frame(take))
-    if held is not None:
-        return held
+@asynccontextmanager
+async def take_pcm(state: ServiceState, take: TakeRecord) -> AsyncIterator[ReadPiece]:
+    """A reader of the take's int16 PCM while inside: pieces of its held streamed audio when that
+    is complete, else of a render of its codes shared with its other readers (``EngineBusy`` when
+    the renders' budget or the engine's job queue is full).
+
+    The streamed audio is looked up again for every piece rather than held: a take evicted from
+    the heard-audio budget meanwhile is not kept alive by its readers (their downloads end early).
+    """
+    frame_bytes = bytes_per_frame(take)
+    take_id, n_frames = take.take_id, take.n_frames
+    if state.heard.buffer(take_id, n_frames, frame_bytes) is not None:
+
+        def read_heard(offset: int, size: int) -> bytes | None:
+            held = state.heard.buffer(take_id, n_frames, frame_bytes)
+            # A slice copies one piece: the shared buffer itself never reaches the socket.
+            return None if held is None else bytes(held[offset : offset + size])
+
+        yield read_heard
+        return
     codes, channels = take.codes, take.request.channels
-    return await state.renders.get(take.take_id, lambda: state.engine.render(codes, channels))
+    async with state.renders.hold(take_id, n_frames * frame_bytes, lambda: state.engine.render(codes, channels)) as pcm:
+        yield lambda offset, size: pcm[offset : offset + size]
 
 
 async def send_wav(
     request: web.Request,
     take: TakeRecord,
-    pcm: PcmBuffer,
+    read: ReadPiece,
     write: Callable[[web.StreamResponse, bytes], Awaitable[None]],
 ) -> web.StreamResponse:
-    """Stream ``pcm`` (its first ``take.n_frames`` frames) as a WAV attachment."""
+    """Stream the take's first ``take.n_frames`` frames as a WAV attachment, piece by piece."""
     n_bytes = take.n_frames * bytes_per_frame(take)
     header = wav_header(n_bytes, SAMPLE_RATE, take.request.channels)
     response = web.StreamResponse(
@@ -60,8 +77,13 @@ async def send_wav(
         await response.prepare(request)
         await write(response, header)
         for offset in range(0, n_bytes, WRITE_CHUNK):
-            # A slice is a copy of one piece: the shared buffer itself is never handed to the socket.
-            await write(response, bytes(pcm[offset : min(n_bytes, offset + WRITE_CHUNK)]))
+            piece = read(offset, min(WRITE_CHUNK, n_bytes - offset))
+            if piece is None:
+                log.warning("download of take %s cut short: its audio was evicted meanwhile", take.take_id)
+                if request.transport is not None:
+                    request.transport.abort()  # the client sees fewer bytes than Content-Length
+                return response
+            await write(response, piece)
         await response.write_eof()
     except ConnectionResetError:
         log.info("download of take %s: client %s left or stopped reading", take.take_id, request.remote)

@@ -267,10 +267,10 @@ async def download_take(request: web.Request) -> web.StreamResponse:
     if take is None:
         return error_response(ErrorCode.NOT_FOUND, "no such take (it may have been evicted)", field="take")
     try:
-        pcm = await take_pcm(state, take)
-    except EngineBusy as busy:  # its codes must be rendered and the engine's job queue is full
+        async with take_pcm(state, take) as pcm:
+            return await send_wav(request, take, pcm, lambda response, data: write_or_drop(request, response, data))
+    except EngineBusy as busy:  # its codes must be rendered, and renders or the job queue are full
         return busy_response(busy.retry_after_sec)
-    return await send_wav(request, take, pcm, lambda response, data: write_or_drop(request, response, data))
 
 
 @routes.get(r"/api/takes/{take_id:[A-Za-z0-9_-]{1,64}}")

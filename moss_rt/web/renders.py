@@ -1,48 +1,75 @@
-"""One render of a take's codes shared by everyone who asks for it while it runs."""
+"""Renders of takes' codes for downloads: one per take, shared by its readers, within a byte budget."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from moss_rt.engine.base import EngineBusy
+
+
+@dataclass
+class _Render:
+    task: asyncio.Task[bytes]
+    n_bytes: int
+    readers: int = field(default=0)
 
 
 class SharedRenders:
-    """At most one render of a take's codes at a time; concurrent callers share its result.
+    """A take's rendered PCM, held while someone reads it; at most ``max_bytes`` held in all.
 
-    The caller that starts a render performs it; the others wait on its future. If that caller
-    is cancelled (its client left), a waiter takes over. Nothing is kept after the render is
-    handed out, so memory is bounded by the renders in progress (the engine's job queue bounds
-    those: past it, ``EngineBusy``).
+    Every download of a take whose streamed audio is gone needs its codes rendered again. Done
+    per client, N slow readers of a long take would hold N copies; here they share one render
+    (started by the first, awaited by the rest) that is dropped, or cancelled if unfinished, when
+    its last reader leaves. A render that would take the total past ``max_bytes`` is refused with
+    ``EngineBusy`` (HTTP 503 ``busy``), so what downloads hold stays bounded whoever asks.
     """
 
-    def __init__(self) -> None:
-        self._pending: dict[str, asyncio.Future[bytes]] = {}
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes = max(0, max_bytes)
+        self._renders: dict[str, _Render] = {}
+        self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reserved by the renders in progress or being read."""
+        return self._bytes
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return len(self._renders)
 
-    async def get(self, key: str, render: Callable[[], Awaitable[bytes]]) -> bytes:
-        while (pending := self._pending.get(key)) is not None:
-            try:
-                return await asyncio.shield(pending)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if pending.cancelled() and not (task is not None and task.cancelling()):
-                    continue  # the renderer's client left; render it here instead
-                raise
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        # Waiters read a failure; without one it must still count as retrieved (no log noise).
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._pending[key] = future
+    @asynccontextmanager
+    async def hold(self, key: str, n_bytes: int, render: Callable[[], Awaitable[bytes]]) -> AsyncIterator[bytes]:
+        """The render of ``key`` (``n_bytes`` long, as known from its frame count) while inside."""
+        entry = self._renders.get(key)
+        if entry is None:
+            if self._bytes + n_bytes > self._max_bytes:
+                raise EngineBusy(retry_after_sec=1.0)
+
+            async def _render() -> bytes:
+                return await render()
+
+            entry = self._renders[key] = _Render(asyncio.create_task(_render(), name=f"render-{key}"), n_bytes)
+            self._bytes += n_bytes
+        entry.readers += 1
         try:
-            pcm = await render()
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        except BaseException as exc:
-            future.set_exception(exc)
-            raise
+            yield await asyncio.shield(entry.task)
         finally:
-            self._pending.pop(key, None)
-        future.set_result(pcm)
-        return pcm
+            entry.readers -= 1
+            if entry.readers == 0:
+                self._renders.pop(key, None)
+                self._bytes -= entry.n_bytes
+                if not entry.task.done():
+                    entry.task.cancel()  # nobody is left to read it
+                elif not entry.task.cancelled():
+                    entry.task.exception()  # retrieved: a failure was already raised to its readers
+
+    async def close(self) -> None:
+        """Cancel renders still running (the service is stopping)."""
+        tasks = [r.task for r in self._renders.values() if not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -27,7 +27,7 @@ class ServiceState:
     voices: VoiceStore
     takes: TakeStore
     heard: HeardAudio = field(default_factory=lambda: HeardAudio(0))  # the PCM takes streamed
-    renders: SharedRenders = field(default_factory=SharedRenders)  # renders of codes in progress (downloads)
+    renders: SharedRenders = field(default_factory=lambda: SharedRenders(0))  # renders of codes in progress (downloads)
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
     shutting_down: bool = False
     # Reliability bookkeeping (issue 7): open directing connections (ws.Connection objects, kept
