@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 UPLOAD_EXTENSIONS = ("wav", "flac", "mp3", "ogg")
 BUILTIN_EXTENSIONS = UPLOAD_EXTENSIONS
+# libsndfile's container names → the extension an upload is stored under.
+SNIFFED_EXTENSIONS = {"WAV": "wav", "WAVEX": "wav", "FLAC": "flac", "MP3": "mp3", "OGG": "ogg"}
 REF_ID_PATTERN = re.compile(r"^ref_[0-9a-f]{24}$")
 BUILTIN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Uploads decoded at once: each holds at most one decode block, but decoding is CPU work.
@@ -83,8 +85,9 @@ def _wav_truncated(data: bytes) -> bool:
     return False
 
 
-def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int]:
-    """Validate audio bytes: returns (duration s, sample rate, channels) or raises InvalidUpload.
+def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int, str]:
+    """Validate audio bytes: returns (duration s, sample rate, channels, file extension of the
+    format the content really has) or raises InvalidUpload.
 
     Everything the header says is checked first (rate, channels, duration, frames x channels),
     so a small file that declares hours of audio is refused without decoding any of it. Then
@@ -98,6 +101,10 @@ def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int]:
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         raise InvalidUpload(f"not a readable audio file: {exc}") from None
     sr, channels, declared = int(info.samplerate), int(info.channels), int(info.frames)
+    # The content decides the stored type, whatever ``ext`` claimed (a WAV sent as ext=flac is a WAV).
+    sniffed_ext = SNIFFED_EXTENSIONS.get(str(info.format))
+    if sniffed_ext is None:
+        raise InvalidUpload(f"the audio is {str(info.format)[:16]}; accepted are {list(UPLOAD_EXTENSIONS)}")
     if not limits.min_upload_sample_rate <= sr <= limits.max_upload_sample_rate:
         raise InvalidUpload(
             f"sample rate {sr} Hz is outside {limits.min_upload_sample_rate}..{limits.max_upload_sample_rate}"
@@ -145,7 +152,7 @@ def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int]:
     duration = decoded / sr
     if duration < limits.min_upload_seconds:
         raise InvalidUpload(f"audio lasts {duration:.2f} s; at least {limits.min_upload_seconds} s is needed")
-    return duration, sr, channels
+    return duration, sr, channels, sniffed_ext
 
 
 def _fsync_dir(path: Path) -> None:
@@ -212,8 +219,14 @@ class VoiceStore:
                     continue
                 duration = info.frames / info.samplerate
                 voices[path.stem] = Voice(
-                    path.stem, path.stem, "builtin", duration, int(duration * FRAME_RATE),
-                    int(info.samplerate), int(info.channels), path,
+                    path.stem,
+                    path.stem,
+                    "builtin",
+                    duration,
+                    int(duration * FRAME_RATE),
+                    int(info.samplerate),
+                    int(info.channels),
+                    path,
                 )
         self._dir.mkdir(parents=True, exist_ok=True)
         # The per-voice JSON records are the manifest: a voice exists exactly when its record
@@ -239,8 +252,14 @@ class VoiceStore:
                 if "bytes" in meta and audio.stat().st_size != int(meta["bytes"]):
                     raise ValueError("its audio file has the wrong size")
                 voices[voice_id] = Voice(
-                    voice_id, str(meta.get("name", voice_id)), "uploaded", float(meta["duration"]),
-                    int(meta["frames"]), int(meta["sample_rate"]), int(meta["channels"]), audio,
+                    voice_id,
+                    str(meta.get("name", voice_id)),
+                    "uploaded",
+                    float(meta["duration"]),
+                    int(meta["frames"]),
+                    int(meta["sample_rate"]),
+                    int(meta["channels"]),
+                    audio,
                 )
                 referenced.add(file_name)
             except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -249,7 +268,8 @@ class VoiceStore:
         leftovers = list(self._dir.glob(".*.tmp"))
         # Audio without a record was never acknowledged to its uploader (the crash came first).
         leftovers += [
-            p for p in self._dir.glob("ref_*.*")
+            p
+            for p in self._dir.glob("ref_*.*")
             if p.suffix.lstrip(".") in UPLOAD_EXTENSIONS and p.name not in referenced
         ]
         for path in leftovers:
@@ -275,9 +295,10 @@ class VoiceStore:
 
     async def add_upload(self, data: bytes, ext: str, *, name: str | None = None) -> Voice:
         """Validate and store an upload; returns only once the voice is durable on disk."""
+        given = ext
         ext = ext.lower().lstrip(".")
         if ext not in UPLOAD_EXTENSIONS:
-            raise InvalidUpload(f"ext must be one of {list(UPLOAD_EXTENSIONS)}, got {ext[:16]!r}")
+            raise InvalidUpload(f"ext must be one of {list(UPLOAD_EXTENSIONS)}, got {given[:16]!r}")
         if name is not None and not NAME_PATTERN.match(name):
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD, "name must be 1-64 characters without control characters", field="name"
@@ -290,15 +311,20 @@ class VoiceStore:
             return existing
         self._check_capacity()
         async with self._probes:
-            duration, sr, channels = await asyncio.to_thread(probe_audio, data, self._limits)
+            duration, sr, channels, ext = await asyncio.to_thread(probe_audio, data, self._limits)
         async with self._lock:
             if voice_id in self._voices:
                 return self._voices[voice_id]
             self._check_capacity()
             audio_path = self._dir / f"{voice_id}.{ext}"
             record = {
-                "id": voice_id, "name": name or voice_id, "file": audio_path.name, "duration": duration,
-                "frames": int(duration * FRAME_RATE), "sample_rate": sr, "channels": channels,
+                "id": voice_id,
+                "name": name or voice_id,
+                "file": audio_path.name,
+                "duration": duration,
+                "frames": int(duration * FRAME_RATE),
+                "sample_rate": sr,
+                "channels": channels,
                 "bytes": len(data),
             }
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import requests
 
 from moss_rt.engine.base import EngineBusy
-from tests.conftest import RunningServer
+from tests.conftest import RunningServer, sine_wav
 from tests.reliability.conftest import raw_http, raw_ws_connect, read_head
 from tests.reliability.helpers import error_of, parse_frames, run, wait_until
 
@@ -284,3 +284,33 @@ def test_malformed_host_is_400_not_500(fast_server) -> None:
             sock.close()
         # The WebSocket with a good Host still opens.
         raw_ws_connect(port, headers=f"Authorization: Bearer {KEY}\r\n").close()
+
+
+# --------------------------------------------------------------------------- 7. small ones
+
+
+def test_the_content_decides_the_stored_type_and_bad_ext_is_echoed_as_sent(fast_server) -> None:
+    srv = fast_server()
+    wav = sine_wav(1.0)
+    r = requests.post(f"{srv.url}/api/upload_ref", params={"ext": "flac"}, data=wav)
+    assert r.status_code == 200, r.text
+    voice = srv.state.voices.get(r.json()["ref_id"])
+    assert voice.path.suffix == ".wav" and voice.path.read_bytes()[:4] == b"RIFF"
+    r = requests.post(f"{srv.url}/api/upload_ref", params={"ext": "../x"}, data=wav)
+    assert r.status_code == 422 and "'../x'" in error_of(r)["message"]
+    # A readable container that is none of the accepted ones is refused, whatever ext says.
+    aiff = sine_wav(1.0, fmt="AIFF")
+    r = requests.post(f"{srv.url}/api/upload_ref", params={"ext": "wav"}, data=aiff)
+    assert r.status_code == 422 and error_of(r)["field"] == "audio" and "AIFF" in error_of(r)["message"]
+
+
+def test_deeply_nested_msgpack_gets_a_message() -> None:
+    from moss_rt.protocol import ProtocolError, decode_client_binary
+
+    for data in (b"\x91" * 5000 + b"\xc0", b"\x81\xa1a" * 3000 + b"\xc0"):
+        try:
+            decode_client_binary(data)
+        except ProtocolError as err:
+            assert err.code == "bad_json" and err.message == "invalid msgpack: nested too deeply"
+        else:
+            raise AssertionError("accepted")
