@@ -50,10 +50,14 @@ class Voice:
     sample_rate: int
     channels: int
     path: Path
+    # Who uploaded it (the client's address); None for built-ins and voices stored before owners.
+    owner: str | None = None
 
     def public(self) -> dict[str, object]:
+        """What any client may see (not where it is stored, nor who owns it)."""
         d = asdict(self)
         d.pop("path")
+        d.pop("owner")
         return d
 
 
@@ -260,6 +264,7 @@ class VoiceStore:
                     int(meta["sample_rate"]),
                     int(meta["channels"]),
                     audio,
+                    meta["owner"] if isinstance(meta.get("owner"), str) else None,
                 )
                 referenced.add(file_name)
             except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -293,8 +298,14 @@ class VoiceStore:
             return None
         return self.get(reference.strip())
 
-    async def add_upload(self, data: bytes, ext: str, *, name: str | None = None) -> Voice:
-        """Validate and store an upload; returns only once the voice is durable on disk."""
+    def owned_by(self, owner: str) -> list[Voice]:
+        return [v for v in self._voices.values() if v.kind == "uploaded" and v.owner == owner]
+
+    async def add_upload(self, data: bytes, ext: str, *, name: str | None = None, owner: str | None = None) -> Voice:
+        """Validate and store an upload; returns only once the voice is durable on disk.
+
+        Re-uploading stored bytes returns the stored voice (it keeps its first owner).
+        """
         given = ext
         ext = ext.lower().lstrip(".")
         if ext not in UPLOAD_EXTENSIONS:
@@ -309,13 +320,13 @@ class VoiceStore:
         existing = self._voices.get(voice_id)
         if existing is not None:  # same bytes as a stored voice: nothing to decode or write
             return existing
-        self._check_capacity()
+        self._check_capacity(owner)
         async with self._probes:
             duration, sr, channels, ext = await asyncio.to_thread(probe_audio, data, self._limits)
         async with self._lock:
             if voice_id in self._voices:
                 return self._voices[voice_id]
-            self._check_capacity()
+            self._check_capacity(owner)
             audio_path = self._dir / f"{voice_id}.{ext}"
             record = {
                 "id": voice_id,
@@ -326,6 +337,7 @@ class VoiceStore:
                 "sample_rate": sr,
                 "channels": channels,
                 "bytes": len(data),
+                "owner": owner,
             }
 
             def _persist() -> None:
@@ -334,18 +346,55 @@ class VoiceStore:
                 atomic_write(self._dir / f"{voice_id}.json", json.dumps(record).encode())
 
             await asyncio.to_thread(_persist)
-            voice = Voice(voice_id, record["name"], "uploaded", duration, record["frames"], sr, channels, audio_path)
+            voice = Voice(
+                voice_id, record["name"], "uploaded", duration, record["frames"], sr, channels, audio_path, owner
+            )
             self._voices[voice_id] = voice
             log.info("stored voice %s (%.1f s, %d Hz, %d ch)", voice_id, duration, sr, channels)
             return voice
 
-    def _check_capacity(self) -> None:
+    def _check_capacity(self, owner: str | None) -> None:
         if self._count()[1] >= self._limits.max_stored_voices:
             raise ProtocolError(
                 ErrorCode.RATE_LIMITED,
                 f"the voice store is full ({self._limits.max_stored_voices} uploaded voices)",
                 field="audio",
             )
+        quota = self._limits.max_voices_per_owner
+        if owner is not None and quota > 0 and len(self.owned_by(owner)) >= quota:
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                f"this client already stores {quota} voices (max_voices_per_owner); delete one first "
+                "(DELETE /api/voices/<ref_id>)",
+                field="audio",
+            )
+
+    async def delete(self, voice_id: str, *, owner: str | None, admin: bool = False) -> Voice:
+        """Remove an uploaded voice for its owner (or the admin): record first, then its files.
+
+        Anyone else gets ``not_found``, as for a voice that does not exist (ids are not revealed).
+        Without its record the voice is gone for good: a crash before the audio file is removed
+        leaves an orphan that the next start deletes.
+        """
+        voice = self._voices.get(voice_id)
+        if voice is None or voice.kind != "uploaded" or not (admin or (owner is not None and voice.owner == owner)):
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no uploaded voice {voice_id[:64]!r} of yours", field="voice")
+        async with self._lock:
+            if self._voices.pop(voice_id, None) is None:
+                raise ProtocolError(ErrorCode.NOT_FOUND, f"no uploaded voice {voice_id[:64]!r}", field="voice")
+            for key in [k for k in self._codes if k[0] == voice_id]:
+                del self._codes[key]
+
+            def _remove() -> None:
+                (self._dir / f"{voice_id}.json").unlink(missing_ok=True)
+                _fsync_dir(self._dir)
+                voice.path.unlink(missing_ok=True)
+                for cached in (self._dir / "codes").glob(f"{voice_id}.*.npy"):
+                    cached.unlink(missing_ok=True)
+
+            await asyncio.to_thread(_remove)
+        log.info("deleted voice %s", voice_id)
+        return voice
 
     async def codes(self, voice: Voice, encoder: Encoder, codec_tag: str) -> np.ndarray:
         """Codes [T, 12] of a voice under the current codec, cached in memory and on disk."""

@@ -29,6 +29,7 @@ class Limits:
     # (a few KB of FLAC silence can declare hours of audio). 60 s of 192 kHz stereo fits.
     max_upload_samples: int = 24_000_000
     max_stored_voices: int = 1000  # uploaded voices kept on disk; more are refused (rate_limited)
+    max_voices_per_owner: int = 50  # uploaded voices one client (address) may keep; 0: no cap
     # WebSocket control messages per connection: a token bucket refilled at this rate.
     ws_messages_per_sec: float = 20.0
     ws_message_burst: int = 40

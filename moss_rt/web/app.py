@@ -28,6 +28,7 @@ from moss_rt.web.security import (
     request_rate_middleware,
 )
 from moss_rt.web.state import STATE, ServiceState
+from moss_rt.web.voices_api import routes as voice_routes
 from moss_rt.web.ws import websocket_handler
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
     )
     app[STATE].metrics_registry = service_registry(app[STATE])
     app.add_routes(routes)
+    app.add_routes(voice_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():

@@ -25,6 +25,7 @@ from moss_rt.web.openapi import openapi_document
 from moss_rt.web.security import bearer, is_authorized, issue_token, same_secret, unauthorized
 from moss_rt.web.state import STATE
 from moss_rt.web.takes import build_spec, resolve_model, stream_take
+from moss_rt.web.voices_api import voice_owner
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -158,19 +159,13 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "shutting_down" if state.shutting_down else "loading"}, status=503)
 
 
-@routes.get("/api/voices")
-async def list_voices(request: web.Request) -> web.Response:
-    voices = request.app[STATE].voices.list()
-    return web.json_response({"voices": [v.public() for v in voices]})
-
-
 @routes.post("/api/upload_ref", expect_handler=expect_within_limit)
 async def upload_ref(request: web.Request) -> web.Response:
     state = request.app[STATE]
     try:
         ext = request.query.get("ext", "wav")
         data = await read_body_limited(request, state.settings.limits.max_upload_bytes)
-        voice = await state.voices.add_upload(data, ext, name=request.query.get("name"))
+        voice = await state.voices.add_upload(data, ext, name=request.query.get("name"), owner=voice_owner(request))
     except ProtocolError as err:
         return protocol_error_response(err)
     return web.json_response(

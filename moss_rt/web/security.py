@@ -170,7 +170,7 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
             return error_response(ErrorCode.FORBIDDEN_ORIGIN, "cross-origin requests from this origin are not allowed")
         headers.update(
             {
-                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
                 "Access-Control-Allow-Headers": "Authorization, Content-Type",
                 "Access-Control-Max-Age": "600",
             }
@@ -185,7 +185,7 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
 def costs_work(request: web.Request) -> bool:
     """Requests the per-client rate applies to: anything that posts, opens a directing socket or
     renders a take. Pages, probes, metrics and listings are cheap and stay unlimited."""
-    if request.method == "POST":
+    if request.method in ("POST", "DELETE"):
         return True
     path = request.path
     return request.method == "GET" and (path == "/api/ws" or (path.startswith("/api/takes/") and path.endswith(".wav")))
