@@ -190,16 +190,19 @@ async def replay_take(
     state: ServiceState, take: TakeRecord, frame: int, send: SendFrame, *, model: str
 ) -> None:
     """Re-send a stored take's audio from ``frame`` without generating anything."""
+    from moss_rt.web.downloads import take_pcm  # here, not at the top: downloads imports this module
+
     t0 = time.monotonic()
-    pcm = await take_audio(state, take)
     frame_bytes = bytes_per_frame(take)
-    await send(frame_of(start_message(take, None, model, replay=True, first_frame=frame)))
-    pacer = Pacer(state.settings.max_lead_sec)
-    step = max(1, take.request.chunk_frames)
-    for first in range(frame, take.n_frames, step):
-        last = min(take.n_frames, first + step)
-        await pacer.wait((last - first) / FRAME_RATE)
-        await send(encode_pcm_frame(pcm[first * frame_bytes : last * frame_bytes]))
+    # Piece by piece from the stored audio: a paced replay never holds a copy of the whole take.
+    async with take_pcm(state, take) as read:
+        await send(frame_of(start_message(take, None, model, replay=True, first_frame=frame)))
+        pacer = Pacer(state.settings.max_lead_sec)
+        step = max(1, take.request.chunk_frames)
+        for first in range(frame, take.n_frames, step):
+            last = min(take.n_frames, first + step)
+            await pacer.wait((last - first) / FRAME_RATE)
+            await send(encode_pcm_frame(await read(first * frame_bytes, (last - first) * frame_bytes)))
     gpu_total_ms = (time.monotonic() - t0) * 1000.0
     await send(frame_of(replay_end(take, EndReason.DONE, frame=frame, gpu_total_ms=gpu_total_ms)))
 
