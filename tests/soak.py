@@ -27,7 +27,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,8 @@ import aiohttp
 import numpy as np
 import soundfile as sf
 import websockets
+
+from tests.helpers import free_port
 
 log = logging.getLogger("soak")
 REPO = Path(__file__).resolve().parents[1]
@@ -73,12 +74,6 @@ class Stats:
 
 
 # --------------------------------------------------------------------------- server process
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float:

@@ -12,7 +12,7 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import TakeSpec
 from moss_rt.engine.channel import TakeChannel
 from moss_rt.engine.scripted import ScriptedEngine
-from tests.reliability.helpers import decode, hello, next_json, run, wait_until
+from tests.helpers import decode, hello, next_json, run, wait_until
 
 ADMIT_SEC = 0.4
 

@@ -10,8 +10,8 @@ import time
 import requests
 import websockets
 
+from tests.helpers import hello, next_json, run, wait_until
 from tests.reliability.conftest import raw_http, raw_ws_connect, read_head, ws_client_frame
-from tests.reliability.helpers import hello, next_json, run, wait_until
 
 
 def port_of(url: str) -> int:
