@@ -1,4 +1,4 @@
-"""The directing session, sans-I/O: take history, barge-in, seek and replay bookkeeping."""
+"""A session's take history, sans-I/O: ids and seeds, seek and replay bookkeeping, bounded history."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from moss_rt.protocol import ProtocolError, Seek, StartTake
-from moss_rt.session import DirectingSession, TakeStore
+from moss_rt.session import TakeHistory, TakeStore
 
 
-def make_session(max_takes: int = 4, store: TakeStore | None = None, prefix: str = "t") -> DirectingSession:
+def make_session(max_takes: int = 4, store: TakeStore | None = None, prefix: str = "t") -> TakeHistory:
     ids = (f"{prefix}{i}" for i in itertools.count())
     seeds = itertools.count(1000)
-    return DirectingSession(
+    return TakeHistory(
         store if store is not None else TakeStore(),
         max_takes=max_takes,
         id_factory=lambda: next(ids),
@@ -26,7 +26,7 @@ def codes(first: int, n: int) -> np.ndarray:
     return np.arange(first * 12, (first + n) * 12, dtype=np.int64).reshape(n, 12) % 1024
 
 
-def finish(session: DirectingSession, take, n: int) -> None:  # noqa: ANN001
+def finish(session: TakeHistory, take, n: int) -> None:  # noqa: ANN001
     session.record_chunk(take, take.n_frames, codes(take.n_frames, n))
     session.record_end(take, "done", {"gpu_total_ms": 1.0})
 
@@ -55,7 +55,8 @@ def test_retake_branches_with_prefix_overrides_and_new_seed() -> None:
     finish(s, parent, 20)
     plan = s.plan_seek(Seek(take="t0", frame=8, instruction="angry", sampling={"audio_top_k": 5}))
     new = plan.take
-    assert plan.mode == "retake" and plan.ack() == {"take": "t1", "from_take": "t0", "frame": 8, "sample": 8 * 3840}
+    ack = {"type": "seek", "take": "t1", "from_take": "t0", "frame": 8, "sample": 8 * 3840}
+    assert plan.mode == "retake" and plan.ack().to_dict() == ack
     assert new.parent == "t0" and new.branch_frame == 8 and new.n_frames == 8
     assert np.array_equal(new.codes, parent.codes[:8]) and np.array_equal(plan.prefix_codes, parent.codes[:8])
     assert new.request.instruction == "angry" and new.request.text == "line"

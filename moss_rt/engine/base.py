@@ -1,29 +1,63 @@
 """The engine seam: what the web layer may ask of any engine (real or scripted).
 
-An engine takes :class:`TakeSpec` requests, runs them on its own worker thread and hands back a
-:class:`TakeHandle`: an async iterator of events plus ``cancel()``. Everything here is small on
-purpose; scheduling, batching and GPU details stay inside the engines.
+Five members, nothing else (docs/architecture.md):
+
+- ``async with engine:`` loads and warms up (start) and, on exit, stops the worker (close);
+- ``info``: what it serves (models, demo, device), whether it is ready, and its metrics registry;
+- ``submit(TakeSpec)`` admits a take and returns its :class:`TakeHandle`;
+- ``render(codes, channels)`` decodes stored codes to PCM (replays, downloads);
+- ``encode_reference(audio)`` encodes an uploaded voice to codes.
+
+A :class:`TakeSpec` is the engine's own request: resolved values only (one seed, resolved
+reference codes), never the wire message. A handle's event iterator cancels its take when it is
+abandoned (closed early or cancelled), so no consumer needs a cancel of its own in a ``finally``.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, Self
 
 import numpy as np
 
-from moss_rt.protocol import StartTake
+from moss_rt.generation import EndReason, SamplingParams
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+# First-chunk policy. A take's first new frames go out one per chunk whatever its ``chunk_frames``: 3 frames are
+# 240 ms, more than a player's usual 200 ms jitter cushion, so a client can start playing as soon as they exist
+# (with chunk 8 sent whole, sound started 8 more frames of generation later: ~0.6 s on a real-time engine). Then
+# chunks grow to ``chunk_frames`` at most half the audio already sent at a time, so while the player drains what it
+# holds the next chunk is made (no underrun after the early start on an engine ~1.5x real time or faster).
+# Costs a few extra codec calls at the start of each take.
+EARLY_FRAMES = 3
 
 
-class EndReason(enum.StrEnum):
-    DONE = "done"
-    CANCELLED = "cancelled"
-    MAX_FRAMES = "max_frames"
-    REPLACED = "replaced"
-    SHUTDOWN = "shutdown"
-    ERROR = "error"
+def chunk_target(new_frames_sent: int, chunk_frames: int) -> int:
+    """Frames the next chunk of a take waits for, when it has sent ``new_frames_sent`` frames of its own (a retake's
+    kept prefix excluded): 1 for the first EARLY_FRAMES, then half of what was sent, up to ``chunk_frames``."""
+    if new_frames_sent < EARLY_FRAMES:
+        return 1
+    return max(1, min(chunk_frames, new_frames_sent // 2))
+
+
+__all__ = [
+    "AudioChunk",
+    "EndReason",
+    "Engine",
+    "EngineBusy",
+    "EngineInfo",
+    "EngineLifecycle",
+    "TakeEvent",
+    "TakeFinished",
+    "TakeFirstAudio",
+    "TakeHandle",
+    "TakeSpec",
+    "chunk_target",
+]
 
 
 class EngineBusy(Exception):
@@ -44,15 +78,24 @@ class EngineLoading(EngineBusy):
 
 @dataclass(frozen=True)
 class TakeSpec:
-    """One take to generate.
+    """One take to generate, fully resolved: the engine's own request type.
 
     ``prefix_codes`` [N, 12] are frames kept from a parent take (a retake from frame N): the
-    engine continues after them and never sends their audio again.
+    engine continues after them and never sends their audio again. ``max_frames`` counts new
+    frames only (the wire's ``max_new_tokens``); ``tokens`` is the optional duration hint that
+    goes into the prompt.
     """
 
     take_id: str
-    request: StartTake
-    seed: int
+    text: str = ""
+    instruction: str = ""
+    language: str = ""
+    seed: int = 0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_frames: int = 4096
+    chunk_frames: int = 8
+    channels: int = 1
+    tokens: int | None = None
     reference_codes: np.ndarray | None = None  # [T, 12] int64 voice-clone reference
     prefix_codes: np.ndarray | None = None  # [N, 12] int64
     parent_take: str | None = None
@@ -96,6 +139,12 @@ TakeEvent = TakeFirstAudio | AudioChunk | TakeFinished
 
 
 class TakeHandle(Protocol):
+    """A submitted take. Iterate it once for its events; they end with one :class:`TakeFinished`.
+
+    An iteration abandoned before that (the iterator closed, or the task awaiting it cancelled)
+    cancels the take, so the engine never generates for nobody.
+    """
+
     take_id: str
 
     def __aiter__(self) -> AsyncIterator[TakeEvent]: ...
@@ -112,24 +161,46 @@ class EngineInfo:
     demo: bool  # True when serving a tiny random-weight model (noise)
     device: str
     details: dict[str, str] = field(default_factory=dict)
+    ready: bool = False  # loaded and warmed up
+    metrics: CollectorRegistry | None = None  # rendered by GET /metrics; None: no engine metrics
 
 
 class Engine(Protocol):
-    info: EngineInfo
+    """The seam (see the module docstring)."""
 
     @property
-    def ready(self) -> bool:
-        """Loaded and warmed up."""
+    def info(self) -> EngineInfo: ...
 
-    async def start(self) -> None: ...
+    async def __aenter__(self) -> Self: ...
 
-    async def close(self) -> None: ...
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
 
     async def submit(self, spec: TakeSpec) -> TakeHandle:
-        """Admit a take (raises EngineBusy when full)."""
+        """Admit a take (raises EngineBusy when full, ProtocolError when the request cannot fit)."""
 
     async def render(self, codes: np.ndarray, channels: int) -> bytes:
         """Decode stored codes [N, 12] to int16 PCM (replay and downloads)."""
 
     async def encode_reference(self, audio: bytes) -> np.ndarray:
         """Encode an uploaded voice (any soundfile-readable bytes) to codes [T, 12]."""
+
+
+class EngineLifecycle:
+    """``async with engine`` for engines written with ``start()`` and ``close()``."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from tests.browser.test_studio import CHROMIUM_ARGS, ROOT, SCRIPTED_ENGINE, TINY_MODEL_ENGINE, find_chromium, run_server
+from tests.browser.helpers import CHROMIUM_ARGS, ROOT, SCRIPTED_ENGINE, TINY_MODEL_ENGINE, find_chromium, run_server
 
 ENGINES = {"tiny": TINY_MODEL_ENGINE, "scripted": SCRIPTED_ENGINE}
 FRAMES = 110  # 8.8 s per take
@@ -79,9 +79,8 @@ def main(out: Path, engine: str = "tiny") -> None:
         pg.click("#retakeBtn")
         take(3)
         pg.click("#retakeOptsBtn")
-        cards = pg.locator("article.take")
-        cards.nth(1).get_by_role("button", name="A", exact=True).click()
-        cards.nth(0).get_by_role("button", name="B", exact=True).click()
+        pg.get_by_role("button", name="Compare Take 2 as A", exact=True).click()
+        pg.get_by_role("button", name="Compare Take 3 as B", exact=True).click()
         pg.evaluate("window.studio.setCursorFrame(40)")
         pg.click("#abPlayB")
         pg.wait_for_function("window.studio.playhead > 48000 * 4.3", timeout=15_000)

@@ -6,9 +6,8 @@ import asyncio
 import random
 
 from moss_rt.client import DirectingClient
-from tests.conftest import RunningServer
-from tests.engine.conftest import run
-from tests.engine.helpers import LONG, metrics, next_message
+from tests.engine.helpers import LONG, metrics
+from tests.helpers import RunningServer, next_message, run
 
 BLOCK = 16
 

@@ -18,8 +18,8 @@ from moss_rt.engine.memory_plan import (
     MemoryPlanError,
     plan_memory,
 )
-from tests.engine.conftest import run
-from tests.engine.helpers import LONG, metrics, next_message
+from tests.engine.helpers import LONG, metrics
+from tests.helpers import next_message, run
 
 # Full-size figures: bf16 backbone (36 layers x 8 KV heads x 128 x K,V + 2560 hidden), a 10 s codec window.
 FULL = MemoryCosts(
@@ -129,6 +129,6 @@ def test_admission_refuses_beyond_the_planned_slots_and_queue(moss_server) -> No
             await c.start("Hello.", max_new_tokens=2)
             refused = await next_message(c, "error")
             ends = [(await x.collect()).end["reason"] for x in (a, b)]  # one ran, one waited, both end
-            return [refused["code"], *ends]
+            return [str(refused.code), *ends]
 
     assert run(scenario()) == ["busy", "max_frames", "max_frames"]

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from moss_rt.generation import SamplingParams
 from moss_rt.model import ModelRunner, load_model
-from moss_rt.protocol.messages import SamplingParams
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "model"
 GOLDEN = FIXTURES / "contiguous_codes.npz"
