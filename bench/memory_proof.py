@@ -73,7 +73,9 @@ def start(args: argparse.Namespace, model: Path, codec: Path, port: int, limit: 
           log_path: Path) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(
-        MOSS_RT_MAX_TAKES_PER_CLIENT="0",
+        MOSS_RT_MAX_TAKES_PER_CLIENT="0",  # every client shares 127.0.0.1: no per-client take cap,
+        MOSS_RT_HTTP_REQUESTS_PER_SEC="0",  # no per-client request rate (WebSocket upgrades count)
+        MOSS_RT_MAX_CONNECTIONS_PER_CLIENT="0",
         MOSS_RT_GPU_MEMORY_LIMIT_GIB=str(limit),
         PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
