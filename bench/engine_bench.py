@@ -114,6 +114,7 @@ def start_server(args: argparse.Namespace, model: Path, codec: Path, port: int, 
         MOSS_RT_MAX_SEQ_LEN=str(args.max_seq_len),
         MOSS_RT_MAX_TAKES_PER_CLIENT="0",  # every bench client shares 127.0.0.1
         MOSS_RT_HTTP_REQUESTS_PER_SEC="0",  # ...so does the per-client request rate (WebSocket upgrades)
+        MOSS_RT_MAX_CONNECTIONS_PER_CLIENT="0",  # ...and the cap on its requests in progress
         PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
     )
