@@ -254,7 +254,8 @@ def encode_message(msg: ClientMessage | ServerMessage, fmt: Literal["json", "msg
     if fmt == "json":
         return dumps_json(obj)
     if fmt == "msgpack":
-        return msgpack.packb(obj, use_bin_type=True)
+        packed: bytes = msgpack.packb(obj, use_bin_type=True)
+        return packed
     raise ValueError(f"unknown format {fmt!r}")
 
 
