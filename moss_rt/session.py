@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moss_rt.engine.base import AudioChunk, TakeEvent, TakeFirstAudio, TakeSpec
-from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS, EndReason, SamplingParams
+from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS, EndReason
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.protocol import (
     DEFAULT_MODEL_ALIAS,
