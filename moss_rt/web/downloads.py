@@ -17,9 +17,8 @@ from aiohttp import web
 
 from moss_rt.audio import wav_header
 from moss_rt.protocol import SAMPLE_RATE
-from moss_rt.session import TakeRecord
+from moss_rt.session import TakeRecord, bytes_per_frame
 from moss_rt.web.state import ServiceState
-from moss_rt.web.takes import bytes_per_frame
 
 log = logging.getLogger(__name__)
 
