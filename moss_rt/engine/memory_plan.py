@@ -24,7 +24,7 @@ DEFAULT_CPU_SLOTS = 64  # CPU (and settings-only) defaults when --max-slots / --
 DEFAULT_CPU_SEQ_LEN = 5120
 PLANNED_TAKE_POSITIONS = 1280  # sizing slots: each could hold a 400-row prompt + 70 s of audio at once
 MIN_SEQ_LEN = 512  # below this even one short take cannot run; the plan fails instead
-MAX_AUTO_SLOTS = 256  # the plan never goes beyond this many slots on its own (step batch buckets end here)
+MAX_AUTO_SLOTS = 256  # the plan never goes beyond this many slots on its own (each preallocates a codec stream)
 MARGIN_FRACTION = 0.03  # of the usable budget, at least MIN_MARGIN
 MIN_MARGIN = 512 * MIB
 

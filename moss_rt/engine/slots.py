@@ -140,6 +140,10 @@ class RetainedCaches:
                 return self._items.pop(take_id).blocks
         return None
 
+    def refs(self) -> list[BlockRef]:
+        """The kept caches' block references (oldest first)."""
+        return [item.blocks for item in self._items.values()]
+
     def clear(self) -> list[BlockRef]:
         refs = [item.blocks for item in self._items.values()]
         self._items.clear()

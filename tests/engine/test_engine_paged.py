@@ -28,7 +28,7 @@ async def _settled(srv: RunningServer, name: str) -> float:
 def _kept_blocks(srv: RunningServer) -> int:
     """Distinct blocks held by finished takes kept for retakes (read while the engine is idle)."""
     sched = srv.engine._scheduler  # type: ignore[attr-defined]
-    return len({b for item in sched.retained._items.values() for b in item.blocks.blocks})
+    return len({b for ref in sched.retained.refs() for b in ref.blocks})
 
 
 def test_a_retake_uses_blocks_for_its_new_frames_only(moss_server) -> None:  # type: ignore[no-untyped-def]
