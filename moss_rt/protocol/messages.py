@@ -53,6 +53,25 @@ SAMPLING_DEFAULTS: dict[str, float | int] = {
     "text_top_k": 50,
 }
 
+# What POST /api/stream uses for a field the request leaves out (or sends as null): the values of
+# the original playground's documented request body, so a legacy client that sends only ``text``
+# hears what it heard there. The WebSocket and the studio keep the service defaults above (shown in
+# ``hello``). ``max_new_tokens`` and ``chunk_frames`` are capped by the configured limits.
+LEGACY_STREAM_DEFAULTS: dict[str, float | int | str] = {
+    "audio_temperature": 1.0,
+    "audio_top_p": 0.95,
+    "audio_top_k": 25,
+    "audio_repetition_penalty": 1.1,
+    "text_temperature": 1.0,
+    "text_top_p": 1.0,
+    "text_top_k": 50,
+    "max_new_tokens": 3200,
+    "chunk_frames": 18,
+    "language": "English",
+    "seed": 0,
+    "reference": "none",
+}
+
 SAMPLING_FIELDS: dict[str, Field] = {
     "audio_temperature": Field("float", SAMPLING_DEFAULTS["audio_temperature"], 0.0, 10.0),
     "audio_top_p": Field("float", SAMPLING_DEFAULTS["audio_top_p"], 0.0, 1.0, exclusive_minimum=True),
@@ -241,11 +260,26 @@ def parse_client_message(obj: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -
     return cls.parse(obj, limits)
 
 
+def legacy_stream_defaults(limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """:data:`LEGACY_STREAM_DEFAULTS` within ``limits`` (a server may allow fewer frames or smaller chunks)."""
+    out = dict(LEGACY_STREAM_DEFAULTS)
+    out["max_new_tokens"] = min(int(out["max_new_tokens"]), limits.max_new_tokens)
+    out["chunk_frames"] = max(limits.min_chunk_frames, min(int(out["chunk_frames"]), limits.max_chunk_frames))
+    return out
+
+
 def parse_stream_request(obj: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> StartTake:
-    """The legacy POST /api/stream body: the same fields as ``start`` without a ``type``."""
+    """The legacy POST /api/stream body: the same fields as ``start`` without a ``type``.
+
+    Omitted (or null) fields take the original playground's values (:data:`LEGACY_STREAM_DEFAULTS`).
+    """
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"the body must be a JSON object, got {type(obj).__name__}")
-    return StartTake.parse(obj, limits)
+    filled = dict(obj)
+    for name, value in legacy_stream_defaults(limits).items():
+        if filled.get(name) is None:
+            filled[name] = value
+    return StartTake.parse(filled, limits)
 
 
 def decode_stream_request(body: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> StartTake:

@@ -17,6 +17,8 @@ from moss_rt.voices import VoiceStore
 from moss_rt.web.guards import ClientRequestRate, ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler, service_registry
+from moss_rt.web.openai_api import openai_errors_middleware
+from moss_rt.web.openai_api import routes as openai_routes
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
 from moss_rt.web.security import (
     auth_middleware,
@@ -41,6 +43,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         middlewares=[
             forwarded_for_middleware,
             cors_middleware,
+            openai_errors_middleware,  # /v1/ only: OpenAI's error shape around every error below
             json_errors_middleware,
             request_rate_middleware,
             auth_middleware,
@@ -59,6 +62,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
     )
     app[STATE].metrics_registry = service_registry(app[STATE])
     app.add_routes(routes)
+    app.add_routes(openai_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():

@@ -11,7 +11,7 @@ from aiohttp import HttpVersion11, web
 
 from moss_rt import __version__
 from moss_rt.audio import wav_bytes
-from moss_rt.engine.base import EndReason, EngineBusy
+from moss_rt.engine.base import EngineBusy
 from moss_rt.protocol import (
     SAMPLE_RATE,
     ErrorCode,
@@ -19,12 +19,12 @@ from moss_rt.protocol import (
     parse_stream_request,
 )
 from moss_rt.protocol.frames import decode_json_object
-from moss_rt.session import DirectingSession
 from moss_rt.web.errors import busy_response, error_response, protocol_error_response
+from moss_rt.web.http_take import admit_http_take
 from moss_rt.web.openapi import openapi_document
 from moss_rt.web.security import bearer, is_authorized, issue_token, unauthorized
 from moss_rt.web.state import STATE
-from moss_rt.web.takes import build_spec, resolve_model, stream_take, take_audio
+from moss_rt.web.takes import take_audio
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -160,56 +160,34 @@ async def stream(request: web.Request) -> web.StreamResponse:
     t_request = time.monotonic()
     if state.shutting_down:
         return error_response(ErrorCode.BUSY, "the service is shutting down", headers={"Retry-After": "5"})
-    client = request.remote or "unknown"
-    holding = False
-    handle = None
     try:
         body = await read_body_limited(request, state.settings.limits.max_request_bytes)
         start = parse_stream_request(decode_json_object(body or b"{}"), state.settings.limits)
-        model = resolve_model(state, start.model)
-        state.client_takes.acquire(client)  # rate_limited (429) past max_takes_per_client
-        holding = True
-        session = DirectingSession(state.takes, max_takes=1)
-        plan = session.plan_start(start)
-        spec = await build_spec(state, plan.take)
-        handle = await state.engine.submit(spec)
+        admitted = await admit_http_take(state, request.remote or "unknown", start, t_request=t_request)
     except ProtocolError as err:
-        if holding:
-            state.client_takes.release(client)
         headers = {"Retry-After": "1"} if err.code == ErrorCode.RATE_LIMITED else None
         return error_response(err.code, err.message, field=err.field, headers=headers)
     except EngineBusy as busy:
-        state.client_takes.release(client)
         return busy_response(busy.retry_after_sec)
-    except BaseException:  # anything else (a 500, a cancelled request) must not keep the client's take
-        if holding:
-            state.client_takes.release(client)
-        raise
 
-    # Shutdown ends this take with reason "shutdown"; the end frame still goes out.
-    state.http_takes.add(handle)
-    if state.shutting_down:
-        handle.cancel(EndReason.SHUTDOWN)
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"})
 
     async def send(frame: bytes) -> None:
         await write_or_drop(request, response, frame)
 
+    take_id = admitted.take.take_id
     try:
         await response.prepare(request)
-        await stream_take(state, handle, plan.take, session, send, t_request=t_request, model=model)
+        await admitted.stream(send)
         await response.write_eof()
     except ConnectionResetError:
         # The client hung up (or was dropped for not reading): not a server error, nothing to answer.
-        log.info("client left during take %s; cancelling it", plan.take.take_id)
+        log.info("client left during take %s; cancelling it", take_id)
     except asyncio.CancelledError:
-        log.info("request for take %s cancelled; cancelling the take", plan.take.take_id)
+        log.info("request for take %s cancelled; cancelling the take", take_id)
         raise
     finally:
-        # A client that disconnected (or any failure) must free the engine slot.
-        handle.cancel(EndReason.CANCELLED)
-        state.http_takes.discard(handle)
-        state.client_takes.release(client)
+        admitted.release()  # a client that disconnected (or any failure) must free the engine slot
     return response
 
 

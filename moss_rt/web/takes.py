@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -68,7 +69,8 @@ def start_message(take: TakeRecord, gpu_first_ms: float | None, model: str, **ex
     return {
         "type": "start",
         "sr": SAMPLE_RATE,
-        "gpu_first_ms": round(gpu_first_ms, 2) if gpu_first_ms is not None else None,
+        # Whole milliseconds, as the original playground sends it (rounded up: never 0 for a real wait).
+        "gpu_first_ms": math.ceil(gpu_first_ms) if gpu_first_ms is not None else None,
         "take": take.take_id,
         "channels": take.request.channels,
         "seed": take.seed,
