@@ -33,7 +33,8 @@ class Settings:
     dtype: str = "auto"  # auto | float32 | bfloat16
     data_dir: Path = Path("data")
     voices_dir: Path = Path("voices")  # built-in voices: audio files in this folder
-    static_dir: Path = Path(__file__).resolve().parent.parent / "static"
+    # The studio page: moss_rt/static links to the repository's static/ and is a real folder once installed.
+    static_dir: Path = (Path(__file__).resolve().parent / "static").resolve()
     # Engine scheduling.
     max_slots: int = 64  # takes generating at once
     max_queue: int = 64  # takes waiting for a slot; beyond this requests are refused as busy
