@@ -9,6 +9,8 @@ resample, FFmpeg's encoders and muxers through PyAV). The encoder is imported fr
 from moss_rt.formats.spec import (
     DEFAULT_FORMAT,
     FORMATS,
+    MAX_SPEED,
+    MIN_SPEED,
     SAMPLE_RATES,
     AudioFormat,
     parse_audio_format,
@@ -17,6 +19,8 @@ from moss_rt.formats.spec import (
 __all__ = [
     "DEFAULT_FORMAT",
     "FORMATS",
+    "MAX_SPEED",
+    "MIN_SPEED",
     "SAMPLE_RATES",
     "AudioFormat",
     "parse_audio_format",

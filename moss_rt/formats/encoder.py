@@ -29,7 +29,7 @@ import av.error
 import numpy as np
 import soxr
 
-from moss_rt.formats.spec import AudioFormat
+from moss_rt.formats.spec import MAX_SPEED, MIN_SPEED, AudioFormat
 from moss_rt.protocol import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,6 @@ _TEMPO_PIECE = 960  # samples per frame pushed into atempo (20 ms at 48 kHz)
 # (the Xing/LAME tag needs a seekable output, ADTS has no field for it), so this is a property of
 # the streamed formats, not of the encoder.
 DECODE_SLACK: dict[str, int] = {"mp3": 1105 + 1152, "aac": 1024 + 1024, "opus": 0, "flac": 0, "wav": 0, "pcm": 0}
-
-MIN_SPEED = 0.25
-MAX_SPEED = 4.0
 
 
 class _Sink:

@@ -15,6 +15,9 @@ FORMATS: tuple[str, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 DEFAULT_FORMAT = "mp3"
 # The codec's own rate, and the two rates speech pipelines usually want (soxr resamples).
 SAMPLE_RATES: tuple[int, ...] = (SAMPLE_RATE, 24000, 16000)
+# Tempo changes the encoders can make (OpenAI's ``speed`` range): FFmpeg's atempo, pitch kept.
+MIN_SPEED = 0.25
+MAX_SPEED = 4.0
 
 _MEDIA_TYPES = {
     "mp3": "audio/mpeg",

@@ -66,7 +66,7 @@ def test_limits_table_matches_defaults(doc: str) -> None:
 
 
 def test_hex_examples(doc: str) -> None:
-    start = encode_json_frame({"type": "start", "sr": 48000, "gpu_first_ms": 41.2})
+    start = encode_json_frame({"type": "start", "sr": 48000, "gpu_first_ms": 41})
     hex_start = " ".join(f"{b:02x}" for b in start)
     doc_hex = " ".join(re.findall(r"^((?:[0-9a-f]{2} ?)+)\s", doc, flags=re.M)).split()
     assert hex_start in " ".join(doc_hex)
@@ -90,7 +90,7 @@ def test_requests_client_example(doc: str, tmp_path: Path, monkeypatch: pytest.M
     (source,) = [b for b in code_blocks(doc, "python") if "requests.post" in b]
     pcm_frames = [bytes([i]) * (2 * FRAME_SAMPLES) for i in range(1, 4)]
     stream = (
-        encode_json_frame({"type": "start", "sr": 48000, "gpu_first_ms": 12.0, "channels": 1})
+        encode_json_frame({"type": "start", "sr": 48000, "gpu_first_ms": 12, "channels": 1})
         + b"".join(encode_pcm_frame(p) for p in pcm_frames)
         + encode_json_frame({"type": "end", "gpu_total_ms": 5.0, "n_frames": 3, "duration_sec": 0.24})
     )
