@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import time
@@ -12,6 +13,7 @@ from aiohttp import HttpVersion11, web
 from moss_rt import __version__
 from moss_rt.audio import wav_bytes
 from moss_rt.engine.base import EngineBusy
+from moss_rt.formats import parse_audio_format
 from moss_rt.protocol import (
     SAMPLE_RATE,
     ErrorCode,
@@ -20,6 +22,7 @@ from moss_rt.protocol import (
 )
 from moss_rt.protocol.frames import decode_json_object
 from moss_rt.web.errors import busy_response, error_response, protocol_error_response
+from moss_rt.web.format_download import send_encoded, wants_other_format
 from moss_rt.web.http_take import admit_http_take
 from moss_rt.web.openapi import openapi_document
 from moss_rt.web.security import bearer, is_authorized, issue_token, unauthorized
@@ -214,12 +217,21 @@ async def openapi_json(request: web.Request) -> web.Response:
 
 
 @routes.get(r"/api/takes/{take_id:[A-Za-z0-9_-]{1,64}}.wav")
-async def download_take(request: web.Request) -> web.Response:
+async def download_take(request: web.Request) -> web.StreamResponse:
+    """The take as 48 kHz WAV, or ``?format=`` mp3/opus/aac/flac/wav/pcm at ``?sample_rate=`` 48000/24000/16000."""
     state = request.app[STATE]
     take = state.takes.get(request.match_info["take_id"])
     if take is None:
         return error_response(ErrorCode.NOT_FOUND, "no such take (it may have been evicted)", field="take")
+    fmt = None
+    if wants_other_format(request.query):
+        try:
+            fmt = parse_audio_format(request.query.get("format", "wav"), request.query.get("sample_rate"))
+        except ProtocolError as err:
+            return protocol_error_response(err)
     pcm = await take_audio(state, take)
+    if fmt is not None:
+        return await send_encoded(request, take, pcm, fmt, functools.partial(write_or_drop, request))
     return web.Response(
         body=wav_bytes(pcm, SAMPLE_RATE, take.request.channels),
         content_type="audio/wav",

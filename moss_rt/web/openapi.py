@@ -354,11 +354,23 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         },
         "/api/takes/{take_id}.wav": {
             "get": {
-                "summary": "a take's audio as WAV",
-                "parameters": [take_id],
+                "summary": "a take's audio: 48 kHz WAV, or another format and rate (see docs/openai.md)",
+                "parameters": [
+                    take_id,
+                    {"name": "format", "in": "query", "required": False,
+                     "schema": {"type": "string", "enum": list(FORMATS)}},
+                    {"name": "sample_rate", "in": "query", "required": False,
+                     "schema": {"type": "integer", "enum": list(SAMPLE_RATES)}},
+                ],
                 "responses": {
-                    "200": _ok("WAV audio", {"type": "string", "format": "binary"}, "audio/wav"),
-                    **_common_errors(401, 404, 429),
+                    "200": {
+                        "description": "the audio",
+                        "content": {
+                            media: {"schema": {"type": "string", "format": "binary"}}
+                            for media in sorted({AudioFormat(name).media_type for name in FORMATS})
+                        },
+                    },
+                    **_common_errors(401, 404, 422, 429),
                 },
             }
         },
