@@ -88,8 +88,8 @@ def parse_speech_request(obj: Any, limits: Limits) -> SpeechRequest:
     """Validate an OpenAI speech body (sans-I/O; whether the voice exists is checked by the caller)."""
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"the body must be a JSON object, got {type(obj).__name__}")
-    if "input" not in obj:
-        raise ProtocolError(ErrorCode.INVALID_FIELD, "'input' is required", field="input")
+    if obj.get("input") is None:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, "'input' is required (the text to speak)", field="input")
     fmt_name = obj.get("response_format") or "mp3"
     fmt_rate = obj.get("sample_rate")
     default_rate = PCM_DEFAULT_RATE if fmt_name == "pcm" else SAMPLE_RATE

@@ -75,7 +75,8 @@ def _speech_request_schema(app: web.Application) -> dict[str, Any]:
         "input": {**_field_schema(stream["text"]), "pattern": NON_BLANK, "description": "what to say"},
         "model": {**_field_schema(stream["model"]), "description": "a model id from GET /v1/models"},
         "voice": {
-            "description": "none, a built-in voice id or a ref_id from /api/upload_ref (or {\"id\": ...})",
+            "description": "none (also null), a built-in voice id or a ref_id from /api/upload_ref (or {\"id\": ...})",
+            "nullable": True,
             "oneOf": [
                 {"type": "string", "maxLength": 128},
                 {"type": "object", "required": ["id"], "properties": {"id": {"type": "string", "maxLength": 128}}},
@@ -161,7 +162,34 @@ def _v1_paths(app: web.Application) -> dict[str, Any]:
                         "description": "the audio",
                         "content": {
                             **{media: {"schema": binary} for media in audio_types},
-                            "text/event-stream": {"schema": {"type": "string"}},
+                            # One event per `data:` line: a JSON speech.audio.delta, then speech.audio.done
+                            # (or an error when the take ended early).
+                            "text/event-stream": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["data"],
+                                    "properties": {
+                                        "event": {"type": "string"},
+                                        "data": {
+                                            "type": "string",
+                                            "contentMediaType": JSON,
+                                            "contentSchema": {
+                                                "type": "object",
+                                                "required": ["type"],
+                                                "properties": {
+                                                    "type": {
+                                                        "type": "string",
+                                                        "enum": ["speech.audio.delta", "speech.audio.done", "error"],
+                                                    },
+                                                    "audio": {"type": "string"},
+                                                    "usage": {"type": "object"},
+                                                    "error": {"type": "object"},
+                                                },
+                                            },
+                                        },
+                                    },
+                                }
+                            },
                         },
                     },
                     **errors,
