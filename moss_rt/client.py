@@ -22,6 +22,7 @@ import aiohttp
 import websockets
 
 from moss_rt.protocol import (
+    TAG_AUDIO,
     TAG_JSON,
     TAG_PCM,
     FrameReader,
@@ -48,6 +49,8 @@ class TakeAudio:
     end: dict[str, Any] = field(default_factory=dict)
     pcm: bytearray = field(default_factory=bytearray)
     events: list[dict[str, Any]] = field(default_factory=list)
+    # A take started with a "format" arrives as tag-2 frames: the bytes of one file in that format.
+    encoded: bytearray = field(default_factory=bytearray)
 
     @property
     def take_id(self) -> str | None:
@@ -65,7 +68,14 @@ class TakeAudio:
             w.writeframes(bytes(self.pcm))
 
 
-Item = ServerMessage | bytes
+@dataclass(frozen=True)
+class EncodedAudio:
+    """A tag-2 frame: the next bytes of the take's audio in the format its ``start`` asked for."""
+
+    data: bytes
+
+
+Item = ServerMessage | bytes | EncodedAudio
 
 
 class DirectingClient:
@@ -92,10 +102,12 @@ class DirectingClient:
         frame = decode_frame(data)
         if frame.tag == TAG_JSON:
             return parse_server_message(frame.json())
+        if frame.tag == TAG_AUDIO:
+            return EncodedAudio(frame.payload)
         return frame.payload
 
     async def receive(self) -> Item:
-        """Next server frame: a ServerMessage (tag 0) or PCM bytes (tag 1)."""
+        """Next server frame: a ServerMessage (tag 0), PCM bytes (tag 1) or EncodedAudio (tag 2)."""
         return await self._read(self.ws)
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -124,6 +136,9 @@ class DirectingClient:
             item = await self.receive()
             if isinstance(item, bytes):
                 take.pcm += item
+                continue
+            if isinstance(item, EncodedAudio):
+                take.encoded += item.data
                 continue
             take.events.append(item.to_dict())
             if item.type == "start":
@@ -155,6 +170,9 @@ async def http_stream(base_url: str, total_timeout_sec: float = 600.0, **fields:
                 for frame in reader.feed(data):
                     if frame.tag == TAG_PCM:
                         take.pcm += frame.payload
+                        continue
+                    if frame.tag == TAG_AUDIO:
+                        take.encoded += frame.payload
                         continue
                     obj = frame.json()
                     take.events.append(obj)
