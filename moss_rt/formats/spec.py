@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moss_rt.protocol import SAMPLE_RATE, ErrorCode, ProtocolError
+from moss_rt.protocol import AUDIO_FORMATS, AUDIO_SAMPLE_RATES, SAMPLE_RATE, ErrorCode, ProtocolError
 
-# OpenAI's response_format names. ``pcm`` is raw int16 little-endian, interleaved when stereo.
-FORMATS: tuple[str, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+# OpenAI's response_format names (the wire vocabulary lives in the protocol). ``pcm`` is raw int16
+# little-endian, interleaved when stereo.
+FORMATS: tuple[str, ...] = AUDIO_FORMATS
 DEFAULT_FORMAT = "mp3"
 # The codec's own rate, and the two rates speech pipelines usually want (soxr resamples).
-SAMPLE_RATES: tuple[int, ...] = (SAMPLE_RATE, 24000, 16000)
+SAMPLE_RATES: tuple[int, ...] = AUDIO_SAMPLE_RATES
 # Tempo changes the encoders can make (OpenAI's ``speed`` range): FFmpeg's atempo, pitch kept.
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0

@@ -19,6 +19,8 @@ from moss_rt.protocol.frames import (
 )
 from moss_rt.protocol.limits import Limits
 from moss_rt.protocol.messages import (
+    AUDIO_FORMATS,
+    AUDIO_SAMPLE_RATES,
     DEFAULT_LIMITS,
     DEFAULT_MODEL_ALIAS,
     END_REASONS,
@@ -30,8 +32,11 @@ from moss_rt.protocol.messages import (
     SAMPLE_RATE,
     SAMPLING_DEFAULTS,
     SEEK_MODES,
+    AppendText,
     Cancel,
     ClientMessage,
+    EndOfText,
+    FlushText,
     Ping,
     SamplingParams,
     Seek,
@@ -54,6 +59,11 @@ from moss_rt.protocol.messages import (
 )
 
 __all__ = [
+    "AUDIO_FORMATS",
+    "AUDIO_SAMPLE_RATES",
+    "AppendText",
+    "EndOfText",
+    "FlushText",
     "DEFAULT_LIMITS",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_MODEL_ALIAS",

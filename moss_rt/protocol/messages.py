@@ -1,6 +1,7 @@
 """Typed control messages of wire protocol v1 and their one schema (JSON text or msgpack binary).
 
-Client → server: ``start``, ``cancel``, ``seek``, ``ping``.
+Client → server: ``start``, ``cancel``, ``seek``, ``ping``, and for streamed text ``append``, ``flush``,
+``end_of_text``.
 Server → client: ``hello``, ``start``, ``seek``, ``end``, ``error``, ``pong``.
 Unknown keys are ignored (forward compatibility); unknown types, wrong types, out-of-range
 values and oversize messages raise :class:`ProtocolError` with a stable code.
@@ -31,6 +32,10 @@ DEFAULT_LIMITS = Limits()  # frozen, so one shared default is safe
 # Why a take ended (``reason`` of the server ``end`` message).
 END_REASONS = ("done", "cancelled", "max_frames", "replaced", "shutdown", "error")
 SEEK_MODES = ("retake", "replay")
+# Delivery formats a take can ask for (``format``; OpenAI's response_format names) and their rates.
+# ``pcm`` at 48 kHz is the native tag-1 stream; anything else arrives as tag-2 frames (moss_rt.formats).
+AUDIO_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+AUDIO_SAMPLE_RATES = (SAMPLE_RATE, 24000, 16000)
 
 
 def frame_at_time(time_sec: float) -> int:
@@ -143,20 +148,33 @@ class StartTake:
     tokens: int | None = None
     take: str | None = None  # client label, WebSocket only
     channels: int = 1
+    format: str | None = None  # delivery format (None: native 48 kHz PCM, tag 1)
+    sample_rate: int | None = None  # of the delivery format (None: 48000)
+    stream_text: bool = False  # WebSocket only: more text follows in append messages
 
     @classmethod
     def parse(cls, obj: dict[str, Any], limits: Limits) -> StartTake:
         fields = _stream_fields(limits)
         fields["take"] = Field("str", None, max_length=64, nullable=True)
         fields["channels"] = Field("int", 1, choices=(1, 2))
+        fields["format"] = Field("str", None, choices=AUDIO_FORMATS, nullable=True)
+        fields["sample_rate"] = Field("int", None, choices=AUDIO_SAMPLE_RATES, nullable=True)
+        fields["stream_text"] = Field("bool", False)
         values = validate_fields(fields, obj)
-        _validate_text(values)
+        if values["stream_text"]:
+            # The text may come later (append); what is given now is the first of it.
+            if "text" not in obj or obj["text"] is None:
+                values["text"] = ""
+        else:
+            _validate_text(values)
         sampling = SamplingParams(**{k: values.pop(k) for k in SAMPLING_FIELDS})
         return cls(sampling=sampling, **values)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sampling"}
         out.update(dataclasses.asdict(self.sampling))
+        if not self.stream_text:
+            out.pop("stream_text")
         return {"type": self.type, **{k: v for k, v in out.items() if v is not None}}
 
 
@@ -238,12 +256,66 @@ class Ping:
         return {"type": self.type, **({"t": self.t} if self.t is not None else {})}
 
 
-ClientMessage = StartTake | Cancel | Seek | Ping
-CLIENT_TYPES: dict[str, type[StartTake] | type[Cancel] | type[Seek] | type[Ping]] = {
+def _take_field() -> Field:
+    return Field("str", None, max_length=64, nullable=True)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendText:
+    """More text for the running take opened with ``stream_text`` (spoken sentence by sentence)."""
+
+    type: ClassVar[str] = "append"
+    text: str
+    take: str | None = None
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any], limits: Limits) -> AppendText:
+        fields = {"text": Field("str", max_length=limits.max_text_chars), "take": _take_field()}
+        return cls(**validate_fields(fields, obj))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "text": self.text, **({"take": self.take} if self.take is not None else {})}
+
+
+@dataclass(frozen=True, slots=True)
+class FlushText:
+    """Speak the text received so far without waiting for the end of its sentence."""
+
+    type: ClassVar[str] = "flush"
+    take: str | None = None
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any], limits: Limits) -> FlushText:
+        return cls(**validate_fields({"take": _take_field()}, obj))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **({"take": self.take} if self.take is not None else {})}
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfText:
+    """No more text: the take ends once everything received is spoken."""
+
+    type: ClassVar[str] = "end_of_text"
+    take: str | None = None
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any], limits: Limits) -> EndOfText:
+        return cls(**validate_fields({"take": _take_field()}, obj))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **({"take": self.take} if self.take is not None else {})}
+
+
+ClientMessage = StartTake | Cancel | Seek | Ping | AppendText | FlushText | EndOfText
+CLIENT_TYPES: dict[str, type[ClientMessage]] = {  # type: ignore[valid-type]
     "start": StartTake,
     "cancel": Cancel,
     "seek": Seek,
     "ping": Ping,
+    "append": AppendText,
+    "flush": FlushText,
+    "end_of_text": EndOfText,
 }
 
 
@@ -279,6 +351,11 @@ def parse_stream_request(obj: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -
     for name, value in legacy_stream_defaults(limits).items():
         if filled.get(name) is None:
             filled[name] = value
+    if filled.get("stream_text"):
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, "'stream_text' needs the WebSocket (text arrives in append messages)",
+            field="stream_text",
+        )
     return StartTake.parse(filled, limits)
 
 

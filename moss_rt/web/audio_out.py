@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from moss_rt.formats import AudioFormat
 from moss_rt.formats.encoder import AsyncEncoder
-from moss_rt.protocol import SAMPLE_RATE, encode_audio_frame, encode_pcm_frame
+from moss_rt.protocol import SAMPLE_RATE, StartTake, encode_audio_frame, encode_pcm_frame
 
 NATIVE = AudioFormat("pcm", SAMPLE_RATE)
+
+
+def requested_format(request: StartTake) -> AudioFormat | None:
+    """The delivery format a take asked for; None for the native 48 kHz PCM stream (tag 1)."""
+    fmt = AudioFormat(request.format or "pcm", request.sample_rate or SAMPLE_RATE)
+    return None if fmt == NATIVE else fmt
 
 
 class AudioOut:

@@ -22,9 +22,9 @@ from moss_rt.protocol import (
     ErrorCode,
     ProtocolError,
     encode_json_frame,
-    encode_pcm_frame,
 )
 from moss_rt.session import DirectingSession, TakeRecord
+from moss_rt.web.audio_out import AudioOut, requested_format
 from moss_rt.web.state import ServiceState
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,15 @@ def start_message(take: TakeRecord, gpu_first_ms: float | None, model: str, **ex
         "model": model,
         "first_frame": take.branch_frame,
         **({"label": take.label} if take.label is not None else {}),
+        **_format_fields(take),
         **extra,
     }
+
+
+def _format_fields(take: TakeRecord) -> dict[str, object]:
+    """A take asked for a delivery format: its audio arrives as tag-2 frames of that format and rate."""
+    fmt = requested_format(take.request)
+    return {} if fmt is None else {"format": fmt.name, "sample_rate": fmt.sample_rate}
 
 
 def bytes_per_frame(take: TakeRecord) -> int:
@@ -125,6 +132,24 @@ async def stream_take(
 
     The caller owns cancellation: on disconnect it cancels the handle (and this coroutine).
     """
+    out = AudioOut(requested_format(take.request), take.request.channels)
+    try:
+        return await _forward(state, handle, take, session, send, out, t_request=t_request, model=model)
+    finally:
+        out.close()
+
+
+async def _forward(
+    state: ServiceState,
+    handle: TakeHandle,
+    take: TakeRecord,
+    session: DirectingSession,
+    send: SendFrame,
+    out: AudioOut,
+    *,
+    t_request: float,
+    model: str,
+) -> TakeFinished:
     pacer = Pacer(state.settings.max_lead_sec)
     state.heard.begin(take.take_id, bytes_per_frame(take), parent=take.parent, branch_frame=take.branch_frame)
     started = False
@@ -140,12 +165,15 @@ async def stream_take(
             session.record_chunk(take, event.first_frame, event.codes)
             state.heard.append(take.take_id, event.first_frame, event.pcm)
             await pacer.wait(event.n_frames / FRAME_RATE)
-            await send(encode_pcm_frame(event.pcm))
+            for frame in await out.frames(event.pcm):
+                await send(frame)
             if ttfa_ms is None:
                 ttfa_ms = (time.monotonic() - t_request) * 1000.0
         elif isinstance(event, TakeFinished):
             if not started:
                 await send(encode_json_frame(start_message(take, event.gpu_first_ms, model)))
+            for frame in await out.finish():  # the rest of an encoded file (nothing for native PCM)
+                await send(frame)
             new_frames = event.n_frames - take.branch_frame
             duration = new_frames / FRAME_RATE
             wall_ms = (time.monotonic() - t_request) * 1000.0
@@ -193,10 +221,17 @@ async def replay_take(
     await send(encode_json_frame(start_message(take, None, model, replay=True, first_frame=frame)))
     pacer = Pacer(state.settings.max_lead_sec)
     step = max(1, take.request.chunk_frames)
-    for first in range(frame, take.n_frames, step):
-        last = min(take.n_frames, first + step)
-        await pacer.wait((last - first) / FRAME_RATE)
-        await send(encode_pcm_frame(pcm[first * frame_bytes : last * frame_bytes]))
+    out = AudioOut(requested_format(take.request), take.request.channels)
+    try:
+        for first in range(frame, take.n_frames, step):
+            last = min(take.n_frames, first + step)
+            await pacer.wait((last - first) / FRAME_RATE)
+            for data in await out.frames(bytes(pcm[first * frame_bytes : last * frame_bytes])):
+                await send(data)
+        for data in await out.finish():
+            await send(data)
+    finally:
+        out.close()
     await send(
         encode_json_frame(
             {

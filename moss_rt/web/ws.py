@@ -23,9 +23,12 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from moss_rt.engine.base import EndReason, EngineBusy, TakeHandle
 from moss_rt.protocol import (
     SAMPLING_DEFAULTS,
+    AppendText,
     Cancel,
     ClientMessage,
+    EndOfText,
     ErrorCode,
+    FlushText,
     Ping,
     ProtocolError,
     Seek,
@@ -42,6 +45,7 @@ from moss_rt.web.guards import TokenBucket
 from moss_rt.web.security import forbidden_origin, websocket_origin_allowed
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.takes import build_spec, replay_take, resolve_model, stream_take
+from moss_rt.web.text_take import TextStreamTake
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,8 @@ class Connection:
         self._refused_in_row = 0
         self._send_lock = asyncio.Lock()
         self._take_task: asyncio.Task[None] | None = None
-        self._handle: TakeHandle | None = None
+        self._handle: TakeHandle | TextStreamTake | None = None
+        self._text_take: TextStreamTake | None = None  # the running take fed by append, if any
         self._replay_stop: EndReason | None = None  # why a running replay was stopped
         self._replaying = False  # the take task is a replay (no engine handle)
         self._stop_requested: EndReason | None = None  # a stop that came before the engine handle
@@ -229,6 +234,30 @@ class Connection:
             await self._start(msg)
         elif isinstance(msg, Seek):
             await self._seek(msg)
+        elif isinstance(msg, AppendText | FlushText | EndOfText):
+            text_take = self._waiting_for_text(msg.take)
+            if isinstance(msg, AppendText):
+                text_take.append(msg.text)
+            elif isinstance(msg, FlushText):
+                text_take.flush()
+            else:
+                text_take.end_of_text()
+
+    def _waiting_for_text(self, take: str | None) -> TextStreamTake:
+        text_take = self._text_take
+        running = self.session.running
+        if (
+            text_take is None
+            or running is not text_take.take
+            or not self._take_running()
+            or (take is not None and take not in (running.take_id, running.label))
+        ):
+            raise ProtocolError(
+                ErrorCode.NOT_FOUND,
+                "no running take is waiting for text (open one with start and stream_text: true)",
+                field="take",
+            )
+        return text_take
 
     # -- takes --------------------------------------------------------------------------
 
@@ -278,7 +307,51 @@ class Connection:
         await self._stop_take(EndReason.REPLACED, wait=True)
         model = resolve_model(self.state, request.model)
         plan = self.session.plan_start(request)
-        self._launch(plan.take, model, prefix=None, t_request=time.monotonic())
+        if request.stream_text:
+            self._launch_text_take(plan.take, model, t_request=time.monotonic())
+        else:
+            self._launch(plan.take, model, prefix=None, t_request=time.monotonic())
+
+    def _launch_text_take(self, take: TakeRecord, model: str, *, t_request: float) -> None:
+        text_take = TextStreamTake(self.state, take, self.session, self.send_frame, model=model, t_request=t_request)
+        self._text_take = text_take
+        self._handle = text_take  # cancel, barge-in and shutdown stop it like an engine take
+        self._replay_stop = None
+        self._stop_requested = None
+        self._replaying = False
+        self._take_task = asyncio.create_task(self._run_text_take(text_take), name=f"take-{take.take_id}")
+
+    async def _run_text_take(self, text_take: TextStreamTake) -> None:
+        take = text_take.take
+        holding = False
+        try:
+            self.state.client_takes.acquire(self.client)
+            holding = True
+            if self._shutting_down:
+                text_take.cancel(EndReason.SHUTDOWN)
+            await text_take.run()
+        except ProtocolError as err:
+            self.session.record_end(take, EndReason.ERROR.value, {})
+            await self._safe(self.send_error(err, take=take.take_id))
+        except EngineBusy as busy:
+            self.session.record_end(take, EndReason.ERROR.value, {})
+            await self._safe(self.send_error(busy_error(busy), take=take.take_id))
+        except ConnectionResetError:
+            log.debug("client %s left during take %s", self.client, take.take_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("take %s failed", take.take_id)
+            self.session.record_end(take, EndReason.ERROR.value, {})
+            await self._safe(self.send_error(ProtocolError(ErrorCode.INTERNAL, "generation failed"), take=take.take_id))
+        finally:
+            text_take.cancel(EndReason.CANCELLED)  # no-op once ended; frees a running continuation otherwise
+            if self._handle is text_take:
+                self._handle = None
+            if self._text_take is text_take:
+                self._text_take = None
+            if holding:
+                self.state.client_takes.release(self.client)
 
     async def _seek(self, msg: Seek) -> None:
         self._refuse_if_shutting_down()
