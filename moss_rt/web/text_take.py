@@ -99,6 +99,8 @@ class TextStreamTake:
                     if self.feed.finished:
                         reason = EndReason.DONE
                         break
+                    if self.continuations:  # speaking began, nothing to say next: the text is behind
+                        stats.text_waits += 1
                     self._wake.clear()
                     await self._wake.wait()
                     continue
@@ -180,6 +182,7 @@ class TextStreamTake:
             "gpu_first_ms": round(stats.gpu_first_ms, 2) if stats.gpu_first_ms is not None else None,
             "ttfa_ms": round(stats.ttfa_ms, 2) if stats.ttfa_ms is not None else None,
             "continuations": self.continuations,
+            "text_waits": stats.text_waits,
         }
         self._session.record_end(take, reason.value, {k: v for k, v in summary.items() if v is not None})
         if error is not None:
@@ -203,6 +206,7 @@ class _Stats:
     gpu_first_ms: float | None = None
     gpu_total_ms: float = 0.0
     ttfa_ms: float | None = None
+    text_waits: int = 0
 
 
 def _engine_id(take_id: str, index: int) -> str:
