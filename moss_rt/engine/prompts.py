@@ -23,12 +23,11 @@ class PromptTooLong(ValueError):
 
 def prompt_rows(runner: ModelRunner, spec: TakeSpec) -> np.ndarray:
     """The take's prompt rows [T, 13] (thread-safe: tokenization only, no tensors)."""
-    req = spec.request
     return runner.build_prompt(
-        text=req.text,
-        instruction=req.instruction,
-        language=req.language,
-        tokens=req.tokens,
+        text=spec.text,
+        instruction=spec.instruction,
+        language=spec.language,
+        tokens=spec.tokens,
         reference_codes=spec.reference_codes,
     )
 
@@ -41,6 +40,6 @@ def frames_room(prompt_len: int, kept_frames: int, max_seq_len: int) -> int:
         raise PromptTooLong(
             f"the prompt needs {prompt_len} positions"
             + (f" and the retake keeps {kept_frames} frames" if kept_frames else "")
-            + f", but a take's cache holds {max_seq_len}; shorten the text, instruction or reference"
+            + f", but a take's cache holds {max_seq_len} (max_seq_len); shorten the text, instruction or reference"
         )
     return room

@@ -14,19 +14,23 @@ from moss_rt.engine.base import EndReason, Engine
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.session import TakeStore
 from moss_rt.voices import VoiceStore
-from moss_rt.web.guards import ClientRequestRate, ClientTakes
+from moss_rt.web.cross_site import cross_site_middleware
+from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler, service_registry
 from moss_rt.web.openai_api import openai_errors_middleware
 from moss_rt.web.openai_api import routes as openai_routes
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
+from moss_rt.web.renders import SharedRenders
 from moss_rt.web.security import (
     auth_middleware,
+    client_connections_middleware,
     cors_middleware,
     json_errors_middleware,
     request_rate_middleware,
 )
 from moss_rt.web.state import STATE, ServiceState
+from moss_rt.web.voices_api import routes as voice_routes
 from moss_rt.web.ws import websocket_handler
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,8 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
     # every error below it, aiohttp's own included, becomes a JSON body.
     app = web.Application(
         client_max_size=settings.limits.max_upload_bytes + 1024,
+        # Idle keep-alive connections are closed after this (aiohttp's default is an hour).
+        handler_args={"keepalive_timeout": settings.http_keepalive_sec},
         # forwarded_for first: everything after it (auth logs, per-client limits) sees the client.
         # The request rate is checked before auth, so unauthenticated floods are limited too.
         middlewares=[
@@ -45,6 +51,8 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
             cors_middleware,
             openai_errors_middleware,  # /v1/ only: OpenAI's error shape around every error below
             json_errors_middleware,
+            cross_site_middleware,
+            client_connections_middleware,
             request_rate_middleware,
             auth_middleware,
         ],
@@ -56,12 +64,15 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         voices=voices,
         takes=TakeStore(),
         heard=HeardAudio(settings.heard_audio_mb * 1024 * 1024),
+        renders=SharedRenders(settings.render_buffer_mb * 1024 * 1024),
         client_takes=ClientTakes(settings.max_takes_per_client),
         request_rate=ClientRequestRate(settings.http_requests_per_sec, settings.http_request_burst),
+        client_connections=ClientConnections(settings.max_connections_per_client),
         trusted_proxies=parse_networks(settings.trusted_proxies),
     )
     app[STATE].metrics_registry = service_registry(app[STATE])
     app.add_routes(routes)
+    app.add_routes(voice_routes)
     app.add_routes(openai_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
@@ -76,7 +87,8 @@ async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     await state.voices.load()
     # Loading real weights takes a while; serve /healthz meanwhile and flip /readyz when done.
-    loader = asyncio.create_task(state.engine.start(), name="engine-start")
+    # The engine is an async context manager; its enter (load, warm up) runs in the background.
+    loader = asyncio.create_task(_enter(state.engine), name="engine-start")
     loader.add_done_callback(_log_engine_start)
     yield
     state.shutting_down = True
@@ -84,7 +96,12 @@ async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
         loader.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await loader
-    await state.engine.close()
+    await state.renders.close()
+    await state.engine.__aexit__(None, None, None)
+
+
+async def _enter(engine: Engine) -> None:
+    await engine.__aenter__()
 
 
 def _log_engine_start(task: asyncio.Task[None]) -> None:

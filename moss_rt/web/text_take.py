@@ -21,12 +21,12 @@ import logging
 import time
 
 from moss_rt.engine.base import AudioChunk, EndReason, EngineBusy, TakeFinished, TakeFirstAudio, TakeHandle
-from moss_rt.protocol import FRAME_RATE, ErrorCode, ProtocolError, encode_json_frame, error_message
+from moss_rt.protocol import FRAME_RATE, UNSET, ErrorCode, ErrorMessage, ProtocolError, TakeEnded
 from moss_rt.session import DirectingSession, TakeRecord
 from moss_rt.text_feed import TextFeed
 from moss_rt.web.audio_out import AudioOut, requested_format
 from moss_rt.web.state import ServiceState
-from moss_rt.web.takes import Pacer, SendFrame, build_spec, bytes_per_frame, start_message
+from moss_rt.web.takes import Pacer, SendFrame, build_spec, bytes_per_frame, frame_of, start_message
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class TextStreamTake:
             spec,
             take_id=_engine_id(take.take_id, self.continuations),
             parent_take=previous,
-            request=dataclasses.replace(spec.request, max_new_tokens=budget),
+            max_frames=budget,
         )
         self.continuations += 1
         handle = await self.state.engine.submit(spec)
@@ -152,7 +152,7 @@ class TextStreamTake:
                         stats.gpu_first_ms = event.gpu_first_ms
                 elif isinstance(event, AudioChunk):
                     if not stats.started:
-                        await self._send(encode_json_frame(start_message(take, stats.gpu_first_ms, self._model)))
+                        await self._send(frame_of(start_message(take, stats.gpu_first_ms, self._model)))
                         stats.started = True
                     self._session.record_chunk(take, event.first_frame, event.codes)
                     self.state.heard.append(take.take_id, event.first_frame, event.pcm)
@@ -172,32 +172,33 @@ class TextStreamTake:
     async def _finish(self, reason: EndReason, error: ProtocolError | None, out: AudioOut, stats: _Stats) -> None:
         take = self.take
         if not stats.started:
-            await self._send(encode_json_frame(start_message(take, stats.gpu_first_ms, self._model)))
+            await self._send(frame_of(start_message(take, stats.gpu_first_ms, self._model)))
         for frame in await out.finish():
             await self._send(frame)
         new_frames = take.n_frames - take.branch_frame
         wall_ms = (time.monotonic() - self._t_request) * 1000.0
-        summary = {
+        timings = {
             "gpu_total_ms": round(stats.gpu_total_ms, 2),
             "gpu_first_ms": round(stats.gpu_first_ms, 2) if stats.gpu_first_ms is not None else None,
             "ttfa_ms": round(stats.ttfa_ms, 2) if stats.ttfa_ms is not None else None,
-            "continuations": self.continuations,
-            "text_waits": stats.text_waits,
-        }
-        self._session.record_end(take, reason.value, {k: v for k, v in summary.items() if v is not None})
-        if error is not None:
-            await self._send(encode_json_frame(error_message(error, take=take.take_id).to_dict()))
-        end = {
-            "type": "end",
-            "take": take.take_id,
-            "reason": reason.value,
-            "n_frames": take.n_frames,
-            "new_frames": new_frames,
-            "duration_sec": round(take.n_frames / FRAME_RATE, 3),
             "rtf": round((new_frames / FRAME_RATE) / (wall_ms / 1000.0), 3) if wall_ms > 0 else None,
-            **{k: v for k, v in summary.items() if v is not None},
         }
-        await self._send(encode_json_frame(end))
+        # How the text came: continuations generated, and waits for text once speaking had begun.
+        text_stats = {"continuations": self.continuations, "text_waits": stats.text_waits}
+        recorded = {k: v for k, v in timings.items() if v is not None}
+        self._session.record_end(take, reason.value, {**recorded, **text_stats})
+        if error is not None:
+            await self._send(frame_of(ErrorMessage.of(error, take=take.take_id)))
+        end = TakeEnded(
+            take=take.take_id,
+            reason=reason.value,
+            n_frames=take.n_frames,
+            new_frames=new_frames,
+            duration_sec=round(take.n_frames / FRAME_RATE, 3),
+            **{k: UNSET if v is None else v for k, v in timings.items()},
+            extra=text_stats,
+        )
+        await self._send(frame_of(end))
 
 
 @dataclasses.dataclass
