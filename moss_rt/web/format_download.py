@@ -1,9 +1,10 @@
 """Take downloads in another format (``?format=`` / ``?sample_rate=``): the take's PCM through an encoder.
 
-A layer over the WAV download: the same stored PCM (held streamed audio, or a render of the codes)
-is cut into pieces, each piece is encoded in a worker thread (:class:`~moss_rt.formats.encoder.AsyncEncoder`)
-and written as soon as it is encoded, so nothing but one piece and its encoded bytes is built per
-client. Each write must go out within the send-stall timeout, as for every stream.
+A layer over the WAV download: the same stored PCM (held streamed audio, or a render of the
+codes, read through :func:`~moss_rt.web.downloads.take_pcm`) is read in pieces, each piece is
+encoded in a worker thread (:class:`~moss_rt.formats.encoder.AsyncEncoder`) and written as soon
+as it is encoded, so nothing but one piece and its encoded bytes is built per client. Each write
+must go out within the send-stall timeout, as for every stream.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from moss_rt.formats import AudioFormat
 from moss_rt.formats.encoder import AsyncEncoder
 from moss_rt.protocol import FRAME_SAMPLES
 from moss_rt.session import TakeRecord
+from moss_rt.web.downloads import ReadPiece
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +34,9 @@ def wants_other_format(query: dict[str, str] | object) -> bool:
 
 
 async def send_encoded(
-    request: web.Request, take: TakeRecord, pcm: bytes | bytearray, fmt: AudioFormat, write: Write
+    request: web.Request, take: TakeRecord, read: ReadPiece, fmt: AudioFormat, write: Write
 ) -> web.StreamResponse:
-    """Stream the take's first ``take.n_frames`` frames of ``pcm`` encoded as ``fmt`` (an attachment)."""
+    """Stream the take's ``take.n_frames`` frames, read piece by piece, encoded as ``fmt`` (an attachment)."""
     channels = take.request.channels
     piece = FRAMES_PER_PIECE * FRAME_SAMPLES * 2 * channels
     total = take.n_frames * FRAME_SAMPLES * 2 * channels
@@ -51,7 +53,13 @@ async def send_encoded(
     try:
         await response.prepare(request)
         for offset in range(0, total, piece):
-            data = await encoder.encode(bytes(pcm[offset : min(total, offset + piece)]))
+            pcm = read(offset, min(piece, total - offset))
+            if pcm is None:  # the held audio was evicted meanwhile: a cut file must not look whole
+                log.warning("download of take %s cut short: its audio was evicted meanwhile", take.take_id)
+                if request.transport is not None:
+                    request.transport.abort()
+                return response
+            data = await encoder.encode(bytes(pcm))
             if data:
                 await write(response, data)
         tail = await encoder.finish()
