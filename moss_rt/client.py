@@ -118,6 +118,14 @@ class DirectingClient:
     async def start(self, text: str, **fields: Any) -> None:
         await self.send({"type": "start", "text": text, **fields})
 
+    async def append(self, text: str) -> None:
+        """More text for the take opened with ``start(..., stream_text=True)``."""
+        await self.send({"type": "append", "text": text})
+
+    async def end_of_text(self) -> None:
+        """No more text: the streamed take ends once everything is spoken."""
+        await self.send({"type": "end_of_text"})
+
     async def cancel(self, take: str | None = None) -> None:
         await self.send({"type": "cancel", **({"take": take} if take else {})})
 

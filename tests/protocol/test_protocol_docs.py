@@ -45,7 +45,8 @@ def test_client_examples_decode(doc: str) -> None:
     for block in code_blocks(doc, "json"):
         for line in block.strip().splitlines():
             obj = json.loads(line)
-            if obj.get("type") in ("start", "cancel", "seek", "ping") and "sr" not in obj and "from_take" not in obj:
+            client_types = ("start", "cancel", "seek", "ping", "append", "flush", "end_of_text")
+            if obj.get("type") in client_types and "sr" not in obj and "from_take" not in obj:
                 decode_client_text(line)
                 client += 1
     assert client >= 5
