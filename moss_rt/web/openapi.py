@@ -59,7 +59,10 @@ def _stream_request_schema(app: web.Application) -> dict[str, Any]:
     fields = dict(_stream_fields(limits))
     fields["take"] = Field("str", None, max_length=64, nullable=True)
     fields["channels"] = Field("int", 1, choices=(1, 2))
+    fields["format"] = Field("str", None, choices=FORMATS, nullable=True)
+    fields["sample_rate"] = Field("int", None, choices=SAMPLE_RATES, nullable=True)
     props = {name: _field_schema(spec) for name, spec in fields.items()}
+    props["format"]["description"] = "deliver the audio as tag-2 frames in this format (docs/protocol.md)"
     props["text"]["pattern"] = NON_BLANK  # blank text is refused
     props["text"]["description"] = "what to say; must contain a non-blank character"
     props["tokens"]["description"] = "duration hint in 80 ms frames"

@@ -22,6 +22,8 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from moss_rt.engine.base import EndReason, EngineBusy, TakeHandle
 from moss_rt.protocol import (
+    AUDIO_FORMATS,
+    AUDIO_SAMPLE_RATES,
     AppendText,
     Cancel,
     ClientMessage,
@@ -141,6 +143,9 @@ class Connection:
                 limits=self.state.settings.limits,
                 engine=info.name,
                 sampling=True,
+                # What start may ask for: delivery formats (tag-2 frames) and their rates.
+                formats=list(AUDIO_FORMATS),
+                sample_rates=list(AUDIO_SAMPLE_RATES),
             )
         )
         idle = self.state.settings.ws_idle_timeout_sec

@@ -56,6 +56,7 @@ def test_websocket_start_with_a_format(server: RunningServer, fmt: str, rate: in
 def test_native_pcm_is_unchanged(server: RunningServer) -> None:
     async def scenario() -> Any:
         async with DirectingClient.connect(server.ws_url) as client:
+            assert client.hello["formats"] == list(FORMATS) and client.hello["sample_rates"] == [48000, 24000, 16000]
             return await client.speak("Plain.", format="pcm", sample_rate=48000)
 
     take = run(scenario())
