@@ -171,3 +171,17 @@ def test_streamed_take_in_a_format(scripted_server: RunningServer) -> None:
     assert not take.pcm  # encoded takes send no tag-1 PCM
     decoded = decode(bytes(take.encoded), "flac")
     assert decoded.sample_rate == 16000 and decoded.samples == take.end["n_frames"] * FRAME_SAMPLES // 3
+
+
+def test_a_new_start_replaces_a_take_waiting_for_text(scripted_server: RunningServer) -> None:
+    async def scenario() -> None:
+        async with DirectingClient.connect(scripted_server.ws_url) as client:
+            await client.send({"type": "start", "stream_text": True, "text": "Waiting for the rest"})
+            await client.ping()  # the take is open, its text not ready: nothing is generating
+            await client.start("Something else entirely.")
+            first_end = await next_message(client, "end")
+            assert first_end["reason"] == "replaced" and first_end["n_frames"] == 0
+            second = await client.collect()
+            assert second.end["reason"] == "done" and second.take_id != first_end["take"]
+
+    run(scenario())
