@@ -16,8 +16,8 @@ import requests
 
 from moss_rt.cli import build_parser
 from moss_rt.config import Settings, settings_from_env
-from tests.conftest import free_port
 from tests.ecosystem.audio_check import decode
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

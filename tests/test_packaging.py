@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import free_port
 from tests.ecosystem.audio_check import decode
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

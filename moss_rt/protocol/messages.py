@@ -137,6 +137,11 @@ class StartTake:
         sampling = SamplingParams(**{k: values.pop(k) for k in SAMPLING_FIELDS})
         return cls(sampling=sampling, **values)
 
+    def delivery(self) -> tuple[str, int] | None:
+        """The (format, sample_rate) the audio is delivered in as tag-2 frames; None for native 48 kHz PCM."""
+        name, rate = self.format or "pcm", self.sample_rate or SAMPLE_RATE
+        return None if (name, rate) == ("pcm", SAMPLE_RATE) else (name, rate)
+
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sampling"}
         out.update(dataclasses.asdict(self.sampling))

@@ -1,20 +1,20 @@
 """One take for one HTTP request: admission and release, shared by ``POST /api/stream`` and ``/v1/audio/speech``.
 
-Both routes admit a take the same way (model, the client's take cap, the engine queue) and free the
-same things when the request ends however it ends (client gone, shutdown, error), so limits, busy
-answers and clean-up cannot drift apart between the legacy stream and the OpenAI-compatible one.
+Both routes admit a take the same way (model, the client's take cap, a one-take
+:class:`~moss_rt.web.takes.OneTake` session, the engine queue) and free the same things when the
+request ends however it ends (client gone, shutdown, error), so limits, busy answers and clean-up
+cannot drift apart between the legacy stream and the OpenAI-compatible one.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from moss_rt.engine.base import EndReason, TakeHandle
+from moss_rt.engine.base import EndReason
 from moss_rt.protocol import ErrorCode, ProtocolError, StartTake
-from moss_rt.session import DirectingSession, TakeRecord
+from moss_rt.session import TakeRecord
 from moss_rt.web.state import ServiceState
-from moss_rt.web.takes import SendFrame, build_spec, resolve_model, stream_take
+from moss_rt.web.takes import OneTake, SendFrame
 
 
 @dataclass
@@ -23,23 +23,21 @@ class HttpTake:
 
     state: ServiceState
     client: str
-    model: str
-    take: TakeRecord
-    session: DirectingSession
-    handle: TakeHandle
-    t_request: float = field(default_factory=time.monotonic)
+    one: OneTake
 
-    async def stream(self, send: SendFrame):  # type: ignore[no-untyped-def]
-        """Forward the take's frames (start, PCM, end) to ``send``; returns the TakeFinished event."""
-        return await stream_take(
-            self.state, self.handle, self.take, self.session, send, t_request=self.t_request, model=self.model
-        )
+    @property
+    def take(self) -> TakeRecord:
+        return self.one.take
+
+    async def stream(self, send: SendFrame) -> None:
+        """Send the take's frames (start, audio, end) as the WebSocket channel would."""
+        await self.one.stream(send, max_lead_sec=self.state.settings.max_lead_sec)
 
     def release(self) -> None:
         """Stop the take if it still runs (a client that left must free its engine slot) and give
         back the client's take place."""
-        self.handle.cancel(EndReason.CANCELLED)
-        self.state.http_takes.discard(self.handle)
+        self.one.handle.cancel(EndReason.CANCELLED)
+        self.state.http_takes.discard(self.one.handle)
         self.state.client_takes.release(self.client)
 
 
@@ -51,18 +49,15 @@ async def admit_http_take(state: ServiceState, client: str, start: StartTake, *,
     """
     if state.shutting_down:
         raise ProtocolError(ErrorCode.BUSY, "the service is shutting down")
-    model = resolve_model(state, start.model)
+    OneTake.check(state, start)  # an unknown model is refused before the take counts
     state.client_takes.acquire(client)  # rate_limited (429) past max_takes_per_client
     try:
-        session = DirectingSession(state.takes, max_takes=1)
-        plan = session.plan_start(start)
-        spec = await build_spec(state, plan.take)
-        handle = await state.engine.submit(spec)
+        one = await OneTake.open(state, start, received_at=t_request)
     except BaseException:  # a refusal, a 500 or a cancelled request must not keep the client's place
         state.client_takes.release(client)
         raise
     # Shutdown ends this take with reason "shutdown"; the transport still sends its end.
-    state.http_takes.add(handle)
+    state.http_takes.add(one.handle)
     if state.shutting_down:
-        handle.cancel(EndReason.SHUTDOWN)
-    return HttpTake(state, client, model, plan.take, session, handle, t_request)
+        one.handle.cancel(EndReason.SHUTDOWN)
+    return HttpTake(state, client, one)

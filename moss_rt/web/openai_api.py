@@ -253,14 +253,15 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         encoder = AsyncEncoder(speech.format, speech.start.channels, speed=speech.speed)
         writer = SpeechWriter(encoder, write, sse=sse)
         await response.prepare(request)
-        finished = await admitted.stream(writer.on_frame)
-        if finished.reason in (EndReason.DONE, EndReason.MAX_FRAMES):
+        await admitted.stream(writer.on_frame)
+        ended = str(writer.end.get("reason", "error"))
+        if ended in (EndReason.DONE.value, EndReason.MAX_FRAMES.value):
             await writer.finish()
             await response.write_eof()
         else:
             # Cancelled, shut down or failed mid-take: a truncated file must not look complete.
-            reason = (writer.error or {}).get("message") or f"the take ended early ({finished.reason.value})"
-            log.info("speech take %s ended with %s; ending the response as failed", take_id, finished.reason.value)
+            reason = (writer.error or {}).get("message") or f"the take ended early ({ended})"
+            log.info("speech take %s ended with %s; ending the response as failed", take_id, ended)
             if sse:
                 await writer.fail(reason)
                 await response.write_eof()

@@ -10,7 +10,7 @@ import pytest
 
 from moss_rt.config import Settings
 from moss_rt.engine.moss import MossEngine
-from tests.conftest import RunningServer, ServerThread, free_port
+from tests.helpers import RunningServer, ServerThread, free_port
 
 # Greedy stop head: the tiny model is biased to continue, so a take runs to max_new_tokens and its
 # length is known exactly (frames x 3840 samples at 48 kHz).

@@ -11,9 +11,9 @@ import requests
 
 from moss_rt.formats import FORMATS
 from moss_rt.protocol import FRAME_SAMPLES
-from tests.conftest import RunningServer
 from tests.ecosystem.audio_check import assert_length, decode, decode_samples, opus_input_rate
 from tests.ecosystem.conftest import EXACT
+from tests.helpers import RunningServer
 
 FRAMES = 12
 

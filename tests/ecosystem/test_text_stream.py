@@ -15,9 +15,8 @@ import pytest
 
 from moss_rt.client import DirectingClient, TakeAudio
 from moss_rt.protocol import FRAME_SAMPLES, ServerMessage
-from tests.conftest import RunningServer
 from tests.ecosystem.audio_check import decode
-from tests.engine.helpers import next_message
+from tests.helpers import RunningServer, next_message
 from tests.web.conftest import scripted
 from tests.web.helpers import frame_indices
 

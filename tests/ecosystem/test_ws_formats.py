@@ -12,10 +12,9 @@ import requests
 from moss_rt.client import DirectingClient, EncodedAudio
 from moss_rt.formats import FORMATS
 from moss_rt.protocol import TAG_AUDIO, TAG_PCM, FrameReader
-from tests.conftest import RunningServer
 from tests.ecosystem.audio_check import assert_length, decode, opus_input_rate
 from tests.ecosystem.conftest import EXACT
-from tests.engine.helpers import next_message
+from tests.helpers import RunningServer, next_message
 from tests.web.conftest import scripted
 
 FRAME = 3840
