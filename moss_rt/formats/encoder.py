@@ -14,13 +14,12 @@ five codecs and the tempo filter. PyAV's wheels bundle FFmpeg with libmp3lame, l
 native AAC and FLAC encoders, so nothing outside the wheel is needed.
 
 Encoding costs CPU (about a millisecond per 80 ms frame for MP3 and AAC); callers on the event
-loop run ``encode``/``finish`` in a worker thread (:class:`AsyncEncoder` does).
+loop run ``encode``/``finish`` in a worker thread (:class:`~moss_rt.formats.async_encoder.AsyncEncoder` does).
 An encoder is not thread-safe: one caller at a time, in order.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from fractions import Fraction
 
@@ -224,25 +223,3 @@ def encode_all(pcm: bytes, fmt: AudioFormat, channels: int, *, speed: float = 1.
     encoder = StreamEncoder(fmt, channels, speed=speed)
     return encoder.encode(pcm) + encoder.finish()
 
-
-class AsyncEncoder:
-    """A :class:`StreamEncoder` for the event loop: each call runs in a worker thread, in order."""
-
-    def __init__(self, fmt: AudioFormat, channels: int, *, speed: float = 1.0) -> None:
-        self._encoder = StreamEncoder(fmt, channels, speed=speed)
-        self._lock = asyncio.Lock()  # one call at a time: the encoder keeps codec state
-
-    @property
-    def format(self) -> AudioFormat:
-        return self._encoder.format
-
-    async def encode(self, pcm: bytes) -> bytes:
-        async with self._lock:
-            return await asyncio.to_thread(self._encoder.encode, pcm)
-
-    async def finish(self) -> bytes:
-        async with self._lock:
-            return await asyncio.to_thread(self._encoder.finish)
-
-    def close(self) -> None:
-        self._encoder.close()

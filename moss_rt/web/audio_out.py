@@ -11,7 +11,7 @@ complete (:class:`~moss_rt.session.FinishAudio`), right before the take's ``end`
 from __future__ import annotations
 
 from moss_rt.formats import AudioFormat
-from moss_rt.formats.encoder import AsyncEncoder
+from moss_rt.formats.async_encoder import AsyncEncoder
 from moss_rt.protocol import StartTake, encode_audio_frame, encode_pcm_frame
 from moss_rt.session import TakeRecord
 

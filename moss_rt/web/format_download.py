@@ -2,7 +2,7 @@
 
 A layer over the WAV download: the same stored PCM (held streamed audio, or a render of the
 codes, read through :func:`~moss_rt.web.downloads.take_pcm`) is read in pieces, each piece is
-encoded in a worker thread (:class:`~moss_rt.formats.encoder.AsyncEncoder`) and written as soon
+encoded in a worker thread (:class:`~moss_rt.formats.async_encoder.AsyncEncoder`) and written as soon
 as it is encoded, so nothing but one piece and its encoded bytes is built per client. Each write
 must go out within the send-stall timeout, as for every stream.
 """
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from moss_rt.formats import AudioFormat
-from moss_rt.formats.encoder import AsyncEncoder
+from moss_rt.formats.async_encoder import AsyncEncoder
 from moss_rt.protocol import FRAME_SAMPLES
 from moss_rt.session import TakeRecord
 from moss_rt.web.downloads import ReadPiece

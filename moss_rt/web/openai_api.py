@@ -30,7 +30,7 @@ from aiohttp import web
 
 from moss_rt.engine.base import EndReason, EngineBusy
 from moss_rt.formats import MAX_SPEED, MIN_SPEED, AudioFormat, parse_audio_format
-from moss_rt.formats.encoder import AsyncEncoder
+from moss_rt.formats.async_encoder import AsyncEncoder
 from moss_rt.protocol import (
     SAMPLE_RATE,
     SAMPLING_DEFAULTS,

@@ -6,10 +6,7 @@ import io
 import struct
 from dataclasses import dataclass
 
-import av
 import numpy as np
-
-from moss_rt.formats.encoder import DECODE_SLACK
 
 
 @dataclass(frozen=True)
@@ -24,6 +21,8 @@ def decode(data: bytes, fmt: str, *, pcm_rate: int = 24000, pcm_channels: int = 
     if fmt == "pcm":
         assert len(data) % (2 * pcm_channels) == 0, "raw PCM must hold whole samples"
         return Decoded(len(data) // (2 * pcm_channels), pcm_rate, pcm_channels)
+    import av  # here, not at the top: modules that only decode pcm or wav do not need PyAV
+
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.audio[0]
         samples = sum(frame.samples for frame in container.decode(stream))
@@ -34,6 +33,8 @@ def decode_samples(data: bytes, fmt: str, *, pcm_rate: int = 24000, pcm_channels
     """The decoded audio as int16 [samples, channels] (``pcm_rate`` is only needed for raw pcm)."""
     if fmt == "pcm":
         return np.frombuffer(data, dtype="<i2").reshape(-1, pcm_channels)
+    import av
+
     parts: list[np.ndarray] = []
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.audio[0]
@@ -57,4 +58,6 @@ def assert_length(decoded: Decoded, fmt: str, expected: int) -> None:
 
     ``expected`` counts samples per channel at the decoded rate.
     """
+    from moss_rt.formats.encoder import DECODE_SLACK
+
     assert expected <= decoded.samples <= expected + DECODE_SLACK[fmt], (fmt, decoded.samples, expected)
