@@ -280,7 +280,7 @@ class EndOfText:
 
 
 ClientMessage = StartTake | Cancel | Seek | Ping | AppendText | FlushText | EndOfText
-CLIENT_TYPES: dict[str, type[ClientMessage]] = {  # type: ignore[valid-type]
+CLIENT_TYPES: dict[str, type[ClientMessage]] = {
     "start": StartTake,
     "cancel": Cancel,
     "seek": Seek,

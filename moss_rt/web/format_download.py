@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from moss_rt.engine.base import EngineBusy
 from moss_rt.formats import AudioFormat
 from moss_rt.formats.async_encoder import AsyncEncoder
 from moss_rt.protocol import FRAME_SAMPLES
@@ -53,13 +54,7 @@ async def send_encoded(
     try:
         await response.prepare(request)
         for offset in range(0, total, piece):
-            pcm = read(offset, min(piece, total - offset))
-            if pcm is None:  # the held audio was evicted meanwhile: a cut file must not look whole
-                log.warning("download of take %s cut short: its audio was evicted meanwhile", take.take_id)
-                if request.transport is not None:
-                    request.transport.abort()
-                return response
-            data = await encoder.encode(bytes(pcm))
+            data = await encoder.encode(await read(offset, min(piece, total - offset)))
             if data:
                 await write(response, data)
         tail = await encoder.finish()
@@ -68,6 +63,11 @@ async def send_encoded(
         await response.write_eof()
     except ConnectionResetError:
         log.info("download of take %s as %s: client %s left or stopped reading", take.take_id, fmt.name, request.remote)
+    except EngineBusy:
+        # Evicted mid-download and no render possible now: a cut file must not look whole.
+        log.warning("download of take %s cut short: its audio was evicted and the engine is busy", take.take_id)
+        if request.transport is not None:
+            request.transport.abort()
     finally:
         encoder.close()
     return response

@@ -288,7 +288,7 @@ _OPENAI_STATUS = {422: 400}  # OpenAI answers every invalid parameter with 400
 @web.middleware
 async def openai_errors_middleware(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
     """Rewrite error answers under ``/v1/`` (ours, auth's, aiohttp's) into OpenAI's error shape."""
-    response = await handler(request)
+    response: web.StreamResponse = await handler(request)
     if (
         not request.path.startswith("/v1/")
         or response.status < 400
