@@ -312,6 +312,8 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                                 "ready": {"type": "boolean"},
                                 "sr": {"type": "integer"},
                                 "limits": obj,
+                                # slots, positions and where the GPU memory goes; null until made at start
+                                "memory_plan": {"type": ["object", "null"]},
                             },
                         },
                     ),
