@@ -313,7 +313,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                                 "sr": {"type": "integer"},
                                 "limits": obj,
                                 # slots, positions and where the GPU memory goes; null until made at start
-                                "memory_plan": {"type": ["object", "null"]},
+                                "memory_plan": {"type": "object", "nullable": True},
                             },
                         },
                     ),
