@@ -21,7 +21,12 @@ def setup_logging(level: str) -> None:
 
 
 def build_engine(settings: Settings):  # type: ignore[no-untyped-def]
-    """The engine named by settings (imported lazily: the scripted one needs no torch)."""
+    """The engine named by settings (imported lazily: the scripted one needs no torch, and only
+    cluster mode imports Ray)."""
+    if settings.cluster:
+        from moss_rt.cluster.router import ClusterEngine
+
+        return ClusterEngine(settings)
     if settings.engine == "scripted":
         from moss_rt.engine.scripted import ScriptedEngine
 
@@ -79,6 +84,14 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--send-stall-timeout-sec", type=float, default=base.send_stall_timeout_sec)
     p.add_argument("--shutdown-grace-sec", type=float, default=base.shutdown_grace_sec)
     p.add_argument("--log-level", default=base.log_level)
+    p.add_argument(
+        "--cluster",
+        default=base.cluster,
+        help="run the engine as replicas on Ray: 'auto' (join the local cluster or start one) or a Ray address "
+        "(HOST:PORT); empty (default): in this process (docs/cluster.md)",
+    )
+    p.add_argument("--replicas", type=int, default=base.replicas, help="with --cluster: 0 = one per GPU")
+    p.add_argument("--replica-cpus", type=float, default=base.replica_cpus, help="with --cluster: CPUs per replica")
     p.set_defaults(func=run_serve, base=base)
 
 
@@ -117,11 +130,15 @@ def run_serve(args: argparse.Namespace) -> int:
         send_stall_timeout_sec=args.send_stall_timeout_sec,
         shutdown_grace_sec=args.shutdown_grace_sec,
         log_level=args.log_level,
+        cluster=args.cluster,
+        replicas=args.replicas,
+        replica_cpus=args.replica_cpus,
     )
     setup_logging(settings.log_level)
     engine = build_engine(settings)
     app = create_app(settings, engine)
-    log.info("moss_rt on http://%s:%d (engine %s)", settings.host, settings.port, settings.engine)
+    log.info("moss_rt on http://%s:%d (engine %s%s)", settings.host, settings.port, settings.engine,
+             f", cluster {settings.cluster}" if settings.cluster else "")
     # run_app turns SIGTERM and SIGINT into a graceful exit: stop listening, then the app's
     # on_shutdown ends running takes with reason "shutdown" and closes sockets with 1001.
     web.run_app(

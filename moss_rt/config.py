@@ -69,6 +69,11 @@ class Settings:
     token_ttl_sec: float = 600.0  # lifetime of browser tokens from POST /api/token
     limits: Limits = field(default_factory=Limits)
     log_level: str = "INFO"
+    # Cluster mode (docs/cluster.md): "" runs the engine in this process; "auto" or a Ray address
+    # runs it as replicas on a Ray cluster, this process being one of its front ends.
+    cluster: str = ""
+    replicas: int = 0  # engine replicas; 0: one per GPU in the cluster (one without GPUs)
+    replica_cpus: float = 1.0  # CPUs Ray reserves for each replica
 
     @property
     def voices_store_dir(self) -> Path:

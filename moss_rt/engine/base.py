@@ -75,6 +75,7 @@ class TakeFinished:
     gpu_first_ms: float | None = None
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    error_code: str | None = None  # wire error code for reason ERROR (default ``internal``)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,9 @@ TakeEvent = TakeFirstAudio | AudioChunk | TakeFinished
 
 class TakeHandle(Protocol):
     take_id: str
+    # True when a retake could not reuse its parent's cache where it was kept (a cluster replica
+    # gone or full) and was rebuilt elsewhere from the stored codes; the seek ack reports it.
+    rebuilt: bool
 
     def __aiter__(self) -> AsyncIterator[TakeEvent]: ...
 
@@ -104,6 +108,7 @@ class EngineInfo:
     demo: bool  # True when serving a tiny random-weight model (noise)
     device: str
     details: dict[str, str] = field(default_factory=dict)
+    replicas: tuple[dict[str, object], ...] = ()  # a cluster's replicas (name, ready, load...); empty otherwise
 
 
 class Engine(Protocol):

@@ -19,6 +19,7 @@ class ErrorCode(enum.StrEnum):
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN_ORIGIN = "forbidden_origin"
     INTERNAL = "internal"
+    REPLICA_LOST = "replica_lost"  # cluster mode: the engine replica running the take died
 
 
 class ProtocolError(Exception):

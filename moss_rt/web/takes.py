@@ -159,7 +159,7 @@ async def stream_take(
                     encode_json_frame(
                         {
                             "type": "error",
-                            "code": ErrorCode.INTERNAL.value,
+                            "code": event.error_code or ErrorCode.INTERNAL.value,
                             "message": event.error or "generation failed",
                             "fatal": False,
                             "take": take.take_id,

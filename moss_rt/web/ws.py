@@ -286,8 +286,8 @@ class Connection:
         plan: SeekPlan = self.session.plan_seek(msg)
         await self._stop_take(EndReason.REPLACED, wait=True)
         model = resolve_model(self.state, plan.take.request.model)
-        await self.send_json({"type": "seek", **plan.ack()})
         if plan.mode == "replay":
+            await self.send_json({"type": "seek", **plan.ack()})
             self._handle = None
             self._replay_stop = None
             self._stop_requested = None
@@ -298,22 +298,44 @@ class Connection:
                 self._replay(plan.source, plan.frame, model), name=f"replay-{plan.source.take_id}"
             )
         else:
-            self._launch(plan.take, model, prefix=plan.prefix_codes, t_request=t_request)
+            # A retake is acknowledged once admitted: only then is it known whether the engine
+            # reuses the parent's cache or rebuilt it (a cluster replica lost or full).
+            self._launch(plan.take, model, prefix=plan.prefix_codes, t_request=t_request, ack=plan.ack())
 
-    def _launch(self, take: TakeRecord, model: str, *, prefix: np.ndarray | None, t_request: float) -> None:
+    def _launch(
+        self,
+        take: TakeRecord,
+        model: str,
+        *,
+        prefix: np.ndarray | None,
+        t_request: float,
+        ack: dict[str, object] | None = None,
+    ) -> None:
         self._handle = None
         self._replay_stop = None
         self._stop_requested = None
         self._replaying = False
         self._take_task = asyncio.create_task(
-            self._run_take(take, model, prefix, t_request), name=f"take-{take.take_id}"
+            self._run_take(take, model, prefix, t_request, ack), name=f"take-{take.take_id}"
         )
 
     async def _run_take(
-        self, take: TakeRecord, model: str, prefix: np.ndarray | None, t_request: float
+        self,
+        take: TakeRecord,
+        model: str,
+        prefix: np.ndarray | None,
+        t_request: float,
+        ack: dict[str, object] | None,
     ) -> None:
         handle: TakeHandle | None = None
         holding = False
+
+        async def send_ack(rebuilt: bool) -> None:
+            nonlocal ack
+            if ack is not None:
+                body, ack = ack, None
+                await self.send_json({"type": "seek", **body, "rebuilt": rebuilt})
+
         try:
             # Counted per client address across all its sockets and HTTP streams.
             self.state.client_takes.acquire(self.client)
@@ -321,6 +343,7 @@ class Connection:
             spec = await build_spec(self.state, take, prefix_codes=prefix)
             handle = await self.state.engine.submit(spec)
             self._handle = handle
+            await send_ack(handle.rebuilt)
             # Stops that arrived while we were being admitted apply now (the first one wins).
             if self._stop_requested is not None:
                 handle.cancel(self._stop_requested)
@@ -333,9 +356,11 @@ class Connection:
             await stream_take(self.state, handle, take, self.session, self.send_frame, t_request=t_request, model=model)
         except ProtocolError as err:
             self.session.record_end(take, EndReason.ERROR.value, {})
+            await self._safe(send_ack(False))
             await self._safe(self.send_error(err, take=take.take_id))
         except EngineBusy as busy:
             self.session.record_end(take, EndReason.ERROR.value, {})
+            await self._safe(send_ack(False))
             await self._safe(self.send_error(busy_error(busy), take=take.take_id))
         except ConnectionResetError:
             log.debug("client %s left during take %s", self.client, take.take_id)  # nobody to tell
@@ -344,6 +369,7 @@ class Connection:
         except Exception:
             log.exception("take %s failed", take.take_id)
             self.session.record_end(take, EndReason.ERROR.value, {})
+            await self._safe(send_ack(False))
             await self._safe(self.send_error(ProtocolError(ErrorCode.INTERNAL, "generation failed"), take=take.take_id))
         finally:
             if handle is not None:
