@@ -83,6 +83,13 @@ def _wav_truncated(data: bytes) -> bool:
     return False
 
 
+def _decode_failure(exc: Exception) -> str:
+    """Why libsndfile refused the bytes, without its ``Error opening <_io.BytesIO object at 0x...>:`` preamble
+    (the object's repr means nothing to the person who uploaded the file)."""
+    reason = getattr(exc, "error_string", None) or str(exc)
+    return reason.split(">: ", 1)[-1].strip() if "object at 0x" in reason else reason.strip()
+
+
 def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int]:
     """Validate audio bytes: returns (duration s, sample rate, channels) or raises InvalidUpload.
 
@@ -96,7 +103,7 @@ def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int]:
     try:
         info = sf.info(io.BytesIO(data))
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise InvalidUpload(f"not a readable audio file: {exc}") from None
+        raise InvalidUpload(f"not a readable audio file: {_decode_failure(exc)}") from None
     sr, channels, declared = int(info.samplerate), int(info.channels), int(info.frames)
     if not limits.min_upload_sample_rate <= sr <= limits.max_upload_sample_rate:
         raise InvalidUpload(
@@ -135,7 +142,7 @@ def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int]:
                 if not np.isfinite(block).all():
                     raise InvalidUpload("the audio holds non-finite samples")
     except (sf.LibsndfileError, RuntimeError, ValueError) as exc:
-        raise InvalidUpload(f"the audio could not be decoded (truncated or damaged?): {exc}") from None
+        raise InvalidUpload(f"the audio could not be decoded (truncated or damaged?): {_decode_failure(exc)}") from None
     if decoded == 0:
         raise InvalidUpload("the audio holds no samples")
     exact = info.format in _EXACT_LENGTH_FORMATS

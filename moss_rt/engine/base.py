@@ -16,6 +16,22 @@ import numpy as np
 
 from moss_rt.protocol import StartTake
 
+# First-chunk policy. A take's first new frames go out one per chunk whatever its ``chunk_frames``: 3 frames are
+# 240 ms, more than a player's usual 200 ms jitter cushion, so a client can start playing as soon as they exist
+# (with chunk 8 sent whole, sound started 8 more frames of generation later: ~0.6 s on a real-time engine). Then
+# chunks grow to ``chunk_frames`` at most half the audio already sent at a time, so while the player drains what it
+# holds the next chunk is made (no underrun after the early start on an engine ~1.5x real time or faster).
+# Costs a few extra codec calls at the start of each take.
+EARLY_FRAMES = 3
+
+
+def chunk_target(new_frames_sent: int, chunk_frames: int) -> int:
+    """Frames the next chunk of a take waits for, when it has sent ``new_frames_sent`` frames of its own (a retake's
+    kept prefix excluded): 1 for the first EARLY_FRAMES, then half of what was sent, up to ``chunk_frames``."""
+    if new_frames_sent < EARLY_FRAMES:
+        return 1
+    return max(1, min(chunk_frames, new_frames_sent // 2))
+
 
 class EndReason(enum.StrEnum):
     DONE = "done"

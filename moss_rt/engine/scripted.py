@@ -32,6 +32,7 @@ from moss_rt.engine.base import (
     TakeFinished,
     TakeFirstAudio,
     TakeSpec,
+    chunk_target,
 )
 from moss_rt.engine.channel import TakeChannel
 from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS
@@ -199,8 +200,7 @@ class ScriptedEngine:
             item.next_frame += 1
             item.next_due += self._frame_s
             produced = item.next_frame - item.pending_from
-            first_chunk = item.first_audio is None
-            if (first_chunk and produced >= 1) or produced >= item.spec.request.chunk_frames:
+            if produced >= chunk_target(item.pending_from - item.spec.start_frame, item.spec.request.chunk_frames):
                 self._flush(item)
         if item.next_frame >= item.total_frames:
             self._flush(item)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moss_rt.engine.base import EndReason, TakeSpec
+from moss_rt.engine.base import EndReason, TakeSpec, chunk_target
 from moss_rt.engine.channel import TakeChannel
 
 if TYPE_CHECKING:
@@ -74,7 +74,8 @@ class Take:
         return self.frames - self.flushed
 
     def chunk_due(self, step: int) -> bool:
-        """First audio after one frame, then on the engine's shared cadence of ``chunk_frames`` steps.
+        """First audio after one frame, then chunks growing to ``chunk_frames`` (base.chunk_target: the first
+        ones fill a client's jitter cushion fast), and on the engine's shared cadence of ``chunk_frames`` steps.
 
         Aligning chunks to the global step count (not to each take's own start) makes every take
         with the same ``chunk_frames`` flush on the same step, so one codec call serves them all;
@@ -85,7 +86,7 @@ class Take:
         if self.first_audio is None:
             return True
         every = self.spec.request.chunk_frames
-        return step % every == 0 or self.pending >= every
+        return step % every == 0 or self.pending >= chunk_target(self.flushed - self.spec.start_frame, every)
 
     def codes_array(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         part = self.codes[start:stop]

@@ -366,9 +366,9 @@ def test_retake_from_a_point_splices_at_the_acknowledged_sample(page: Any) -> No
     assert st["underruns"] == 0
 
     # A/B: compare the two takes, switch at the playhead.
-    cards = pg.locator("article.take")
-    cards.nth(1).get_by_role("button", name="A", exact=True).click()
-    cards.nth(0).get_by_role("button", name="B", exact=True).click()
+    # Each card's buttons are named with their take.
+    pg.get_by_role("button", name="Compare Take 1 as A", exact=True).click()
+    pg.get_by_role("button", name="Compare Take 2 as B", exact=True).click()
     assert pg.locator("#compare").is_visible()
     pg.click("#abPlayA")
     pg.wait_for_function(f"window.studio.playingTake === '{first['key']}'", timeout=5_000)
@@ -447,7 +447,7 @@ def test_download_take_as_wav(page: Any, server: str, tmp_path: Path) -> None:
     take = speak_and_finish(pg, 1, frames=20)
     card = pg.locator("article.take").first
     with pg.expect_download() as info:
-        card.get_by_role("button", name="WAV", exact=True).click()
+        card.get_by_role("button", name="Download Take 1 as WAV", exact=False).click()
     local = tmp_path / "client.wav"
     info.value.save_as(local)
     with wave.open(str(local)) as w:

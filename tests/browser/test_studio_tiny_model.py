@@ -277,7 +277,7 @@ def test_tiny_model_download_take_as_wav(page: Any, server: str, tmp_path: Path)
     assert n_frames == 20
     card = pg.locator("article.take").first
     with pg.expect_download() as info:
-        card.get_by_role("button", name="WAV", exact=True).click()
+        card.get_by_role("button", name="Download Take 1 as WAV", exact=False).click()
     assert info.value.suggested_filename.endswith("seed3.wav")
     local = tmp_path / "client.wav"
     info.value.save_as(local)
@@ -298,3 +298,26 @@ def test_tiny_model_download_take_as_wav(page: Any, server: str, tmp_path: Path)
         served_pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.int32)
     assert_same_audio(client_pcm, served_pcm)
     assert takes(pg)[0]["end"]["reason"] == "max_frames"
+
+
+def test_tiny_model_sound_starts_within_250_ms(page: Any) -> None:
+    """Default chunk (8) and cushion (200 ms): the first-chunk policy sends the first frames one by one, so sound
+    starts about three frames after Speak, measured by the page (Speak click → first sample out of the player)."""
+    pg = page
+    set_param(pg, "text_temperature", "0")
+    set_param(pg, "max_new_tokens", "30")
+    heard, rtfs = [], []
+    for n in range(1, 4):
+        pg.click("#speak")
+        take = wait_take_ended(pg, n, timeout=WAIT_MS)
+        wait_playback_drained(pg, timeout=WAIT_MS)
+        take = takes(pg)[n - 1]
+        assert take["heardMs"] is not None and take["heardMs"] >= take["ttfaMs"]
+        heard.append(take["heardMs"])
+        rtfs.append(take["end"]["rtf"])
+    shot(pg, "tiny-heard-after")
+    # The promise holds for an engine faster than real time; this shared CPU box is usually ~2-4x on the tiny
+    # model. Best of three, for the noise of a shared machine.
+    if max(rtfs) < 1.5:
+        pytest.skip(f"the tiny engine ran at {rtfs}x real time on this box: too slow for the 250 ms promise")
+    assert min(heard) <= 250, {"heard_ms": heard, "rtf": rtfs}
