@@ -224,7 +224,7 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else float("nan")
 
 
-async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, Any]) -> dict:
+async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, Any], settle_sec: float = 0.0) -> dict:
     ws_url = url.replace("http", "ws") + "/api/ws"
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -246,6 +246,7 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
             aggregate.append(sum(d["audio_sec"] for d in done) / wall)
             takes.extend(done)
         total = time.perf_counter() - t0
+        await asyncio.sleep(settle_sec)  # a cluster front end shows replica metrics one poll late
         after = await scrape(http, url)
 
     def delta(name: str) -> float:
@@ -448,7 +449,8 @@ def serve_and_drive(
             try:
                 repeats = args.single_repeats if c == 1 else 1
                 frames = args.frames if c > 1 else max(50, args.frames * 2 // 3)
-                r = asyncio.run(run_round(url, c, repeats, {**start, "max_new_tokens": frames}))
+                settle = 1.5 if replicas > 0 else 0.0
+                r = asyncio.run(run_round(url, c, repeats, {**start, "max_new_tokens": frames}, settle))
                 result[f"{prefix}c{c}"] = r
                 save(result, args.out)
                 log.info("%sconcurrency %d: %s", prefix, c, json.dumps(r))

@@ -24,6 +24,10 @@ def build_engine(settings: Settings):  # type: ignore[no-untyped-def]
     """The engine named by settings (imported lazily: the scripted one needs no torch, and only
     cluster mode imports Ray)."""
     if settings.cluster:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise SystemExit("--cluster needs Ray: pip install -r requirements-cluster.txt (docs/cluster.md)")
         from moss_rt.cluster.router import ClusterEngine
 
         return ClusterEngine(settings)
