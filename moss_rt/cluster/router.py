@@ -35,6 +35,7 @@ POLL_SEC = 0.5  # status (and metrics) poll period per replica
 STATUS_TIMEOUT_SEC = 5.0  # a replica that does not answer a poll this long is not routed to
 BACKPRESSURE_ITEMS = 8  # chunks a replica may stream ahead of what the front end has read
 HOLDERS_KEPT = 65536  # take -> replica entries remembered for sticky retakes
+ADMIT_TIMEOUT_SEC = 30.0  # a replica that neither admits nor refuses a take this long is passed over
 
 
 @dataclass
@@ -215,10 +216,18 @@ class ClusterEngine:
         replica.pending += 1
         stream = replica.actor.run_take.options(_generator_backpressure_num_objects=BACKPRESSURE_ITEMS).remote(spec)
         try:
-            first = await (await stream.__anext__())
+            first = await asyncio.wait_for(self._first_item(stream), ADMIT_TIMEOUT_SEC)
         except (RayActorError, StopAsyncIteration):
             self._mark_lost(replica, incarnation)
             return None
+        except TimeoutError:
+            log.warning("replica %s did not admit take %s within %.0f s", replica.name, spec.take_id,
+                        ADMIT_TIMEOUT_SEC)
+            with contextlib.suppress(Exception):
+                import ray
+
+                ray.cancel(stream)  # its generator's cleanup cancels the take if it was admitted late
+            return EngineBusy(retry_after_sec=1.0)
         if isinstance(first, Refusal):
             replica.pending = max(0, replica.pending - 1)
             return first.exception()
@@ -233,6 +242,10 @@ class ClusterEngine:
             rebuilt=rebuilt,
             on_lost=lambda: self._take_lost(replica, incarnation),
         )
+
+    @staticmethod
+    async def _first_item(stream: Any) -> object:
+        return await (await stream.__anext__())
 
     async def render(self, codes: np.ndarray, channels: int) -> bytes:
         return await self._call_any("render", np.asarray(codes, dtype=np.int64), channels)  # type: ignore[return-value]
@@ -281,8 +294,12 @@ class ClusterEngine:
 
     # ------------------------------------------------------------------ polling
     async def _watch_replicas(self) -> None:
+        # One loop per replica: a slow or hung one does not delay what is known about the others.
+        await asyncio.gather(*(self._watch_one(r) for r in self._replicas))
+
+    async def _watch_one(self, replica: ReplicaView) -> None:
         while True:
-            await asyncio.gather(*(self._poll(r) for r in self._replicas))
+            await self._poll(replica)
             await asyncio.sleep(POLL_SEC)
 
     async def _poll(self, replica: ReplicaView) -> None:
