@@ -122,7 +122,7 @@ class EngineReplica:
     async def _start(self) -> None:
         assert self._engine is not None
         try:
-            await self._engine.start()
+            await self._engine.__aenter__()
             log.info("replica %s (%s) ready on %s", self._name, self._incarnation, self._engine.info.device)
         except Exception as exc:
             self._error = f"{type(exc).__name__}: {exc}"
@@ -136,7 +136,8 @@ class EngineReplica:
     async def status(self) -> ReplicaStatus:
         self._ensure_started()
         engine = self._engine
-        ready = engine is not None and engine.ready
+        info = engine.info if engine is not None else None
+        ready = info is not None and info.ready
         s = self._settings
         state = "failed" if self._error else ("ready" if ready else "loading")
         return ReplicaStatus(
@@ -149,13 +150,14 @@ class EngineReplica:
             capacity=s.max_slots + s.max_queue,
             pid=os.getpid(),
             node=socket.gethostname(),
-            info=engine.info if engine is not None else None,
+            # Without the registry: it stays here (metrics_text renders it) and does not pickle.
+            info=dataclasses.replace(info, metrics=None) if info is not None else None,
             error=self._error,
         )
 
     async def close(self) -> None:
         if self._engine is not None:
-            await self._engine.close()
+            await self._engine.__aexit__(None, None, None)
 
     # -- takes --------------------------------------------------------------------------
 
@@ -177,11 +179,11 @@ class EngineReplica:
         self._takes[spec.take_id] = handle
         try:
             yield Admitted(spec.take_id)
+            # If the front end goes away (or cancels this stream), this iteration is abandoned and
+            # the handle cancels its take: it never runs for nobody.
             async for event in handle:
                 yield event
         finally:
-            # The front end went away (or cancelled this stream): the take must not run for nobody.
-            handle.cancel(EndReason.CANCELLED)
             self._takes.pop(spec.take_id, None)
 
     async def cancel_take(self, take_id: str, reason: str) -> bool:
@@ -209,7 +211,7 @@ class EngineReplica:
 
     async def metrics_text(self) -> bytes:
         """The engine's own Prometheus registry, rendered (the router relabels it per replica)."""
-        registry = getattr(self._engine, "metrics_registry", None)
+        registry = self._engine.info.metrics if self._engine is not None else None
         return b"" if registry is None else generate_latest(registry)
 
     async def _ready_engine(self) -> Engine:

@@ -26,7 +26,7 @@ from moss_rt.cluster.remote_take import RemoteTake
 from moss_rt.cluster.replica import Admitted, Refusal, ReplicaStatus
 from moss_rt.cluster.routing import Candidate, plan_routes
 from moss_rt.config import Settings
-from moss_rt.engine.base import EngineBusy, EngineInfo, TakeSpec
+from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, TakeSpec
 from moss_rt.protocol import DEFAULT_MODEL_ALIAS
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,9 @@ class ReplicaView:
         }
 
 
-class ClusterEngine:
-    """The Engine seam (see ``moss_rt.engine.base``) over Ray replicas. Construct, then ``await start()``."""
+class ClusterEngine(EngineLifecycle):
+    """The Engine seam (see ``moss_rt.engine.base``) over Ray replicas: ``async with`` joins Ray and
+    waits for a ready replica; leaving it stops watching (replicas stay up for other front ends)."""
 
     def __init__(self, settings: Settings, *, replicas: list[tuple[str, Any]] | None = None) -> None:
         self.settings = settings
@@ -92,24 +93,26 @@ class ClusterEngine:
         self._turn = 0
         self._owns_ray = False
         self._watch: asyncio.Task[None] | None = None
-        self.metrics_registry = CollectorRegistry(auto_describe=True)
+        self._metrics = CollectorRegistry(auto_describe=True)
         self._routes = Counter(
             "moss_rt_cluster_routes", "Takes routed, by route: new, sticky (to the parent's cache), rebuilt",
-            ["route"], registry=self.metrics_registry,
+            ["route"], registry=self._metrics,
         )
         self._lost_takes = Counter(
             "moss_rt_cluster_lost_takes", "Takes ended because their replica was lost", ["replica"],
-            registry=self.metrics_registry,
+            registry=self._metrics,
         )
-        self.metrics_registry.register(ReplicaCollector(lambda: self._replicas))
+        self._metrics.register(ReplicaCollector(lambda: self._replicas))
 
     # ------------------------------------------------------------------ seam: state
     @property
     def ready(self) -> bool:
+        """At least one replica is routed to."""
         return any(r.routable for r in self._replicas)
 
     @property
     def info(self) -> EngineInfo:
+        """The first ready replica's info, with the cluster's readiness, metrics and replica list."""
         statuses = [r.status for r in self._replicas if r.status is not None and r.status.info is not None]
         ready = [s for s in statuses if s.ready]
         base = (ready or statuses or [None])[0]
@@ -127,6 +130,8 @@ class ClusterEngine:
                 demo=False,
                 device="cluster",
                 details={"status": "loading", **cluster},
+                ready=False,
+                metrics=self._metrics,
                 replicas=replicas,
             )
         info = base.info
@@ -134,6 +139,8 @@ class ClusterEngine:
             info,
             demo=any(s.info.demo for s in statuses if s.info is not None),
             details={**info.details, "status": "ready" if ready else "loading", **cluster},
+            ready=self.ready,
+            metrics=self._metrics,
             replicas=replicas,
         )
 

@@ -114,7 +114,7 @@ async def service_info(request: web.Request) -> web.Response:
             "demo": info.demo,
             "device": info.device,
             "details": info.details,
-            "ready": state.engine.ready,
+            "ready": state.engine.info.ready,
             "sr": SAMPLE_RATE,
             "limits": state.settings.limits.to_dict(),
             # Cluster mode: one entry per engine replica (docs/cluster.md).
@@ -131,12 +131,14 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    replicas = state.engine.info.replicas
+    info = state.engine.info
     # Cluster mode: ready while at least one replica is; the counts say how many.
     extra = (
-        {"replicas": len(replicas), "replicas_ready": sum(bool(r.get("ready")) for r in replicas)} if replicas else {}
+        {"replicas": len(info.replicas), "replicas_ready": sum(bool(r.get("ready")) for r in info.replicas)}
+        if info.replicas
+        else {}
     )
-    if state.engine.ready and not state.shutting_down:
+    if info.ready and not state.shutting_down:
         return web.json_response({"status": "ready", **extra})
     return web.json_response({"status": "shutting_down" if state.shutting_down else "loading", **extra}, status=503)
 

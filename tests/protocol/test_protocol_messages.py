@@ -103,6 +103,7 @@ def test_error_codes_are_stable_strings() -> None:
         "unauthorized",
         "forbidden_origin",
         "internal",
+        "replica_lost",
     ]
     assert ErrorCode.TOO_LARGE == "too_large" and f"{ErrorCode.TOO_LARGE}" == "too_large"
     assert json.dumps({"code": ErrorCode.BAD_JSON}) == '{"code": "bad_json"}'
