@@ -1,6 +1,10 @@
-"""Routing rules (pure: no Ray): new takes by free places, retakes to their parent's cache or rebuilt."""
+"""Routing rules (pure: no Ray): new takes by free places, retakes to their parent's cache or rebuilt;
+and single-process mode never imports Ray."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 from moss_rt.cluster.routing import Candidate, Route, plan_routes
 
@@ -41,3 +45,17 @@ def test_retake_is_rebuilt_elsewhere_when_the_holder_is_gone_restarted_or_unknow
 def test_a_full_holder_is_tried_last() -> None:
     c = cands(("r0", True, 0), ("r1", True, 2))
     assert plan_routes(c, retake=True, holder=("r0", "i1")) == [Route("r1", True), Route("r0", False)]
+
+
+def test_single_process_mode_never_imports_ray() -> None:
+    """`make run` needs no Ray: building the app and its engine without --cluster imports none of it."""
+    code = (
+        "import sys\n"
+        "from moss_rt.cli import build_engine\n"
+        "from moss_rt.config import Settings\n"
+        "from moss_rt.web import create_app\n"
+        "create_app(Settings(engine='scripted'), build_engine(Settings(engine='scripted')))\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'moss_rt.cluster'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
