@@ -198,7 +198,7 @@ def test_a_second_front_end_process_serves_the_same_replicas(cluster_server, ray
         sys.executable, "-m", "moss_rt", "serve", "--cluster", ray_cluster, "--replicas", str(REPLICAS),
         "--port", str(port), "--model", "tiny", "--codec", "tiny", "--device", "cpu",
         "--data-dir", str(s["data_dir"]), "--max-slots", "4", "--max-queue", "4", "--max-seq-len", "1024",
-        "--log-level", "WARNING",
+        "--max-lead-sec", "0.5", "--log-level", "WARNING",
     ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -222,6 +222,21 @@ def test_a_second_front_end_process_serves_the_same_replicas(cluster_server, ray
             assert theirs == {name: r["pid"] for name, r in mine.items()}
             take = await http_stream(url, text="From the other front end.", max_new_tokens=6, **LONG)
             assert take.end["n_frames"] == 6
+
+            # That front end dies mid-take (no goodbye): the replica frees the take's slot on its own.
+            async with DirectingClient.connect(url.replace("http", "ws") + "/api/ws") as orphan:
+                # Paced at real time: 600 frames would last 48 s.
+                await orphan.start("Nobody will hear the end of this.", max_new_tokens=600, chunk_frames=2, **LONG)
+                await next_message(orphan, "start")
+
+                async def active(n: int) -> bool:
+                    return sum(r["active"] for r in (await replicas(srv)).values()) == n
+
+                await wait_for(lambda: active(1), 10, "the take to show on a replica")  # one poll late
+                proc.kill()
+                proc.wait(10)
+
+            await wait_for(lambda: active(0), 15, "the orphaned take's slot to be freed")
 
         run(scenario(), timeout=240)
     finally:
