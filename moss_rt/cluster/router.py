@@ -85,9 +85,8 @@ class ClusterEngine(EngineLifecycle):
     """The Engine seam (see ``moss_rt.engine.base``) over Ray replicas: ``async with`` joins Ray and
     waits for a ready replica; leaving it stops watching (replicas stay up for other front ends)."""
 
-    def __init__(self, settings: Settings, *, replicas: list[tuple[str, Any]] | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._given = replicas  # tests pass actors; otherwise they are found or created at start
         self._replicas: list[ReplicaView] = []
         self._holders: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._turn = 0
@@ -153,11 +152,8 @@ class ClusterEngine(EngineLifecycle):
     async def start(self) -> None:
         from moss_rt.cluster import launch
 
-        if self._given is None:
-            self._owns_ray = await asyncio.to_thread(launch.connect, self.settings.cluster)
-            handles = await asyncio.to_thread(launch.replica_handles, self.settings)
-        else:
-            handles = self._given
+        self._owns_ray = await asyncio.to_thread(launch.connect, self.settings.cluster)
+        handles = await asyncio.to_thread(launch.replica_handles, self.settings)
         self._replicas = [ReplicaView(name, actor) for name, actor in handles]
         # Loading starts on every replica at once; the first poll would start them too.
         for r in self._replicas:
