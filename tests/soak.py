@@ -440,18 +440,45 @@ async def read_all(reader: Any, within: float) -> tuple[bytes, bool]:
     return data, True
 
 
+async def long_take(http: aiohttp.ClientSession, url: str, stats: Stats) -> tuple[str | None, int]:
+    """A fresh take of LONG_TAKE_FRAMES frames (takes are evicted from the store as the soak runs)."""
+    # Greedy text: the tiny model's stop never fires, so the take really is that long.
+    body = {
+        "text": "a long take",
+        "tokens": LONG_TAKE_FRAMES,
+        "max_new_tokens": LONG_TAKE_FRAMES,
+        "chunk_frames": 20,
+        "text_temperature": 0,
+    }
+    async with http.post(url + "/api/stream", json=body) as r:
+        data = await r.read()
+    if r.status != 200:
+        return None, 0
+    take = json.loads(data[5 : 5 + int.from_bytes(data[1:5], "big")])["take"]
+    async with http.get(f"{url}/api/takes/{take}") as r:
+        frames = int((await r.json()).get("n_frames", 0)) if r.status == 200 else 0
+    if frames < LONG_TAKE_FRAMES // 2:  # must be far more than the socket buffers hold
+        stats.fail(f"the hostile client's long take has only {frames} frames")
+        return None, 0
+    return take, 44 + frames * 3840 * 2
+
+
 async def hostile(
-    http: aiohttp.ClientSession, url: str, port: int, stats: Stats, rng: random.Random, until: float
+    http: aiohttp.ClientSession,
+    url: str,
+    port: int,
+    stats: Stats,
+    rng: random.Random,
+    until: float,
+    first_take: tuple[str | None, int],
 ) -> None:
     """Non-reading downloaders, stalled bodies and cross-site posts, in turns, all the soak long."""
     host = f"Host: 127.0.0.1:{port}\r\n"
-    body = {"text": "a long take", "tokens": LONG_TAKE_FRAMES, "max_new_tokens": LONG_TAKE_FRAMES, "chunk_frames": 20}
-    async with http.post(url + "/api/stream", json=body) as r:
-        data = await r.read()
-    take = json.loads(data[5 : 5 + int.from_bytes(data[1:5], "big")])["take"] if r.status == 200 else None
-    wav_length = 44 + LONG_TAKE_FRAMES * 3840 * 2
+    take, wav_length = first_take
     while time.monotonic() < until:
         kind = rng.choice(["download", "body", "cross_site"])
+        if kind == "download" and take is None:
+            take, wav_length = await long_take(http, url, stats)
         stats.requests[f"hostile_{kind}"] += 1
         try:
             if kind == "download" and take is not None:
@@ -461,8 +488,14 @@ async def hostile(
                 for reader, writer in conns:
                     received, closed = await read_all(reader, 10)
                     writer.close()
-                    if not closed or len(received) >= wav_length:
-                        stats.fail(f"a non-reading download was not dropped ({len(received)} bytes, closed={closed})")
+                    status = received[9:12].decode(errors="replace")
+                    stats.http_status[status] += 1
+                    if status == "404":  # evicted from the take store meanwhile: make another
+                        take, wav_length = await long_take(http, url, stats)
+                    elif status == "503":
+                        stats.requests["hostile_download_busy"] += 1
+                    elif not closed or len(received) >= wav_length:
+                        stats.fail(f"a non-reading download was not dropped ({received[:12]!r}, {len(received)} B)")
                     else:
                         stats.requests["hostile_download_dropped"] += 1
             elif kind == "body":
@@ -520,6 +553,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(3):
                 async with http.post(url + "/api/stream", json={"text": "warm up", "max_new_tokens": 20}) as r:
                     await r.read()
+            # The hostile client's long take is made now: generated under the soak's load it can take minutes.
+            first_take = await long_take(http, url, stats)
             rss_start = rss_mb(proc.pid)
             log.info("engine %s, RSS after warm-up %.1f MB; soaking for %.0f s", engine, rss_start, args.duration)
             t0 = time.monotonic()
@@ -540,7 +575,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             )
             tasks.append(
                 asyncio.create_task(
-                    hostile(http, url, port, stats, random.Random(rng.random()), until), name="soak-hostile"
+                    hostile(http, url, port, stats, random.Random(rng.random()), until, first_take),
+                    name="soak-hostile",
                 )
             )
             rss_peak = rss_start
