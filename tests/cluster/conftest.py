@@ -18,7 +18,7 @@ import pytest
 
 from moss_rt.cluster.launch import FRONT_END_RAY_ENV
 from moss_rt.config import Settings
-from tests.conftest import RunningServer
+from tests.helpers import RunningServer
 
 pytestmark = pytest.mark.cluster
 

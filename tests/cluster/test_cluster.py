@@ -23,9 +23,8 @@ import pytest
 from moss_rt.client import DirectingClient, ServerError, TakeAudio, http_stream
 from moss_rt.protocol import FRAME_SAMPLES
 from tests.cluster.conftest import RAY_TEST_ENV, REPLICAS, cluster_settings
-from tests.conftest import RunningServer, free_port
-from tests.engine.conftest import run
-from tests.engine.helpers import LONG, metrics, next_message, take_codes
+from tests.engine.helpers import LONG, metrics, take_codes
+from tests.helpers import RunningServer, free_port, next_message, run
 
 pytestmark = pytest.mark.cluster
 
