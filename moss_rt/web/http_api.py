@@ -143,6 +143,8 @@ async def service_info(request: web.Request) -> web.Response:
             "ready": state.engine.info.ready,
             "sr": SAMPLE_RATE,
             "limits": state.settings.limits.to_dict(),
+            # Cluster mode: one entry per engine replica (docs/cluster.md).
+            **({"replicas": list(info.replicas)} if info.replicas else {}),
         }
     )
 
@@ -155,9 +157,16 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if state.engine.info.ready and not state.shutting_down:
-        return web.json_response({"status": "ready"})
-    return web.json_response({"status": "shutting_down" if state.shutting_down else "loading"}, status=503)
+    info = state.engine.info
+    # Cluster mode: ready while at least one replica is; the counts say how many.
+    extra = (
+        {"replicas": len(info.replicas), "replicas_ready": sum(bool(r.get("ready")) for r in info.replicas)}
+        if info.replicas
+        else {}
+    )
+    if info.ready and not state.shutting_down:
+        return web.json_response({"status": "ready", **extra})
+    return web.json_response({"status": "shutting_down" if state.shutting_down else "loading", **extra}, status=503)
 
 
 @routes.post("/api/upload_ref", expect_handler=expect_within_limit)
