@@ -23,7 +23,16 @@ def setup_logging(level: str) -> None:
 
 
 def build_engine(settings: Settings) -> Engine:
-    """The engine named by settings (imported lazily: the scripted one needs no torch)."""
+    """The engine named by settings (imported lazily: the scripted one needs no torch, and only
+    cluster mode imports Ray)."""
+    if settings.cluster:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise SystemExit("--cluster needs Ray: pip install -r requirements-cluster.txt (docs/cluster.md)")
+        from moss_rt.cluster.router import ClusterEngine
+
+        return ClusterEngine(settings)
     if settings.engine == "scripted":
         from moss_rt.engine.scripted import ScriptedEngine
 
@@ -61,7 +70,8 @@ def run_serve(args: argparse.Namespace) -> int:
     setup_logging(settings.log_level)
     engine = build_engine(settings)
     app = create_app(settings, engine, exit_on_engine_failure=True)
-    log.info("moss_rt on http://%s:%d (engine %s)", settings.host, settings.port, settings.engine)
+    log.info("moss_rt on http://%s:%d (engine %s%s)", settings.host, settings.port, settings.engine,
+             f", cluster {settings.cluster}" if settings.cluster else "")
     # run_app turns SIGTERM and SIGINT into a graceful exit: stop listening, then the app's
     # on_shutdown ends running takes with reason "shutdown" and closes sockets with 1001.
     web.run_app(

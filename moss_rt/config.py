@@ -109,6 +109,15 @@ class Settings:
     token_ttl_sec: float = setting(600.0, "lifetime of browser tokens from POST /api/token")
     limits: Limits = field(default_factory=Limits)
     log_level: str = setting("INFO", "DEBUG | INFO | WARNING | ERROR")
+    # Cluster mode (docs/cluster.md): "" runs the engine in this process; "auto" or a Ray address
+    # runs it as replicas on a Ray cluster, this process being one of its front ends.
+    cluster: str = setting(
+        "",
+        "run the engine as replicas on Ray: 'auto' (join the local cluster or start one) or a Ray address "
+        "(HOST:PORT); empty: in this process (docs/cluster.md)",
+    )
+    replicas: int = setting(0, "with --cluster: engine replicas to find or create; 0: one per GPU")
+    replica_cpus: float = setting(1.0, "with --cluster: CPUs Ray reserves for each replica")
 
     @property
     def voices_store_dir(self) -> Path:

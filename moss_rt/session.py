@@ -386,7 +386,10 @@ class _Run:
     model: str
     t_request: float
     replay_frame: int | None = None  # a replay from this frame
-    ack: SeekAck | None = None  # sent when the run begins (a seek's answer)
+    # A seek's answer: a replay's is sent when the run begins; a retake's once the engine admitted it
+    # (only then is it known whether its parent's cache was reused or rebuilt elsewhere, ``rebuilt``).
+    ack: SeekAck | None = None
+    acked: bool = False  # the ack went out
     prefix_codes: np.ndarray | None = None
     started: bool = False  # its ``start`` message went out
     gpu_first_ms: float | None = None
@@ -555,12 +558,20 @@ class DirectingSession:
             finish = FinishAudio(cur.run, cur.take, replay=True)  # a replay in a format: its file, cut here
             return [Stop(cur.run, reason), finish, SendMessage(self._replay_end(cur, reason))]
         # Admission may still finish: the transport then hears that the run is stale and stops it.
-        return self._retire(cur, reason, begun=True)
+        return self._retire(cur, reason)
 
-    def _retire(self, run: _Run, reason: EndReason, *, begun: bool = False) -> list[Action]:
-        """A take that never streamed ends: ``start`` then ``end`` with ``reason`` (a replay: its end).
-        One that never began (it was pending) first gets the answer to its seek, if it was one."""
-        actions: list[Action] = [] if begun or run.ack is None else [SendMessage(run.ack)]
+    def _ack(self, run: _Run, *, rebuilt: bool = False) -> list[Action]:
+        """The answer to the run's seek, once (a retake's says whether its cache was rebuilt)."""
+        if run.ack is None or run.acked:
+            return []
+        run.acked = True
+        ack = run.ack if run.replay_frame is not None else dataclasses.replace(run.ack, rebuilt=rebuilt)
+        return [SendMessage(ack)]
+
+    def _retire(self, run: _Run, reason: EndReason) -> list[Action]:
+        """A take that never streamed ends: ``start`` then ``end`` with ``reason`` (a replay: its end),
+        after the answer to its seek if that did not go out yet."""
+        actions = self._ack(run)
         if run.replay_frame is not None:
             return [*actions, SendMessage(self._replay_end(run, reason))]
         take = run.take
@@ -592,14 +603,13 @@ class DirectingSession:
 
     def _begin(self, run: _Run) -> list[Action]:
         self._current = run
-        actions: list[Action] = [] if run.ack is None else [SendMessage(run.ack)]
         if run.replay_frame is not None:
             self._phase = Phase.REPLAYING
-            return [*actions, Replay(run.run, run.take, run.replay_frame)]
+            return [*self._ack(run), Replay(run.run, run.take, run.replay_frame)]
         if run.feed is not None:
-            return [*actions, *self._next_continuation(run)]
+            return [*self._ack(run), *self._next_continuation(run)]
         self._phase = Phase.ADMITTING
-        return [*actions, Admit(run.run, run.take, run.prefix_codes)]
+        return [Admit(run.run, run.take, run.prefix_codes)]  # a retake is acknowledged once admitted
 
     def _finish_current(self) -> list[Action]:
         """The current take is over: flush the ends queued behind it, then begin what was pending."""
@@ -715,8 +725,9 @@ class DirectingSession:
 
     # -- engine takes -----------------------------------------------------------------------
 
-    def admitted(self, run: int) -> list[Action]:
-        """The engine accepted run ``run``; a run the session let go of meanwhile is stopped."""
+    def admitted(self, run: int, *, rebuilt: bool = False) -> list[Action]:
+        """The engine accepted run ``run`` (``rebuilt``: a retake whose parent's cache was not where it
+        was kept, rebuilt from the stored codes); a run the session let go of meanwhile is stopped."""
         cur = self._current
         if cur is None or cur.run != run or self._phase is not Phase.ADMITTING:
             return [Stop(run, EndReason.CANCELLED)]
@@ -726,7 +737,7 @@ class DirectingSession:
             self._heard.begin(
                 take.take_id, bytes_per_frame(take), parent=take.parent, branch_frame=take.branch_frame
             )
-        return []
+        return self._ack(cur, rebuilt=rebuilt)
 
     def admission_failed(self, run: int, err: ProtocolError) -> list[Action]:
         """Admission refused (busy, bad reference, prompt too long…): the take ends with an error."""
@@ -736,7 +747,7 @@ class DirectingSession:
         if cur.feed is not None and cur.started:  # a later continuation of a take that is under way
             return self._end_fed(cur, EndReason.ERROR, err)
         self.history.record_end(cur.take, EndReason.ERROR.value, {})
-        return [SendMessage(ErrorMessage.of(err, take=cur.take.take_id)), *self._finish_current()]
+        return [*self._ack(cur), SendMessage(ErrorMessage.of(err, take=cur.take.take_id)), *self._finish_current()]
 
     def take_event(self, run: int, event: TakeEvent) -> list[Action]:
         """One engine event of run ``run`` → what goes to the client."""
@@ -774,7 +785,9 @@ class DirectingSession:
         self.history.record_end(take, event.reason.value, {k: v for k, v in stats.items() if v is not None})
         actions.append(FinishAudio(run, take))
         if event.reason is EndReason.ERROR:
-            error = ProtocolError(ErrorCode.INTERNAL, event.error or "generation failed")
+            # A cluster says when the replica running the take was lost (replica_lost).
+            code = ErrorCode(event.error_code) if event.error_code else ErrorCode.INTERNAL
+            error = ProtocolError(code, event.error or "generation failed")
             actions.append(SendMessage(ErrorMessage.of(error, take=take.take_id)))
         actions.append(
             SendMessage(

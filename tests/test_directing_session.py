@@ -167,13 +167,31 @@ def test_retake_while_streaming_acks_after_the_end_and_keeps_the_prefix() -> Non
     s.take_event(a.run, chunk(0, 6))
     assert s.handle(Seek(take="t0", frame=4, seed=9)) == [Stop(a.run, EndReason.REPLACED)]
     actions = s.take_event(a.run, TakeFinished(EndReason.REPLACED, 6, 1.0))
-    assert sent(actions) == [("end", "t0", "replaced"), ("seek", "t1")]
-    ack = only(actions, SendMessage)[1].message.to_dict()
-    assert (ack["from_take"], ack["frame"], ack["sample"]) == ("t0", 4, 4 * 3840)
+    assert sent(actions) == [("end", "t0", "replaced")]
     (retake,) = only(actions, Admit)
+    # The seek is answered once the retake is admitted: only then is it known where its cache came from.
+    admitted = s.admitted(retake.run, rebuilt=True)
+    assert sent(admitted) == [("seek", "t1")]
+    ack = only(admitted, SendMessage)[0].message.to_dict()
+    assert (ack["from_take"], ack["frame"], ack["sample"], ack["rebuilt"]) == ("t0", 4, 4 * 3840, True)
     spec = retake.spec(None)
     assert spec.seed == 9 and spec.parent_take == "t0" and spec.start_frame == 4
     assert np.array_equal(spec.prefix_codes, s.history.get("t0").codes[:4])
+
+
+def test_a_retake_that_never_streams_still_gets_its_seek_answer_first() -> None:
+    s = make_session()
+    (a,) = s.handle(StartTake(text="line", chunk_frames=2))
+    stream(s, a.run, frames=6)
+    # Refused at admission: the answer (not rebuilt), then the error.
+    (refused,) = only(s.handle(Seek(take="t0", frame=2, seed=3)), Admit)
+    actions = s.admission_failed(refused.run, ProtocolError(ErrorCode.BUSY, "full"))
+    assert sent(actions) == [("seek", "t1"), ("error", "t1")]
+    assert only(actions, SendMessage)[0].message.to_dict()["rebuilt"] is False
+    # Cancelled while being admitted: the answer, then its start and end.
+    (cancelled,) = only(s.handle(Seek(take="t0", frame=2, seed=4)), Admit)
+    assert sent(s.handle(Cancel())) == [("seek", "t2"), ("start", "t2"), ("end", "t2", "cancelled")]
+    assert s.admitted(cancelled.run, rebuilt=True) == [Stop(cancelled.run, EndReason.CANCELLED)]
 
 
 def test_replay_sends_stored_audio_and_a_cancel_ends_it_at_once() -> None:

@@ -477,6 +477,9 @@ class SeekAck(ServerMessage):
     from_take: str | Unset = UNSET
     frame: int
     sample: int
+    # Retakes: the parent's cache was not where it was kept (cluster: replica lost or full) and was
+    # rebuilt elsewhere from the stored codes. Always false in single-process mode.
+    rebuilt: bool | Unset = UNSET
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -145,6 +145,8 @@ async def service_info(request: web.Request) -> web.Response:
             "limits": state.settings.limits.to_dict(),
             # The engine's start-up memory plan (slots x positions and where the memory goes), once made.
             "memory_plan": plan.as_dict() if (plan := getattr(state.engine, "memory_plan", None)) else None,
+            # Cluster mode: one entry per engine replica (docs/cluster.md).
+            **({"replicas": list(info.replicas)} if info.replicas else {}),
         }
     )
 
@@ -157,11 +159,18 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if state.engine.info.ready and not state.shutting_down:
-        return web.json_response({"status": "ready"})
+    info = state.engine.info
+    # Cluster mode: ready while at least one replica is; the counts say how many.
+    extra = (
+        {"replicas": len(info.replicas), "replicas_ready": sum(bool(r.get("ready")) for r in info.replicas)}
+        if info.replicas
+        else {}
+    )
+    if info.ready and not state.shutting_down:
+        return web.json_response({"status": "ready", **extra})
     if state.engine_failure is not None:
-        return web.json_response({"status": "failed", "error": state.engine_failure}, status=503)
-    return web.json_response({"status": "shutting_down" if state.shutting_down else "loading"}, status=503)
+        return web.json_response({"status": "failed", "error": state.engine_failure, **extra}, status=503)
+    return web.json_response({"status": "shutting_down" if state.shutting_down else "loading", **extra}, status=503)
 
 
 @routes.post("/api/upload_ref", expect_handler=expect_within_limit)

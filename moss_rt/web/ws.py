@@ -207,7 +207,7 @@ class Connection:
                 return
             self._handles[run] = handle
             try:
-                await self._perform(self.session.admitted(run))
+                await self._perform(self.session.admitted(run, rebuilt=handle.rebuilt))
                 if self.session.is_current(run):
                     await pump_events(handle, run, self.session, self._perform)
                 else:

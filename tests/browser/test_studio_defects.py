@@ -86,7 +86,7 @@ def test_phone_retake_keeps_speak_and_cancel_on_screen(browser: Any, server: str
         for box in ("#rtInstruction", "#rtText"):
             assert pg.locator(box).bounding_box()["width"] >= 300
         pg.fill("#rtText", "A new line for the retake.")
-        set_param(pg, "tokens", "400")
+        set_param(pg, "tokens", "3000")
         pg.locator("#retakeBtn").tap()
         pg.wait_for_function(
             "window.studio.takes().length === 2 && window.studio.takes()[1].status === 'streaming'", timeout=15_000

@@ -107,6 +107,7 @@ def test_error_codes_are_stable_strings() -> None:
         "unsupported_media_type",
         "timeout",
         "internal",
+        "replica_lost",
     ]
     assert ErrorCode.TOO_LARGE == "too_large" and f"{ErrorCode.TOO_LARGE}" == "too_large"
     assert json.dumps({"code": ErrorCode.BAD_JSON}) == '{"code": "bad_json"}'
