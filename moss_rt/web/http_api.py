@@ -140,6 +140,21 @@ async def list_voices(request: web.Request) -> web.Response:
     return web.json_response({"voices": [v.public() for v in voices]})
 
 
+# The stored reference file as it was uploaded (or found in the voices folder), so a director can listen to a
+# voice before using it. Served from disk without reading it on the loop.
+VOICE_MEDIA_TYPES = {".wav": "audio/wav", ".flac": "audio/flac", ".mp3": "audio/mpeg", ".ogg": "audio/ogg"}
+
+
+@routes.get(r"/api/voices/{voice_id:[A-Za-z0-9_.-]{1,128}}/audio")
+async def voice_audio(request: web.Request) -> web.StreamResponse:
+    try:
+        voice = request.app[STATE].voices.get(request.match_info["voice_id"])
+    except ProtocolError as err:
+        return protocol_error_response(err)
+    media = VOICE_MEDIA_TYPES.get(voice.path.suffix.lower(), "application/octet-stream")
+    return web.FileResponse(voice.path, headers={"Content-Type": media, "Cache-Control": "no-cache"})
+
+
 @routes.post("/api/upload_ref", expect_handler=expect_within_limit)
 async def upload_ref(request: web.Request) -> web.Response:
     state = request.app[STATE]

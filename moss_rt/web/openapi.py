@@ -186,6 +186,18 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                 },
             }
         },
+        "/api/voices/{voice_id}/audio": {
+            "get": {
+                "summary": "a voice's reference audio as stored (wav, flac, mp3 or ogg), to listen to it",
+                "parameters": [
+                    {"name": "voice_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": _ok("the audio file", {"type": "string", "format": "binary"}, "audio/*"),
+                    **_common_errors(401, 404),
+                },
+            }
+        },
         "/api/upload_ref": {
             "post": {
                 "summary": "store a reference voice (raw audio bytes as the body)",
