@@ -204,6 +204,16 @@ class DirectingSession:
         self.running = take
         return SeekPlan("retake", source, msg.frame, take)
 
+    def keep_until_deleted(self, max_takes: int) -> None:
+        """Bound to a stored session: takes stay until the director deletes them (the store's quota applies)."""
+        self._max_takes = max(self._max_takes, max_takes)
+
+    def adopt(self, take: TakeRecord) -> None:
+        """An ended take of this session from an earlier connection (or before a restart), rebuilt from its stored
+        codes: replayable and retakeable like one made here (a retake rebuilds the cache from the codes)."""
+        take.status = "ended"
+        self._remember(take)
+
     def record_chunk(self, take: TakeRecord, first_frame: int, codes: np.ndarray) -> None:
         take.append(first_frame, codes)
 

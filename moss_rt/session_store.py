@@ -251,6 +251,16 @@ class SessionStore:
             rows = self._db.execute("SELECT * FROM takes WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
         return [self._take_of(row) for row in rows]
 
+    def count(self, session_id: str) -> int:
+        self.require(session_id)
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM takes WHERE session_id = ?", (session_id,)).fetchone()[0])
+
+    def check_room(self, session_id: str) -> None:
+        """Refuse (SessionFull) before a take is generated that the session could not keep."""
+        if self.count(session_id) >= self.max_takes:
+            raise SessionFull(self.max_takes)
+
     def get_take(self, session_id: str, take_id: str) -> StoredTake:
         self.require(session_id)
         with self._lock:

@@ -14,7 +14,9 @@ class Limits:
     max_chunk_frames: int = 100
     max_message_bytes: int = 64 * 1024  # one client control message (JSON text or msgpack)
     max_request_bytes: int = 256 * 1024  # one POST /api/stream body
-    max_takes_kept: int = 32  # take history per WebSocket connection
+    max_takes_kept: int = 32  # take history per WebSocket connection (one without a session)
+    max_session_takes: int = 200  # takes a directing session keeps on disk until the director deletes them
+    max_session_archive_bytes: int = 1024 * 1024 * 1024  # one imported session archive (zip)
     max_upload_bytes: int = 20 * 1024 * 1024
     max_upload_seconds: float = 60.0
     min_upload_seconds: float = 0.5

@@ -219,12 +219,29 @@ class Ping:
         return {"type": self.type, **({"t": self.t} if self.t is not None else {})}
 
 
-ClientMessage = StartTake | Cancel | Seek | Ping
-CLIENT_TYPES: dict[str, type[StartTake] | type[Cancel] | type[Seek] | type[Ping]] = {
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Bind the connection to a directing session kept on disk (a new one without ``session``): its stored takes
+    become this connection's takes (replayable, retakeable) and every take that ends from now on is kept in it."""
+
+    type: ClassVar[str] = "resume"
+    session: str | None = None
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any], limits: Limits) -> Resume:
+        return cls(**validate_fields({"session": Field("str", None, max_length=80, nullable=True)}, obj))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **({"session": self.session} if self.session is not None else {})}
+
+
+ClientMessage = StartTake | Cancel | Seek | Ping | Resume
+CLIENT_TYPES: dict[str, type[StartTake] | type[Cancel] | type[Seek] | type[Ping] | type[Resume]] = {
     "start": StartTake,
     "cancel": Cancel,
     "seek": Seek,
     "ping": Ping,
+    "resume": Resume,
 }
 
 

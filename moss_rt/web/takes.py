@@ -118,10 +118,13 @@ async def stream_take(
     *,
     t_request: float,
     model: str,
+    keep: Callable[[TakeRecord], Awaitable[None]] | None = None,
 ) -> TakeFinished:
     """Forward a running take's events as frames; returns how it ended.
 
-    The caller owns cancellation: on disconnect it cancels the handle (and this coroutine).
+    ``keep`` stores the ended take (a directing session on disk) before its end frame goes out, so a client that
+    has seen the end and reloads at once finds the take. The caller owns cancellation: on disconnect it cancels
+    the handle (and this coroutine).
     """
     pacer = Pacer(state.settings.max_lead_sec)
     state.heard.begin(take.take_id, bytes_per_frame(take), parent=take.parent, branch_frame=take.branch_frame)
@@ -154,6 +157,8 @@ async def stream_take(
                 "rtf": round(duration / (wall_ms / 1000.0), 3) if wall_ms > 0 else None,
             }
             session.record_end(take, event.reason.value, {k: v for k, v in stats.items() if v is not None})
+            if keep is not None:
+                await keep(take)
             if event.reason == EndReason.ERROR:
                 await send(
                     encode_json_frame(

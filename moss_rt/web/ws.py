@@ -28,6 +28,7 @@ from moss_rt.protocol import (
     ErrorCode,
     Ping,
     ProtocolError,
+    Resume,
     Seek,
     StartTake,
     decode_client_binary,
@@ -37,11 +38,12 @@ from moss_rt.protocol import (
     hello,
 )
 from moss_rt.session import DirectingSession, SeekPlan, TakeRecord
+from moss_rt.session_store import StoredTake
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
 from moss_rt.web.security import forbidden_origin, websocket_origin_allowed
 from moss_rt.web.state import STATE, ServiceState
-from moss_rt.web.takes import build_spec, replay_take, resolve_model, stream_take
+from moss_rt.web.takes import build_spec, bytes_per_frame, replay_take, resolve_model, stream_take, take_audio
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ class Connection:
         self._replay_take: TakeRecord | None = None
         self._replay_started = False
         self._dead = False  # set once the client is known gone or dropped: no more sends
+        self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
         self._shutting_down = False
 
     # -- sending ------------------------------------------------------------------------
@@ -135,6 +138,7 @@ class Connection:
                 limits=self.state.settings.limits,
                 engine=info.name,
                 sampling_defaults=SAMPLING_DEFAULTS,
+                sessions=self.state.sessions is not None,
             ).to_dict()
         )
         idle = self.state.settings.ws_idle_timeout_sec
@@ -229,6 +233,74 @@ class Connection:
             await self._start(msg)
         elif isinstance(msg, Seek):
             await self._seek(msg)
+        elif isinstance(msg, Resume):
+            await self._resume(msg)
+
+    # -- stored sessions ------------------------------------------------------------------
+
+    async def _resume(self, msg: Resume) -> None:
+        """Bind to a stored session (a new one without an id) and answer its takes (docs/protocol.md)."""
+        store = self.state.sessions
+        if store is None:
+            raise ProtocolError(ErrorCode.NOT_FOUND, "this service keeps no sessions", field="session")
+        if self.session_id is not None and msg.session != self.session_id:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "this connection is bound to another session", field="session")
+        resumed = msg.session is not None
+        session_id = msg.session if resumed else await asyncio.to_thread(store.create)
+        assert session_id is not None
+        stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
+        for record in stored:
+            if record.take_id in {t.take_id for t in self.session.takes}:
+                continue
+            try:
+                codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
+                request = StartTake.parse(record.request, self.state.settings.limits)
+            except (OSError, ValueError, ProtocolError) as exc:  # damaged, or limits tightened since
+                log.warning("session %s: take %s cannot be resumed: %s", session_id, record.take_id, exc)
+                continue
+            take = TakeRecord(
+                record.take_id, request, record.seed, parent=record.parent, branch_frame=record.branch_frame,
+                reason=record.reason, stats=dict(record.stats),
+            )  # fmt: skip
+            take.append(0, codes)
+            self.session.adopt(take)
+        self.session_id = session_id
+        self.session.keep_until_deleted(store.max_takes)
+        await self.send_json(
+            {
+                "type": "session",
+                "session": session_id,
+                "resumed": resumed,
+                "max_takes": store.max_takes,
+                "takes": [t.public() for t in stored],
+            }
+        )
+
+    async def _check_session_room(self) -> None:
+        if self.session_id is not None and self.state.sessions is not None:
+            await asyncio.to_thread(self.state.sessions.check_room, self.session_id)
+
+    async def _keep(self, take: TakeRecord) -> None:
+        """Store an ended take in the bound session: its record, codes and the audio as it was streamed."""
+        store, session_id = self.state.sessions, self.session_id
+        if store is None or session_id is None or take.n_frames == 0:
+            return
+        record = StoredTake(
+            take_id=take.take_id, request=take.request.to_dict(), seed=take.seed, n_frames=take.n_frames,
+            channels=take.request.channels, parent=take.parent, branch_frame=take.branch_frame, reason=take.reason,
+            stats={k: v for k, v in take.stats.items() if isinstance(v, int | float)},
+        )  # fmt: skip
+        try:
+            pcm = await take_audio(self.state, take)
+            assert len(pcm) == take.n_frames * bytes_per_frame(take)
+            await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
+        except ProtocolError as err:  # the session is full, or was deleted meanwhile
+            await self._safe(self.send_error(err, take=take.take_id))
+        except Exception:
+            log.exception("could not keep take %s in session %s", take.take_id, session_id)
+            await self._safe(
+                self.send_error(ProtocolError(ErrorCode.INTERNAL, "the take could not be stored"), take=take.take_id)
+            )
 
     # -- takes --------------------------------------------------------------------------
 
@@ -275,6 +347,7 @@ class Connection:
 
     async def _start(self, request: StartTake) -> None:
         self._refuse_if_shutting_down()
+        await self._check_session_room()
         await self._stop_take(EndReason.REPLACED, wait=True)
         model = resolve_model(self.state, request.model)
         plan = self.session.plan_start(request)
@@ -282,6 +355,8 @@ class Connection:
 
     async def _seek(self, msg: Seek) -> None:
         self._refuse_if_shutting_down()
+        if msg.mode == "retake":
+            await self._check_session_room()
         t_request = time.monotonic()
         plan: SeekPlan = self.session.plan_seek(msg)
         await self._stop_take(EndReason.REPLACED, wait=True)
@@ -330,7 +405,10 @@ class Connection:
                 handle.cancel(EndReason.SHUTDOWN)
             if self._dead:
                 handle.cancel(EndReason.CANCELLED)
-            await stream_take(self.state, handle, take, self.session, self.send_frame, t_request=t_request, model=model)
+            await stream_take(
+                self.state, handle, take, self.session, self.send_frame, t_request=t_request, model=model,
+                keep=self._keep,
+            )  # fmt: skip
         except ProtocolError as err:
             self.session.record_end(take, EndReason.ERROR.value, {})
             await self._safe(self.send_error(err, take=take.take_id))
