@@ -269,9 +269,9 @@ def eager_profile(model_dir: Path, codec_dir: Path, batches: list[int], prompt_r
     import moss_rt.model.step as step_mod
     from moss_rt.codec import load_codec
     from moss_rt.codec.streaming import StreamingDecoder
+    from moss_rt.generation import SamplingParams
     from moss_rt.model.loader import load_model
     from moss_rt.model.runner import ModelRunner
-    from moss_rt.protocol.messages import SamplingParams
 
     device = torch.device("cpu" if tiny else "cuda")
     dtype = torch.float32 if tiny else torch.bfloat16

@@ -27,10 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from moss_rt.generation import SamplingParams  # noqa: E402
 from moss_rt.model import ModelRunner, MossTTSConfig, load_model  # noqa: E402
 from moss_rt.model.prompt import build_prompt_rows, load_tokenizer  # noqa: E402
 from moss_rt.model.tiny import write_full_size_random_checkpoint, write_tiny_checkpoint  # noqa: E402
-from moss_rt.protocol.messages import SamplingParams  # noqa: E402
 
 logger = logging.getLogger("model_bench")
 PENALTY = SamplingParams(audio_repetition_penalty=1.1)  # 1.7 / 0.8 / 25 defaults + penalty 1.1

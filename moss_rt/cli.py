@@ -8,7 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
-from moss_rt.config import Settings, settings_from_env
+from moss_rt.config import Settings, add_setting_flags, settings_from_env, settings_from_flags
+from moss_rt.engine.base import Engine
 
 log = logging.getLogger("moss_rt")
 
@@ -20,7 +21,7 @@ def setup_logging(level: str) -> None:
     )
 
 
-def build_engine(settings: Settings):  # type: ignore[no-untyped-def]
+def build_engine(settings: Settings) -> Engine:
     """The engine named by settings (imported lazily: the scripted one needs no torch)."""
     if settings.engine == "scripted":
         from moss_rt.engine.scripted import ScriptedEngine
@@ -44,41 +45,8 @@ def build_engine(settings: Settings):  # type: ignore[no-untyped-def]
 def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="run the service (env MOSS_RT_<FLAG> sets defaults)")
     base = settings_from_env()
-    p.add_argument("--host", default=base.host)
-    p.add_argument("--port", type=int, default=base.port)
-    p.add_argument("--engine", choices=("moss", "scripted"), default=base.engine)
-    p.add_argument("--model", default=base.model, help="auto | tiny | PATH | HUB_ID")
-    p.add_argument("--codec", default=base.codec, help="auto | tiny | PATH | HUB_ID")
-    p.add_argument("--device", default=base.device, help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default=base.dtype, help="auto | float32 | bfloat16")
-    p.add_argument("--data-dir", type=Path, default=base.data_dir, help="uploaded voices, tiny models")
-    p.add_argument("--voices-dir", type=Path, default=base.voices_dir, help="built-in voices (audio files)")
-    p.add_argument("--max-slots", type=int, default=base.max_slots)
-    p.add_argument("--max-queue", type=int, default=base.max_queue)
-    p.add_argument("--max-lead-sec", type=float, default=base.max_lead_sec)
-    p.add_argument("--max-seq-len", type=int, default=base.max_seq_len, help="cache positions per slot")
-    p.add_argument("--heard-audio-mb", type=int, default=base.heard_audio_mb, help="streamed PCM kept for replays")
-    p.add_argument("--frame-ms", type=float, default=base.frame_ms, help="scripted engine frame time")
-    p.add_argument("--api-key", default=base.api_key)
-    p.add_argument("--allowed-origins", default=",".join(base.allowed_origins))
-    # Reliability and security knobs (docs/limits.md, docs/security.md). Prefer MOSS_RT_API_KEY
-    # over --api-key: a flag is visible to every user of the machine in the process list.
-    p.add_argument("--cors-origins", default=",".join(base.cors_origins), help="origins that get CORS headers")
-    p.add_argument("--token-ttl-sec", type=float, default=base.token_ttl_sec)
-    p.add_argument("--max-connections", type=int, default=base.max_connections)
-    p.add_argument("--max-takes-per-client", type=int, default=base.max_takes_per_client, help="0: no cap")
-    p.add_argument("--http-requests-per-sec", type=float, default=base.http_requests_per_sec, help="0: no limit")
-    p.add_argument("--http-request-burst", type=int, default=base.http_request_burst)
-    p.add_argument(
-        "--trusted-proxies",
-        default=",".join(base.trusted_proxies),
-        help="reverse proxies (IPs or CIDRs, comma-separated) whose X-Forwarded-For names the client",
-    )
-    p.add_argument("--ws-idle-timeout-sec", type=float, default=base.ws_idle_timeout_sec)
-    p.add_argument("--ws-heartbeat-sec", type=float, default=base.ws_heartbeat_sec)
-    p.add_argument("--send-stall-timeout-sec", type=float, default=base.send_stall_timeout_sec)
-    p.add_argument("--shutdown-grace-sec", type=float, default=base.shutdown_grace_sec)
-    p.add_argument("--log-level", default=base.log_level)
+    # One flag per Settings field (docs/limits.md, docs/security.md for the reliability knobs).
+    add_setting_flags(p, base)
     p.set_defaults(func=run_serve, base=base)
 
 
@@ -87,37 +55,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from moss_rt.web import create_app
 
-    settings: Settings = args.base.replace(
-        host=args.host,
-        port=args.port,
-        engine=args.engine,
-        model=args.model,
-        codec=args.codec,
-        device=args.device,
-        dtype=args.dtype,
-        data_dir=args.data_dir,
-        voices_dir=args.voices_dir,
-        max_slots=args.max_slots,
-        max_queue=args.max_queue,
-        max_lead_sec=args.max_lead_sec,
-        max_seq_len=args.max_seq_len,
-        frame_ms=args.frame_ms,
-        heard_audio_mb=args.heard_audio_mb,
-        api_key=args.api_key or None,
-        allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
-        cors_origins=tuple(o for o in args.cors_origins.split(",") if o),
-        token_ttl_sec=args.token_ttl_sec,
-        max_connections=args.max_connections,
-        max_takes_per_client=args.max_takes_per_client,
-        http_requests_per_sec=args.http_requests_per_sec,
-        http_request_burst=args.http_request_burst,
-        trusted_proxies=tuple(p.strip() for p in args.trusted_proxies.split(",") if p.strip()),
-        ws_idle_timeout_sec=args.ws_idle_timeout_sec,
-        ws_heartbeat_sec=args.ws_heartbeat_sec,
-        send_stall_timeout_sec=args.send_stall_timeout_sec,
-        shutdown_grace_sec=args.shutdown_grace_sec,
-        log_level=args.log_level,
-    )
+    settings = settings_from_flags(args, args.base)
     setup_logging(settings.log_level)
     engine = build_engine(settings)
     app = create_app(settings, engine)

@@ -24,7 +24,9 @@ import websockets
 from moss_rt.protocol import (
     TAG_JSON,
     TAG_PCM,
+    ErrorMessage,
     FrameReader,
+    Hello,
     ServerMessage,
     decode_frame,
     parse_server_message,
@@ -32,7 +34,7 @@ from moss_rt.protocol import (
 
 
 class ServerError(Exception):
-    def __init__(self, message: ServerMessage) -> None:
+    def __init__(self, message: ErrorMessage) -> None:
         super().__init__(f"{message.get('code')}: {message.get('message')}")
         self.code = message.get("code")
         self.message = message
@@ -71,7 +73,7 @@ Item = ServerMessage | bytes
 class DirectingClient:
     """An async client of ``/api/ws``. Server frames are read by :meth:`receive`."""
 
-    def __init__(self, ws: websockets.ClientConnection, hello: ServerMessage) -> None:
+    def __init__(self, ws: websockets.ClientConnection, hello: Hello) -> None:
         self.ws = ws
         self.hello = hello
 
@@ -80,7 +82,7 @@ class DirectingClient:
     async def connect(cls, url: str, **kwargs: Any) -> AsyncIterator[DirectingClient]:
         async with websockets.connect(url, max_size=16 * 1024 * 1024, **kwargs) as ws:
             first = await cls._read(ws)
-            if not isinstance(first, ServerMessage) or first.type != "hello":
+            if not isinstance(first, Hello):
                 raise RuntimeError(f"expected hello, got {first!r}")
             yield cls(ws, first)
 
@@ -119,7 +121,7 @@ class DirectingClient:
 
     async def collect(self, *, until_end: bool = True) -> TakeAudio:
         """Gather frames of the current take until its ``end`` (raises ServerError on error)."""
-        take = TakeAudio(sr=int(self.hello["sr"]))
+        take = TakeAudio(sr=self.hello.sr)
         while True:
             item = await self.receive()
             if isinstance(item, bytes):
@@ -130,7 +132,7 @@ class DirectingClient:
                 take.start = item.to_dict()
                 take.channels = int(item.get("channels", 1))
                 take.sr = int(item.get("sr", take.sr))
-            elif item.type == "error":
+            elif isinstance(item, ErrorMessage):
                 if item.get("take") is not None or item.get("fatal"):
                     raise ServerError(item)
             elif item.type == "end" and until_end:
@@ -150,7 +152,7 @@ async def http_stream(base_url: str, total_timeout_sec: float = 600.0, **fields:
         async with http.post(base_url.rstrip("/") + "/api/stream", json=fields) as resp:
             if resp.status != 200:
                 body = await resp.json(content_type=None)
-                raise ServerError(ServerMessage("error", body.get("error", {})))
+                raise ServerError(ErrorMessage.from_dict({"code": None, "message": None, **body.get("error", {})}))
             async for data in resp.content.iter_any():
                 for frame in reader.feed(data):
                     if frame.tag == TAG_PCM:

@@ -1,14 +1,18 @@
 """Service settings: one frozen record, filled from defaults, ``MOSS_RT_*`` variables and flags.
 
 Every default of the service lives here (or in :class:`moss_rt.protocol.Limits`), so no other
-module hides one.
+module hides one. A setting is added in one place, a field of :class:`Settings`: its environment
+variable (``MOSS_RT_<FIELD>``) and its ``serve`` flag (``--field-name``) are derived from the field
+(:func:`add_setting_flags`); ``help``/``choices`` may be given with :func:`setting`. The fields of
+:class:`Limits` get ``MOSS_RT_LIMIT_<FIELD>`` and ``--limit-field-name`` the same way.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,51 +25,60 @@ REAL_MODEL_ID = "laion/moss-tts-local-transformer-4.55b-voice-acting-v2"
 REAL_CODEC_ID = "OpenMOSS-Team/MOSS-Audio-Tokenizer-v2"
 
 
+def setting(default: Any, help: str, *, choices: Sequence[str] | None = None) -> Any:  # noqa: A002
+    """A settings field with the help text (and choices) of its ``serve`` flag."""
+    return field(default=default, metadata={"help": help, "choices": tuple(choices) if choices else None})
+
+
 @dataclass(frozen=True)
 class Settings:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     # "moss" is the real engine (model + codec); "scripted" is the deterministic test engine.
-    engine: str = "moss"
-    model: str = "auto"  # auto | tiny | PATH | HUB_ID
-    codec: str = "auto"
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto | float32 | bfloat16
-    data_dir: Path = Path("data")
-    voices_dir: Path = Path("voices")  # built-in voices: audio files in this folder
+    engine: str = setting("moss", "moss: the real model; scripted: the test engine", choices=("moss", "scripted"))
+    model: str = setting("auto", "auto | tiny | PATH | HUB_ID")
+    codec: str = setting("auto", "auto | tiny | PATH | HUB_ID")
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N")
+    dtype: str = setting("auto", "auto | float32 | bfloat16")
+    data_dir: Path = setting(Path("data"), "uploaded voices, tiny models")
+    voices_dir: Path = setting(Path("voices"), "built-in voices (audio files)")
     static_dir: Path = Path(__file__).resolve().parent.parent / "static"
     # Engine scheduling.
     max_slots: int = 64  # takes generating at once
     max_queue: int = 64  # takes waiting for a slot; beyond this requests are refused as busy
     max_lead_sec: float = 20.0  # audio a client may hold unplayed before its take is paused
-    frame_ms: float = 80.0  # scripted engine only: wall time per generated frame
-    max_seq_len: int = 5120  # cache positions per slot: prompt rows + frames (longer takes end max_frames)
+    frame_ms: float = setting(80.0, "scripted engine frame time")  # wall time per generated frame
+    # Cache positions per slot: prompt rows + frames (longer takes end max_frames).
+    max_seq_len: int = setting(5120, "cache positions per slot")
     prefill_chunk: int = 512  # prompt rows per prefill call (longer prompts are prefilled in pieces)
     prefill_budget_ms: float = 40.0  # prefill work per scheduling round while other takes stream
     # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest); with the
     # scheduler's keys-per-row bound on rows x longest key window, it bounds the pass's memory and stall.
     prefill_max_rows: int = 8192
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
-    heard_audio_mb: int = 256
+    heard_audio_mb: int = setting(256, "streamed PCM kept for replays")
     # Connections.
     max_connections: int = 256
     # Concurrent takes (WebSocket and HTTP) per remote address, across its connections; 0: no cap.
     # Behind a reverse proxy every client shares the proxy's address unless it is in trusted_proxies.
-    max_takes_per_client: int = 16
+    max_takes_per_client: int = setting(16, "0: no cap")
     # Requests that cost work (POSTs, WebSocket upgrades, take downloads) per client address: a token
     # bucket refilled at this rate with this burst; 0 disables it.
-    http_requests_per_sec: float = 20.0
+    http_requests_per_sec: float = setting(20.0, "0: no limit")
     http_request_burst: int = 100
     # Reverse proxies (addresses or CIDR ranges) whose X-Forwarded-For names the client.
-    trusted_proxies: tuple[str, ...] = ()
+    trusted_proxies: tuple[str, ...] = setting(
+        (), "reverse proxies (IPs or CIDRs, comma-separated) whose X-Forwarded-For names the client"
+    )
     ws_idle_timeout_sec: float = 300.0  # no client message and no take running for this long → close
     ws_heartbeat_sec: float = 20.0  # server pings; no pong within half of it → the socket is dropped
     send_stall_timeout_sec: float = 15.0  # one send blocked this long (client not reading) → disconnect
     shutdown_grace_sec: float = 5.0
-    # Security (all optional).
+    # Security (all optional). Prefer MOSS_RT_API_KEY over --api-key: a flag is visible to every
+    # user of the machine in the process list.
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()  # empty: same origin only
-    cors_origins: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = setting((), "origins that get CORS headers")
     token_ttl_sec: float = 600.0  # lifetime of browser tokens from POST /api/token
     limits: Limits = field(default_factory=Limits)
     log_level: str = "INFO"
@@ -80,6 +93,8 @@ class Settings:
 
 
 def _convert(kind: Any, raw: str) -> Any:
+    if kind in (bool, "bool"):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
     if kind in (int, "int"):
         return int(raw)
     if kind in (float, "float"):
@@ -113,3 +128,49 @@ def settings_from_env(env: Mapping[str, str] | None = None, base: Settings | Non
     if limit_changes:
         changes["limits"] = dataclasses.replace(base.limits, **limit_changes)
     return base.replace(**changes)
+
+
+# --------------------------------------------------------------------------- command-line flags
+# Not derived: ``limits`` (its fields get flags of their own) and ``static_dir`` (the UI ships with
+# the package; tests point it elsewhere through Settings).
+_NO_FLAG = ("limits", "static_dir")
+
+
+def _flag_type(kind: str) -> Any:
+    if kind == "tuple[str, ...]":
+        return lambda raw: tuple(s.strip() for s in raw.split(",") if s.strip())
+    if kind == "str | None":
+        return lambda raw: raw or None
+    return lambda raw: _convert(kind, raw)
+
+
+def _add_flags(
+    parser: argparse.ArgumentParser, cls: type[Any], base: Any, prefix: str, skip: Sequence[str] = ()
+) -> None:
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        default = getattr(base, f.name)
+        flag = "--" + prefix + f.name.replace("_", "-")
+        dest = prefix.replace("-", "_") + f.name
+        kwargs: dict[str, Any] = {"dest": dest, "default": default, "help": f.metadata.get("help")}
+        if kind == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+            continue
+        if f.metadata.get("choices"):
+            kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument(flag, type=_flag_type(kind), **kwargs)
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, base: Settings) -> None:
+    """One ``--flag`` per settings field (``--limit-…`` per limit), defaulting to ``base``."""
+    _add_flags(parser, Settings, base, "", _NO_FLAG)
+    _add_flags(parser, Limits, base.limits, "limit-")
+
+
+def settings_from_flags(args: argparse.Namespace, base: Settings) -> Settings:
+    """``base`` with every flag of :func:`add_setting_flags` applied."""
+    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name not in _NO_FLAG}
+    limits = {f.name: getattr(args, "limit_" + f.name) for f in dataclasses.fields(Limits)}
+    return base.replace(limits=dataclasses.replace(base.limits, **limits), **changes)

@@ -15,15 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moss_rt.protocol import (
-    FRAME_SAMPLES,
-    N_CODEBOOKS,
-    ErrorCode,
-    ProtocolError,
-    SamplingParams,
-    Seek,
-    StartTake,
-)
+from moss_rt.engine.base import TakeSpec
+from moss_rt.generation import FRAME_SAMPLES, N_CODEBOOKS, SamplingParams
+from moss_rt.protocol import ErrorCode, ProtocolError, Seek, SeekAck, StartTake, seek_ack
 
 
 def new_take_id() -> str:
@@ -69,6 +63,27 @@ class TakeRecord:
             raise ValueError(f"take {self.take_id}: chunk at frame {first_frame}, expected {self._n_frames}")
         self._chunks.append(np.asarray(codes, dtype=np.int64).reshape(-1, N_CODEBOOKS))
         self._n_frames += int(codes.shape[0])
+
+    def engine_spec(
+        self, *, reference_codes: np.ndarray | None = None, prefix_codes: np.ndarray | None = None
+    ) -> TakeSpec:
+        """The engine's request for this take: the wire request resolved (one seed, reference codes)."""
+        r = self.request
+        return TakeSpec(
+            take_id=self.take_id,
+            text=r.text,
+            instruction=r.instruction,
+            language=r.language,
+            seed=self.seed,
+            sampling=r.sampling,
+            max_frames=r.max_new_tokens,
+            chunk_frames=r.chunk_frames,
+            channels=r.channels,
+            tokens=r.tokens,
+            reference_codes=reference_codes,
+            prefix_codes=prefix_codes if prefix_codes is not None and len(prefix_codes) else None,
+            parent_take=self.parent,
+        )
 
     def summary(self) -> dict[str, object]:
         return {
@@ -138,8 +153,8 @@ class SeekPlan:
     def prefix_codes(self) -> np.ndarray:
         return self.source.codes[: self.frame]
 
-    def ack(self) -> dict[str, object]:
-        return {"take": self.take.take_id, "from_take": self.source.take_id, "frame": self.frame, "sample": self.sample}
+    def ack(self) -> SeekAck:
+        return seek_ack(take=self.take.take_id, from_take=self.source.take_id, frame=self.frame)
 
 
 class DirectingSession:

@@ -69,7 +69,7 @@ class ServerThread:
             await self._runner.setup()
             await web.TCPSite(self._runner, self.settings.host, self.settings.port).start()
             for _ in range(int(ready_timeout * 20)):
-                if app[STATE].engine.ready:
+                if app[STATE].engine.info.ready:
                     return
                 await asyncio.sleep(0.05)
             raise RuntimeError("engine never became ready")

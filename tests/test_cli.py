@@ -83,3 +83,34 @@ def test_serve_help_lists_flags() -> None:
                             text=True, timeout=60)
     for flag in ("--host", "--port", "--model", "--data-dir", "--voices-dir", "--max-slots", "--trusted-proxies"):
         assert flag in result.stdout
+
+
+def test_every_setting_is_a_flag_and_flags_override_env() -> None:
+    """Flags are derived from the Settings fields: adding a field adds its flag (and env variable)."""
+    import argparse
+    import dataclasses
+
+    from moss_rt.config import add_setting_flags, settings_from_flags
+    from moss_rt.protocol import Limits
+
+    base = settings_from_env({"MOSS_RT_MAX_SLOTS": "7", "MOSS_RT_API_KEY": "k", "MOSS_RT_LIMIT_MAX_TEXT_CHARS": "99"})
+    parser = argparse.ArgumentParser()
+    add_setting_flags(parser, base)
+    flags = {opt for action in parser._actions for opt in action.option_strings}
+    for f in dataclasses.fields(Settings):
+        if f.name not in ("limits", "static_dir"):
+            assert "--" + f.name.replace("_", "-") in flags
+    for f in dataclasses.fields(Limits):
+        assert "--limit-" + f.name.replace("_", "-") in flags
+
+    untouched = settings_from_flags(parser.parse_args([]), base)
+    assert untouched == base and untouched.max_slots == 7 and untouched.limits.max_text_chars == 99
+    args = parser.parse_args(
+        ["--max-slots", "3", "--allowed-origins", "https://a, https://b", "--api-key", "", "--data-dir", "/x",
+         "--max-lead-sec", "2.5", "--limit-max-new-tokens", "100", "--engine", "scripted"]
+    )
+    s = settings_from_flags(args, base)
+    assert (s.max_slots, s.allowed_origins, s.api_key, str(s.data_dir)) == (3, ("https://a", "https://b"), None, "/x")
+    assert (s.max_lead_sec, s.limits.max_new_tokens, s.limits.max_text_chars, s.engine) == (2.5, 100, 99, "scripted")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--engine", "nope"])

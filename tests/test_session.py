@@ -55,7 +55,8 @@ def test_retake_branches_with_prefix_overrides_and_new_seed() -> None:
     finish(s, parent, 20)
     plan = s.plan_seek(Seek(take="t0", frame=8, instruction="angry", sampling={"audio_top_k": 5}))
     new = plan.take
-    assert plan.mode == "retake" and plan.ack() == {"take": "t1", "from_take": "t0", "frame": 8, "sample": 8 * 3840}
+    ack = {"type": "seek", "take": "t1", "from_take": "t0", "frame": 8, "sample": 8 * 3840}
+    assert plan.mode == "retake" and plan.ack().to_dict() == ack
     assert new.parent == "t0" and new.branch_frame == 8 and new.n_frames == 8
     assert np.array_equal(new.codes, parent.codes[:8]) and np.array_equal(plan.prefix_codes, parent.codes[:8])
     assert new.request.instruction == "angry" and new.request.text == "line"

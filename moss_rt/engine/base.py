@@ -1,20 +1,31 @@
 """The engine seam: what the web layer may ask of any engine (real or scripted).
 
-An engine takes :class:`TakeSpec` requests, runs them on its own worker thread and hands back a
-:class:`TakeHandle`: an async iterator of events plus ``cancel()``. Everything here is small on
-purpose; scheduling, batching and GPU details stay inside the engines.
+Five members, nothing else (docs/architecture.md):
+
+- ``async with engine:`` loads and warms up (start) and, on exit, stops the worker (close);
+- ``info``: what it serves (models, demo, device), whether it is ready, and its metrics registry;
+- ``submit(TakeSpec)`` admits a take and returns its :class:`TakeHandle`;
+- ``render(codes, channels)`` decodes stored codes to PCM (replays, downloads);
+- ``encode_reference(audio)`` encodes an uploaded voice to codes.
+
+A :class:`TakeSpec` is the engine's own request: resolved values only (one seed, resolved
+reference codes), never the wire message. A handle's event iterator cancels its take when it is
+abandoned (closed early or cancelled), so no consumer needs a cancel of its own in a ``finally``.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, Self
 
 import numpy as np
 
-from moss_rt.protocol import StartTake
+from moss_rt.generation import EndReason, SamplingParams
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 # First-chunk policy. A take's first new frames go out one per chunk whatever its ``chunk_frames``: 3 frames are
 # 240 ms, more than a player's usual 200 ms jitter cushion, so a client can start playing as soon as they exist
@@ -33,13 +44,20 @@ def chunk_target(new_frames_sent: int, chunk_frames: int) -> int:
     return max(1, min(chunk_frames, new_frames_sent // 2))
 
 
-class EndReason(enum.StrEnum):
-    DONE = "done"
-    CANCELLED = "cancelled"
-    MAX_FRAMES = "max_frames"
-    REPLACED = "replaced"
-    SHUTDOWN = "shutdown"
-    ERROR = "error"
+__all__ = [
+    "AudioChunk",
+    "EndReason",
+    "Engine",
+    "EngineBusy",
+    "EngineInfo",
+    "EngineLifecycle",
+    "TakeEvent",
+    "TakeFinished",
+    "TakeFirstAudio",
+    "TakeHandle",
+    "TakeSpec",
+    "chunk_target",
+]
 
 
 class EngineBusy(Exception):
@@ -52,15 +70,24 @@ class EngineBusy(Exception):
 
 @dataclass(frozen=True)
 class TakeSpec:
-    """One take to generate.
+    """One take to generate, fully resolved: the engine's own request type.
 
     ``prefix_codes`` [N, 12] are frames kept from a parent take (a retake from frame N): the
-    engine continues after them and never sends their audio again.
+    engine continues after them and never sends their audio again. ``max_frames`` counts new
+    frames only (the wire's ``max_new_tokens``); ``tokens`` is the optional duration hint that
+    goes into the prompt.
     """
 
     take_id: str
-    request: StartTake
-    seed: int
+    text: str = ""
+    instruction: str = ""
+    language: str = ""
+    seed: int = 0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_frames: int = 4096
+    chunk_frames: int = 8
+    channels: int = 1
+    tokens: int | None = None
     reference_codes: np.ndarray | None = None  # [T, 12] int64 voice-clone reference
     prefix_codes: np.ndarray | None = None  # [N, 12] int64
     parent_take: str | None = None
@@ -104,6 +131,12 @@ TakeEvent = TakeFirstAudio | AudioChunk | TakeFinished
 
 
 class TakeHandle(Protocol):
+    """A submitted take. Iterate it once for its events; they end with one :class:`TakeFinished`.
+
+    An iteration abandoned before that (the iterator closed, or the task awaiting it cancelled)
+    cancels the take, so the engine never generates for nobody.
+    """
+
     take_id: str
 
     def __aiter__(self) -> AsyncIterator[TakeEvent]: ...
@@ -120,24 +153,46 @@ class EngineInfo:
     demo: bool  # True when serving a tiny random-weight model (noise)
     device: str
     details: dict[str, str] = field(default_factory=dict)
+    ready: bool = False  # loaded and warmed up
+    metrics: CollectorRegistry | None = None  # rendered by GET /metrics; None: no engine metrics
 
 
 class Engine(Protocol):
-    info: EngineInfo
+    """The seam (see the module docstring)."""
 
     @property
-    def ready(self) -> bool:
-        """Loaded and warmed up."""
+    def info(self) -> EngineInfo: ...
 
-    async def start(self) -> None: ...
+    async def __aenter__(self) -> Self: ...
 
-    async def close(self) -> None: ...
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
 
     async def submit(self, spec: TakeSpec) -> TakeHandle:
-        """Admit a take (raises EngineBusy when full)."""
+        """Admit a take (raises EngineBusy when full, ProtocolError when the request cannot fit)."""
 
     async def render(self, codes: np.ndarray, channels: int) -> bytes:
         """Decode stored codes [N, 12] to int16 PCM (replay and downloads)."""
 
     async def encode_reference(self, audio: bytes) -> np.ndarray:
         """Encode an uploaded voice (any soundfile-readable bytes) to codes [T, 12]."""
+
+
+class EngineLifecycle:
+    """``async with engine`` for engines written with ``start()`` and ``close()``."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

@@ -75,11 +75,19 @@ class TakeChannel:
         return self._events()
 
     async def _events(self) -> AsyncIterator[TakeEvent]:
-        while True:
-            event = await self._queue.get()
-            if isinstance(event, AudioChunk):
-                with self._lock:
-                    self._outstanding -= event.n_frames
-            yield event
-            if isinstance(event, TakeFinished):
-                return
+        finished = False
+        try:
+            while True:
+                event = await self._queue.get()
+                if isinstance(event, AudioChunk):
+                    with self._lock:
+                        self._outstanding -= event.n_frames
+                finished = isinstance(event, TakeFinished)
+                yield event
+                if finished:
+                    return
+        finally:
+            if not finished:
+                # Abandoned (closed early, or the consuming task was cancelled): nobody will read
+                # this take any more, so the engine must stop generating it.
+                self.cancel(EndReason.CANCELLED)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from moss_rt.config import Settings
-from moss_rt.engine.base import EngineBusy, EngineInfo, TakeSpec
+from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, TakeSpec
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.metrics import EngineMetrics
@@ -31,7 +31,8 @@ from moss_rt.engine.prompts import PromptTooLong, frames_room, prompt_rows
 from moss_rt.engine.resolve import DEMO_BANNER, Choice, choose_codec, choose_model, placement, tiny_model_dir
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import EngineChannel, Take
-from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE, ErrorCode, ProtocolError
+from moss_rt.generation import FRAME_RATE, N_CODEBOOKS, SamplingParams
+from moss_rt.protocol import DEFAULT_MODEL_ALIAS, ErrorCode, ProtocolError
 
 if TYPE_CHECKING:
     from moss_rt.model.runner import ModelRunner
@@ -46,7 +47,7 @@ SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU inference runs single-threade
 CODEC_CHUNK_FRAMES = 25  # largest chunk the streaming decoder runs in one forward (longer ones are split)
 
 
-class MossEngine:
+class MossEngine(EngineLifecycle):
     """The production engine (see module docstring). Construct, then ``await start()``."""
 
     def __init__(self, settings: Settings) -> None:
@@ -62,7 +63,6 @@ class MossEngine:
             details={"status": "loading", "model": spec, "codec": settings.codec.strip()},
         )
         self.metrics = EngineMetrics()
-        self.metrics_registry = self.metrics.registry  # rendered by GET /metrics
         lead_sec = settings.max_lead_sec if settings.max_lead_sec > 0 else 20.0
         self._lead_frames = max(1, int(lead_sec * FRAME_RATE))
         self._capacity = settings.max_slots + settings.max_queue
@@ -88,7 +88,7 @@ class MossEngine:
     # ------------------------------------------------------------------ the seam
     @property
     def info(self) -> EngineInfo:
-        return self._info
+        return dataclasses.replace(self._info, ready=self._ready, metrics=self.metrics.registry)
 
     @property
     def ready(self) -> bool:
@@ -152,7 +152,7 @@ class MossEngine:
         return rows
 
     async def render(self, codes: np.ndarray, channels: int) -> bytes:
-        codes = np.asarray(codes, dtype=np.int64).reshape(-1, 12)
+        codes = np.asarray(codes, dtype=np.int64).reshape(-1, N_CODEBOOKS)
         if codes.shape[0] == 0:
             return b""
         job = RenderJob(codes, channels, self._require_batcher())
@@ -397,8 +397,6 @@ class MossEngine:
 
     def _warm_up(self) -> None:
         """Capture step graphs and run one short take through model and codec before ``ready``."""
-        from moss_rt.protocol.messages import SamplingParams
-
         t0 = time.perf_counter()
         runner = self._runner
         assert runner is not None
@@ -419,7 +417,7 @@ class MossEngine:
             log.info("codec graphs captured in %.1f s", time.perf_counter() - t1)
         state = batcher.decoder.new_state()
         try:
-            codes = np.zeros((1 + 8, 12), dtype=np.int64)
+            codes = np.zeros((1 + 8, N_CODEBOOKS), dtype=np.int64)
             batcher.decode([state], [codes[:1]])
             batcher.decode([state], [codes[1:]])
             with batcher.eager():

@@ -23,12 +23,11 @@ class PromptTooLong(ValueError):
 
 def prompt_rows(runner: ModelRunner, spec: TakeSpec) -> np.ndarray:
     """The take's prompt rows [T, 13] (thread-safe: tokenization only, no tensors)."""
-    req = spec.request
     return runner.build_prompt(
-        text=req.text,
-        instruction=req.instruction,
-        language=req.language,
-        tokens=req.tokens,
+        text=spec.text,
+        instruction=spec.instruction,
+        language=spec.language,
+        tokens=spec.tokens,
         reference_codes=spec.reference_codes,
     )
 

@@ -32,7 +32,7 @@ from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prompts import frames_room
 from moss_rt.engine.slots import Phase, Retained, RetainedSlots, Take
-from moss_rt.protocol import N_CODEBOOKS
+from moss_rt.generation import N_CODEBOOKS
 
 if TYPE_CHECKING:
     from moss_rt.codec.streaming import StreamingDecoder
@@ -157,7 +157,7 @@ class Scheduler:
 
     def _begin(self, take: Take) -> None:
         runner = self.runner
-        spec, req = take.spec, take.spec.request
+        spec = take.spec
         take.phase = Phase.PREPARING
         take.prep_started = time.monotonic()
         assert take.prompt is not None, "submit builds and checks the prompt rows"
@@ -170,8 +170,8 @@ class Scheduler:
         )
         # The rule submit already checked (a PromptTooLong here is a ValueError: _admit ends the take).
         room = frames_room(len(prompt), n, int(runner.max_seq_len))
-        take.frame_cap = min(n + req.max_new_tokens, room)
-        take.capped_by_cache = n + req.max_new_tokens > room
+        take.frame_cap = min(n + spec.max_frames, room)
+        take.capped_by_cache = n + spec.max_frames > room
         take.prompt_len = len(prompt)
         take.frames = take.flushed = n
         take.codes = list(prefix)
@@ -202,7 +202,7 @@ class Scheduler:
         take.retain_key = prompt
         # Repetition penalty keeps the kept frames as history; the RNG counter continues at frame n.
         runner.set_sampling(
-            take.model_slot, req.sampling, spec.seed, frame_index=n, history=prefix if n else None
+            take.model_slot, spec.sampling, spec.seed, frame_index=n, history=prefix if n else None
         )
         take.decoder = self.decoder.new_state()
         take.rebuilt = 0
@@ -415,7 +415,7 @@ class Scheduler:
                 first_ms = (now - take.admitted) * 1000.0
                 self.metrics.ttfa.observe(first_ms / 1000.0)
                 take.channel.push(TakeFirstAudio(first_ms))
-            pcm = to_int16_pcm(wave, take.spec.request.channels)
+            pcm = to_int16_pcm(wave, take.spec.channels)
             take.channel.push(AudioChunk(take.flushed, codes, pcm))
             take.flushed = take.frames
 

@@ -12,6 +12,7 @@ It is the test engine, never the production default.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import io
 import logging
@@ -29,13 +30,15 @@ from moss_rt.engine.base import (
     EndReason,
     EngineBusy,
     EngineInfo,
+    EngineLifecycle,
     TakeFinished,
     TakeFirstAudio,
     TakeSpec,
     chunk_target,
 )
 from moss_rt.engine.channel import TakeChannel
-from moss_rt.protocol import DEFAULT_MODEL_ALIAS, FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS
+from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS
+from moss_rt.protocol import DEFAULT_MODEL_ALIAS
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +53,9 @@ def seed_marker(seed: int) -> int:
 
 def scripted_frame_count(spec: TakeSpec) -> tuple[int, bool]:
     """Total frames of the take (prefix included) and whether max_new_tokens cut it."""
-    req = spec.request
-    natural = req.tokens if req.tokens is not None else max(6, math.ceil(len(req.text) * 0.9))
+    natural = spec.tokens if spec.tokens is not None else max(6, math.ceil(len(spec.text) * 0.9))
     total = spec.start_frame + natural if spec.prefix_codes is not None else natural
-    cap = spec.start_frame + req.max_new_tokens if spec.prefix_codes is not None else req.max_new_tokens
+    cap = spec.start_frame + spec.max_frames if spec.prefix_codes is not None else spec.max_frames
     return min(total, cap), total > cap
 
 
@@ -85,7 +87,7 @@ class _Active:
     next_due: float = 0.0
 
 
-class ScriptedEngine:
+class ScriptedEngine(EngineLifecycle):
     """Runs takes on one worker thread at ``frame_ms`` per frame, flushing chunks like the real one."""
 
     def __init__(
@@ -96,7 +98,7 @@ class ScriptedEngine:
         max_queue: int = 64,
         max_lead_sec: float = 20.0,
     ) -> None:
-        self.info = EngineInfo(
+        self._info = EngineInfo(
             name="scripted",
             models=(DEFAULT_MODEL_ALIAS,),
             default_model=DEFAULT_MODEL_ALIAS,
@@ -115,6 +117,10 @@ class ScriptedEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.active_count = 0  # read by metrics and tests; written by the worker only
         self.steps = 0
+
+    @property
+    def info(self) -> EngineInfo:
+        return dataclasses.replace(self._info, ready=self._ready)
 
     @property
     def ready(self) -> bool:
@@ -200,7 +206,7 @@ class ScriptedEngine:
             item.next_frame += 1
             item.next_due += self._frame_s
             produced = item.next_frame - item.pending_from
-            if produced >= chunk_target(item.pending_from - item.spec.start_frame, item.spec.request.chunk_frames):
+            if produced >= chunk_target(item.pending_from - item.spec.start_frame, item.spec.chunk_frames):
                 self._flush(item)
         if item.next_frame >= item.total_frames:
             self._flush(item)
@@ -217,7 +223,7 @@ class ScriptedEngine:
             item.channel.push(TakeFirstAudio((item.first_audio - item.admitted) * 1000.0))
         seed = item.spec.seed
         codes = scripted_codes(item.pending_from, n, seed)
-        pcm = scripted_pcm(item.pending_from, n, seed, item.spec.request.channels)
+        pcm = scripted_pcm(item.pending_from, n, seed, item.spec.channels)
         item.channel.push(AudioChunk(item.pending_from, codes, pcm))
         item.pending_from = item.next_frame
 

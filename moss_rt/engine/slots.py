@@ -13,6 +13,7 @@ import numpy as np
 
 from moss_rt.engine.base import EndReason, TakeSpec, chunk_target
 from moss_rt.engine.channel import TakeChannel
+from moss_rt.generation import N_CODEBOOKS
 
 if TYPE_CHECKING:
     from moss_rt.codec.streaming import DecoderState
@@ -85,13 +86,13 @@ class Take:
             return False
         if self.first_audio is None:
             return True
-        every = self.spec.request.chunk_frames
+        every = self.spec.chunk_frames
         return step % every == 0 or self.pending >= chunk_target(self.flushed - self.spec.start_frame, every)
 
     def codes_array(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         part = self.codes[start:stop]
         if not part:
-            return np.zeros((0, 12), dtype=np.int64)
+            return np.zeros((0, N_CODEBOOKS), dtype=np.int64)
         return np.stack(part).astype(np.int64, copy=False)
 
 

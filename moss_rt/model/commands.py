@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from moss_rt.generation import SamplingParams
 from moss_rt.model.loader import ModelSourceError, load_model
 from moss_rt.model.prompt import build_prompt_rows
 from moss_rt.model.runner import ModelRunner
-from moss_rt.protocol.messages import SamplingParams
 
 logger = logging.getLogger(__name__)
 

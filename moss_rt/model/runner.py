@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from moss_rt.generation import SamplingParams
 from moss_rt.model.config import MossTTSConfig
 from moss_rt.model.network import MossTTSLocalModel
 from moss_rt.model.prompt import build_prompt_rows
 from moss_rt.model.sampling import split_seed
 from moss_rt.model.state import SlotState
 from moss_rt.model.step import Tables, Timer, frame_step, prefill_batch_rows
-from moss_rt.protocol.messages import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,14 @@
 """Wire protocol v1, sans-I/O: frames, control messages, limits and error codes."""
 
+from moss_rt.generation import (
+    FRAME_RATE,
+    FRAME_SAMPLES,
+    N_CODEBOOKS,
+    SAMPLE_RATE,
+    SAMPLING_DEFAULTS,
+    SamplingParams,
+    frame_at_time,
+)
 from moss_rt.protocol.errors import ErrorCode, ProtocolError
 from moss_rt.protocol.frames import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -17,30 +26,33 @@ from moss_rt.protocol.frames import (
 )
 from moss_rt.protocol.limits import Limits
 from moss_rt.protocol.messages import (
+    DEFAULT_CHUNK_FRAMES,
     DEFAULT_LIMITS,
     DEFAULT_MODEL_ALIAS,
     END_REASONS,
-    FRAME_RATE,
-    FRAME_SAMPLES,
-    N_CODEBOOKS,
     PROTOCOL_VERSION,
-    SAMPLE_RATE,
-    SAMPLING_DEFAULTS,
     SEEK_MODES,
+    UNSET,
     Cancel,
     ClientMessage,
+    ErrorMessage,
+    Hello,
     Ping,
+    Pong,
     Resume,
-    SamplingParams,
     Seek,
+    SeekAck,
     ServerMessage,
+    SessionResumed,
     StartTake,
+    TakeEnded,
+    TakeStarted,
+    Unset,
     decode_client_binary,
     decode_client_text,
     decode_stream_request,
     encode_message,
     error_message,
-    frame_at_time,
     hello,
     http_error_body,
     parse_client_message,
@@ -51,6 +63,7 @@ from moss_rt.protocol.messages import (
 )
 
 __all__ = [
+    "DEFAULT_CHUNK_FRAMES",
     "DEFAULT_LIMITS",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_MODEL_ALIAS",
@@ -67,6 +80,14 @@ __all__ = [
     "TAG_PCM",
     "Cancel",
     "ClientMessage",
+    "UNSET",
+    "Unset",
+    "TakeStarted",
+    "TakeEnded",
+    "SeekAck",
+    "Pong",
+    "Hello",
+    "ErrorMessage",
     "ErrorCode",
     "Frame",
     "FrameReader",
@@ -74,6 +95,7 @@ __all__ = [
     "Ping",
     "ProtocolError",
     "Resume",
+    "SessionResumed",
     "SamplingParams",
     "Seek",
     "ServerMessage",

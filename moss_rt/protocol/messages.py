@@ -9,64 +9,45 @@ values and oversize messages raise :class:`ProtocolError` with a stable code.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal, Self
 
 import msgpack
 
+from moss_rt.generation import (
+    FRAME_RATE,
+    FRAME_SAMPLES,
+    MAX_SEED,
+    SAMPLE_RATE,
+    SAMPLING_DEFAULTS,
+    SAMPLING_RANGES,
+    EndReason,
+    SamplingParams,
+    frame_at_time,
+)
 from moss_rt.protocol.errors import ErrorCode, ProtocolError
 from moss_rt.protocol.frames import decode_json_object, dumps_json
 from moss_rt.protocol.limits import Limits
 from moss_rt.protocol.schema import Field, coerce, short_repr, validate_fields
 
 PROTOCOL_VERSION = 1
-SAMPLE_RATE = 48000
-FRAME_SAMPLES = 3840  # per channel per 80 ms codec frame
-N_CODEBOOKS = 12  # codes per frame (the first 12 of the codec's 32 levels)
-FRAME_RATE = SAMPLE_RATE / FRAME_SAMPLES  # 12.5 frames per second
 DEFAULT_MODEL_ALIAS = "v2-best"
 DEFAULT_TEXT = "Hello! This is moss_rt, streaming expressive speech in real time."
+DEFAULT_CHUNK_FRAMES = 8  # frames per PCM chunk after the first one (WebSocket and the studio)
 DEFAULT_LIMITS = Limits()  # frozen, so one shared default is safe
 
-# Why a take ended (``reason`` of the server ``end`` message).
-END_REASONS = ("done", "cancelled", "max_frames", "replaced", "shutdown", "error")
+# Why a take ended (``reason`` of the server ``end`` message): the engine's own enum, spelled out.
+END_REASONS = tuple(reason.value for reason in EndReason)
 SEEK_MODES = ("retake", "replay")
 
-
-def frame_at_time(time_sec: float) -> int:
-    """The index of the 80 ms frame that contains the instant ``time_sec``.
-
-    The instant is first snapped to the nearest sample, so ``frame_at_time(n * 0.08) == n`` for
-    every n despite binary floating point (``int(2.32 * 12.5)`` would give 28, not 29).
-    """
-    return round(time_sec * SAMPLE_RATE) // FRAME_SAMPLES
-
-
-# Sampling defaults of the original playground (the upstream browser app's values).
-SAMPLING_DEFAULTS: dict[str, float | int] = {
-    "audio_temperature": 1.7,
-    "audio_top_p": 0.8,
-    "audio_top_k": 25,
-    "audio_repetition_penalty": 1.0,
-    "text_temperature": 1.0,
-    "text_top_p": 1.0,
-    "text_top_k": 50,
-}
-
+# The wire form of the sampling fields: their defaults and ranges come from SamplingParams.
 SAMPLING_FIELDS: dict[str, Field] = {
-    "audio_temperature": Field("float", SAMPLING_DEFAULTS["audio_temperature"], 0.0, 10.0),
-    "audio_top_p": Field("float", SAMPLING_DEFAULTS["audio_top_p"], 0.0, 1.0, exclusive_minimum=True),
-    "audio_top_k": Field("int", SAMPLING_DEFAULTS["audio_top_k"], 0, 1024),
-    "audio_repetition_penalty": Field(
-        "float", SAMPLING_DEFAULTS["audio_repetition_penalty"], 0.0, 10.0, exclusive_minimum=True
-    ),
-    "text_temperature": Field("float", SAMPLING_DEFAULTS["text_temperature"], 0.0, 10.0),
-    "text_top_p": Field("float", SAMPLING_DEFAULTS["text_top_p"], 0.0, 1.0, exclusive_minimum=True),
-    "text_top_k": Field("int", SAMPLING_DEFAULTS["text_top_k"], 0, 1024),
+    name: Field(r.kind, SAMPLING_DEFAULTS[name], r.minimum, r.maximum, exclusive_minimum=r.exclusive_minimum)
+    for name, r in SAMPLING_RANGES.items()
 }
 
-SEED_FIELD = Field("int", None, 0, 2**63 - 1, nullable=True)
-MAX_SEED = 2**63 - 1
+SEED_FIELD = Field("int", None, 0, MAX_SEED, nullable=True)
 
 
 def _stream_fields(limits: Limits) -> dict[str, Field]:
@@ -79,7 +60,7 @@ def _stream_fields(limits: Limits) -> dict[str, Field]:
         "seed": SEED_FIELD,
         **SAMPLING_FIELDS,
         "max_new_tokens": Field("int", limits.max_new_tokens, 1, limits.max_new_tokens),
-        "chunk_frames": Field("int", 8, limits.min_chunk_frames, limits.max_chunk_frames),
+        "chunk_frames": Field("int", DEFAULT_CHUNK_FRAMES, limits.min_chunk_frames, limits.max_chunk_frames),
         "model": Field("str", DEFAULT_MODEL_ALIAS, max_length=256),
         "tokens": Field("int", None, 1, limits.max_new_tokens, nullable=True),
     }
@@ -94,20 +75,6 @@ def _validate_text(values: dict[str, Any]) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class SamplingParams:
-    audio_temperature: float = 1.7
-    audio_top_p: float = 0.8
-    audio_top_k: int = 25
-    audio_repetition_penalty: float = 1.0
-    text_temperature: float = 1.0
-    text_top_p: float = 1.0
-    text_top_k: int = 50
-
-    def replace(self, **overrides: Any) -> SamplingParams:
-        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
-
-
-@dataclass(frozen=True, slots=True)
 class StartTake:
     """A synthesis request: the body of POST /api/stream or a WebSocket ``start``."""
 
@@ -119,7 +86,7 @@ class StartTake:
     seed: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_new_tokens: int = 4096
-    chunk_frames: int = 8
+    chunk_frames: int = DEFAULT_CHUNK_FRAMES
     model: str = DEFAULT_MODEL_ALIAS
     tokens: int | None = None
     take: str | None = None  # client label, WebSocket only
@@ -309,56 +276,195 @@ def encode_message(msg: ClientMessage | ServerMessage, fmt: Literal["json", "msg
 
 
 # --------------------------------------------------------------------------- server → client
-# Server messages travel as tag-0 frames. They are built by the server and read by clients,
-# which must tolerate fields added later; so these are plain records with a dict round trip.
+# Server messages travel as tag-0 frames: one frozen dataclass per type, built by the server (web/)
+# and read by clients (moss_rt.client). Clients must tolerate fields added later, so parsing keeps
+# unknown fields in ``extra``, and an optional field a message does not carry is UNSET (absent on
+# the wire), which is not the same as ``None`` (``null`` on the wire).
 
 
-@dataclass(frozen=True, slots=True)
+class Unset(enum.Enum):
+    UNSET = "unset"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = Unset.UNSET
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServerMessage:
-    type: str
-    body: dict[str, Any]
+    """Base of the server messages: dict round trip, read access by key, fields added later kept."""
+
+    type: ClassVar[str] = ""
+    required: ClassVar[tuple[str, ...]] = ()  # what a client insists on when parsing
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, **self.body}
+        out: dict[str, Any] = {"type": self.type}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name != "extra" and value is not UNSET:
+                out[f.name] = value
+        out.update(self.extra)
+        return out
 
     def __getitem__(self, key: str) -> Any:
-        return self.body[key]
+        return self.to_dict()[key]
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.body.get(key, default)
+        return self.to_dict().get(key, default)
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> Self:
+        missing = [k for k in cls.required if k not in obj]
+        if missing:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"server {cls.type!r} lacks {missing}")
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in obj.items() if k in names}
+        extra = {k: v for k, v in obj.items() if k not in names and k != "type"}
+        return cls(**known, extra=extra)
 
 
-SERVER_REQUIRED: dict[str, tuple[str, ...]] = {
-    "hello": ("protocol", "sr", "frame_samples"),
-    "start": ("sr",),
-    "seek": ("take", "frame", "sample"),
-    "end": ("n_frames", "duration_sec"),
-    "error": ("code", "message"),
-    "pong": ("server_t",),
+@dataclass(frozen=True, kw_only=True)
+class Hello(ServerMessage):
+    """Sent once on connect: the audio format, the models, the limits and the sampling defaults."""
+
+    type: ClassVar[str] = "hello"
+    required: ClassVar[tuple[str, ...]] = ("protocol", "sr", "frame_samples")
+    protocol: int = PROTOCOL_VERSION
+    sr: int = SAMPLE_RATE
+    frame_samples: int = FRAME_SAMPLES
+    models: list[str] | Unset = UNSET
+    default_model: str | Unset = UNSET
+    demo: bool | Unset = UNSET
+    limits: dict[str, Any] | Unset = UNSET
+    engine: str | Unset = UNSET
+    sampling_defaults: dict[str, float | int] | Unset = UNSET
+    sampling_ranges: dict[str, dict[str, Any]] | Unset = UNSET
+
+
+@dataclass(frozen=True, kw_only=True)
+class TakeStarted(ServerMessage):
+    """``start``: right before a take's first PCM (``sr`` and ``gpu_first_ms`` lead, as in the legacy stream)."""
+
+    type: ClassVar[str] = "start"
+    required: ClassVar[tuple[str, ...]] = ("sr",)
+    sr: int = SAMPLE_RATE
+    gpu_first_ms: float | None | Unset = UNSET
+    take: str | Unset = UNSET
+    channels: int | Unset = UNSET
+    seed: int | Unset = UNSET
+    model: str | Unset = UNSET
+    first_frame: int | Unset = UNSET
+    label: str | Unset = UNSET
+    replay: bool | Unset = UNSET
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeekAck(ServerMessage):
+    """The answer to ``seek``; ``sample`` (= frame × 3840) is where the following PCM starts."""
+
+    type: ClassVar[str] = "seek"
+    required: ClassVar[tuple[str, ...]] = ("take", "frame", "sample")
+    take: str
+    from_take: str | Unset = UNSET
+    frame: int
+    sample: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TakeEnded(ServerMessage):
+    """``end``: the last frame of a take (also of a replay, with ``replay: true``)."""
+
+    type: ClassVar[str] = "end"
+    required: ClassVar[tuple[str, ...]] = ("n_frames", "duration_sec")
+    take: str | Unset = UNSET
+    reason: str | Unset = UNSET
+    replay: bool | Unset = UNSET
+    n_frames: int
+    new_frames: int | Unset = UNSET
+    duration_sec: float
+    gpu_total_ms: float | Unset = UNSET
+    gpu_first_ms: float | None | Unset = UNSET
+    ttfa_ms: float | None | Unset = UNSET
+    rtf: float | None | Unset = UNSET
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorMessage(ServerMessage):
+    """``error``: a stable ``code``; the socket stays usable unless ``fatal``."""
+
+    type: ClassVar[str] = "error"
+    required: ClassVar[tuple[str, ...]] = ("code", "message")
+    code: str
+    message: str
+    field: str | Unset = UNSET
+    fatal: bool | Unset = UNSET
+    take: str | Unset = UNSET
+
+    @classmethod
+    def of(cls, err: ProtocolError, *, take: str | None = None) -> ErrorMessage:
+        return cls(
+            code=err.code.value,
+            message=err.message,
+            field=UNSET if err.field is None else err.field,
+            fatal=err.fatal,
+            take=UNSET if take is None else take,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pong(ServerMessage):
+    type: ClassVar[str] = "pong"
+    required: ClassVar[tuple[str, ...]] = ("server_t",)
+    t: float | None | Unset = UNSET
+    server_t: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionResumed(ServerMessage):
+    """``session``: the answer to ``resume``, the directing session this connection is bound to and its takes."""
+
+    type: ClassVar[str] = "session"
+    required: ClassVar[tuple[str, ...]] = ("session", "takes")
+    session: str = ""
+    resumed: bool = False  # False: a new session was created
+    max_takes: int | Unset = UNSET
+    takes: list[dict[str, Any]] = field(default_factory=list)  # stored take records, oldest first
+
+
+SERVER_TYPES: dict[str, type[ServerMessage]] = {
+    cls.type: cls for cls in (Hello, TakeStarted, SeekAck, TakeEnded, ErrorMessage, Pong, SessionResumed)
 }
+SERVER_REQUIRED: dict[str, tuple[str, ...]] = {kind: cls.required for kind, cls in SERVER_TYPES.items()}
 
 
-def hello(*, models: list[str], default_model: str, demo: bool, limits: Limits, **extra: Any) -> ServerMessage:
-    return ServerMessage(
-        "hello",
-        {
-            "protocol": PROTOCOL_VERSION,
-            "sr": SAMPLE_RATE,
-            "frame_samples": FRAME_SAMPLES,
-            "models": models,
-            "default_model": default_model,
-            "demo": demo,
-            "limits": limits.to_dict(),
-            **extra,
-        },
+def hello(
+    *,
+    models: list[str],
+    default_model: str,
+    demo: bool,
+    limits: Limits,
+    engine: str | Unset = UNSET,
+    sampling: bool = False,
+    **extra: Any,
+) -> Hello:
+    """The ``hello`` message; ``sampling`` adds the sampling defaults and ranges (the studio's one source)."""
+    return Hello(
+        models=models,
+        default_model=default_model,
+        demo=demo,
+        limits=limits.to_dict(),
+        engine=engine,
+        sampling_defaults=dict(SAMPLING_DEFAULTS) if sampling else UNSET,
+        sampling_ranges={k: r.to_dict() for k, r in SAMPLING_RANGES.items()} if sampling else UNSET,
+        extra=extra,
     )
 
 
-def error_message(err: ProtocolError, *, take: str | None = None) -> ServerMessage:
-    body = {**err.to_dict(), "fatal": err.fatal}
-    if take is not None:
-        body["take"] = take
-    return ServerMessage("error", body)
+def error_message(err: ProtocolError, *, take: str | None = None) -> ErrorMessage:
+    return ErrorMessage.of(err, take=take)
 
 
 def http_error_body(err: ProtocolError) -> dict[str, Any]:
@@ -366,15 +472,13 @@ def http_error_body(err: ProtocolError) -> dict[str, Any]:
     return {"error": err.to_dict()}
 
 
-def seek_ack(*, take: str, from_take: str, frame: int, **extra: Any) -> ServerMessage:
+def seek_ack(*, take: str, from_take: str, frame: int, **extra: Any) -> SeekAck:
     """The server's answer to ``seek``; ``sample`` is where the following PCM starts (per channel)."""
-    return ServerMessage(
-        "seek", {"take": take, "from_take": from_take, "frame": frame, "sample": frame * FRAME_SAMPLES, **extra}
-    )
+    return SeekAck(take=take, from_take=from_take, frame=frame, sample=frame * FRAME_SAMPLES, extra=extra)
 
 
-def pong(*, t: float | None, server_t: float) -> ServerMessage:
-    return ServerMessage("pong", {"t": t, "server_t": server_t})
+def pong(*, t: float | None, server_t: float) -> Pong:
+    return Pong(t=t, server_t=server_t)
 
 
 def parse_server_message(obj: dict[str, Any]) -> ServerMessage:
@@ -382,9 +486,7 @@ def parse_server_message(obj: dict[str, Any]) -> ServerMessage:
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"a message must be an object, got {type(obj).__name__}")
     kind = obj.get("type")
-    if not isinstance(kind, str) or kind not in SERVER_REQUIRED:
+    cls = SERVER_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown server message type {short_repr(kind)}")
-    missing = [k for k in SERVER_REQUIRED[kind] if k not in obj]
-    if missing:
-        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"server {kind!r} lacks {missing}")
-    return ServerMessage(kind, {k: v for k, v in obj.items() if k != "type"})
+    return cls.from_dict(obj)

@@ -84,7 +84,8 @@ async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     await state.voices.load()
     # Loading real weights takes a while; serve /healthz meanwhile and flip /readyz when done.
-    loader = asyncio.create_task(state.engine.start(), name="engine-start")
+    # The engine is an async context manager; its enter (load, warm up) runs in the background.
+    loader = asyncio.create_task(_enter(state.engine), name="engine-start")
     loader.add_done_callback(_log_engine_start)
     yield
     state.shutting_down = True
@@ -92,7 +93,11 @@ async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
         loader.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await loader
-    await state.engine.close()
+    await state.engine.__aexit__(None, None, None)
+
+
+async def _enter(engine: Engine) -> None:
+    await engine.__aenter__()
 
 
 def _log_engine_start(task: asyncio.Task[None]) -> None:

@@ -114,7 +114,7 @@ async def service_info(request: web.Request) -> web.Response:
             "demo": info.demo,
             "device": info.device,
             "details": info.details,
-            "ready": state.engine.ready,
+            "ready": state.engine.info.ready,
             "sr": SAMPLE_RATE,
             "limits": state.settings.limits.to_dict(),
         }
@@ -129,7 +129,7 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if state.engine.ready and not state.shutting_down:
+    if state.engine.info.ready and not state.shutting_down:
         return web.json_response({"status": "ready"})
     return web.json_response({"status": "shutting_down" if state.shutting_down else "loading"}, status=503)
 

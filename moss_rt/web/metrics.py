@@ -28,6 +28,6 @@ def service_registry(state: ServiceState) -> CollectorRegistry:
 async def metrics_handler(request: web.Request) -> web.Response:
     state = request.app[STATE]
     # Engines without metrics (the scripted test engine) add nothing; the service gauges are always there.
-    engine_registry = getattr(state.engine, "metrics_registry", None) or _EMPTY
+    engine_registry = state.engine.info.metrics or _EMPTY
     body = generate_latest(engine_registry) + generate_latest(state.metrics_registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

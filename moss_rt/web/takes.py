@@ -14,12 +14,15 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio, TakeHandle, TakeSpec
+from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES
 from moss_rt.protocol import (
-    FRAME_RATE,
-    FRAME_SAMPLES,
-    SAMPLE_RATE,
+    UNSET,
     ErrorCode,
+    ErrorMessage,
     ProtocolError,
+    ServerMessage,
+    TakeEnded,
+    TakeStarted,
     encode_json_frame,
     encode_pcm_frame,
 )
@@ -54,29 +57,41 @@ async def build_spec(
     if voice is not None:
         tag = state.engine.info.details.get("codec", state.engine.info.name)
         reference_codes = await state.voices.codes(voice, state.engine.encode_reference, tag)
-    return TakeSpec(
-        take_id=take.take_id,
-        request=request,
+    return take.engine_spec(reference_codes=reference_codes, prefix_codes=prefix_codes)
+
+
+def start_message(
+    take: TakeRecord, gpu_first_ms: float | None, model: str, *, first_frame: int | None = None, replay: bool = False
+) -> TakeStarted:
+    return TakeStarted(
+        gpu_first_ms=round(gpu_first_ms, 2) if gpu_first_ms is not None else None,
+        take=take.take_id,
+        channels=take.request.channels,
         seed=take.seed,
-        reference_codes=reference_codes,
-        prefix_codes=prefix_codes if prefix_codes is not None and len(prefix_codes) else None,
-        parent_take=take.parent,
+        model=model,
+        first_frame=take.branch_frame if first_frame is None else first_frame,
+        label=UNSET if take.label is None else take.label,
+        replay=True if replay else UNSET,
     )
 
 
-def start_message(take: TakeRecord, gpu_first_ms: float | None, model: str, **extra: object) -> dict[str, object]:
-    return {
-        "type": "start",
-        "sr": SAMPLE_RATE,
-        "gpu_first_ms": round(gpu_first_ms, 2) if gpu_first_ms is not None else None,
-        "take": take.take_id,
-        "channels": take.request.channels,
-        "seed": take.seed,
-        "model": model,
-        "first_frame": take.branch_frame,
-        **({"label": take.label} if take.label is not None else {}),
-        **extra,
-    }
+def replay_end(
+    take: TakeRecord, reason: EndReason, *, frame: int | None = None, gpu_total_ms: float | None = None
+) -> TakeEnded:
+    """The ``end`` of a replay; ``frame`` (where it started) and ``gpu_total_ms`` when it ran to the end."""
+    return TakeEnded(
+        take=take.take_id,
+        reason=reason.value,
+        replay=True,
+        n_frames=take.n_frames,
+        new_frames=UNSET if frame is None else take.n_frames - frame,
+        duration_sec=round(take.n_frames / FRAME_RATE, 3),
+        gpu_total_ms=UNSET if gpu_total_ms is None else round(gpu_total_ms, 2),
+    )
+
+
+def frame_of(message: ServerMessage) -> bytes:
+    return encode_json_frame(message.to_dict())
 
 
 def bytes_per_frame(take: TakeRecord) -> int:
@@ -136,7 +151,7 @@ async def stream_take(
             gpu_first_ms = event.gpu_first_ms
         elif isinstance(event, AudioChunk):
             if not started:
-                await send(encode_json_frame(start_message(take, gpu_first_ms, model)))
+                await send(frame_of(start_message(take, gpu_first_ms, model)))
                 started = True
             session.record_chunk(take, event.first_frame, event.codes)
             state.heard.append(take.take_id, event.first_frame, event.pcm)
@@ -146,7 +161,7 @@ async def stream_take(
                 ttfa_ms = (time.monotonic() - t_request) * 1000.0
         elif isinstance(event, TakeFinished):
             if not started:
-                await send(encode_json_frame(start_message(take, event.gpu_first_ms, model)))
+                await send(frame_of(start_message(take, event.gpu_first_ms, model)))
             new_frames = event.n_frames - take.branch_frame
             duration = new_frames / FRAME_RATE
             wall_ms = (time.monotonic() - t_request) * 1000.0
@@ -160,28 +175,18 @@ async def stream_take(
             if keep is not None:
                 await keep(take)
             if event.reason == EndReason.ERROR:
-                await send(
-                    encode_json_frame(
-                        {
-                            "type": "error",
-                            "code": ErrorCode.INTERNAL.value,
-                            "message": event.error or "generation failed",
-                            "fatal": False,
-                            "take": take.take_id,
-                        }
-                    )
-                )
-            end = {
-                "type": "end",
-                "take": take.take_id,
-                "reason": event.reason.value,
-                "n_frames": event.n_frames,
-                "new_frames": new_frames,
-                "duration_sec": round(event.n_frames / FRAME_RATE, 3),
-                **stats,
-                **event.timings,
-            }
-            await send(encode_json_frame(end))
+                error = ProtocolError(ErrorCode.INTERNAL, event.error or "generation failed")
+                await send(frame_of(ErrorMessage.of(error, take=take.take_id)))
+            end = TakeEnded(
+                take=take.take_id,
+                reason=event.reason.value,
+                n_frames=event.n_frames,
+                new_frames=new_frames,
+                duration_sec=round(event.n_frames / FRAME_RATE, 3),
+                **{k: UNSET if v is None else v for k, v in stats.items()},
+                extra=dict(event.timings),
+            )
+            await send(frame_of(end))
             return event
     raise RuntimeError("engine stream ended without TakeFinished")
 
@@ -193,25 +198,13 @@ async def replay_take(
     t0 = time.monotonic()
     pcm = await take_audio(state, take)
     frame_bytes = bytes_per_frame(take)
-    await send(encode_json_frame(start_message(take, None, model, replay=True, first_frame=frame)))
+    await send(frame_of(start_message(take, None, model, replay=True, first_frame=frame)))
     pacer = Pacer(state.settings.max_lead_sec)
     step = max(1, take.request.chunk_frames)
     for first in range(frame, take.n_frames, step):
         last = min(take.n_frames, first + step)
         await pacer.wait((last - first) / FRAME_RATE)
         await send(encode_pcm_frame(pcm[first * frame_bytes : last * frame_bytes]))
-    await send(
-        encode_json_frame(
-            {
-                "type": "end",
-                "take": take.take_id,
-                "reason": EndReason.DONE.value,
-                "replay": True,
-                "n_frames": take.n_frames,
-                "new_frames": take.n_frames - frame,
-                "duration_sec": round(take.n_frames / FRAME_RATE, 3),
-                "gpu_total_ms": round((time.monotonic() - t0) * 1000.0, 2),
-            }
-        )
-    )
+    gpu_total_ms = (time.monotonic() - t0) * 1000.0
+    await send(frame_of(replay_end(take, EndReason.DONE, frame=frame, gpu_total_ms=gpu_total_ms)))
 

@@ -22,20 +22,22 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from moss_rt.engine.base import EndReason, EngineBusy, TakeHandle
 from moss_rt.protocol import (
-    SAMPLING_DEFAULTS,
     Cancel,
     ClientMessage,
     ErrorCode,
+    ErrorMessage,
     Ping,
     ProtocolError,
     Resume,
     Seek,
+    ServerMessage,
+    SessionResumed,
     StartTake,
     decode_client_binary,
     decode_client_text,
     encode_json_frame,
-    error_message,
     hello,
+    pong,
 )
 from moss_rt.session import DirectingSession, SeekPlan, TakeRecord
 from moss_rt.session_store import StoredTake
@@ -43,7 +45,15 @@ from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
 from moss_rt.web.security import forbidden_origin, websocket_origin_allowed
 from moss_rt.web.state import STATE, ServiceState
-from moss_rt.web.takes import build_spec, bytes_per_frame, replay_take, resolve_model, stream_take, take_audio
+from moss_rt.web.takes import (
+    build_spec,
+    bytes_per_frame,
+    replay_end,
+    replay_take,
+    resolve_model,
+    stream_take,
+    take_audio,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +118,11 @@ class Connection:
                 self._abort()
                 raise ConnectionResetError("client stopped reading") from None
 
-    async def send_json(self, obj: dict[str, object]) -> None:
-        await self.send_frame(encode_json_frame(obj))
+    async def send_message(self, message: ServerMessage) -> None:
+        await self.send_frame(encode_json_frame(message.to_dict()))
 
     async def send_error(self, err: ProtocolError, take: str | None = None) -> None:
-        await self.send_json(error_message(err, take=take).to_dict())
+        await self.send_message(ErrorMessage.of(err, take=take))
 
     def _abort(self) -> None:
         """Give up on the client now: free its take and drop the TCP connection.
@@ -130,16 +140,16 @@ class Connection:
 
     async def run(self) -> None:
         info = self.state.engine.info
-        await self.send_json(
+        await self.send_message(
             hello(
                 models=list(info.models),
                 default_model=info.default_model,
                 demo=info.demo,
                 limits=self.state.settings.limits,
                 engine=info.name,
-                sampling_defaults=SAMPLING_DEFAULTS,
+                sampling=True,
                 sessions=self.state.sessions is not None,
-            ).to_dict()
+            )
         )
         idle = self.state.settings.ws_idle_timeout_sec
         try:
@@ -222,7 +232,7 @@ class Connection:
 
     async def _dispatch(self, msg: ClientMessage) -> None:
         if isinstance(msg, Ping):
-            await self.send_json({"type": "pong", "t": msg.t, "server_t": time.time()})
+            await self.send_message(pong(t=msg.t, server_t=time.time()))
         elif isinstance(msg, Cancel):
             running = self.session.running
             if running is not None and (msg.take is None or msg.take in (running.take_id, running.label)):
@@ -266,14 +276,10 @@ class Connection:
             self.session.adopt(take)
         self.session_id = session_id
         self.session.keep_until_deleted(store.max_takes)
-        await self.send_json(
-            {
-                "type": "session",
-                "session": session_id,
-                "resumed": resumed,
-                "max_takes": store.max_takes,
-                "takes": [t.public() for t in stored],
-            }
+        await self.send_message(
+            SessionResumed(
+                session=session_id, resumed=resumed, max_takes=store.max_takes, takes=[t.public() for t in stored]
+            )
         )
 
     async def _check_session_room(self) -> None:
@@ -318,7 +324,7 @@ class Connection:
             self._replay_stop = reason
             task.cancel()
             if not self._replay_started and self._replay_take is not None:
-                await self._safe(self.send_json(self._replay_end(self._replay_take, reason)))
+                await self._safe(self.send_message(replay_end(self._replay_take, reason)))
         elif handle is None:
             # A take still being admitted (voice encoding, engine queue): it applies this as soon
             # as it has its handle, so the client still gets the take's end with this reason.
@@ -361,7 +367,7 @@ class Connection:
         plan: SeekPlan = self.session.plan_seek(msg)
         await self._stop_take(EndReason.REPLACED, wait=True)
         model = resolve_model(self.state, plan.take.request.model)
-        await self.send_json({"type": "seek", **plan.ack()})
+        await self.send_message(plan.ack())
         if plan.mode == "replay":
             self._handle = None
             self._replay_stop = None
@@ -431,10 +437,6 @@ class Connection:
             if holding:
                 self.state.client_takes.release(self.client)
 
-    @staticmethod
-    def _replay_end(take: TakeRecord, reason: EndReason) -> dict[str, object]:
-        return {"type": "end", "take": take.take_id, "reason": reason.value, "replay": True, "n_frames": take.n_frames}
-
     async def _replay(self, take: TakeRecord, frame: int, model: str) -> None:
         self._replay_started = True
         try:
@@ -451,7 +453,7 @@ class Connection:
             reason = self._replay_stop
             if reason is not None and not self._dead and not self.ws.closed:
                 # Stopped on purpose (cancel, barge-in, shutdown): the client still gets an end.
-                await self._safe(self.send_json(self._replay_end(take, reason)))
+                await self._safe(self.send_message(replay_end(take, reason)))
             raise
 
     async def _safe(self, coro: object) -> None:

@@ -12,7 +12,6 @@ from moss_rt.config import Settings
 from moss_rt.engine import moss as moss_module
 from moss_rt.engine.base import EngineBusy, TakeSpec
 from moss_rt.engine.moss import MossEngine
-from moss_rt.protocol.messages import StartTake
 from tests.engine.conftest import run
 
 
@@ -38,7 +37,7 @@ def test_a_take_submitted_while_the_engine_closes_is_refused(
     async def scenario() -> None:
         engine = MossEngine(settings)
         await engine.start()
-        submit = asyncio.create_task(engine.submit(TakeSpec("late", StartTake(text="Hi."), seed=1)))
+        submit = asyncio.create_task(engine.submit(TakeSpec("late", text="Hi.", seed=1)))
         try:
             assert await asyncio.to_thread(checking.wait, 30)
             await engine.close()

@@ -11,7 +11,6 @@ from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import Phase, Take
 from moss_rt.model.runner import PrefillRequest
-from moss_rt.protocol.messages import StartTake
 
 
 class RecordingRunner:
@@ -40,7 +39,7 @@ def _scheduler(budget_s: float, max_rows: int = 8192, chunk: int = 512) -> tuple
 def _preparing(sched: Scheduler, lengths: list[int]) -> list[Take]:
     takes = []
     for slot, rows in enumerate(lengths):
-        take = Take(TakeSpec(f"t{slot}", StartTake(text="x"), seed=slot), channel=None)  # type: ignore[arg-type]
+        take = Take(TakeSpec(f"t{slot}", text="x", seed=slot), channel=None)  # type: ignore[arg-type]
         take.phase, take.model_slot = Phase.PREPARING, slot
         take.prompt_rows = np.zeros((rows, 13), dtype=np.int64)
         sched.preparing.append(take)
@@ -94,7 +93,7 @@ def test_a_take_ready_without_work_does_not_use_up_the_rounds_unit() -> None:
     sched, runner = _scheduler(budget_s=0.0)
     waiting, cached = _preparing(sched, [300, 200])
     cached.prefilled = 200  # the parent's cache holds its whole prompt: nothing to prefill
-    streaming = Take(TakeSpec("s", StartTake(text="x"), seed=9), channel=None)  # type: ignore[arg-type]
+    streaming = Take(TakeSpec("s", text="x", seed=9), channel=None)  # type: ignore[arg-type]
     sched.running.append(streaming)  # the budget applies
     assert sched._prepare()
     assert runner.passes == [[(0, 300, 0)]]

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from moss_rt.generation import SamplingParams
 from moss_rt.model import ModelRunner
 from moss_rt.model.runner import PrefillRequest
-from moss_rt.protocol.messages import SamplingParams
 from tests.gpu.conftest import DEVICES
 from tests.model.test_golden import GREEDY, _prompt
 

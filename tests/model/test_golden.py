@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from moss_rt.protocol.messages import SamplingParams
+from moss_rt.generation import SamplingParams
 
 GREEDY = SamplingParams(audio_temperature=0.0, text_temperature=0.0)
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from moss_rt.generation import SamplingParams
 from moss_rt.model import ModelRunner, SlotError
 from moss_rt.model.runner import PrefillRequest, plan_prefill_passes
-from moss_rt.protocol.messages import SamplingParams
 
 GREEDY = SamplingParams(text_temperature=0.0, audio_temperature=0.0)
 SAMPLED = SamplingParams(text_temperature=0.0, audio_repetition_penalty=1.1)  # 1.7 / 0.8 / 25 + penalty

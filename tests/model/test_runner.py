@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from moss_rt.generation import SamplingParams
 from moss_rt.model import SlotError
-from moss_rt.protocol.messages import SamplingParams
 
 # Greedy stop head (the tiny model's continue margin is positive), sampled audio: takes never end early.
 DEFAULT = SamplingParams(text_temperature=0.0)
