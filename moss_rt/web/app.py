@@ -49,7 +49,11 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         ],
     )
     voices = VoiceStore(settings.voices_store_dir, settings.voices_dir, settings.limits)
-    sessions = SessionStore(settings.data_dir / "sessions", max_takes=settings.limits.max_session_takes)
+    sessions = (
+        SessionStore(settings.data_dir / "sessions", max_takes=settings.limits.max_session_takes)
+        if settings.sessions
+        else None
+    )
     app[STATE] = ServiceState(
         settings=settings,
         engine=engine,
