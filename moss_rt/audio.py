@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import io
+import struct
 import wave
 
 import numpy as np
 
-__all__ = ["to_int16_pcm", "wav_bytes"]
+__all__ = ["to_int16_pcm", "wav_bytes", "wav_header"]
 
 
 def to_int16_pcm(audio: np.ndarray, channels: int) -> bytes:
@@ -44,3 +45,25 @@ def wav_bytes(pcm: bytes, sample_rate: int, channels: int) -> bytes:
         w.setframerate(sample_rate)
         w.writeframes(pcm)
     return buf.getvalue()
+
+
+def wav_header(pcm_bytes: int, sample_rate: int, channels: int) -> bytes:
+    """The 44-byte header of a 16-bit PCM WAV whose data chunk holds ``pcm_bytes`` bytes.
+
+    Lets a download send the header first and stream the samples after it (the length is known
+    up front); ``wav_header(len(pcm), …) + pcm`` equals :func:`wav_bytes` byte for byte.
+    """
+    if channels not in (1, 2):
+        raise ValueError(f"channels must be 1 or 2, got {channels}")
+    if pcm_bytes % (2 * channels) or not 0 <= pcm_bytes <= 0xFFFFFFFF - 36:
+        raise ValueError(f"{pcm_bytes} is not a valid PCM byte count for {channels}-channel int16 WAV")
+    block_align = 2 * channels
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + pcm_bytes)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block_align, block_align, 16)
+        + b"data"
+        + struct.pack("<I", pcm_bytes)
+    )

@@ -60,8 +60,18 @@ class Settings:
     prefill_max_rows: int = 8192
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
     heard_audio_mb: int = setting(256, "streamed PCM kept for replays")
+    # Takes' codes rendered again for downloads (their streamed PCM gone), held while read: one
+    # render per take shared by its readers; past this, downloads that need a render get 503 busy.
+    render_buffer_mb: int = setting(256, "MB of rendered take audio held for downloads; past it: 503 busy")
     # Connections.
     max_connections: int = 256
+    # HTTP requests in progress (WebSockets included) per client address; more wait for none: 429.
+    max_connections_per_client: int = setting(64, "HTTP requests in progress per client address (0: no cap)")
+    # A request body must arrive within body_read_timeout_sec in all, with no pause longer than
+    # body_stall_timeout_sec between its pieces; else 408 and the connection is closed.
+    body_read_timeout_sec: float = 120.0
+    body_stall_timeout_sec: float = 15.0
+    http_keepalive_sec: float = 30.0  # an idle keep-alive connection (no request in progress) is closed
     # Concurrent takes (WebSocket and HTTP) per remote address, across its connections; 0: no cap.
     # Behind a reverse proxy every client shares the proxy's address unless it is in trusted_proxies.
     max_takes_per_client: int = setting(16, "0: no cap")
@@ -81,6 +91,11 @@ class Settings:
     # user of the machine in the process list.
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()  # empty: same origin only
+    # Host names a keyless server answers (DNS-rebinding guard); localhost names and loopback
+    # addresses always, plus these ("*": any). Ignored when api_key is set.
+    allowed_hosts: tuple[str, ...] = setting(
+        (), "extra Host names a keyless server answers (DNS-rebinding guard; '*': any)"
+    )
     cors_origins: tuple[str, ...] = setting((), "origins that get CORS headers")
     token_ttl_sec: float = 600.0  # lifetime of browser tokens from POST /api/token
     limits: Limits = field(default_factory=Limits)

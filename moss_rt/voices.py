@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 UPLOAD_EXTENSIONS = ("wav", "flac", "mp3", "ogg")
 BUILTIN_EXTENSIONS = UPLOAD_EXTENSIONS
+# libsndfile's container names → the extension an upload is stored under.
+SNIFFED_EXTENSIONS = {"WAV": "wav", "WAVEX": "wav", "FLAC": "flac", "MP3": "mp3", "OGG": "ogg"}
 REF_ID_PATTERN = re.compile(r"^ref_[0-9a-f]{24}$")
 BUILTIN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Uploads decoded at once: each holds at most one decode block, but decoding is CPU work.
@@ -48,10 +50,14 @@ class Voice:
     sample_rate: int
     channels: int
     path: Path
+    # Who uploaded it (the client's address); None for built-ins and voices stored before owners.
+    owner: str | None = None
 
     def public(self) -> dict[str, object]:
+        """What any client may see (not where it is stored, nor who owns it)."""
         d = asdict(self)
         d.pop("path")
+        d.pop("owner")
         return d
 
 
@@ -90,8 +96,9 @@ def _decode_failure(exc: Exception) -> str:
     return reason.split(">: ", 1)[-1].strip() if "object at 0x" in reason else reason.strip()
 
 
-def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int]:
-    """Validate audio bytes: returns (duration s, sample rate, channels) or raises InvalidUpload.
+def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int, str]:
+    """Validate audio bytes: returns (duration s, sample rate, channels, file extension of the
+    format the content really has) or raises InvalidUpload.
 
     Everything the header says is checked first (rate, channels, duration, frames x channels),
     so a small file that declares hours of audio is refused without decoding any of it. Then
@@ -105,6 +112,10 @@ def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int]:
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         raise InvalidUpload(f"not a readable audio file: {_decode_failure(exc)}") from None
     sr, channels, declared = int(info.samplerate), int(info.channels), int(info.frames)
+    # The content decides the stored type, whatever ``ext`` claimed (a WAV sent as ext=flac is a WAV).
+    sniffed_ext = SNIFFED_EXTENSIONS.get(str(info.format))
+    if sniffed_ext is None:
+        raise InvalidUpload(f"the audio is {str(info.format)[:16]}; accepted are {list(UPLOAD_EXTENSIONS)}")
     if not limits.min_upload_sample_rate <= sr <= limits.max_upload_sample_rate:
         raise InvalidUpload(
             f"sample rate {sr} Hz is outside {limits.min_upload_sample_rate}..{limits.max_upload_sample_rate}"
@@ -152,7 +163,7 @@ def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int]:
     duration = decoded / sr
     if duration < limits.min_upload_seconds:
         raise InvalidUpload(f"audio lasts {duration:.2f} s; at least {limits.min_upload_seconds} s is needed")
-    return duration, sr, channels
+    return duration, sr, channels, sniffed_ext
 
 
 def _fsync_dir(path: Path) -> None:
@@ -219,8 +230,14 @@ class VoiceStore:
                     continue
                 duration = info.frames / info.samplerate
                 voices[path.stem] = Voice(
-                    path.stem, path.stem, "builtin", duration, int(duration * FRAME_RATE),
-                    int(info.samplerate), int(info.channels), path,
+                    path.stem,
+                    path.stem,
+                    "builtin",
+                    duration,
+                    int(duration * FRAME_RATE),
+                    int(info.samplerate),
+                    int(info.channels),
+                    path,
                 )
         self._dir.mkdir(parents=True, exist_ok=True)
         # The per-voice JSON records are the manifest: a voice exists exactly when its record
@@ -246,8 +263,15 @@ class VoiceStore:
                 if "bytes" in meta and audio.stat().st_size != int(meta["bytes"]):
                     raise ValueError("its audio file has the wrong size")
                 voices[voice_id] = Voice(
-                    voice_id, str(meta.get("name", voice_id)), "uploaded", float(meta["duration"]),
-                    int(meta["frames"]), int(meta["sample_rate"]), int(meta["channels"]), audio,
+                    voice_id,
+                    str(meta.get("name", voice_id)),
+                    "uploaded",
+                    float(meta["duration"]),
+                    int(meta["frames"]),
+                    int(meta["sample_rate"]),
+                    int(meta["channels"]),
+                    audio,
+                    meta["owner"] if isinstance(meta.get("owner"), str) else None,
                 )
                 referenced.add(file_name)
             except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -256,7 +280,8 @@ class VoiceStore:
         leftovers = list(self._dir.glob(".*.tmp"))
         # Audio without a record was never acknowledged to its uploader (the crash came first).
         leftovers += [
-            p for p in self._dir.glob("ref_*.*")
+            p
+            for p in self._dir.glob("ref_*.*")
             if p.suffix.lstrip(".") in UPLOAD_EXTENSIONS and p.name not in referenced
         ]
         for path in leftovers:
@@ -280,11 +305,18 @@ class VoiceStore:
             return None
         return self.get(reference.strip())
 
-    async def add_upload(self, data: bytes, ext: str, *, name: str | None = None) -> Voice:
-        """Validate and store an upload; returns only once the voice is durable on disk."""
+    def owned_by(self, owner: str) -> list[Voice]:
+        return [v for v in self._voices.values() if v.kind == "uploaded" and v.owner == owner]
+
+    async def add_upload(self, data: bytes, ext: str, *, name: str | None = None, owner: str | None = None) -> Voice:
+        """Validate and store an upload; returns only once the voice is durable on disk.
+
+        Re-uploading stored bytes returns the stored voice (it keeps its first owner).
+        """
+        given = ext
         ext = ext.lower().lstrip(".")
         if ext not in UPLOAD_EXTENSIONS:
-            raise InvalidUpload(f"ext must be one of {list(UPLOAD_EXTENSIONS)}, got {ext[:16]!r}")
+            raise InvalidUpload(f"ext must be one of {list(UPLOAD_EXTENSIONS)}, got {given[:16]!r}")
         if name is not None and not NAME_PATTERN.match(name):
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD, "name must be 1-64 characters without control characters", field="name"
@@ -295,18 +327,24 @@ class VoiceStore:
         existing = self._voices.get(voice_id)
         if existing is not None:  # same bytes as a stored voice: nothing to decode or write
             return existing
-        self._check_capacity()
+        self._check_capacity(owner)
         async with self._probes:
-            duration, sr, channels = await asyncio.to_thread(probe_audio, data, self._limits)
+            duration, sr, channels, ext = await asyncio.to_thread(probe_audio, data, self._limits)
         async with self._lock:
             if voice_id in self._voices:
                 return self._voices[voice_id]
-            self._check_capacity()
+            self._check_capacity(owner)
             audio_path = self._dir / f"{voice_id}.{ext}"
             record = {
-                "id": voice_id, "name": name or voice_id, "file": audio_path.name, "duration": duration,
-                "frames": int(duration * FRAME_RATE), "sample_rate": sr, "channels": channels,
+                "id": voice_id,
+                "name": name or voice_id,
+                "file": audio_path.name,
+                "duration": duration,
+                "frames": int(duration * FRAME_RATE),
+                "sample_rate": sr,
+                "channels": channels,
                 "bytes": len(data),
+                "owner": owner,
             }
 
             def _persist() -> None:
@@ -315,18 +353,55 @@ class VoiceStore:
                 atomic_write(self._dir / f"{voice_id}.json", json.dumps(record).encode())
 
             await asyncio.to_thread(_persist)
-            voice = Voice(voice_id, record["name"], "uploaded", duration, record["frames"], sr, channels, audio_path)
+            voice = Voice(
+                voice_id, record["name"], "uploaded", duration, record["frames"], sr, channels, audio_path, owner
+            )
             self._voices[voice_id] = voice
             log.info("stored voice %s (%.1f s, %d Hz, %d ch)", voice_id, duration, sr, channels)
             return voice
 
-    def _check_capacity(self) -> None:
+    def _check_capacity(self, owner: str | None) -> None:
         if self._count()[1] >= self._limits.max_stored_voices:
             raise ProtocolError(
                 ErrorCode.RATE_LIMITED,
                 f"the voice store is full ({self._limits.max_stored_voices} uploaded voices)",
                 field="audio",
             )
+        quota = self._limits.max_voices_per_owner
+        if owner is not None and quota > 0 and len(self.owned_by(owner)) >= quota:
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                f"this client already stores {quota} voices (max_voices_per_owner); delete one first "
+                "(DELETE /api/voices/<ref_id>)",
+                field="audio",
+            )
+
+    async def delete(self, voice_id: str, *, owner: str | None, admin: bool = False) -> Voice:
+        """Remove an uploaded voice for its owner (or the admin): record first, then its files.
+
+        Anyone else gets ``not_found``, as for a voice that does not exist (ids are not revealed).
+        Without its record the voice is gone for good: a crash before the audio file is removed
+        leaves an orphan that the next start deletes.
+        """
+        voice = self._voices.get(voice_id)
+        if voice is None or voice.kind != "uploaded" or not (admin or (owner is not None and voice.owner == owner)):
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no uploaded voice {voice_id[:64]!r} of yours", field="voice")
+        async with self._lock:
+            if self._voices.pop(voice_id, None) is None:
+                raise ProtocolError(ErrorCode.NOT_FOUND, f"no uploaded voice {voice_id[:64]!r}", field="voice")
+            for key in [k for k in self._codes if k[0] == voice_id]:
+                del self._codes[key]
+
+            def _remove() -> None:
+                (self._dir / f"{voice_id}.json").unlink(missing_ok=True)
+                _fsync_dir(self._dir)
+                voice.path.unlink(missing_ok=True)
+                for cached in (self._dir / "codes").glob(f"{voice_id}.*.npy"):
+                    cached.unlink(missing_ok=True)
+
+            await asyncio.to_thread(_remove)
+        log.info("deleted voice %s", voice_id)
+        return voice
 
     async def codes(self, voice: Voice, encoder: Encoder, codec_tag: str) -> np.ndarray:
         """Codes [T, 12] of a voice under the current codec, cached in memory and on disk."""

@@ -6,7 +6,10 @@ available, else the scripted test engine, and says which), then runs for ``--dur
 * ``--ws-clients`` WebSocket clients, each doing random start / cancel / seek (retake) / replay /
   barge-in / ping / bad messages / abrupt disconnects;
 * ``--http-clients`` legacy HTTP stream clients, some of which hang up mid-take;
-* one uploader sending valid and invalid reference voices.
+* one uploader sending valid and invalid reference voices, deleting most of them after use;
+* one hostile client cycling through: downloads of a long take that it never reads (each must be
+  dropped by the send-stall timeout), request bodies that stop arriving (each must get 408), and
+  cross-origin / text-plain posts (each must be refused 403 / 415).
 
 It reports requests, errors by kind, takes by end reason and server RSS at start (after warm-up)
 and end, and fails on any 5xx, any ``internal`` error, any stuck take (started but never ended
@@ -44,6 +47,8 @@ import websockets
 log = logging.getLogger("soak")
 REPO = Path(__file__).resolve().parents[1]
 HEARD_AUDIO_MB = 16  # the server's budget for held streamed PCM during the soak
+STALL_SEC = 3.0  # the server's send- and body-stall timeouts during the soak
+LONG_TAKE_FRAMES = 400  # the take the hostile client downloads without reading (3 MB of PCM)
 TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog.", "Again, with feeling!", "No.", "Wait... what?"]
 GARBAGE: list[str | bytes] = [
     "{not json",
@@ -122,6 +127,11 @@ def start_server(engine_args: list[str], data_dir: Path, port: int, log_path: Pa
         # Held streamed PCM is bounded by design; a small budget keeps it from hiding a leak in RSS.
         "--heard-audio-mb",
         str(HEARD_AUDIO_MB),
+        # Short stall timeouts so the hostile client's stalled downloads and bodies cycle quickly.
+        "--send-stall-timeout-sec",
+        str(STALL_SEC),
+        "--body-stall-timeout-sec",
+        str(STALL_SEC),
         *engine_args,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOSS_RT_")}
@@ -389,9 +399,133 @@ async def uploader(http: aiohttp.ClientSession, url: str, stats: Stats, rng: ran
                         await s.read()
                         if s.status >= 500 and s.status != 503:
                             stats.fail(f"/api/stream with an uploaded voice answered {s.status}")
+                    if rng.random() < 0.8:  # most voices are deleted by their owner after use
+                        stats.requests["http_delete_voice"] += 1
+                        async with http.delete(f"{url}/api/voices/{ref}") as d:
+                            stats.http_status[str(d.status)] += 1
+                            if d.status != 200:
+                                stats.fail(f"DELETE of an own voice answered {d.status}")
         except aiohttp.ClientError as exc:
             stats.errors[f"http:{type(exc).__name__}"] += 1
         await asyncio.sleep(rng.uniform(0.2, 1.0))
+
+
+# --------------------------------------------------------------------------- hostile client
+
+
+async def raw_connection(port: int, head: bytes, *, rcvbuf: int | None = None) -> tuple[Any, Any]:
+    """A raw HTTP/1.1 connection that has sent ``head``; a small receive window makes not reading bite."""
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+    writer.write(head)
+    await writer.drain()
+    return reader, writer
+
+
+async def read_all(reader: Any, within: float) -> tuple[bytes, bool]:
+    """What arrives until the server closes (True) or ``within`` passes (False)."""
+    data = b""
+    try:
+        async with asyncio.timeout(within):
+            while chunk := await reader.read(1 << 20):
+                data += chunk
+    except TimeoutError:
+        return data, False
+    except (ConnectionError, OSError):
+        pass
+    return data, True
+
+
+async def long_take(http: aiohttp.ClientSession, url: str, stats: Stats) -> tuple[str | None, int]:
+    """A fresh take of LONG_TAKE_FRAMES frames (takes are evicted from the store as the soak runs)."""
+    # Greedy text: the tiny model's stop never fires, so the take really is that long.
+    body = {
+        "text": "a long take",
+        "tokens": LONG_TAKE_FRAMES,
+        "max_new_tokens": LONG_TAKE_FRAMES,
+        "chunk_frames": 20,
+        "text_temperature": 0,
+    }
+    async with http.post(url + "/api/stream", json=body) as r:
+        data = await r.read()
+    if r.status != 200:
+        return None, 0
+    take = json.loads(data[5 : 5 + int.from_bytes(data[1:5], "big")])["take"]
+    async with http.get(f"{url}/api/takes/{take}") as r:
+        frames = int((await r.json()).get("n_frames", 0)) if r.status == 200 else 0
+    if frames < LONG_TAKE_FRAMES // 2:  # must be far more than the socket buffers hold
+        stats.fail(f"the hostile client's long take has only {frames} frames")
+        return None, 0
+    return take, 44 + frames * 3840 * 2
+
+
+async def hostile(
+    http: aiohttp.ClientSession,
+    url: str,
+    port: int,
+    stats: Stats,
+    rng: random.Random,
+    until: float,
+    first_take: tuple[str | None, int],
+) -> None:
+    """Non-reading downloaders, stalled bodies and cross-site posts, in turns, all the soak long."""
+    host = f"Host: 127.0.0.1:{port}\r\n"
+    take, wav_length = first_take
+    while time.monotonic() < until:
+        kind = rng.choice(["download", "body", "cross_site"])
+        if kind == "download" and take is None:
+            take, wav_length = await long_take(http, url, stats)
+        stats.requests[f"hostile_{kind}"] += 1
+        try:
+            if kind == "download" and take is not None:
+                head = f"GET /api/takes/{take}.wav HTTP/1.1\r\n{host}\r\n".encode()
+                conns = [await raw_connection(port, head, rcvbuf=4096) for _ in range(4)]
+                await asyncio.sleep(STALL_SEC + 2)  # never read: the server must drop each one
+                for reader, writer in conns:
+                    received, closed = await read_all(reader, 10)
+                    writer.close()
+                    status = received[9:12].decode(errors="replace")
+                    stats.http_status[status] += 1
+                    if status == "404":  # evicted from the take store meanwhile: make another
+                        take, wav_length = await long_take(http, url, stats)
+                    elif status == "503":
+                        stats.requests["hostile_download_busy"] += 1
+                    elif not closed or len(received) >= wav_length:
+                        stats.fail(f"a non-reading download was not dropped ({received[:12]!r}, {len(received)} B)")
+                    else:
+                        stats.requests["hostile_download_dropped"] += 1
+            elif kind == "body":
+                path = rng.choice(["/api/stream", "/api/upload_ref?ext=wav"])
+                head = f"POST {path} HTTP/1.1\r\n{host}Content-Length: 100000\r\n\r\nRIFF".encode()
+                reader, writer = await raw_connection(port, head)
+                try:
+                    answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), STALL_SEC + 10)
+                except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+                    answer = repr(exc).encode()
+                writer.close()
+                status = answer[9:12].decode(errors="replace")
+                stats.http_status[status] += 1
+                if status != "408":
+                    stats.fail(f"a stalled body on {path} got {answer[:40]!r}, not 408")
+            else:
+                evil = {"Origin": "https://evil.example", "Content-Type": "text/plain"}
+                for path, data, want in [
+                    ("/api/stream", b'{"text": "x"}', 403),
+                    ("/api/upload_ref?ext=wav", b"RIFF", 403),
+                    ("/api/stream", b'{"text": "x"}', 415),
+                ]:
+                    headers = evil if want == 403 else {"Content-Type": "text/plain"}
+                    async with http.post(url + path, data=data, headers=headers) as resp:
+                        stats.http_status[str(resp.status)] += 1
+                        if resp.status != want:
+                            stats.fail(f"cross-site post to {path} answered {resp.status}, not {want}")
+        except (aiohttp.ClientError, OSError) as exc:
+            stats.errors[f"hostile:{type(exc).__name__}"] += 1
+        await asyncio.sleep(rng.uniform(0.1, 0.5))
 
 
 # --------------------------------------------------------------------------- main
@@ -419,6 +553,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(3):
                 async with http.post(url + "/api/stream", json={"text": "warm up", "max_new_tokens": 20}) as r:
                     await r.read()
+            # The hostile client's long take is made now: generated under the soak's load it can take minutes.
+            first_take = await long_take(http, url, stats)
             rss_start = rss_mb(proc.pid)
             log.info("engine %s, RSS after warm-up %.1f MB; soaking for %.0f s", engine, rss_start, args.duration)
             t0 = time.monotonic()
@@ -436,6 +572,12 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             ]
             tasks.append(
                 asyncio.create_task(uploader(http, url, stats, random.Random(rng.random()), until), name="soak-upload")
+            )
+            tasks.append(
+                asyncio.create_task(
+                    hostile(http, url, port, stats, random.Random(rng.random()), until, first_take),
+                    name="soak-hostile",
+                )
             )
             rss_peak = rss_start
             rss_timeline: list[tuple[int, float]] = [(0, round(rss_start, 1))]  # (s, MB) every 15 s: leak or plateau?

@@ -40,6 +40,6 @@ def frames_room(prompt_len: int, kept_frames: int, max_seq_len: int) -> int:
         raise PromptTooLong(
             f"the prompt needs {prompt_len} positions"
             + (f" and the retake keeps {kept_frames} frames" if kept_frames else "")
-            + f", but a take's cache holds {max_seq_len}; shorten the text, instruction or reference"
+            + f", but a take's cache holds {max_seq_len} (max_seq_len); shorten the text, instruction or reference"
         )
     return room

@@ -18,6 +18,8 @@ class ErrorCode(enum.StrEnum):
     RATE_LIMITED = "rate_limited"
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN_ORIGIN = "forbidden_origin"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    TIMEOUT = "timeout"
     INTERNAL = "internal"
 
 

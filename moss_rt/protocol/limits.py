@@ -7,7 +7,10 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    max_text_chars: int = 5000
+    # A first, cheap check; the prompt (instruction + text + reference frames) must then also fit the
+    # take's cache (Settings.max_seq_len, 5120 positions) with room for its frames. 4000 keeps a text
+    # at the limit within that even at one token per character (what ASCII noise costs).
+    max_text_chars: int = 4000
     max_instruction_chars: int = 5000
     max_new_tokens: int = 4096  # frames; 4096 frames = 327.7 s, the model's own default budget
     min_chunk_frames: int = 1
@@ -28,6 +31,7 @@ class Limits:
     # (a few KB of FLAC silence can declare hours of audio). 60 s of 192 kHz stereo fits.
     max_upload_samples: int = 24_000_000
     max_stored_voices: int = 1000  # uploaded voices kept on disk; more are refused (rate_limited)
+    max_voices_per_owner: int = 50  # uploaded voices one client (address) may keep; 0: no cap
     # WebSocket control messages per connection: a token bucket refilled at this rate.
     ws_messages_per_sec: float = 20.0
     ws_message_burst: int = 40

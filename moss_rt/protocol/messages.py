@@ -257,8 +257,10 @@ def decode_client_binary(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Client
         raise ProtocolError(ErrorCode.TOO_LARGE, f"message exceeds {limits.max_message_bytes} bytes")
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise ProtocolError(ErrorCode.BAD_JSON, f"invalid msgpack: {exc}") from None
+    except msgpack.StackError:  # raised without a message
+        raise ProtocolError(ErrorCode.BAD_JSON, "invalid msgpack: nested too deeply") from None
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
+        raise ProtocolError(ErrorCode.BAD_JSON, f"invalid msgpack: {exc or type(exc).__name__}") from None
     except Exception as exc:  # msgpack raises several unrelated types on corrupt input
         raise ProtocolError(ErrorCode.BAD_JSON, f"invalid msgpack: {type(exc).__name__}") from None
     if not isinstance(obj, dict):

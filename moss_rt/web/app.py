@@ -15,18 +15,22 @@ from moss_rt.heard_audio import HeardAudio
 from moss_rt.session import TakeStore
 from moss_rt.session_store import SessionStore
 from moss_rt.voices import VoiceStore
-from moss_rt.web.guards import ClientRequestRate, ClientTakes
+from moss_rt.web.cross_site import cross_site_middleware
+from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler, service_registry
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
+from moss_rt.web.renders import SharedRenders
 from moss_rt.web.security import (
     auth_middleware,
+    client_connections_middleware,
     cors_middleware,
     json_errors_middleware,
     request_rate_middleware,
 )
 from moss_rt.web.sessions_api import routes as session_routes
 from moss_rt.web.state import STATE, ServiceState
+from moss_rt.web.voices_api import routes as voice_routes
 from moss_rt.web.ws import websocket_handler
 
 log = logging.getLogger(__name__)
@@ -38,12 +42,16 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
     # every error below it, aiohttp's own included, becomes a JSON body.
     app = web.Application(
         client_max_size=settings.limits.max_upload_bytes + 1024,
+        # Idle keep-alive connections are closed after this (aiohttp's default is an hour).
+        handler_args={"keepalive_timeout": settings.http_keepalive_sec},
         # forwarded_for first: everything after it (auth logs, per-client limits) sees the client.
         # The request rate is checked before auth, so unauthenticated floods are limited too.
         middlewares=[
             forwarded_for_middleware,
             cors_middleware,
             json_errors_middleware,
+            cross_site_middleware,
+            client_connections_middleware,
             request_rate_middleware,
             auth_middleware,
         ],
@@ -61,12 +69,15 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         takes=TakeStore(),
         sessions=sessions,
         heard=HeardAudio(settings.heard_audio_mb * 1024 * 1024),
+        renders=SharedRenders(settings.render_buffer_mb * 1024 * 1024),
         client_takes=ClientTakes(settings.max_takes_per_client),
         request_rate=ClientRequestRate(settings.http_requests_per_sec, settings.http_request_burst),
+        client_connections=ClientConnections(settings.max_connections_per_client),
         trusted_proxies=parse_networks(settings.trusted_proxies),
     )
     app[STATE].metrics_registry = service_registry(app[STATE])
     app.add_routes(routes)
+    app.add_routes(voice_routes)
     app.add_routes(session_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
@@ -97,6 +108,7 @@ async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
         loader.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await loader
+    await state.renders.close()
     await state.engine.__aexit__(None, None, None)
 
 

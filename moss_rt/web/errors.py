@@ -17,6 +17,8 @@ HTTP_STATUS = {
     ErrorCode.RATE_LIMITED: 429,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN_ORIGIN: 403,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
+    ErrorCode.TIMEOUT: 408,
     ErrorCode.INTERNAL: 500,
 }
 
@@ -27,7 +29,10 @@ def error_response(
     body: dict[str, object] = {"code": code.value, "message": message}
     if field is not None:
         body["field"] = field
-    return web.json_response({"error": body}, status=HTTP_STATUS[code], headers=headers)
+    response = web.json_response({"error": body}, status=HTTP_STATUS[code], headers=headers)
+    if code == ErrorCode.TIMEOUT:
+        response.force_close()  # the rest of a stalled body is never read: the connection ends here
+    return response
 
 
 def protocol_error_response(err: ProtocolError) -> web.Response:

@@ -110,3 +110,33 @@ class ClientRequestRate:
 
     def __len__(self) -> int:
         return len(self._buckets)
+
+
+class ClientConnections:
+    """HTTP requests in progress per client address (a WebSocket counts for as long as it is open).
+
+    A client that opens connections and then stalls (a body that never arrives, a download it never
+    reads) holds one entry each until its timeout; the cap keeps one address from holding them all.
+    Only the event loop touches it; entries vanish at zero, so it never grows with addresses seen.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._open: dict[str, int] = {}
+
+    def open(self, client: str) -> int:
+        return self._open.get(client, 0)
+
+    def try_acquire(self, client: str) -> bool:
+        count = self._open.get(client, 0)
+        if self._limit > 0 and count >= self._limit:
+            return False
+        self._open[client] = count + 1
+        return True
+
+    def release(self, client: str) -> None:
+        count = self._open.get(client, 0) - 1
+        if count > 0:
+            self._open[client] = count
+        else:
+            self._open.pop(client, None)

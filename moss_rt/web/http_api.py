@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 
 from aiohttp import HttpVersion11, web
 
 from moss_rt import __version__
-from moss_rt.audio import wav_bytes
 from moss_rt.engine.base import EndReason, EngineBusy
 from moss_rt.protocol import (
     SAMPLE_RATE,
@@ -20,11 +18,14 @@ from moss_rt.protocol import (
 )
 from moss_rt.protocol.frames import decode_json_object
 from moss_rt.session import DirectingSession
+from moss_rt.web.cross_site import check_request, require_json_body
+from moss_rt.web.downloads import send_wav, take_pcm
 from moss_rt.web.errors import busy_response, error_response, protocol_error_response
 from moss_rt.web.openapi import openapi_document
-from moss_rt.web.security import bearer, is_authorized, issue_token, unauthorized
+from moss_rt.web.security import bearer, is_authorized, issue_token, same_secret, unauthorized
 from moss_rt.web.state import STATE
-from moss_rt.web.takes import build_spec, resolve_model, stream_take, take_audio
+from moss_rt.web.takes import build_spec, resolve_model, stream_take
+from moss_rt.web.voices_api import voice_owner
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -36,13 +37,23 @@ async def read_body_limited(request: web.Request, limit: int) -> bytes:
 
     ``Content-Length`` is checked before a byte is read; a chunked body is read in pieces and
     cut off as soon as it passes the limit, so no more than ``limit`` + one chunk is ever held.
+    A body that pauses longer than ``body_stall_timeout_sec``, or takes longer than
+    ``body_read_timeout_sec`` in all, is refused with 408 ``timeout`` and its connection closed.
     """
     if request.content_length is not None and request.content_length > limit:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"body of {request.content_length} bytes exceeds {limit}")
+    settings = request.app[STATE].settings
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.body_read_timeout_sec
     parts: list[bytes] = []
     size = 0
     while True:
-        chunk = await request.content.read(min(BODY_CHUNK, limit + 1 - size))
+        wait = min(settings.body_stall_timeout_sec, deadline - loop.time())
+        try:
+            chunk = await asyncio.wait_for(request.content.read(min(BODY_CHUNK, limit + 1 - size)), max(0.0, wait))
+        except TimeoutError:
+            log.info("body from %s stalled after %d bytes; refusing it", request.remote, size)
+            raise BodyTimeout(size) from None
         if not chunk:
             break
         parts.append(chunk)
@@ -50,6 +61,17 @@ async def read_body_limited(request: web.Request, limit: int) -> bytes:
         if size > limit:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"body exceeds {limit} bytes")
     return b"".join(parts)
+
+
+class BodyTimeout(ProtocolError):
+    """The client stopped sending its body; the answer closes the connection (the rest is unread)."""
+
+    def __init__(self, received: int) -> None:
+        super().__init__(
+            ErrorCode.TIMEOUT,
+            f"the request body stopped arriving (after {received} bytes); send it without pauses",
+            field="body",
+        )
 
 
 def _body_limit_for(request: web.Request) -> int:
@@ -63,6 +85,9 @@ async def expect_within_limit(request: web.Request) -> web.StreamResponse | None
     aiohttp runs this before the middlewares, so the auth check is repeated here.
     """
     settings = request.app[STATE].settings
+    refusal = check_request(settings, request)  # Host and Origin, as the middleware would
+    if refusal is not None:
+        return refusal
     if settings.api_key and not is_authorized(settings, request):
         return unauthorized()
     limit = _body_limit_for(request)
@@ -134,34 +159,13 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "shutting_down" if state.shutting_down else "loading"}, status=503)
 
 
-@routes.get("/api/voices")
-async def list_voices(request: web.Request) -> web.Response:
-    voices = request.app[STATE].voices.list()
-    return web.json_response({"voices": [v.public() for v in voices]})
-
-
-# The stored reference file as it was uploaded (or found in the voices folder), so a director can listen to a
-# voice before using it. Served from disk without reading it on the loop.
-VOICE_MEDIA_TYPES = {".wav": "audio/wav", ".flac": "audio/flac", ".mp3": "audio/mpeg", ".ogg": "audio/ogg"}
-
-
-@routes.get(r"/api/voices/{voice_id:[A-Za-z0-9_.-]{1,128}}/audio")
-async def voice_audio(request: web.Request) -> web.StreamResponse:
-    try:
-        voice = request.app[STATE].voices.get(request.match_info["voice_id"])
-    except ProtocolError as err:
-        return protocol_error_response(err)
-    media = VOICE_MEDIA_TYPES.get(voice.path.suffix.lower(), "application/octet-stream")
-    return web.FileResponse(voice.path, headers={"Content-Type": media, "Cache-Control": "no-cache"})
-
-
 @routes.post("/api/upload_ref", expect_handler=expect_within_limit)
 async def upload_ref(request: web.Request) -> web.Response:
     state = request.app[STATE]
     try:
         ext = request.query.get("ext", "wav")
         data = await read_body_limited(request, state.settings.limits.max_upload_bytes)
-        voice = await state.voices.add_upload(data, ext, name=request.query.get("name"))
+        voice = await state.voices.add_upload(data, ext, name=request.query.get("name"), owner=voice_owner(request))
     except ProtocolError as err:
         return protocol_error_response(err)
     return web.json_response(
@@ -179,6 +183,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     holding = False
     handle = None
     try:
+        require_json_body(request)  # 415: a cross-site form or text/plain post is never JSON
         body = await read_body_limited(request, state.settings.limits.max_request_bytes)
         start = parse_stream_request(decode_json_object(body or b"{}"), state.settings.limits)
         model = resolve_model(state, start.model)
@@ -236,7 +241,7 @@ async def issue_browser_token(request: web.Request) -> web.Response:
         return web.json_response({"auth_required": False, "token": None, "expires_at": None, "expires_in": None})
     # Only the key itself buys a token: a token that leaked (URLs end up in logs) must not be able
     # to renew itself forever.
-    if not hmac.compare_digest((bearer(request) or "").encode(), settings.api_key.encode()):
+    if not same_secret(bearer(request) or "", settings.api_key):
         return error_response(ErrorCode.UNAUTHORIZED, "a token is issued for the API key only (Bearer <api key>)")
     token, expiry = issue_token(settings.api_key, settings.token_ttl_sec)
     return web.json_response(
@@ -251,17 +256,16 @@ async def openapi_json(request: web.Request) -> web.Response:
 
 
 @routes.get(r"/api/takes/{take_id:[A-Za-z0-9_-]{1,64}}.wav")
-async def download_take(request: web.Request) -> web.Response:
+async def download_take(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     take = state.takes.get(request.match_info["take_id"])
     if take is None:
         return error_response(ErrorCode.NOT_FOUND, "no such take (it may have been evicted)", field="take")
-    pcm = await take_audio(state, take)
-    return web.Response(
-        body=wav_bytes(pcm, SAMPLE_RATE, take.request.channels),
-        content_type="audio/wav",
-        headers={"Content-Disposition": f'attachment; filename="{take.take_id}.wav"'},
-    )
+    try:
+        async with take_pcm(state, take) as pcm:
+            return await send_wav(request, take, pcm, lambda response, data: write_or_drop(request, response, data))
+    except EngineBusy as busy:  # its codes must be rendered, and renders or the job queue are full
+        return busy_response(busy.retry_after_sec)
 
 
 @routes.get(r"/api/takes/{take_id:[A-Za-z0-9_-]{1,64}}")

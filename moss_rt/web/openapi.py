@@ -80,8 +80,11 @@ def _common_errors(*statuses: int) -> dict[str, Any]:
     text = {
         400: "malformed request (bad_json, bad_message)",
         401: "missing or invalid credentials (unauthorized) when an API key is configured",
+        403: "a browser page from a foreign origin, or a Host a keyless server does not serve (forbidden_origin)",
         404: "no such resource (not_found)",
+        408: "the body stopped arriving (timeout); the connection is closed",
         413: "body over the limit (too_large)",
+        415: "the body must be JSON (unsupported_media_type)",
         422: "a field is out of range or of the wrong type (invalid_field)",
         429: "too many takes or requests from this client, or the voice store is full (rate_limited); see Retry-After",
         503: "at capacity or shutting down (busy); see Retry-After",
@@ -105,7 +108,14 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
             "frames": {"type": "integer"},
             "sample_rate": {"type": "integer"},
             "channels": {"type": "integer"},
+            "owned": {"type": "boolean", "description": "uploaded by this client (it may delete it)"},
         },
+    }
+    voice_id = {
+        "name": "voice_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "maxLength": 64, "minLength": 1},
     }
     take_id = {
         "name": "take_id",
@@ -189,7 +199,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         },
         "/api/voices": {
             "get": {
-                "summary": "built-in and uploaded reference voices",
+                "summary": "built-in voices and this client's uploads (others' stay usable by ref_id)",
                 "responses": {
                     "200": _ok(
                         "the voices",
@@ -306,7 +316,41 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                             },
                         },
                     ),
-                    **_common_errors(400, 401, 413, 422, 429),
+                    **_common_errors(400, 401, 403, 408, 413, 422, 429),
+                },
+            }
+        },
+        "/api/voices/{voice_id}": {
+            "delete": {
+                "summary": "delete an uploaded voice (its owner, i.e. the client that uploaded it, or the admin)",
+                "parameters": [voice_id],
+                "responses": {
+                    "200": _ok(
+                        "deleted",
+                        {"type": "object", "required": ["deleted"], "properties": {"deleted": {"type": "string"}}},
+                    ),
+                    **_common_errors(401, 403, 404, 429),
+                },
+            }
+        },
+        "/api/admin/voices": {
+            "get": {
+                "summary": "every uploaded voice with its owner (the API key itself is required)",
+                "responses": {
+                    "200": _ok(
+                        "the voices and their owners",
+                        {
+                            "type": "object",
+                            "required": ["voices", "owners"],
+                            "properties": {
+                                "voices": {"type": "array", "items": obj},
+                                "owners": {"type": "object", "additionalProperties": {"type": "integer"}},
+                                "max_stored_voices": {"type": "integer"},
+                                "max_voices_per_owner": {"type": "integer"},
+                            },
+                        },
+                    ),
+                    **_common_errors(401),
                 },
             }
         },
@@ -320,7 +364,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                 "requestBody": {"required": False, "content": {JSON: {"schema": _stream_request_schema(app)}}},
                 "responses": {
                     "200": _ok("the take's frames", {"type": "string", "format": "binary"}, "application/octet-stream"),
-                    **_common_errors(400, 401, 404, 413, 422, 429, 503),
+                    **_common_errors(400, 401, 403, 404, 408, 413, 415, 422, 429, 503),
                 },
             }
         },
@@ -337,7 +381,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                 "parameters": [take_id],
                 "responses": {
                     "200": _ok("WAV audio", {"type": "string", "format": "binary"}, "audio/wav"),
-                    **_common_errors(401, 404, 429),
+                    **_common_errors(401, 404, 429, 503),
                 },
             }
         },
@@ -359,7 +403,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                             },
                         },
                     ),
-                    **_common_errors(401, 429),
+                    **_common_errors(401, 403, 429),
                 },
             }
         },

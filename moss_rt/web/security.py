@@ -18,7 +18,6 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -42,7 +41,7 @@ TOKEN_PREFIX = "v1"
 
 
 def _sign(key: str, payload: str) -> str:
-    digest = hmac.new(key.encode(), payload.encode(), hashlib.sha256).digest()
+    digest = hmac.new(key.encode(), payload.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
@@ -53,12 +52,21 @@ def issue_token(key: str, ttl_sec: float, *, now: float | None = None) -> tuple[
     return f"{payload}.{_sign(key, payload)}", expiry
 
 
+def same_secret(given: str, expected: str) -> bool:
+    """Constant-time comparison of a client's credential (any text, lone surrogates included: aiohttp
+    decodes raw header bytes with surrogateescape) with a secret. ``hmac.compare_digest`` refuses
+    non-ASCII ``str``, so both are compared as bytes."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
+
+
 def verify_token(key: str, token: str, *, now: float | None = None) -> bool:
     parts = token.split(".")
-    if len(parts) != 4 or parts[0] != TOKEN_PREFIX or not parts[1].isdigit() or len(token) > 200:
+    if len(parts) != 4 or parts[0] != TOKEN_PREFIX or not parts[1].isascii() or not parts[1].isdigit():
+        return False
+    if len(token) > 200:
         return False
     payload = ".".join(parts[:3])
-    if not hmac.compare_digest(_sign(key, payload), parts[3]):
+    if not same_secret(parts[3], _sign(key, payload)):
         return False
     return int(parts[1]) > (time.time() if now is None else now)
 
@@ -80,7 +88,7 @@ def is_authorized(settings: Settings, request: web.Request) -> bool:
         return True
     credential = bearer(request)
     if credential is not None:
-        return hmac.compare_digest(credential.encode(), key.encode()) or verify_token(key, credential)
+        return same_secret(credential, key) or verify_token(key, credential)
     query_token = request.query.get("token")
     return request.method == "GET" and query_token is not None and verify_token(key, query_token)
 
@@ -102,8 +110,8 @@ def unauthorized() -> web.Response:
 
 
 def _origin_of(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}".lower()
+    # Plain string work: ``request.host`` comes from the client and may not parse as a URL ("[").
+    return url.lower()
 
 
 def websocket_origin_allowed(settings: Settings, request: web.Request) -> bool:
@@ -162,7 +170,7 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
             return error_response(ErrorCode.FORBIDDEN_ORIGIN, "cross-origin requests from this origin are not allowed")
         headers.update(
             {
-                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
                 "Access-Control-Allow-Headers": "Authorization, Content-Type",
                 "Access-Control-Max-Age": "600",
             }
@@ -177,7 +185,7 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
 def costs_work(request: web.Request) -> bool:
     """Requests the per-client rate applies to: anything that posts, opens a directing socket or
     renders a take. Pages, probes, metrics and listings are cheap and stay unlimited."""
-    if request.method == "POST":
+    if request.method in ("POST", "DELETE"):
         return True
     path = request.path
     return request.method == "GET" and (path == "/api/ws" or (path.startswith("/api/takes/") and path.endswith(".wav")))
@@ -196,6 +204,34 @@ async def request_rate_middleware(request: web.Request, handler: Handler) -> web
                 headers={"Retry-After": str(max(1, math.ceil(retry_after)))},
             )
     return await handler(request)
+
+
+@web.middleware
+async def client_connections_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """At most ``max_connections_per_client`` requests in progress per client address (probes exempt)."""
+    state = request.app[STATE]
+    if request.path in ("/healthz", "/readyz"):
+        return await handler(request)
+    client = request.remote or "unknown"
+    if not state.client_connections.try_acquire(client):
+        log.info(
+            "refused %s %s from %s: %d requests in progress",
+            request.method,
+            request.path,
+            client,
+            state.client_connections.open(client),
+        )
+        response = error_response(
+            ErrorCode.RATE_LIMITED,
+            f"this client already has {state.settings.max_connections_per_client} requests in progress",
+            headers={"Retry-After": "1", "Connection": "close"},
+        )
+        response.force_close()
+        return response
+    try:
+        return await handler(request)
+    finally:
+        state.client_connections.release(client)
 
 
 @web.middleware

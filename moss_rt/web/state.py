@@ -14,7 +14,8 @@ from moss_rt.heard_audio import HeardAudio
 from moss_rt.session import TakeStore
 from moss_rt.session_store import SessionStore
 from moss_rt.voices import VoiceStore
-from moss_rt.web.guards import ClientRequestRate, ClientTakes
+from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
+from moss_rt.web.renders import SharedRenders
 
 if TYPE_CHECKING:
     from ipaddress import IPv4Network, IPv6Network
@@ -27,6 +28,7 @@ class ServiceState:
     voices: VoiceStore
     takes: TakeStore
     heard: HeardAudio = field(default_factory=lambda: HeardAudio(0))  # the PCM takes streamed
+    renders: SharedRenders = field(default_factory=lambda: SharedRenders(0))  # renders of codes in progress (downloads)
     sessions: SessionStore | None = None  # directing sessions on disk (data dir); None: not kept
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
     shutting_down: bool = False
@@ -36,6 +38,7 @@ class ServiceState:
     http_takes: set[Any] = field(default_factory=set)
     client_takes: ClientTakes = field(default_factory=lambda: ClientTakes(0))
     request_rate: ClientRequestRate = field(default_factory=lambda: ClientRequestRate(0.0, 1))
+    client_connections: ClientConnections = field(default_factory=lambda: ClientConnections(0))
     # Reverse proxies whose X-Forwarded-For is believed (parsed from settings.trusted_proxies).
     trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
     ws_slots: int = 0  # WebSocket connections admitted (reserved before the upgrade completes)

@@ -65,7 +65,8 @@ def test_stream_body_refused_from_content_length_before_reading(fast_server) -> 
     # Only the headers are sent: the answer comes without the server waiting for a body.
     sock = raw_http(
         int(srv.url.rsplit(":", 1)[1]),
-        "POST /api/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n",
+        "POST /api/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000000000\r\n\r\n",
     )
     status, head = read_head(sock)
     sock.close()
@@ -87,14 +88,15 @@ def test_chunked_stream_body_cut_off_past_the_limit(fast_server) -> None:
 def test_upload_refused_from_content_length_before_reading(fast_server) -> None:
     srv = fast_server(limits=Limits(max_upload_bytes=100_000))
     port = int(srv.url.rsplit(":", 1)[1])
-    sock = raw_http(port, "POST /api/upload_ref?ext=wav HTTP/1.1\r\nHost: x\r\nContent-Length: 100001\r\n\r\n")
+    sock = raw_http(port, "POST /api/upload_ref?ext=wav HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100001\r\n\r\n")
     status, _ = read_head(sock)
     sock.close()
     assert status == 413
     # With Expect: 100-continue the client is told before it sends a byte of the body.
     sock = raw_http(
         port,
-        "POST /api/upload_ref?ext=wav HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\nExpect: 100-continue\r\n\r\n",
+        "POST /api/upload_ref?ext=wav HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5000000\r\n"
+        "Expect: 100-continue\r\n\r\n",
     )
     status, _ = read_head(sock)
     sock.close()

@@ -20,7 +20,7 @@ def port_of(url: str) -> int:
 
 def post_stream_head(body: str) -> str:
     """A complete raw ``POST /api/stream`` request with a JSON body."""
-    headers = f"Host: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    headers = f"Host: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
     return f"POST /api/stream HTTP/1.1\r\n{headers}\r\n{body}"
 
 
