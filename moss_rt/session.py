@@ -8,16 +8,36 @@ or downloaded. It touches no socket and no tensor; codes are small numpy arrays.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from moss_rt.engine.base import TakeSpec
-from moss_rt.generation import FRAME_SAMPLES, N_CODEBOOKS, SamplingParams
-from moss_rt.protocol import ErrorCode, ProtocolError, Seek, SeekAck, StartTake, seek_ack
+from moss_rt.engine.base import AudioChunk, TakeEvent, TakeFirstAudio, TakeSpec
+from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS, EndReason, SamplingParams
+from moss_rt.heard_audio import HeardAudio
+from moss_rt.protocol import (
+    DEFAULT_MODEL_ALIAS,
+    UNSET,
+    Cancel,
+    ErrorCode,
+    ErrorMessage,
+    Ping,
+    Pong,
+    ProtocolError,
+    Seek,
+    SeekAck,
+    ServerMessage,
+    StartTake,
+    TakeEnded,
+    TakeStarted,
+    Unset,
+    seek_ack,
+)
 
 
 def new_take_id() -> str:
@@ -27,6 +47,11 @@ def new_take_id() -> str:
 
 def random_seed() -> int:
     return secrets.randbelow(2**31)
+
+
+class TakeStatus(enum.StrEnum):
+    RUNNING = "running"  # being admitted, streamed or stopped: its codes may still grow
+    ENDED = "ended"
 
 
 @dataclass
@@ -39,7 +64,7 @@ class TakeRecord:
     parent: str | None = None
     branch_frame: int = 0  # frames [0, branch_frame) come from the parent
     label: str | None = None
-    status: str = "running"  # running | ended
+    status: TakeStatus = TakeStatus.RUNNING
     reason: str | None = None
     stats: dict[str, float] = field(default_factory=dict)
     _chunks: list[np.ndarray] = field(default_factory=list)
@@ -122,14 +147,14 @@ class TakeStore:
 
     def discard(self, take_id: str) -> None:
         take = self._takes.get(take_id)
-        if take is not None and take.status != "running":
+        if take is not None and take.status is not TakeStatus.RUNNING:
             del self._takes[take_id]
 
     def _evict(self) -> None:
         for take_id in list(self._takes):
             if len(self._takes) <= self._max:
                 return
-            if self._takes[take_id].status != "running":
+            if self._takes[take_id].status is not TakeStatus.RUNNING:
                 del self._takes[take_id]
 
 
@@ -157,8 +182,11 @@ class SeekPlan:
         return seek_ack(take=self.take.take_id, from_take=self.source.take_id, frame=self.frame)
 
 
-class DirectingSession:
-    """One client's directing state: at most one running take, a bounded history of takes."""
+class TakeHistory:
+    """One client's takes: a bounded history (by id), what is running, plans for starts and seeks.
+
+    Bookkeeping only; :class:`DirectingSession` decides when takes start and stop.
+    """
 
     def __init__(
         self,
@@ -201,7 +229,7 @@ class DirectingSession:
                 field="frame",
             )
         if msg.mode == "replay":
-            if source is self.running:
+            if source.status is TakeStatus.RUNNING:
                 raise ProtocolError(ErrorCode.INVALID_FIELD, "cannot replay a take while it is running", field="take")
             self.running = None
             return SeekPlan("replay", source, msg.frame, source)
@@ -226,14 +254,14 @@ class DirectingSession:
     def adopt(self, take: TakeRecord) -> None:
         """An ended take of this session from an earlier connection (or before a restart), rebuilt from its stored
         codes: replayable and retakeable like one made here (a retake rebuilds the cache from the codes)."""
-        take.status = "ended"
+        take.status = TakeStatus.ENDED
         self._remember(take)
 
     def record_chunk(self, take: TakeRecord, first_frame: int, codes: np.ndarray) -> None:
         take.append(first_frame, codes)
 
     def record_end(self, take: TakeRecord, reason: str, stats: dict[str, float]) -> None:
-        take.status = "ended"
+        take.status = TakeStatus.ENDED
         take.reason = reason
         take.stats.update(stats)
         if self.running is take:
@@ -244,7 +272,7 @@ class DirectingSession:
         self._store.add(take)
         while len(self._history) > self._max_takes:
             for take_id, old in self._history.items():
-                if old.status != "running":
+                if old.status is not TakeStatus.RUNNING:
                     del self._history[take_id]
                     self._store.discard(take_id)
                     break
@@ -254,3 +282,486 @@ class DirectingSession:
     def close(self) -> None:
         """The connection is gone: its takes stay downloadable until the store evicts them."""
         self.running = None
+
+
+# --------------------------------------------------------------------------- the take lifecycle
+
+
+class Phase(enum.Enum):
+    """What the session's one current take is doing (at most one per session, by construction)."""
+
+    IDLE = "idle"  # nothing
+    ADMITTING = "admitting"  # reference voice being encoded, engine admission under way
+    STREAMING = "streaming"  # the engine generates it; its frames go out as they come
+    REPLAYING = "replaying"  # stored audio of an earlier take goes out again
+    STOPPING = "stopping"  # asked to stop; its end (and then any pending start) follows
+
+
+# Actions: what the transport must do. Each names its ``run``, the session's serial number of one
+# admission / stream / replay, which is how the transport reports back (and how stale reports of a
+# run the session has already let go of are recognised and ignored).
+
+
+@dataclass(frozen=True)
+class SendMessage:
+    message: ServerMessage
+
+
+@dataclass(frozen=True)
+class SendAudio:
+    """PCM of the current take. ``paced``: hold the client to real time (not while stopping)."""
+
+    run: int
+    pcm: bytes
+    seconds: float
+    paced: bool = True
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Resolve the reference voice, submit ``spec(reference_codes)`` to the engine, then report
+    :meth:`DirectingSession.admitted` (or :meth:`DirectingSession.admission_failed`)."""
+
+    run: int
+    take: TakeRecord
+    prefix_codes: np.ndarray | None = None
+
+    def spec(self, reference_codes: np.ndarray | None) -> TakeSpec:
+        return self.take.engine_spec(reference_codes=reference_codes, prefix_codes=self.prefix_codes)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Fetch the take's audio (as heard, else rendered) and report :meth:`DirectingSession.replay_audio`."""
+
+    run: int
+    take: TakeRecord
+    frame: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop run ``run``: cancel its engine take with ``reason`` (a replay: stop sending at once)."""
+
+    run: int
+    reason: EndReason
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Store the ended ``take`` in the directing session the connection is bound to (``resume``), before its
+    ``end`` goes out: a client that has seen the end and reloads at once finds the take."""
+
+    take: TakeRecord
+
+
+Action = SendMessage | SendAudio | Admit | Replay | Stop | Keep
+
+
+@dataclass
+class _Run:
+    """The session's current take, as one admission → stream, or one replay."""
+
+    run: int
+    take: TakeRecord
+    model: str
+    t_request: float
+    replay_frame: int | None = None  # a replay from this frame
+    ack: SeekAck | None = None  # sent when the run begins (a seek's answer)
+    prefix_codes: np.ndarray | None = None
+    started: bool = False  # its ``start`` message went out
+    gpu_first_ms: float | None = None
+    ttfa_ms: float | None = None
+    stop_reason: EndReason | None = None
+
+
+ClientIntent = StartTake | Seek | Cancel | Ping
+
+
+class DirectingSession:
+    """One client's take lifecycle as a state machine, sans-I/O (like the ``websockets`` protocol object).
+
+    The transport feeds it client messages (:meth:`handle`) and what happened to the runs it was
+    asked to carry out (:meth:`admitted`, :meth:`take_event`, :meth:`replay_audio`, …); every call
+    returns the actions to perform, in order. The rules it keeps by construction:
+
+    - at most one current take; a start or seek while one runs replaces it (barge-in), and the
+      replaced take's ``end`` goes out before anything of the new one;
+    - every take that was started gets exactly one ``end`` (or one take-level ``error``);
+    - reports about a run the session has let go of (replaced while still being admitted, a replay
+      stopped) are ignored, and an engine take admitted too late is stopped at once.
+    """
+
+    def __init__(
+        self,
+        store: TakeStore,
+        *,
+        models: tuple[str, ...] = (DEFAULT_MODEL_ALIAS,),
+        default_model: str = DEFAULT_MODEL_ALIAS,
+        heard: HeardAudio | None = None,
+        max_takes: int = 32,
+        id_factory: Callable[[], str] = new_take_id,
+        seed_factory: Callable[[], int] = random_seed,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.history = TakeHistory(store, max_takes=max_takes, id_factory=id_factory, seed_factory=seed_factory)
+        self._models = models
+        self._default_model = default_model
+        self._heard = heard if heard is not None else HeardAudio(0)
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._phase = Phase.IDLE
+        self._current: _Run | None = None
+        self._pending: _Run | None = None  # begins once the stopping take has ended
+        self._queued: list[Action] = []  # ends of pending runs replaced while stopping, sent after its end
+        self._runs = 0
+        self._refusing: str | None = None  # why new takes are refused (shutdown, closed)
+        self._keeping = False  # bound to a stored session: every ended take is kept (a Keep action)
+
+    def keep_takes(self, max_takes: int) -> None:
+        """The connection is bound to a stored directing session: ended takes are kept (a :class:`Keep` before
+        their ``end``) and stay in the history until deleted, up to the session's ``max_takes``."""
+        self._keeping = True
+        self.history.keep_until_deleted(max_takes)
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def current_take(self) -> TakeRecord | None:
+        return None if self._current is None else self._current.take
+
+    @property
+    def busy(self) -> bool:
+        """A take is being admitted, streamed, replayed or stopped (the socket is not idle)."""
+        return self._phase is not Phase.IDLE
+
+    def is_current(self, run: int) -> bool:
+        return self._current is not None and self._current.run == run
+
+    # -- client messages --------------------------------------------------------------------
+
+    def handle(self, msg: ClientIntent, *, received_at: float | None = None) -> list[Action]:
+        """One validated client message → actions. Raises ProtocolError for a request that cannot be
+        carried out (unknown take or model, bad frame, refused); the current take is then untouched.
+        ``received_at`` (this session's clock) is when the request arrived, for ``ttfa_ms``."""
+        if isinstance(msg, Ping):
+            return [SendMessage(Pong(t=msg.t, server_t=self._wall_clock()))]
+        if isinstance(msg, Cancel):
+            return self._cancel(msg.take)
+        if self._refusing is not None:
+            raise ProtocolError(ErrorCode.BUSY, self._refusing)
+        if isinstance(msg, StartTake):
+            model = self.resolve_model(msg.model)
+            t_request = self._clock() if received_at is None else received_at
+            take = self.history.plan_start(msg).take
+            return self._replace(_Run(self._next_run(), take, model, t_request))
+        t_request = self._clock() if received_at is None else received_at
+        plan = self.history.plan_seek(msg)
+        model = self.resolve_model(plan.take.request.model)
+        if plan.mode == "replay":
+            run = _Run(self._next_run(), plan.source, model, t_request, replay_frame=plan.frame, ack=plan.ack())
+        else:
+            run = _Run(self._next_run(), plan.take, model, t_request, ack=plan.ack(), prefix_codes=plan.prefix_codes)
+        return self._replace(run)
+
+    def resolve_model(self, requested: str) -> str:
+        return resolve_model(requested, self._models, self._default_model)
+
+    def _next_run(self) -> int:
+        self._runs += 1
+        return self._runs
+
+    def _replace(self, new: _Run) -> list[Action]:
+        """Barge-in: the current take (if any) makes way for ``new``."""
+        cur = self._current
+        if self._phase is Phase.IDLE:
+            return self._begin(new)
+        assert cur is not None
+        if self._phase is Phase.STOPPING:
+            # Still waiting for the stopping take's end: the newest request wins; one replaced
+            # while waiting ends right after that end, before the newest begins.
+            if self._pending is not None:
+                self._queued += self._retire(self._pending, EndReason.REPLACED)
+            self._pending = new
+            return []
+        if self._phase is Phase.STREAMING:
+            cur.stop_reason = EndReason.REPLACED
+            self._phase = Phase.STOPPING
+            self._pending = new
+            return [Stop(cur.run, EndReason.REPLACED)]
+        # ADMITTING or REPLAYING: nothing of it is in flight on the wire, so it ends here and now.
+        actions = self._let_go(cur, EndReason.REPLACED)
+        return actions + self._begin(new)
+
+    def _cancel(self, target: str | None) -> list[Action]:
+        cur = self._current
+        if cur is None:
+            return []
+        if self._phase is Phase.STOPPING:
+            pending = self._pending
+            if pending is not None and (target is None or target in (pending.take.take_id, pending.take.label)):
+                self._pending = None
+                self._queued += self._retire(pending, EndReason.CANCELLED)
+            return []
+        named = target is None or target in (cur.take.take_id, cur.take.label)
+        if not named and self._phase is not Phase.REPLAYING:  # a replay stops on any cancel (as it always did)
+            return []  # a cancel for a take that is no longer current
+        return self._stop_current(EndReason.CANCELLED)
+
+    def _stop_current(self, reason: EndReason) -> list[Action]:
+        cur = self._current
+        assert cur is not None
+        if self._phase is Phase.STREAMING:
+            cur.stop_reason = reason
+            self._phase = Phase.STOPPING
+            return [Stop(cur.run, reason)]
+        actions = self._let_go(cur, reason)
+        self._current, self._phase = None, Phase.IDLE
+        return actions
+
+    def _let_go(self, cur: _Run, reason: EndReason) -> list[Action]:
+        """End a take still being admitted, or a replay, at once (their run's later reports are stale)."""
+        if cur.replay_frame is not None:
+            return [Stop(cur.run, reason), SendMessage(self._replay_end(cur, reason))]
+        # Admission may still finish: the transport then hears that the run is stale and stops it.
+        return self._retire(cur, reason, begun=True)
+
+    def _retire(self, run: _Run, reason: EndReason, *, begun: bool = False) -> list[Action]:
+        """A take that never streamed ends: ``start`` then ``end`` with ``reason`` (a replay: its end).
+        One that never began (it was pending) first gets the answer to its seek, if it was one."""
+        actions: list[Action] = [] if begun or run.ack is None else [SendMessage(run.ack)]
+        if run.replay_frame is not None:
+            return [*actions, SendMessage(self._replay_end(run, reason))]
+        take = run.take
+        self.history.record_end(take, reason.value, {})
+        actions.append(SendMessage(self._started(run, None)))
+        actions.append(
+            SendMessage(
+                TakeEnded(
+                    take=take.take_id,
+                    reason=reason.value,
+                    n_frames=take.n_frames,
+                    new_frames=take.n_frames - take.branch_frame,
+                    duration_sec=round(take.n_frames / FRAME_RATE, 3),
+                    gpu_total_ms=0.0,
+                )
+            )
+        )
+        return actions
+
+    def _begin(self, run: _Run) -> list[Action]:
+        self._current = run
+        actions: list[Action] = [] if run.ack is None else [SendMessage(run.ack)]
+        if run.replay_frame is not None:
+            self._phase = Phase.REPLAYING
+            return [*actions, Replay(run.run, run.take, run.replay_frame)]
+        self._phase = Phase.ADMITTING
+        return [*actions, Admit(run.run, run.take, run.prefix_codes)]
+
+    def _finish_current(self) -> list[Action]:
+        """The current take is over: flush the ends queued behind it, then begin what was pending."""
+        actions, self._queued = self._queued, []
+        pending, self._pending = self._pending, None
+        self._current, self._phase = None, Phase.IDLE
+        if pending is not None and self._refusing is None:
+            actions += self._begin(pending)
+        elif pending is not None:
+            actions += self._retire(pending, EndReason.SHUTDOWN)
+        return actions
+
+    # -- engine takes -----------------------------------------------------------------------
+
+    def admitted(self, run: int) -> list[Action]:
+        """The engine accepted run ``run``; a run the session let go of meanwhile is stopped."""
+        cur = self._current
+        if cur is None or cur.run != run or self._phase is not Phase.ADMITTING:
+            return [Stop(run, EndReason.CANCELLED)]
+        self._phase = Phase.STREAMING
+        take = cur.take
+        self._heard.begin(
+            take.take_id, bytes_per_frame(take), parent=take.parent, branch_frame=take.branch_frame
+        )
+        return []
+
+    def admission_failed(self, run: int, err: ProtocolError) -> list[Action]:
+        """Admission refused (busy, bad reference, prompt too long…): the take ends with an error."""
+        cur = self._current
+        if cur is None or cur.run != run:
+            return []
+        self.history.record_end(cur.take, EndReason.ERROR.value, {})
+        return [SendMessage(ErrorMessage.of(err, take=cur.take.take_id)), *self._finish_current()]
+
+    def take_event(self, run: int, event: TakeEvent) -> list[Action]:
+        """One engine event of run ``run`` → what goes to the client."""
+        cur = self._current
+        if cur is None or cur.run != run or self._phase not in (Phase.STREAMING, Phase.STOPPING):
+            return []
+        take = cur.take
+        if isinstance(event, TakeFirstAudio):
+            cur.gpu_first_ms = event.gpu_first_ms
+            return []
+        actions: list[Action] = []
+        if not cur.started:
+            cur.started = True
+            gpu_first = cur.gpu_first_ms if isinstance(event, AudioChunk) else event.gpu_first_ms
+            actions.append(SendMessage(self._started(cur, gpu_first)))
+        if isinstance(event, AudioChunk):
+            take.append(event.first_frame, event.codes)
+            self._heard.append(take.take_id, event.first_frame, event.pcm)
+            if cur.ttfa_ms is None:
+                cur.ttfa_ms = (self._clock() - cur.t_request) * 1000.0
+            seconds = event.n_frames / FRAME_RATE
+            actions.append(SendAudio(run, event.pcm, seconds, paced=self._phase is Phase.STREAMING))
+            return actions
+        # TakeFinished
+        new_frames = event.n_frames - take.branch_frame
+        wall_ms = (self._clock() - cur.t_request) * 1000.0
+        gpu_first_ms = None if event.gpu_first_ms is None else round(event.gpu_first_ms, 2)
+        ttfa_ms = None if cur.ttfa_ms is None else round(cur.ttfa_ms, 2)
+        rtf = round(new_frames / FRAME_RATE / (wall_ms / 1000.0), 3) if wall_ms > 0 else None
+        stats = {"gpu_total_ms": round(event.gpu_total_ms, 2), "gpu_first_ms": gpu_first_ms, "ttfa_ms": ttfa_ms,
+                 "rtf": rtf}
+        self.history.record_end(take, event.reason.value, {k: v for k, v in stats.items() if v is not None})
+        if self._keeping and take.n_frames > 0:
+            actions.append(Keep(take))
+        if event.reason is EndReason.ERROR:
+            error = ProtocolError(ErrorCode.INTERNAL, event.error or "generation failed")
+            actions.append(SendMessage(ErrorMessage.of(error, take=take.take_id)))
+        actions.append(
+            SendMessage(
+                TakeEnded(
+                    take=take.take_id,
+                    reason=event.reason.value,
+                    n_frames=event.n_frames,
+                    new_frames=new_frames,
+                    duration_sec=round(event.n_frames / FRAME_RATE, 3),
+                    gpu_total_ms=round(event.gpu_total_ms, 2),
+                    gpu_first_ms=_opt(gpu_first_ms),
+                    ttfa_ms=_opt(ttfa_ms),
+                    rtf=_opt(rtf),
+                    extra=dict(event.timings),
+                )
+            )
+        )
+        return actions + self._finish_current()
+
+    def take_failed(self, run: int, message: str = "generation failed") -> list[Action]:
+        """The stream of run ``run`` broke without an end (an engine fault)."""
+        cur = self._current
+        if cur is None or cur.run != run:
+            return []
+        self.history.record_end(cur.take, EndReason.ERROR.value, {})
+        error = ProtocolError(ErrorCode.INTERNAL, message)
+        return [SendMessage(ErrorMessage.of(error, take=cur.take.take_id)), *self._finish_current()]
+
+    # -- replays ----------------------------------------------------------------------------
+
+    def replay_audio(self, run: int, pcm: bytes) -> list[Action]:
+        """The replayed take's whole PCM is at hand → its ``start`` and paced chunks from the frame."""
+        cur = self._current
+        if cur is None or cur.run != run or self._phase is not Phase.REPLAYING or cur.replay_frame is None:
+            return []
+        take, frame = cur.take, cur.replay_frame
+        cur.started = True
+        actions: list[Action] = [SendMessage(self._started(cur, None, first_frame=frame, replay=True))]
+        frame_bytes = bytes_per_frame(take)
+        step = max(1, take.request.chunk_frames)
+        for first in range(frame, take.n_frames, step):
+            last = min(take.n_frames, first + step)
+            actions.append(SendAudio(run, pcm[first * frame_bytes : last * frame_bytes], (last - first) / FRAME_RATE))
+        return actions
+
+    def replay_finished(self, run: int) -> list[Action]:
+        cur = self._current
+        if cur is None or cur.run != run or self._phase is not Phase.REPLAYING:
+            return []
+        gpu_total_ms = (self._clock() - cur.t_request) * 1000.0
+        return [SendMessage(self._replay_end(cur, EndReason.DONE, gpu_total_ms=gpu_total_ms)), *self._finish_current()]
+
+    def replay_failed(self, run: int, err: ProtocolError) -> list[Action]:
+        cur = self._current
+        if cur is None or cur.run != run or self._phase is not Phase.REPLAYING:
+            return []
+        return [SendMessage(ErrorMessage.of(err, take=cur.take.take_id)), *self._finish_current()]
+
+    # -- the connection ---------------------------------------------------------------------
+
+    def shutdown(self) -> list[Action]:
+        """The service is going down: refuse new takes, end the current one with reason ``shutdown``."""
+        self._refusing = "the service is shutting down; reconnect shortly"
+        if self._current is None:
+            return []
+        if self._phase is Phase.STOPPING:
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                self._queued += self._retire(pending, EndReason.SHUTDOWN)
+            return []
+        return self._stop_current(EndReason.SHUTDOWN)
+
+    def close(self) -> list[Action]:
+        """The client is gone: stop what runs (nothing is sent any more); takes stay downloadable."""
+        self._refusing = "the connection is closed"
+        actions: list[Action] = []
+        for run in (self._current, self._pending):
+            if run is not None:
+                actions.append(Stop(run.run, EndReason.CANCELLED))
+                if run.take.status is TakeStatus.RUNNING:
+                    self.history.record_end(run.take, EndReason.CANCELLED.value, {})
+        self._current = self._pending = None
+        self._queued = []
+        self._phase = Phase.IDLE
+        return actions
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def _started(
+        self, run: _Run, gpu_first_ms: float | None, *, first_frame: int | None = None, replay: bool = False
+    ) -> TakeStarted:
+        take = run.take
+        return TakeStarted(
+            gpu_first_ms=round(gpu_first_ms, 2) if gpu_first_ms is not None else None,
+            take=take.take_id,
+            channels=take.request.channels,
+            seed=take.seed,
+            model=run.model,
+            first_frame=take.branch_frame if first_frame is None else first_frame,
+            label=UNSET if take.label is None else take.label,
+            replay=True if replay else UNSET,
+        )
+
+    @staticmethod
+    def _replay_end(run: _Run, reason: EndReason, *, gpu_total_ms: float | None = None) -> TakeEnded:
+        take = run.take
+        done = reason is EndReason.DONE
+        return TakeEnded(
+            take=take.take_id,
+            reason=reason.value,
+            replay=True,
+            n_frames=take.n_frames,
+            new_frames=take.n_frames - (run.replay_frame or 0) if done else UNSET,
+            duration_sec=round(take.n_frames / FRAME_RATE, 3),
+            gpu_total_ms=UNSET if gpu_total_ms is None else round(gpu_total_ms, 2),
+        )
+
+
+def resolve_model(requested: str, models: tuple[str, ...], default_model: str) -> str:
+    """The model a request names ("" or the default alias: the default), or not_found."""
+    if requested in ("", default_model):
+        return default_model
+    if requested in models:
+        return requested
+    raise ProtocolError(ErrorCode.NOT_FOUND, f"unknown model {requested!r}; available: {list(models)}", field="model")
+
+
+def bytes_per_frame(take: TakeRecord) -> int:
+    """Bytes of one 80 ms frame of the take's PCM (int16, its channel count)."""
+    return FRAME_SAMPLES * take.request.channels * 2
+
+
+def _opt(value: float | None) -> float | Unset:
+    return UNSET if value is None else value

@@ -44,6 +44,8 @@ import numpy as np
 import soundfile as sf
 import websockets
 
+from tests.helpers import free_port
+
 log = logging.getLogger("soak")
 REPO = Path(__file__).resolve().parents[1]
 HEARD_AUDIO_MB = 16  # the server's budget for held streamed PCM during the soak
@@ -78,12 +80,6 @@ class Stats:
 
 
 # --------------------------------------------------------------------------- server process
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float:

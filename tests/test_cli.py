@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from moss_rt.config import Settings, settings_from_env
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

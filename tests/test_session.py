@@ -1,4 +1,4 @@
-"""The directing session, sans-I/O: take history, barge-in, seek and replay bookkeeping."""
+"""A session's take history, sans-I/O: ids and seeds, seek and replay bookkeeping, bounded history."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from moss_rt.protocol import ProtocolError, Seek, StartTake
-from moss_rt.session import DirectingSession, TakeStore
+from moss_rt.session import TakeHistory, TakeStore
 
 
-def make_session(max_takes: int = 4, store: TakeStore | None = None, prefix: str = "t") -> DirectingSession:
+def make_session(max_takes: int = 4, store: TakeStore | None = None, prefix: str = "t") -> TakeHistory:
     ids = (f"{prefix}{i}" for i in itertools.count())
     seeds = itertools.count(1000)
-    return DirectingSession(
+    return TakeHistory(
         store if store is not None else TakeStore(),
         max_takes=max_takes,
         id_factory=lambda: next(ids),
@@ -26,7 +26,7 @@ def codes(first: int, n: int) -> np.ndarray:
     return np.arange(first * 12, (first + n) * 12, dtype=np.int64).reshape(n, 12) % 1024
 
 
-def finish(session: DirectingSession, take, n: int) -> None:  # noqa: ANN001
+def finish(session: TakeHistory, take, n: int) -> None:  # noqa: ANN001
     session.record_chunk(take, take.n_frames, codes(take.n_frames, n))
     session.record_end(take, "done", {"gpu_total_ms": 1.0})
 

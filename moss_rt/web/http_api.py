@@ -17,14 +17,13 @@ from moss_rt.protocol import (
     parse_stream_request,
 )
 from moss_rt.protocol.frames import decode_json_object
-from moss_rt.session import DirectingSession
 from moss_rt.web.cross_site import check_request, require_json_body
 from moss_rt.web.downloads import send_wav, take_pcm
 from moss_rt.web.errors import busy_response, error_response, protocol_error_response
 from moss_rt.web.openapi import openapi_document
 from moss_rt.web.security import bearer, is_authorized, issue_token, same_secret, unauthorized
 from moss_rt.web.state import STATE
-from moss_rt.web.takes import build_spec, resolve_model, stream_take
+from moss_rt.web.takes import OneTake
 from moss_rt.web.voices_api import voice_owner
 
 log = logging.getLogger(__name__)
@@ -186,13 +185,11 @@ async def stream(request: web.Request) -> web.StreamResponse:
         require_json_body(request)  # 415: a cross-site form or text/plain post is never JSON
         body = await read_body_limited(request, state.settings.limits.max_request_bytes)
         start = parse_stream_request(decode_json_object(body or b"{}"), state.settings.limits)
-        model = resolve_model(state, start.model)
+        OneTake.check(state, start)  # an unknown model is refused before the take counts
         state.client_takes.acquire(client)  # rate_limited (429) past max_takes_per_client
         holding = True
-        session = DirectingSession(state.takes, max_takes=1)
-        plan = session.plan_start(start)
-        spec = await build_spec(state, plan.take)
-        handle = await state.engine.submit(spec)
+        take = await OneTake.open(state, start, received_at=t_request)
+        handle = take.handle
     except ProtocolError as err:
         if holding:
             state.client_takes.release(client)
@@ -217,13 +214,13 @@ async def stream(request: web.Request) -> web.StreamResponse:
 
     try:
         await response.prepare(request)
-        await stream_take(state, handle, plan.take, session, send, t_request=t_request, model=model)
+        await take.stream(send, max_lead_sec=state.settings.max_lead_sec)
         await response.write_eof()
     except ConnectionResetError:
         # The client hung up (or was dropped for not reading): not a server error, nothing to answer.
-        log.info("client left during take %s; cancelling it", plan.take.take_id)
+        log.info("client left during take %s; cancelling it", take.take.take_id)
     except asyncio.CancelledError:
-        log.info("request for take %s cancelled; cancelling the take", plan.take.take_id)
+        log.info("request for take %s cancelled; cancelling the take", take.take.take_id)
         raise
     finally:
         # A client that disconnected (or any failure) must free the engine slot.

@@ -1,101 +1,72 @@
-"""Running one take for either transport: request → engine spec → frames out, recorded in a session.
+"""What both transports do for a take, around the sans-I/O :class:`~moss_rt.session.DirectingSession`.
 
-Both the legacy HTTP stream and the WebSocket channel use this module, so the bytes they send
-for a take are the same: a tag-0 ``start``, whole-frame tag-1 PCM chunks, a tag-0 ``end``.
+The session decides what is sent and when a take starts or stops; this module performs the I/O
+it asks for: resolving the reference voice and submitting to the engine (``Admit``), pumping a
+take's engine events through the session, fetching a take's audio for replays and downloads, and
+pacing PCM to real time. The legacy HTTP stream and the WebSocket channel send the same bytes for
+a take: a tag-0 ``start``, whole-frame tag-1 PCM chunks, a tag-0 ``end``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
-from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio, TakeHandle, TakeSpec
-from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES
-from moss_rt.protocol import (
-    UNSET,
-    ErrorCode,
-    ErrorMessage,
-    ProtocolError,
-    ServerMessage,
-    TakeEnded,
-    TakeStarted,
-    encode_json_frame,
-    encode_pcm_frame,
+from moss_rt.engine.base import EngineBusy, TakeHandle
+from moss_rt.protocol import ErrorCode, ProtocolError, ServerMessage, StartTake, encode_json_frame, encode_pcm_frame
+from moss_rt.session import (
+    Action,
+    Admit,
+    DirectingSession,
+    SendAudio,
+    SendMessage,
+    TakeRecord,
+    bytes_per_frame,
+    resolve_model,
 )
-from moss_rt.session import DirectingSession, TakeRecord
 from moss_rt.web.state import ServiceState
 
-log = logging.getLogger(__name__)
-
 SendFrame = Callable[[bytes], Awaitable[None]]
+Perform = Callable[[Sequence[Action]], Awaitable[None]]
 
 
-def resolve_model(state: ServiceState, requested: str) -> str:
+def new_session(state: ServiceState, *, max_takes: int) -> DirectingSession:
     info = state.engine.info
-    if requested in ("", info.default_model) or requested in info.models:
-        return info.default_model if requested == "" else requested
-    raise ProtocolError(
-        ErrorCode.NOT_FOUND, f"unknown model {requested!r}; available: {list(info.models)}", field="model"
+    return DirectingSession(
+        state.takes, models=info.models, default_model=info.default_model, heard=state.heard, max_takes=max_takes
     )
 
 
-async def build_spec(
-    state: ServiceState,
-    take: TakeRecord,
-    *,
-    prefix_codes: np.ndarray | None = None,
-) -> TakeSpec:
-    """Resolve the reference voice (encoding it once) and produce the engine's spec; the caller has
-    already resolved the model."""
-    request = take.request
-    reference_codes = None
-    voice = state.voices.resolve(request.reference)
-    if voice is not None:
-        tag = state.engine.info.details.get("codec", state.engine.info.name)
-        reference_codes = await state.voices.codes(voice, state.engine.encode_reference, tag)
-    return take.engine_spec(reference_codes=reference_codes, prefix_codes=prefix_codes)
+async def reference_codes(state: ServiceState, take: TakeRecord) -> np.ndarray | None:
+    """The take's reference voice as codes (encoded once per voice and codec, then cached)."""
+    voice = state.voices.resolve(take.request.reference)
+    if voice is None:
+        return None
+    tag = state.engine.info.details.get("codec", state.engine.info.name)
+    return await state.voices.codes(voice, state.engine.encode_reference, tag)
 
 
-def start_message(
-    take: TakeRecord, gpu_first_ms: float | None, model: str, *, first_frame: int | None = None, replay: bool = False
-) -> TakeStarted:
-    return TakeStarted(
-        gpu_first_ms=round(gpu_first_ms, 2) if gpu_first_ms is not None else None,
-        take=take.take_id,
-        channels=take.request.channels,
-        seed=take.seed,
-        model=model,
-        first_frame=take.branch_frame if first_frame is None else first_frame,
-        label=UNSET if take.label is None else take.label,
-        replay=True if replay else UNSET,
-    )
+async def admit(state: ServiceState, action: Admit) -> TakeHandle:
+    """Carry out an ``Admit``: the engine's request, resolved, submitted (raises EngineBusy/ProtocolError)."""
+    return await state.engine.submit(action.spec(await reference_codes(state, action.take)))
 
 
-def replay_end(
-    take: TakeRecord, reason: EndReason, *, frame: int | None = None, gpu_total_ms: float | None = None
-) -> TakeEnded:
-    """The ``end`` of a replay; ``frame`` (where it started) and ``gpu_total_ms`` when it ran to the end."""
-    return TakeEnded(
-        take=take.take_id,
-        reason=reason.value,
-        replay=True,
-        n_frames=take.n_frames,
-        new_frames=UNSET if frame is None else take.n_frames - frame,
-        duration_sec=round(take.n_frames / FRAME_RATE, 3),
-        gpu_total_ms=UNSET if gpu_total_ms is None else round(gpu_total_ms, 2),
-    )
+async def pump_events(handle: TakeHandle, run: int, session: DirectingSession, perform: Perform) -> None:
+    """Feed a running take's engine events through the session and perform what it answers.
 
-
-def frame_of(message: ServerMessage) -> bytes:
-    return encode_json_frame(message.to_dict())
-
-
-def bytes_per_frame(take: TakeRecord) -> int:
-    return FRAME_SAMPLES * take.request.channels * 2
+    The iterator is closed however this ends, which cancels the take if it has not finished.
+    """
+    events = aiter(handle)
+    try:
+        async for event in events:
+            await perform(session.take_event(run, event))
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def take_audio(state: ServiceState, take: TakeRecord) -> bytes:
@@ -104,6 +75,15 @@ async def take_audio(state: ServiceState, take: TakeRecord) -> bytes:
     if heard is not None:
         return heard
     return await state.engine.render(take.codes, take.request.channels)
+
+
+def busy_error(busy: EngineBusy) -> ProtocolError:
+    """The tag-0 form of an engine at capacity (HTTP answers 503 with Retry-After instead)."""
+    return ProtocolError(ErrorCode.BUSY, f"the service is at capacity; retry in {busy.retry_after_sec:.0f} s")
+
+
+def message_frame(message: ServerMessage) -> bytes:
+    return encode_json_frame(message.to_dict())
 
 
 class Pacer:
@@ -124,87 +104,53 @@ class Pacer:
         self._sent_sec += chunk_sec
 
 
-async def stream_take(
-    state: ServiceState,
-    handle: TakeHandle,
-    take: TakeRecord,
-    session: DirectingSession,
-    send: SendFrame,
-    *,
-    t_request: float,
-    model: str,
-    keep: Callable[[TakeRecord], Awaitable[None]] | None = None,
-) -> TakeFinished:
-    """Forward a running take's events as frames; returns how it ended.
+async def send_action(action: Action, send: SendFrame, pacer: Pacer | None) -> bool:
+    """Perform a sending action (``SendMessage``, ``SendAudio``); False for any other kind."""
+    if isinstance(action, SendMessage):
+        await send(message_frame(action.message))
+        return True
+    if isinstance(action, SendAudio):
+        if pacer is not None and action.paced:
+            await pacer.wait(action.seconds)
+        await send(encode_pcm_frame(action.pcm))
+        return True
+    return False
 
-    ``keep`` stores the ended take (a directing session on disk) before its end frame goes out, so a client that
-    has seen the end and reloads at once finds the take. The caller owns cancellation: on disconnect it cancels
-    the handle (and this coroutine).
+
+class OneTake:
+    """One take outside a directing socket (``POST /api/stream`` and other one-shot HTTP routes).
+
+    :meth:`open` plans, admits and submits it through a one-take session, raising before anything
+    is sent (``ProtocolError``, ``EngineBusy``), so the route can still answer with an HTTP error;
+    :meth:`stream` then sends its frames exactly as the WebSocket channel would.
     """
-    pacer = Pacer(state.settings.max_lead_sec)
-    state.heard.begin(take.take_id, bytes_per_frame(take), parent=take.parent, branch_frame=take.branch_frame)
-    started = False
-    ttfa_ms: float | None = None
-    gpu_first_ms: float | None = None
-    async for event in handle:
-        if isinstance(event, TakeFirstAudio):
-            gpu_first_ms = event.gpu_first_ms
-        elif isinstance(event, AudioChunk):
-            if not started:
-                await send(frame_of(start_message(take, gpu_first_ms, model)))
-                started = True
-            session.record_chunk(take, event.first_frame, event.codes)
-            state.heard.append(take.take_id, event.first_frame, event.pcm)
-            await pacer.wait(event.n_frames / FRAME_RATE)
-            await send(encode_pcm_frame(event.pcm))
-            if ttfa_ms is None:
-                ttfa_ms = (time.monotonic() - t_request) * 1000.0
-        elif isinstance(event, TakeFinished):
-            if not started:
-                await send(frame_of(start_message(take, event.gpu_first_ms, model)))
-            new_frames = event.n_frames - take.branch_frame
-            duration = new_frames / FRAME_RATE
-            wall_ms = (time.monotonic() - t_request) * 1000.0
-            stats = {
-                "gpu_total_ms": round(event.gpu_total_ms, 2),
-                "gpu_first_ms": round(event.gpu_first_ms, 2) if event.gpu_first_ms is not None else None,
-                "ttfa_ms": round(ttfa_ms, 2) if ttfa_ms is not None else None,
-                "rtf": round(duration / (wall_ms / 1000.0), 3) if wall_ms > 0 else None,
-            }
-            session.record_end(take, event.reason.value, {k: v for k, v in stats.items() if v is not None})
-            if keep is not None:
-                await keep(take)
-            if event.reason == EndReason.ERROR:
-                error = ProtocolError(ErrorCode.INTERNAL, event.error or "generation failed")
-                await send(frame_of(ErrorMessage.of(error, take=take.take_id)))
-            end = TakeEnded(
-                take=take.take_id,
-                reason=event.reason.value,
-                n_frames=event.n_frames,
-                new_frames=new_frames,
-                duration_sec=round(event.n_frames / FRAME_RATE, 3),
-                **{k: UNSET if v is None else v for k, v in stats.items()},
-                extra=dict(event.timings),
-            )
-            await send(frame_of(end))
-            return event
-    raise RuntimeError("engine stream ended without TakeFinished")
 
+    def __init__(self, session: DirectingSession, run: int, handle: TakeHandle, take: TakeRecord) -> None:
+        self.session = session
+        self.run = run
+        self.handle = handle
+        self.take = take
 
-async def replay_take(
-    state: ServiceState, take: TakeRecord, frame: int, send: SendFrame, *, model: str
-) -> None:
-    """Re-send a stored take's audio from ``frame`` without generating anything."""
-    t0 = time.monotonic()
-    pcm = await take_audio(state, take)
-    frame_bytes = bytes_per_frame(take)
-    await send(frame_of(start_message(take, None, model, replay=True, first_frame=frame)))
-    pacer = Pacer(state.settings.max_lead_sec)
-    step = max(1, take.request.chunk_frames)
-    for first in range(frame, take.n_frames, step):
-        last = min(take.n_frames, first + step)
-        await pacer.wait((last - first) / FRAME_RATE)
-        await send(encode_pcm_frame(pcm[first * frame_bytes : last * frame_bytes]))
-    gpu_total_ms = (time.monotonic() - t0) * 1000.0
-    await send(frame_of(replay_end(take, EndReason.DONE, frame=frame, gpu_total_ms=gpu_total_ms)))
+    @staticmethod
+    def check(state: ServiceState, request: StartTake) -> None:
+        """Refuse a request naming an unknown model (ProtocolError not_found)."""
+        info = state.engine.info
+        resolve_model(request.model, info.models, info.default_model)
 
+    @classmethod
+    async def open(cls, state: ServiceState, request: StartTake, *, received_at: float | None = None) -> OneTake:
+        session = new_session(state, max_takes=1)
+        actions = session.handle(request, received_at=received_at)
+        admission = next(a for a in actions if isinstance(a, Admit))
+        handle = await admit(state, admission)
+        session.admitted(admission.run)
+        return cls(session, admission.run, handle, admission.take)
+
+    async def stream(self, send: SendFrame, *, max_lead_sec: float) -> None:
+        pacer = Pacer(max_lead_sec)
+
+        async def perform(actions: Sequence[Action]) -> None:
+            for action in actions:
+                await send_action(action, send, pacer)
+
+        await pump_events(self.handle, self.run, self.session, perform)

@@ -1,8 +1,10 @@
-"""The WebSocket directing channel ``/api/ws``.
+"""The WebSocket directing channel ``/api/ws``: a thin shell around :class:`DirectingSession`.
 
-Per connection there are two kinds of task: the reader (this handler's own coroutine), which
-handles every control message as it arrives, and at most one take task that streams audio.
-Control never waits behind audio: cancel and seek act on the take task from the reader.
+The shell reads messages, hands them to the session (sans-I/O: it owns the take lifecycle and
+decides what is sent), and performs the actions it answers: send a message or PCM, admit a take
+(a task per run: voice encoding, engine submit, then its events back through the session), replay
+stored audio, stop a run. The reader (this handler's own coroutine) never waits behind audio:
+cancel and seek are decided by the session at once.
 
 Guards (docs/limits.md): the upgrade is refused with a JSON 403/503 when the Origin is foreign,
 the server is shutting down or ``max_connections`` sockets are open; control messages pass a
@@ -14,19 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import time
+from collections.abc import Awaitable, Callable, Sequence
 
-import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from moss_rt.engine.base import EndReason, EngineBusy, TakeHandle
+from moss_rt.engine.base import EngineBusy, TakeHandle
 from moss_rt.protocol import (
-    Cancel,
     ClientMessage,
     ErrorCode,
     ErrorMessage,
-    Ping,
     ProtocolError,
     Resume,
     Seek,
@@ -37,28 +37,19 @@ from moss_rt.protocol import (
     decode_client_text,
     encode_json_frame,
     hello,
-    pong,
 )
-from moss_rt.session import DirectingSession, SeekPlan, TakeRecord
+from moss_rt.session import Action, Admit, Keep, Replay, SendAudio, Stop, TakeRecord
 from moss_rt.session_store import StoredTake
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
 from moss_rt.web.security import forbidden_origin, websocket_origin_allowed
 from moss_rt.web.state import STATE, ServiceState
-from moss_rt.web.takes import (
-    build_spec,
-    bytes_per_frame,
-    replay_end,
-    replay_take,
-    resolve_model,
-    stream_take,
-    take_audio,
-)
+from moss_rt.web.takes import Pacer, admit, busy_error, new_session, pump_events, send_action, take_audio
 
 log = logging.getLogger(__name__)
 
-# How long barge-in waits for the replaced take to send its end (it stops within one frame).
-REPLACE_TIMEOUT_SEC = 5.0
+# How long a closing connection waits for its runs to wind down before giving up on them.
+RUNS_TIMEOUT_SEC = 5.0
 # A close handshake with a client that does not read cannot complete; give it this long, then abort.
 CLOSE_TIMEOUT_SEC = 1.0
 # Close codes (docs/limits.md).
@@ -79,21 +70,18 @@ class Connection:
         self.client = request.remote or "unknown"
         self._transport = request.transport
         limits = state.settings.limits
-        self.session = DirectingSession(state.takes, max_takes=limits.max_takes_kept)
+        self.session = new_session(state, max_takes=limits.max_takes_kept)
         self._bucket = TokenBucket(limits.ws_messages_per_sec, limits.ws_message_burst)
         self._refused_in_row = 0
         self._send_lock = asyncio.Lock()
-        self._take_task: asyncio.Task[None] | None = None
-        self._handle: TakeHandle | None = None
-        self._replay_stop: EndReason | None = None  # why a running replay was stopped
-        self._replaying = False  # the take task is a replay (no engine handle)
-        self._stop_requested: EndReason | None = None  # a stop that came before the engine handle
-        self._retiring: set[asyncio.Task[None]] = set()  # replaced take tasks still finishing
-        self._replay_take: TakeRecord | None = None
-        self._replay_started = False
+        # The transport side of the session's runs, by run number: one task each (admission and
+        # stream, or replay), the engine handle once admitted, the pacer of its audio.
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._handles: dict[int, TakeHandle] = {}
+        self._pacers: dict[int, Pacer] = {}
+        self._replay_runs: set[int] = set()
         self._dead = False  # set once the client is known gone or dropped: no more sends
         self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
-        self._shutting_down = False
 
     # -- sending ------------------------------------------------------------------------
 
@@ -131,10 +119,112 @@ class Connection:
         its window shut; abort discards them. The reader then sees EOF and the handler ends.
         """
         self._dead = True
-        if self._handle is not None:
-            self._handle.cancel(EndReason.CANCELLED)
+        for action in self.session.close():
+            self._stop(action)
         if self._transport is not None:
             self._transport.abort()
+
+    # -- performing the session's actions -------------------------------------------------
+
+    async def _perform(self, actions: Sequence[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Stop):
+                self._stop(action)
+            elif isinstance(action, Admit):
+                self._spawn(action.run, functools.partial(self._run_take, action), f"take-{action.take.take_id}")
+            elif isinstance(action, Replay):
+                self._replay_runs.add(action.run)
+                self._spawn(action.run, functools.partial(self._run_replay, action), f"replay-{action.take.take_id}")
+            elif isinstance(action, Keep):
+                await self._keep(action.take)
+            else:
+                pacer = self._pacers.get(action.run) if isinstance(action, SendAudio) else None
+                await send_action(action, self.send_frame, pacer)
+
+    def _spawn(self, run: int, body: Callable[[], Awaitable[None]], name: str) -> None:
+        """Start the task of a run; the connection owns it (close cancels it)."""
+        self._pacers[run] = Pacer(self.state.settings.max_lead_sec)
+        task = asyncio.create_task(self._owned(run, body), name=name)
+        self._tasks[run] = task
+
+    async def _owned(self, run: int, body: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await body()
+        except ConnectionResetError:
+            log.debug("client %s left during run %d", self.client, run)  # nobody to tell
+        except Exception:
+            log.exception("run %d of %s failed", run, self.client)
+        finally:
+            self._tasks.pop(run, None)
+            self._pacers.pop(run, None)
+            self._replay_runs.discard(run)
+
+    def _stop(self, action: Stop) -> None:
+        """Stop a run: an engine take is cancelled (its end then comes through the session); a replay's
+        task is cancelled (the session already sent its end). A run still being admitted is left to
+        finish admission: the session stops what it admits as soon as it reports back."""
+        handle = self._handles.get(action.run)
+        if handle is not None:
+            handle.cancel(action.reason)
+        elif action.run in self._replay_runs and action.run in self._tasks:
+            self._tasks[action.run].cancel()
+
+    @property
+    def current_handle(self) -> TakeHandle | None:
+        """The engine handle of the take now streaming (tests and diagnostics)."""
+        take = self.session.current_take
+        runs = [run for run, handle in self._handles.items() if take is not None and handle.take_id == take.take_id]
+        return self._handles[runs[-1]] if runs else None
+
+    def _admitting(self, run: int) -> bool:
+        return run in self._tasks and run not in self._handles and run not in self._replay_runs
+
+    async def _run_take(self, action: Admit) -> None:
+        run = action.run
+        try:
+            # Counted per client address across all its sockets and HTTP streams.
+            self.state.client_takes.acquire(self.client)
+        except ProtocolError as err:
+            await self._perform(self.session.admission_failed(run, err))
+            return
+        try:
+            try:
+                handle = await admit(self.state, action)
+            except ProtocolError as err:
+                await self._perform(self.session.admission_failed(run, err))
+                return
+            except EngineBusy as busy:
+                await self._perform(self.session.admission_failed(run, busy_error(busy)))
+                return
+            self._handles[run] = handle
+            try:
+                await self._perform(self.session.admitted(run))
+                if self.session.is_current(run):
+                    await pump_events(handle, run, self.session, self._perform)
+                else:
+                    handle.cancel()  # let go of while being admitted (already ended for the client)
+            except (ConnectionResetError, asyncio.CancelledError):
+                raise
+            except Exception:
+                log.exception("take %s failed", action.take.take_id)
+                await self._perform(self.session.take_failed(run))
+            finally:
+                self._handles.pop(run, None)
+        finally:
+            self.state.client_takes.release(self.client)
+
+    async def _run_replay(self, action: Replay) -> None:
+        run = action.run
+        try:
+            # A replay streams (and renders) like a take, so it counts toward the client's take cap.
+            with self.state.client_takes.hold(self.client):
+                pcm = await take_audio(self.state, action.take)
+                await self._perform(self.session.replay_audio(run, pcm))
+                await self._perform(self.session.replay_finished(run))
+        except ProtocolError as err:
+            await self._perform(self.session.replay_failed(run, err))
+        except EngineBusy as busy:
+            await self._perform(self.session.replay_failed(run, busy_error(busy)))
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -157,7 +247,7 @@ class Connection:
                 try:
                     msg = await self.ws.receive(timeout=idle if idle > 0 else None)
                 except TimeoutError:
-                    if self._take_running():
+                    if self.session.busy:
                         continue  # a listener that only listens is not idle
                     log.info("closing idle websocket of %s after %.0f s", self.client, idle)
                     await self._close(CLOSE_IDLE, b"idle timeout")
@@ -171,11 +261,8 @@ class Connection:
                     break
         finally:
             self._dead = self._dead or self.ws.closed
-            await self._stop_take(EndReason.CANCELLED, wait=False)
-            self.session.close()
-
-    def _take_running(self) -> bool:
-        return self._take_task is not None and not self._take_task.done()
+            for action in self.session.close():
+                self._stop(action)
 
     async def _close(self, code: int, message: bytes) -> None:
         """Close with ``code``; a peer that does not complete the handshake in time is aborted."""
@@ -205,11 +292,78 @@ class Connection:
             else:
                 assert isinstance(data, bytes)
                 msg = decode_client_binary(data, limits)
-            await self._dispatch(msg)
+            if isinstance(msg, StartTake | Seek) and self.state.shutting_down:
+                raise ProtocolError(ErrorCode.BUSY, "the service is shutting down; reconnect shortly")
+            if isinstance(msg, Resume):
+                await self._resume(msg)
+                return
+            if isinstance(msg, StartTake) or (isinstance(msg, Seek) and msg.mode == "retake"):
+                await self._check_session_room()
+            await self._perform(self.session.handle(msg))
         except ProtocolError as err:
             await self.send_error(err)
             if err.fatal:
                 await self._close(CLOSE_POLICY, err.message.encode()[:120])
+
+    # -- stored directing sessions (session_store.py, docs/protocol.md "resume") ----------
+
+    async def _resume(self, msg: Resume) -> None:
+        """Bind to a stored session (a new one without an id) and answer its takes."""
+        store = self.state.sessions
+        if store is None:
+            raise ProtocolError(ErrorCode.NOT_FOUND, "this service keeps no sessions", field="session")
+        if self.session_id is not None and msg.session != self.session_id:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "this connection is bound to another session", field="session")
+        resumed = msg.session is not None
+        session_id = msg.session if msg.session is not None else await asyncio.to_thread(store.create)
+        stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
+        held = {t.take_id for t in self.session.history.takes}
+        for record in stored:
+            if record.take_id in held:
+                continue
+            try:
+                codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
+                request = StartTake.parse(record.request, self.state.settings.limits)
+            except (OSError, ValueError, ProtocolError) as exc:  # damaged, or the limits tightened since
+                log.warning("session %s: take %s cannot be resumed: %s", session_id, record.take_id, exc)
+                continue
+            take = TakeRecord(
+                record.take_id, request, record.seed, parent=record.parent, branch_frame=record.branch_frame,
+                reason=record.reason, stats=dict(record.stats),
+            )  # fmt: skip
+            take.append(0, codes)
+            self.session.history.adopt(take)  # a retake of it rebuilds the model state from these codes
+        self.session_id = session_id
+        self.session.keep_takes(store.max_takes)
+        await self.send_message(
+            SessionResumed(
+                session=session_id, resumed=resumed, max_takes=store.max_takes, takes=[t.public() for t in stored]
+            )
+        )
+
+    async def _check_session_room(self) -> None:
+        """A bound session that cannot keep one more take refuses it before anything is generated."""
+        if self.session_id is not None and self.state.sessions is not None:
+            await asyncio.to_thread(self.state.sessions.check_room, self.session_id)
+
+    async def _keep(self, take: TakeRecord) -> None:
+        """Store an ended take in the bound session: its record, codes and the audio as it was streamed."""
+        store, session_id = self.state.sessions, self.session_id
+        if store is None or session_id is None:
+            return
+        record = StoredTake(
+            take_id=take.take_id, request=take.request.to_dict(), seed=take.seed, n_frames=take.n_frames,
+            channels=take.request.channels, parent=take.parent, branch_frame=take.branch_frame, reason=take.reason,
+            stats={k: v for k, v in take.stats.items() if isinstance(v, int | float)},
+        )  # fmt: skip
+        try:
+            pcm = await take_audio(self.state, take)
+            await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
+        except ProtocolError as err:  # the session is full, or was deleted meanwhile
+            await self.send_error(err, take=take.take_id)
+        except (OSError, ValueError, EngineBusy):
+            log.exception("could not keep take %s in session %s", take.take_id, session_id)
+            await self.send_error(ProtocolError(ErrorCode.INTERNAL, "the take could not be stored"), take=take.take_id)
 
     async def _refuse_rate(self) -> None:
         """Drop a message over the rate; say so once per run of refusals; close a flood."""
@@ -225,267 +379,33 @@ class Connection:
             )
         elif self._refused_in_row > flood_limit(limits.ws_message_burst):
             log.warning("closing flooding websocket of %s", self.client)
-            await self._safe(
-                self.send_error(ProtocolError(ErrorCode.RATE_LIMITED, "message flood; closing", fatal=True))
-            )
+            with contextlib.suppress(ConnectionResetError, RuntimeError):
+                await self.send_error(ProtocolError(ErrorCode.RATE_LIMITED, "message flood; closing", fatal=True))
             await self._close(CLOSE_POLICY, b"rate limit exceeded")
-
-    async def _dispatch(self, msg: ClientMessage) -> None:
-        if isinstance(msg, Ping):
-            await self.send_message(pong(t=msg.t, server_t=time.time()))
-        elif isinstance(msg, Cancel):
-            running = self.session.running
-            if running is not None and (msg.take is None or msg.take in (running.take_id, running.label)):
-                await self._stop_take(EndReason.CANCELLED, wait=False)
-            elif running is None and self._replaying and self._take_running():
-                await self._stop_take(EndReason.CANCELLED, wait=False)  # a replay
-        elif isinstance(msg, StartTake):
-            await self._start(msg)
-        elif isinstance(msg, Seek):
-            await self._seek(msg)
-        elif isinstance(msg, Resume):
-            await self._resume(msg)
-
-    # -- stored sessions ------------------------------------------------------------------
-
-    async def _resume(self, msg: Resume) -> None:
-        """Bind to a stored session (a new one without an id) and answer its takes (docs/protocol.md)."""
-        store = self.state.sessions
-        if store is None:
-            raise ProtocolError(ErrorCode.NOT_FOUND, "this service keeps no sessions", field="session")
-        if self.session_id is not None and msg.session != self.session_id:
-            raise ProtocolError(ErrorCode.INVALID_FIELD, "this connection is bound to another session", field="session")
-        resumed = msg.session is not None
-        session_id = msg.session if resumed else await asyncio.to_thread(store.create)
-        assert session_id is not None
-        stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
-        for record in stored:
-            if record.take_id in {t.take_id for t in self.session.takes}:
-                continue
-            try:
-                codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
-                request = StartTake.parse(record.request, self.state.settings.limits)
-            except (OSError, ValueError, ProtocolError) as exc:  # damaged, or limits tightened since
-                log.warning("session %s: take %s cannot be resumed: %s", session_id, record.take_id, exc)
-                continue
-            take = TakeRecord(
-                record.take_id, request, record.seed, parent=record.parent, branch_frame=record.branch_frame,
-                reason=record.reason, stats=dict(record.stats),
-            )  # fmt: skip
-            take.append(0, codes)
-            self.session.adopt(take)
-        self.session_id = session_id
-        self.session.keep_until_deleted(store.max_takes)
-        await self.send_message(
-            SessionResumed(
-                session=session_id, resumed=resumed, max_takes=store.max_takes, takes=[t.public() for t in stored]
-            )
-        )
-
-    async def _check_session_room(self) -> None:
-        if self.session_id is not None and self.state.sessions is not None:
-            await asyncio.to_thread(self.state.sessions.check_room, self.session_id)
-
-    async def _keep(self, take: TakeRecord) -> None:
-        """Store an ended take in the bound session: its record, codes and the audio as it was streamed."""
-        store, session_id = self.state.sessions, self.session_id
-        if store is None or session_id is None or take.n_frames == 0:
-            return
-        record = StoredTake(
-            take_id=take.take_id, request=take.request.to_dict(), seed=take.seed, n_frames=take.n_frames,
-            channels=take.request.channels, parent=take.parent, branch_frame=take.branch_frame, reason=take.reason,
-            stats={k: v for k, v in take.stats.items() if isinstance(v, int | float)},
-        )  # fmt: skip
-        try:
-            pcm = await take_audio(self.state, take)
-            assert len(pcm) == take.n_frames * bytes_per_frame(take)
-            await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
-        except ProtocolError as err:  # the session is full, or was deleted meanwhile
-            await self._safe(self.send_error(err, take=take.take_id))
-        except Exception:
-            log.exception("could not keep take %s in session %s", take.take_id, session_id)
-            await self._safe(
-                self.send_error(ProtocolError(ErrorCode.INTERNAL, "the take could not be stored"), take=take.take_id)
-            )
-
-    # -- takes --------------------------------------------------------------------------
-
-    async def _stop_take(self, reason: EndReason, *, wait: bool) -> None:
-        """Ask the running take (or replay) to end; with ``wait`` return once its end frame was sent."""
-        task, handle = self._take_task, self._handle
-        if handle is not None:
-            handle.cancel(reason)
-        if task is None or task.done():
-            return
-        if handle is None and self._replaying:
-            # A replay has no engine handle: stop the task itself; it answers with an end frame
-            # carrying ``reason``. One cancelled before its first step (the reader can handle the
-            # next message before the new task ever ran) cannot answer, so the end is sent here.
-            self._replay_stop = reason
-            task.cancel()
-            if not self._replay_started and self._replay_take is not None:
-                await self._safe(self.send_message(replay_end(self._replay_take, reason)))
-        elif handle is None:
-            # A take still being admitted (voice encoding, engine queue): it applies this as soon
-            # as it has its handle, so the client still gets the take's end with this reason.
-            self._stop_requested = self._stop_requested or reason
-        if wait:
-            # asyncio.wait, unlike awaiting the task, never re-raises the task's own cancellation
-            # into this (reader) task.
-            done, _ = await asyncio.wait({task}, timeout=REPLACE_TIMEOUT_SEC)
-            if not done:
-                # Still being admitted (a slow engine): cancelling it now could lose its end frame
-                # or strand an engine slot, so it finishes in the background (it applies the stop
-                # as soon as it holds its handle); the connection still owns it.
-                log.warning("%s did not stop within %.0f s; it ends in the background", task.get_name(),
-                            REPLACE_TIMEOUT_SEC)
-                self._retiring.add(task)
-                task.add_done_callback(self._retiring.discard)
-        elif (self.ws.closed or self._dead) and (handle is not None or self._replaying):
-            # Nobody to stream to. A take still being admitted is left to finish admission: it
-            # cancels its own handle then, whereas cancelling it mid-submit could leave the
-            # engine generating for no one.
-            task.cancel()
-
-    def _refuse_if_shutting_down(self) -> None:
-        if self.state.shutting_down:
-            raise ProtocolError(ErrorCode.BUSY, "the service is shutting down; reconnect shortly")
-
-    async def _start(self, request: StartTake) -> None:
-        self._refuse_if_shutting_down()
-        await self._check_session_room()
-        await self._stop_take(EndReason.REPLACED, wait=True)
-        model = resolve_model(self.state, request.model)
-        plan = self.session.plan_start(request)
-        self._launch(plan.take, model, prefix=None, t_request=time.monotonic())
-
-    async def _seek(self, msg: Seek) -> None:
-        self._refuse_if_shutting_down()
-        if msg.mode == "retake":
-            await self._check_session_room()
-        t_request = time.monotonic()
-        plan: SeekPlan = self.session.plan_seek(msg)
-        await self._stop_take(EndReason.REPLACED, wait=True)
-        model = resolve_model(self.state, plan.take.request.model)
-        await self.send_message(plan.ack())
-        if plan.mode == "replay":
-            self._handle = None
-            self._replay_stop = None
-            self._stop_requested = None
-            self._replaying = True
-            self._replay_take = plan.source
-            self._replay_started = False
-            self._take_task = asyncio.create_task(
-                self._replay(plan.source, plan.frame, model), name=f"replay-{plan.source.take_id}"
-            )
-        else:
-            self._launch(plan.take, model, prefix=plan.prefix_codes, t_request=t_request)
-
-    def _launch(self, take: TakeRecord, model: str, *, prefix: np.ndarray | None, t_request: float) -> None:
-        self._handle = None
-        self._replay_stop = None
-        self._stop_requested = None
-        self._replaying = False
-        self._take_task = asyncio.create_task(
-            self._run_take(take, model, prefix, t_request), name=f"take-{take.take_id}"
-        )
-
-    async def _run_take(
-        self, take: TakeRecord, model: str, prefix: np.ndarray | None, t_request: float
-    ) -> None:
-        handle: TakeHandle | None = None
-        holding = False
-        try:
-            # Counted per client address across all its sockets and HTTP streams.
-            self.state.client_takes.acquire(self.client)
-            holding = True
-            spec = await build_spec(self.state, take, prefix_codes=prefix)
-            handle = await self.state.engine.submit(spec)
-            self._handle = handle
-            # Stops that arrived while we were being admitted apply now (the first one wins).
-            if self._stop_requested is not None:
-                handle.cancel(self._stop_requested)
-            if self.session.running is not take:
-                handle.cancel(EndReason.CANCELLED)
-            if self._shutting_down:
-                handle.cancel(EndReason.SHUTDOWN)
-            if self._dead:
-                handle.cancel(EndReason.CANCELLED)
-            await stream_take(
-                self.state, handle, take, self.session, self.send_frame, t_request=t_request, model=model,
-                keep=self._keep,
-            )  # fmt: skip
-        except ProtocolError as err:
-            self.session.record_end(take, EndReason.ERROR.value, {})
-            await self._safe(self.send_error(err, take=take.take_id))
-        except EngineBusy as busy:
-            self.session.record_end(take, EndReason.ERROR.value, {})
-            await self._safe(self.send_error(busy_error(busy), take=take.take_id))
-        except ConnectionResetError:
-            log.debug("client %s left during take %s", self.client, take.take_id)  # nobody to tell
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("take %s failed", take.take_id)
-            self.session.record_end(take, EndReason.ERROR.value, {})
-            await self._safe(self.send_error(ProtocolError(ErrorCode.INTERNAL, "generation failed"), take=take.take_id))
-        finally:
-            if handle is not None:
-                handle.cancel(EndReason.CANCELLED)
-            if self._handle is handle:
-                self._handle = None
-            if holding:
-                self.state.client_takes.release(self.client)
-
-    async def _replay(self, take: TakeRecord, frame: int, model: str) -> None:
-        self._replay_started = True
-        try:
-            # A replay streams (and renders) like a take, so it counts toward the client's take cap.
-            with self.state.client_takes.hold(self.client):
-                await replay_take(self.state, take, frame, self.send_frame, model=model)
-        except ProtocolError as err:
-            await self._safe(self.send_error(err, take=take.take_id))
-        except EngineBusy as busy:
-            await self._safe(self.send_error(busy_error(busy), take=take.take_id))
-        except ConnectionResetError:
-            pass
-        except asyncio.CancelledError:
-            reason = self._replay_stop
-            if reason is not None and not self._dead and not self.ws.closed:
-                # Stopped on purpose (cancel, barge-in, shutdown): the client still gets an end.
-                await self._safe(self.send_message(replay_end(take, reason)))
-            raise
-
-    async def _safe(self, coro: object) -> None:
-        with contextlib.suppress(ConnectionResetError, RuntimeError):
-            await coro  # type: ignore[misc]
 
     async def shutdown(self, grace_sec: float) -> None:
         """End the running take with reason ``shutdown`` (its end frame goes out), then close 1001."""
-        self._shutting_down = True
-        task = self._take_task
-        await self._stop_take(EndReason.SHUTDOWN, wait=False)
-        if task is not None and not task.done():
-            await asyncio.wait({task}, timeout=grace_sec)
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            await self._perform(self.session.shutdown())
+        running = {task for run, task in self._tasks.items() if not self._admitting(run)}
+        if running:
+            await asyncio.wait(running, timeout=grace_sec)
         await self._close(CLOSE_SHUTDOWN, b"server shutdown")
 
     async def close(self) -> None:
-        """Release everything the connection holds; bounded, never leaves its take task behind."""
+        """Release everything the connection holds; bounded, never leaves a task behind."""
         self._dead = True
-        task = self._take_task
-        await self._stop_take(EndReason.CANCELLED, wait=False)
-        pending = {t for t in (task, *self._retiring) if t is not None and not t.done()}
+        for action in self.session.close():
+            self._stop(action)
+        pending = {t for t in self._tasks.values() if not t.done()}
+        for task in pending:
+            # Cancelling a run also closes its event iterator, which cancels its engine take; an
+            # engine's submit is cancel-safe (a cancelled submit admits nothing).
+            task.cancel()
         if pending:
-            _, late = await asyncio.wait(pending, timeout=REPLACE_TIMEOUT_SEC)
-            for t in late:
-                t.cancel()
+            _, late = await asyncio.wait(pending, timeout=RUNS_TIMEOUT_SEC)
             if late:
-                await asyncio.wait(late)
-
-
-def busy_error(busy: EngineBusy) -> ProtocolError:
-    """The tag-0 form of an engine at capacity (HTTP answers 503 with Retry-After instead)."""
-    return ProtocolError(ErrorCode.BUSY, f"the service is at capacity; retry in {busy.retry_after_sec:.0f} s")
+                log.warning("%d run(s) of %s did not end within %.0f s", len(late), self.client, RUNS_TIMEOUT_SEC)
 
 
 async def websocket_handler(request: web.Request) -> web.StreamResponse:

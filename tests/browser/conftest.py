@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.test_studio import CHROMIUM_ARGS, SHOTS, find_chromium
+from tests.browser.helpers import CHROMIUM_ARGS, SHOTS, find_chromium
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from tests.browser.test_studio import CHROMIUM_ARGS, ROOT, SCRIPTED_ENGINE, TINY_MODEL_ENGINE, find_chromium, run_server
+from tests.browser.helpers import CHROMIUM_ARGS, ROOT, SCRIPTED_ENGINE, TINY_MODEL_ENGINE, find_chromium, run_server
 
 ENGINES = {"tiny": TINY_MODEL_ENGINE, "scripted": SCRIPTED_ENGINE}
 FRAMES = 110  # 8.8 s per take

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.test_studio import run_server, set_param, shot, wait_playback_drained, wait_take_ended
+from tests.browser.helpers import run_server, set_param, shot, wait_playback_drained, wait_take_ended
 
 pytestmark = pytest.mark.browser
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.test_studio import (
+from tests.browser.helpers import (
     FRAME,
     SR,
     run_server,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.browser.test_studio import (
+from tests.browser.helpers import (
     FRAME,
     SR,
     run_server,

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.browser.test_studio import (
+from tests.browser.helpers import (
     FRAME,
-    free_port,
     run_server,
     seed_marker,
     set_fixed_seed,
@@ -24,6 +23,7 @@ from tests.browser.test_studio import (
     wait_playback_drained,
     wait_take_ended,
 )
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.browser
 

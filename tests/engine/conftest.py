@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -11,7 +10,7 @@ import pytest
 
 from moss_rt.config import Settings
 from moss_rt.engine.moss import MossEngine
-from tests.conftest import RunningServer
+from tests.helpers import RunningServer
 
 T = TypeVar("T")
 
@@ -47,6 +46,3 @@ def moss_server(make_server: Callable[..., RunningServer], tiny_data_dir: Path) 
 
     return _make
 
-
-def run(coro: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout))

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 import numpy as np
 
-from moss_rt.client import DirectingClient
-from moss_rt.protocol import ServerMessage
-from tests.conftest import RunningServer
+from tests.helpers import RunningServer
 
 # Greedy stop head: the tiny model is biased to continue, so takes run to max_new_tokens.
 LONG = {"text_temperature": 0.0}
@@ -19,13 +15,6 @@ def take_codes(server: RunningServer, take_id: str) -> np.ndarray:
     take = server.state.takes.get(take_id)
     assert take is not None, f"take {take_id} is not in the store"
     return take.codes.copy()
-
-
-async def next_message(client: DirectingClient, kind: str) -> ServerMessage:
-    while True:
-        item = await client.receive()
-        if isinstance(item, ServerMessage) and item.type == kind:
-            return item
 
 
 async def metrics(server: RunningServer) -> dict[str, float]:
@@ -39,12 +28,3 @@ async def metrics(server: RunningServer) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
-
-
-async def wait_until(predicate: object, within: float = 5.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + within
-    while asyncio.get_running_loop().time() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        await asyncio.sleep(0.01)
-    return bool(predicate())  # type: ignore[operator]

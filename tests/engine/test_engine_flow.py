@@ -11,8 +11,8 @@ import requests
 from moss_rt.client import DirectingClient, ServerError, http_stream
 from moss_rt.protocol import FRAME_SAMPLES
 from tests.conftest import sine_wav
-from tests.engine.conftest import run
-from tests.engine.helpers import LONG, metrics, next_message, take_codes
+from tests.engine.helpers import LONG, metrics, take_codes
+from tests.helpers import next_message, run
 
 
 def test_slow_client_pauses_its_slot_and_resumes(moss_server) -> None:

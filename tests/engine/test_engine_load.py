@@ -8,8 +8,8 @@ import time
 
 from moss_rt.client import DirectingClient
 from moss_rt.protocol import FRAME_RATE
-from tests.engine.conftest import run
 from tests.engine.helpers import metrics
+from tests.helpers import run
 
 log = logging.getLogger(__name__)
 CLIENTS = 64

@@ -14,8 +14,8 @@ from moss_rt.client import DirectingClient
 from moss_rt.config import Settings
 from moss_rt.engine.moss import MossEngine
 from moss_rt.engine.resolve import choose_codec, choose_model, placement
-from tests.engine.conftest import run
 from tests.engine.helpers import LONG
+from tests.helpers import run
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="auto picks the real model on a CUDA machine")

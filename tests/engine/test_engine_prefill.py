@@ -9,9 +9,8 @@ from collections.abc import Callable
 import numpy as np
 
 from moss_rt.client import DirectingClient
-from tests.conftest import RunningServer
-from tests.engine.conftest import run
-from tests.engine.helpers import LONG, metrics, take_codes, wait_until
+from tests.engine.helpers import LONG, metrics, take_codes
+from tests.helpers import RunningServer, run, wait_until
 
 FIRST = "The first line, said alone."
 
@@ -45,7 +44,7 @@ async def _first_then_queued(srv: RunningServer, texts: list[str], seed: Callabl
     assert await asyncio.to_thread(stepping.wait, 60)
     others = [asyncio.create_task(_speak(srv, text, seed(i))) for i, text in enumerate(texts)]
     try:
-        assert await wait_until(lambda: srv.engine.queued_count == len(texts), 30.0)
+        await wait_until(lambda: srv.engine.queued_count == len(texts), 30.0)
     finally:
         release.set()
     results = await asyncio.gather(first, *others)

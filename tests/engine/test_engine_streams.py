@@ -9,8 +9,8 @@ import requests
 
 from moss_rt.client import DirectingClient
 from moss_rt.protocol import FRAME_SAMPLES
-from tests.engine.conftest import run
-from tests.engine.helpers import LONG, metrics, next_message, take_codes, wait_until
+from tests.engine.helpers import LONG, metrics, take_codes
+from tests.helpers import next_message, run, wait_until
 
 
 def test_take_is_identical_alone_or_next_to_seven_others(moss_server) -> None:
@@ -64,7 +64,7 @@ def test_cancel_ends_take_and_frees_slot(moss_server) -> None:
             assert after <= 5 + 2, after
             assert item["n_frames"] == received + after < 400
             assert len(take_codes(srv, item["take"])) == item["n_frames"]
-        assert await wait_until(lambda: srv.engine.active_count == 0)
+        await wait_until(lambda: srv.engine.active_count == 0)
         m = await metrics(srv)
         assert m["moss_rt_cancels_total"] >= 1
         assert m['moss_rt_takes_total{reason="cancelled"}'] >= 1
@@ -80,7 +80,7 @@ def test_disconnect_frees_the_slot(moss_server) -> None:
             await client.start("Talk until I leave.", max_new_tokens=1000, **LONG)
             await next_message(client, "start")
             assert srv.engine.active_count == 1
-        assert await wait_until(lambda: srv.engine.active_count == 0, 3.0)
+        await wait_until(lambda: srv.engine.active_count == 0, 3.0)
         frames = (await metrics(srv))["moss_rt_frames_total"]
         await asyncio.sleep(0.3)
         assert (await metrics(srv))["moss_rt_frames_total"] == frames  # nothing generates any more

@@ -12,7 +12,7 @@ from moss_rt.config import Settings
 from moss_rt.engine import moss as moss_module
 from moss_rt.engine.base import EngineBusy, TakeSpec
 from moss_rt.engine.moss import MossEngine
-from tests.engine.conftest import run
+from tests.helpers import run
 
 
 def test_a_take_submitted_while_the_engine_closes_is_refused(

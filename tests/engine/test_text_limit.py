@@ -6,7 +6,7 @@ import requests
 
 from moss_rt.config import Settings
 from moss_rt.protocol import Limits
-from tests.reliability.helpers import parse_frames
+from tests.helpers import parse_frames
 
 
 def ascii_noise(n: int) -> str:

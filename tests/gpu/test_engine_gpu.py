@@ -14,10 +14,10 @@ import requests
 
 from moss_rt.client import DirectingClient
 from moss_rt.protocol import FRAME_SAMPLES, SAMPLE_RATE
-from tests.engine.conftest import run
-from tests.engine.helpers import LONG, metrics, next_message, take_codes
+from tests.engine.helpers import LONG, metrics, take_codes
 from tests.engine.test_engine_streams import _wav_frames
 from tests.gpu.conftest import DEVICES
+from tests.helpers import next_message, run
 
 
 def _settings(device: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import RunningServer, free_port
+from tests.helpers import RunningServer, free_port
 from tests.web.conftest import scripted
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import requests
 import websockets
 
 from moss_rt.web.security import issue_token, verify_token
-from tests.reliability.helpers import error_of, hello, next_json, run
+from tests.helpers import error_of, hello, next_json, run
 
 KEY = "s3cret-key"
 PROTECTED_GETS = ["/api/models", "/api/info", "/api/voices", "/api/takes/t_x", "/api/takes/t_x.wav", "/metrics"]

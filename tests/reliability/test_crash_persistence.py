@@ -13,7 +13,7 @@ import numpy as np
 import requests
 import soundfile as sf
 
-from tests.reliability.helpers import parse_frames
+from tests.helpers import parse_frames
 
 ROUNDS = 3
 UPLOADERS = 4

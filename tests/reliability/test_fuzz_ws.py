@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from moss_rt.protocol import ErrorCode, Limits
-from tests.reliability.helpers import decode
+from tests.helpers import decode
 
 FIELDS = [
     "type",

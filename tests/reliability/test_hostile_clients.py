@@ -16,7 +16,7 @@ import requests
 from moss_rt.engine.base import EngineBusy
 from tests.conftest import RunningServer, sine_wav
 from tests.reliability.conftest import raw_http, raw_ws_connect, read_head
-from tests.reliability.helpers import error_of, parse_frames, run, wait_until
+from tests.helpers import error_of, parse_frames, run, wait_until
 
 KEY = "k" * 32
 FRAME_BYTES = 3840 * 2  # one mono 80 ms frame of int16 PCM

@@ -12,8 +12,8 @@ import websockets
 
 from moss_rt.protocol import Limits
 from tests.conftest import sine_wav
+from tests.helpers import error_of, hello, next_json, run
 from tests.reliability.conftest import raw_http, read_head
-from tests.reliability.helpers import error_of, hello, next_json, run
 
 
 @pytest.mark.parametrize(

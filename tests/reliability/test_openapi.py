@@ -14,7 +14,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
 
 from moss_rt.protocol import Limits
-from tests.reliability.helpers import error_of
+from tests.helpers import error_of
 
 EXAMPLES_PER_OPERATION = 25
 BUDGET_SEC = 60.0

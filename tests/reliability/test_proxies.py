@@ -12,7 +12,7 @@ import websockets
 
 from moss_rt.web.guards import ClientRequestRate
 from moss_rt.web.proxies import client_address, parse_networks
-from tests.reliability.helpers import error_of, hello, next_json, run
+from tests.helpers import error_of, hello, next_json, run
 
 PROXIES = parse_networks(["10.0.0.0/8", "127.0.0.1", "::1"])
 

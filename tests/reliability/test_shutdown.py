@@ -14,7 +14,7 @@ import requests
 import websockets
 
 from moss_rt.protocol import FrameReader
-from tests.reliability.helpers import decode, error_of, hello, next_json, run
+from tests.helpers import decode, error_of, hello, next_json, run
 
 GRACE_SEC = 3.0
 # on_shutdown waits at most the grace for end frames, aiohttp then waits at most the grace for

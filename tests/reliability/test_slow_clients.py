@@ -10,8 +10,8 @@ import time
 import requests
 import websockets
 
+from tests.helpers import hello, next_json, run, wait_until
 from tests.reliability.conftest import raw_http, raw_ws_connect, read_head, ws_client_frame
-from tests.reliability.helpers import hello, next_json, run, wait_until
 
 
 def port_of(url: str) -> int:
@@ -48,7 +48,7 @@ def test_ws_reader_that_stops_is_paused_then_dropped_and_slot_freed(fast_server)
         await wait_until(lambda: srv.engine.active_count == 1, 5)
         conn = next(iter(state.connections))
         # Nothing is read: the socket buffers fill, the send blocks, the engine stops stepping the take.
-        await wait_until(lambda: conn._handle is not None and conn._handle.paused, 5)
+        await wait_until(lambda: conn.current_handle is not None and conn.current_handle.paused, 5)
         # ... and after the stall timeout the client is dropped and its slot freed.
         waited = await wait_until(lambda: srv.engine.active_count == 0 and not state.connections, 6)
         assert waited < 5

@@ -15,7 +15,7 @@ import soundfile as sf
 from moss_rt.protocol import Limits
 from moss_rt.voices import VoiceStore
 from tests.conftest import sine_wav
-from tests.reliability.helpers import error_of
+from tests.helpers import error_of
 
 
 def encode(seconds: float, sr: int = 16000, channels: int = 1, fmt: str = "WAV", silent: bool = False) -> bytes:

@@ -12,7 +12,7 @@ import requests
 import soundfile as sf
 
 from moss_rt.protocol import Limits
-from tests.reliability.helpers import error_of
+from tests.helpers import error_of
 
 KEY = "k" * 32
 OTHER = {"X-Forwarded-For": "10.0.0.5"}  # another client, through the trusted proxy 127.0.0.1

@@ -6,7 +6,7 @@ import pytest
 
 from moss_rt.config import Settings
 from moss_rt.engine.scripted import ScriptedEngine
-from tests.conftest import RunningServer
+from tests.helpers import RunningServer
 
 FRAME_MS = 10.0
 

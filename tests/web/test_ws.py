@@ -14,19 +14,13 @@ import websockets
 
 from moss_rt.client import DirectingClient, ServerError
 from moss_rt.protocol import FRAME_SAMPLES, ServerMessage
-from tests.conftest import RunningServer
+from tests import helpers
+from tests.helpers import RunningServer, next_message
 from tests.web.helpers import expected_stereo, stereo_frames
 
 
-def run(coro):  # noqa: ANN001, ANN201 - tiny sync wrapper for async scenarios
-    return asyncio.run(asyncio.wait_for(coro, 60))
-
-
-async def next_message(client: DirectingClient, kind: str) -> ServerMessage:
-    while True:
-        item = await client.receive()
-        if isinstance(item, ServerMessage) and item.type == kind:
-            return item
+def run(coro):  # noqa: ANN001, ANN201 - the scenarios of this module get a minute each
+    return helpers.run(coro, timeout=60)
 
 
 def test_hello_then_take(server: RunningServer) -> None:

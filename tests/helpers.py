@@ -1,0 +1,154 @@
+"""The test suite's one helpers module: free ports, in-process servers, server messages, waiting.
+
+Client-side helpers read the wire as a client does (raw frames, or :mod:`moss_rt.client`);
+``ServerThread`` runs ``create_app(settings, engine)`` on its own loop and thread, like a deployed
+service (the ``make_server`` fixture in conftest.py uses it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import requests
+import websockets
+from aiohttp import web
+
+from moss_rt.client import DirectingClient
+from moss_rt.config import Settings
+from moss_rt.engine.base import Engine
+from moss_rt.protocol import ServerMessage
+from moss_rt.web import create_app
+from moss_rt.web.state import STATE, ServiceState
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- ports and servers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    url: str
+    ws_url: str
+    state: ServiceState
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def engine(self) -> Engine:
+        return self.state.engine
+
+
+class ServerThread:
+    """Runs create_app(settings, engine) on its own loop and thread, like a deployed service."""
+
+    def __init__(self, settings: Settings, engine: Engine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.server: RunningServer | None = None
+
+    def start(self, ready_timeout: float = 60.0) -> RunningServer:
+        self._thread.start()
+        app = create_app(self.settings, self.engine)
+
+        async def _start() -> None:
+            self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=2.0)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, self.settings.host, self.settings.port).start()
+            for _ in range(int(ready_timeout * 20)):
+                if app[STATE].engine.info.ready:
+                    return
+                await asyncio.sleep(0.05)
+            raise RuntimeError("engine never became ready")
+
+        asyncio.run_coroutine_threadsafe(_start(), self.loop).result(ready_timeout + 5)
+        base = f"http://{self.settings.host}:{self.settings.port}"
+        self.server = RunningServer(base, base.replace("http", "ws") + "/api/ws", app[STATE], self.loop)
+        return self.server
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+# --------------------------------------------------------------------------- running and waiting
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
+    """Run an async test scenario to completion within ``timeout`` seconds."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def error_of(r: requests.Response) -> dict[str, Any]:
+    assert r.headers["Content-Type"].startswith("application/json"), r.headers
+    body = r.json()
+    assert set(body) == {"error"}, body
+    return body["error"]
+
+
+def decode(data: str | bytes) -> tuple[int, Any]:
+    """(tag, JSON object or PCM bytes) of one server frame."""
+    assert isinstance(data, bytes)
+    tag, length = data[0], int.from_bytes(data[1:5], "big")
+    payload = data[5 : 5 + length]
+    return tag, (json.loads(payload) if tag == 0 else payload)
+
+
+async def next_json(ws: websockets.ClientConnection, kind: str | None = None, within: float = 10.0) -> dict[str, Any]:
+    """The next tag-0 message (of ``kind`` if given), skipping audio and other messages."""
+
+    async def _wait() -> dict[str, Any]:
+        while True:
+            tag, obj = decode(await ws.recv())
+            if tag == 0 and (kind is None or obj["type"] == kind):
+                return obj
+
+    return await asyncio.wait_for(_wait(), within)
+
+
+async def hello(ws: websockets.ClientConnection) -> dict[str, Any]:
+    return await next_json(ws, "hello")
+
+
+def parse_frames(body: bytes) -> list[tuple[int, Any]]:
+    frames, pos = [], 0
+    while pos < len(body):
+        length = int.from_bytes(body[pos + 1 : pos + 5], "big")
+        frames.append(decode(body[pos : pos + 5 + length]))
+        pos += 5 + length
+    return frames
+
+
+async def wait_until(pred: Callable[[], object], within: float = 5.0, interval: float = 0.005) -> float:
+    """Seconds until ``pred()`` held; raises AssertionError on timeout."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    while not pred():
+        if loop.time() - t0 > within:
+            raise AssertionError(f"condition not met within {within} s")
+        await asyncio.sleep(interval)
+    return loop.time() - t0
+
+
+async def next_message(client: DirectingClient, kind: str) -> ServerMessage:
+    """The next server message of ``kind`` read through :class:`DirectingClient`, skipping the rest."""
+    while True:
+        item = await client.receive()
+        if isinstance(item, ServerMessage) and item.type == kind:
+            return item

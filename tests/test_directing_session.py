@@ -1,0 +1,270 @@
+"""The take lifecycle state machine, sans-I/O: client messages and run reports in, actions out."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
+from moss_rt.protocol import Cancel, ErrorCode, Ping, ProtocolError, Seek, StartTake
+from moss_rt.session import (
+    Action,
+    Admit,
+    DirectingSession,
+    Phase,
+    Replay,
+    SendAudio,
+    SendMessage,
+    Stop,
+    TakeStore,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_session(**kwargs: object) -> DirectingSession:
+    ids = (f"t{i}" for i in itertools.count())
+    seeds = itertools.count(1000)
+    return DirectingSession(
+        TakeStore(),
+        id_factory=lambda: next(ids),
+        seed_factory=lambda: next(seeds),
+        clock=Clock(),
+        wall_clock=lambda: 5.0,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def sent(actions: list[Action]) -> list[tuple[str, ...]]:
+    """What the client would see, compactly: (type, take, reason) per message, ("pcm",) per chunk."""
+    out: list[tuple[str, ...]] = []
+    for action in actions:
+        if isinstance(action, SendMessage):
+            d = action.message.to_dict()
+            out.append(tuple(str(d[k]) for k in ("type", "take", "reason") if k in d))
+        elif isinstance(action, SendAudio):
+            out.append(("pcm",))
+    return out
+
+
+def only(actions: list[Action], kind: type) -> list:  # noqa: ANN001
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def chunk(first: int, n: int = 2) -> AudioChunk:
+    codes = np.full((n, 12), first, dtype=np.int64)
+    return AudioChunk(first, codes, b"\x01\x00" * 3840 * n)
+
+
+def stream(s: DirectingSession, run: int, frames: int = 4, reason: EndReason = EndReason.DONE) -> list[Action]:
+    """Admission succeeds, the engine sends ``frames`` frames and ends with ``reason``."""
+    actions = s.admitted(run)
+    actions += s.take_event(run, TakeFirstAudio(3.0))
+    for first in range(0, frames, 2):
+        actions += s.take_event(run, chunk(first))
+    return actions + s.take_event(run, TakeFinished(reason, frames, 10.0, 3.0))
+
+
+def test_a_take_goes_idle_admitting_streaming_idle() -> None:
+    s = make_session()
+    assert s.phase is Phase.IDLE and not s.busy
+    (admit,) = s.handle(StartTake(text="hello", seed=7, chunk_frames=3, take="scene"))
+    assert isinstance(admit, Admit) and s.phase is Phase.ADMITTING and s.busy
+    spec = admit.spec(None)
+    assert (spec.take_id, spec.seed, spec.chunk_frames, spec.text, spec.prefix_codes) == ("t0", 7, 3, "hello", None)
+    assert s.admitted(admit.run) == [] and s.phase is Phase.STREAMING
+    actions = stream(s, admit.run)[0:]
+    assert sent(actions) == [("start", "t0"), ("pcm",), ("pcm",), ("end", "t0", "done")]
+    start = only(actions, SendMessage)[0].message.to_dict()
+    assert start["seed"] == 7 and start["label"] == "scene" and start["gpu_first_ms"] == 3.0
+    end = only(actions, SendMessage)[-1].message.to_dict()
+    assert (end["n_frames"], end["new_frames"], end["duration_sec"]) == (4, 4, 0.32)
+    assert s.phase is Phase.IDLE and s.history.get("t0").n_frames == 4
+
+
+def test_start_while_admitting_ends_the_first_at_once_and_stops_its_late_admission() -> None:
+    """Issue 16, finding 2: never two takes for one session, however slow admission is."""
+    s = make_session()
+    (first,) = s.handle(StartTake(text="first"))
+    actions = s.handle(StartTake(text="second"))
+    assert sent(actions) == [("start", "t0"), ("end", "t0", "replaced")]
+    (second,) = only(actions, Admit)
+    assert second.take.take_id == "t1" and s.phase is Phase.ADMITTING
+    # The second take streams; the first one's admission finally completes in the middle of it.
+    assert s.admitted(second.run) == []
+    assert sent(s.take_event(second.run, chunk(0))) == [("start", "t1"), ("pcm",)]
+    assert s.admitted(first.run) == [Stop(first.run, EndReason.CANCELLED)]
+    assert s.take_event(first.run, chunk(0)) == [] and s.take_event(first.run, TakeFinished(EndReason.DONE, 2, 1)) == []
+    # A cancel now reaches the second take, which ends; a third start is the only take after it.
+    assert s.handle(Cancel()) == [Stop(second.run, EndReason.CANCELLED)]
+    assert sent(s.take_event(second.run, TakeFinished(EndReason.CANCELLED, 2, 5.0))) == [("end", "t1", "cancelled")]
+    (third,) = s.handle(StartTake(text="third"))
+    assert isinstance(third, Admit) and s.admission_failed(first.run, ProtocolError(ErrorCode.BUSY, "x")) == []
+    assert sent(stream(s, third.run)) == [("start", "t2"), ("pcm",), ("pcm",), ("end", "t2", "done")]
+    assert [t.reason for t in s.history.takes] == ["replaced", "cancelled", "done"]
+
+
+def test_start_while_streaming_waits_for_the_replaced_end() -> None:
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a"))
+    s.admitted(a.run)
+    s.take_event(a.run, chunk(0))
+    assert s.handle(StartTake(text="b")) == [Stop(a.run, EndReason.REPLACED)]
+    assert s.phase is Phase.STOPPING
+    # Audio the engine made before it stopped still goes out, no longer held to real time.
+    (audio,) = s.take_event(a.run, chunk(2))
+    assert isinstance(audio, SendAudio) and not audio.paced
+    actions = s.take_event(a.run, TakeFinished(EndReason.REPLACED, 4, 5.0))
+    assert sent(actions) == [("end", "t0", "replaced")] and only(actions, Admit)[0].take.take_id == "t1"
+    assert s.phase is Phase.ADMITTING
+
+
+def test_starts_while_stopping_keep_only_the_newest_and_end_the_others_in_order() -> None:
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a"))
+    s.admitted(a.run)
+    s.handle(StartTake(text="b"))
+    assert s.handle(StartTake(text="c")) == [] and s.handle(StartTake(text="d")) == []
+    actions = s.take_event(a.run, TakeFinished(EndReason.REPLACED, 0, 1.0))
+    assert sent(actions) == [
+        ("start", "t0"), ("end", "t0", "replaced"),
+        ("start", "t1"), ("end", "t1", "replaced"),
+        ("start", "t2"), ("end", "t2", "replaced"),
+    ]
+    assert [a.take.take_id for a in only(actions, Admit)] == ["t3"]
+
+
+def test_cancel_while_admitting_and_while_stopping() -> None:
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a"))
+    assert sent(s.handle(Cancel(take="t9"))) == []  # not the current take
+    assert sent(s.handle(Cancel(take="t0"))) == [("start", "t0"), ("end", "t0", "cancelled")]
+    assert s.phase is Phase.IDLE and s.admitted(a.run) == [Stop(a.run, EndReason.CANCELLED)]
+    (b,) = s.handle(StartTake(text="b"))
+    s.admitted(b.run)
+    s.handle(StartTake(text="c"))  # b stopping, c pending
+    assert s.handle(Cancel()) == []  # the pending c is dropped; b is already stopping
+    actions = s.take_event(b.run, TakeFinished(EndReason.REPLACED, 0, 1.0))
+    assert sent(actions) == [("start", "t1"), ("end", "t1", "replaced"), ("start", "t2"), ("end", "t2", "cancelled")]
+    assert only(actions, Admit) == [] and s.phase is Phase.IDLE
+
+
+def test_retake_while_streaming_acks_after_the_end_and_keeps_the_prefix() -> None:
+    s = make_session()
+    (a,) = s.handle(StartTake(text="line", seed=1))
+    s.admitted(a.run)
+    s.take_event(a.run, chunk(0, 6))
+    assert s.handle(Seek(take="t0", frame=4, seed=9)) == [Stop(a.run, EndReason.REPLACED)]
+    actions = s.take_event(a.run, TakeFinished(EndReason.REPLACED, 6, 1.0))
+    assert sent(actions) == [("end", "t0", "replaced"), ("seek", "t1")]
+    ack = only(actions, SendMessage)[1].message.to_dict()
+    assert (ack["from_take"], ack["frame"], ack["sample"]) == ("t0", 4, 4 * 3840)
+    (retake,) = only(actions, Admit)
+    spec = retake.spec(None)
+    assert spec.seed == 9 and spec.parent_take == "t0" and spec.start_frame == 4
+    assert np.array_equal(spec.prefix_codes, s.history.get("t0").codes[:4])
+
+
+def test_replay_sends_stored_audio_and_a_cancel_ends_it_at_once() -> None:
+    s = make_session()
+    (a,) = s.handle(StartTake(text="x", chunk_frames=2))
+    stream(s, a.run, frames=6)
+    actions = s.handle(Seek(take="t0", frame=2, mode="replay"))
+    assert sent(actions) == [("seek", "t0")]
+    (replay,) = only(actions, Replay)
+    assert s.phase is Phase.REPLAYING and replay.frame == 2
+    audio = s.replay_audio(replay.run, bytes(range(256)) * 6 * 30)
+    assert sent(audio) == [("start", "t0"), ("pcm",), ("pcm",)]
+    assert only(audio, SendMessage)[0].message.to_dict()["replay"] is True
+    assert sent(s.handle(Cancel())) == [("end", "t0", "cancelled")] and s.phase is Phase.IDLE
+    assert s.replay_finished(replay.run) == []  # stale: its end already went out
+    (again,) = only(s.handle(Seek(take="t0", frame=0, mode="replay")), Replay)
+    s.replay_audio(again.run, b"\x00" * 3840 * 2 * 6)
+    end = only(s.replay_finished(again.run), SendMessage)[0].message.to_dict()
+    assert (end["reason"], end["replay"], end["new_frames"]) == ("done", True, 6)
+
+
+def test_refusals_leave_the_current_take_alone() -> None:
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a"))
+    s.admitted(a.run)
+    with pytest.raises(ProtocolError) as info:
+        s.handle(StartTake(text="b", model="nope"))
+    assert info.value.code == ErrorCode.NOT_FOUND
+    with pytest.raises(ProtocolError):
+        s.handle(Seek(take="t0", frame=0, mode="replay"))  # still running
+    assert s.phase is Phase.STREAMING and s.current_take is not None and s.current_take.take_id == "t0"
+    assert sent(s.handle(Ping(t=1.5))) == [("pong",)]
+
+
+def test_admission_failure_is_a_take_error() -> None:
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a"))
+    actions = s.admission_failed(a.run, ProtocolError(ErrorCode.BUSY, "full"))
+    error = only(actions, SendMessage)[0].message.to_dict()
+    assert (error["code"], error["take"]) == ("busy", "t0") and s.phase is Phase.IDLE
+
+
+def test_shutdown_ends_the_take_and_refuses_new_ones() -> None:
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a"))
+    s.admitted(a.run)
+    assert s.shutdown() == [Stop(a.run, EndReason.SHUTDOWN)]
+    with pytest.raises(ProtocolError) as info:
+        s.handle(StartTake(text="b"))
+    assert info.value.code == ErrorCode.BUSY
+    assert sent(s.take_event(a.run, TakeFinished(EndReason.SHUTDOWN, 0, 1.0))) == [
+        ("start", "t0"), ("end", "t0", "shutdown")
+    ]
+
+
+def test_close_stops_everything_and_sends_nothing() -> None:
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a"))
+    s.admitted(a.run)
+    s.handle(StartTake(text="b"))
+    actions = s.close()
+    assert all(isinstance(x, Stop) for x in actions) and Stop(a.run, EndReason.CANCELLED) in actions
+    assert s.phase is Phase.IDLE and s.take_event(a.run, chunk(0)) == []
+    assert all(t.status == "ended" for t in s.history.takes)
+
+
+def test_a_session_bound_to_a_store_keeps_every_ended_take_before_its_end_goes_out() -> None:
+    from moss_rt.session import Keep, TakeRecord, TakeStatus
+
+    s = make_session(max_takes=2)
+    s.keep_takes(500)  # resume: takes stay until deleted, not the connection's bounded history
+    ends: list[tuple[int, int]] = []  # (index of the Keep, index of the end) per take
+    for n in range(4):
+        (admit,) = only(s.handle(StartTake(text=f"line {n}", seed=n)), Admit)
+        actions = stream(s, admit.run, frames=4)
+        keep = next(i for i, a in enumerate(actions) if isinstance(a, Keep))
+        end = next(i for i, a in enumerate(actions) if isinstance(a, SendMessage) and a.message.type == "end")
+        assert actions[keep].take is admit.take and actions[keep].take.n_frames == 4
+        ends.append((keep, end))
+    assert all(k < e for k, e in ends)
+    assert len(s.history.takes) == 4  # none forgotten at max_takes=2
+
+    # A take of the session from an earlier connection: adopted, then retaken from its stored codes.
+    old = TakeRecord("t_old", StartTake(text="stored"), 42)
+    old.append(0, np.arange(60, dtype=np.int64).reshape(5, 12))
+    s.history.adopt(old)
+    assert old.status is TakeStatus.ENDED
+    (admit,) = only(s.handle(Seek(take="t_old", frame=3)), Admit)
+    assert admit.take.parent == "t_old" and np.array_equal(admit.prefix_codes, old.codes[:3])
+
+
+def test_a_session_not_bound_keeps_nothing() -> None:
+    from moss_rt.session import Keep
+
+    s = make_session()
+    (admit,) = only(s.handle(StartTake(text="x", seed=1)), Admit)
+    assert not only(stream(s, admit.run), Keep)
