@@ -9,6 +9,7 @@ never reads holds one piece plus the socket buffers until it is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -16,10 +17,10 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 
 from moss_rt.audio import wav_header
+from moss_rt.engine.base import EngineBusy
 from moss_rt.protocol import SAMPLE_RATE
-from moss_rt.session import TakeRecord
+from moss_rt.session import TakeRecord, bytes_per_frame
 from moss_rt.web.state import ServiceState
-from moss_rt.web.takes import bytes_per_frame
 
 log = logging.getLogger(__name__)
 
@@ -27,33 +28,43 @@ log = logging.getLogger(__name__)
 # one holds little (aiohttp waits for the socket to drain past 64 KiB buffered).
 WRITE_CHUNK = 64 * 1024
 
-# Copies out [offset, offset + size) of the take's PCM; None when the audio is no longer held.
-ReadPiece = Callable[[int, int], bytes | None]
+# Copies out [offset, offset + size) of the take's PCM (may raise ``EngineBusy`` when it must render).
+ReadPiece = Callable[[int, int], Awaitable[bytes]]
 
 
 @asynccontextmanager
 async def take_pcm(state: ServiceState, take: TakeRecord) -> AsyncIterator[ReadPiece]:
     """A reader of the take's int16 PCM while inside: pieces of its held streamed audio when that
-    is complete, else of a render of its codes shared with its other readers (``EngineBusy`` when
-    the renders' budget or the engine's job queue is full).
+    is complete, else of a render of its codes shared with its other readers (``EngineBusy`` on
+    entry when the renders' budget or the engine's job queue is full).
 
-    The streamed audio is looked up again for every piece rather than held: a take evicted from
-    the heard-audio budget meanwhile is not kept alive by its readers (their downloads end early).
+    The streamed audio is looked up again for every piece rather than held, so a reader never
+    keeps an evicted take alive; if it is evicted meanwhile, the rest comes from a render.
     """
     frame_bytes = bytes_per_frame(take)
     take_id, n_frames = take.take_id, take.n_frames
-    if state.heard.buffer(take_id, n_frames, frame_bytes) is not None:
-
-        def read_heard(offset: int, size: int) -> bytes | None:
-            held = state.heard.buffer(take_id, n_frames, frame_bytes)
-            # A slice copies one piece: the shared buffer itself never reaches the socket.
-            return None if held is None else bytes(held[offset : offset + size])
-
-        yield read_heard
-        return
     codes, channels = take.codes, take.request.channels
-    async with state.renders.hold(take_id, n_frames * frame_bytes, lambda: state.engine.render(codes, channels)) as pcm:
-        yield lambda offset, size: pcm[offset : offset + size]
+    async with contextlib.AsyncExitStack() as stack:
+        rendered: list[bytes] = []
+
+        async def render() -> bytes:
+            if not rendered:
+                hold = state.renders.hold(take_id, n_frames * frame_bytes, lambda: state.engine.render(codes, channels))
+                rendered.append(await stack.enter_async_context(hold))
+            return rendered[0]
+
+        if state.heard.buffer(take_id, n_frames, frame_bytes) is None:
+            await render()  # refused (busy) now, before anything is sent
+
+        async def read(offset: int, size: int) -> bytes:
+            if not rendered:
+                held = state.heard.buffer(take_id, n_frames, frame_bytes)
+                if held is not None:
+                    # A slice copies one piece: the shared buffer itself never reaches the socket.
+                    return bytes(held[offset : offset + size])
+            return (await render())[offset : offset + size]
+
+        yield read
 
 
 async def send_wav(
@@ -77,14 +88,13 @@ async def send_wav(
         await response.prepare(request)
         await write(response, header)
         for offset in range(0, n_bytes, WRITE_CHUNK):
-            piece = read(offset, min(WRITE_CHUNK, n_bytes - offset))
-            if piece is None:
-                log.warning("download of take %s cut short: its audio was evicted meanwhile", take.take_id)
-                if request.transport is not None:
-                    request.transport.abort()  # the client sees fewer bytes than Content-Length
-                return response
-            await write(response, piece)
+            await write(response, await read(offset, min(WRITE_CHUNK, n_bytes - offset)))
         await response.write_eof()
     except ConnectionResetError:
         log.info("download of take %s: client %s left or stopped reading", take.take_id, request.remote)
+    except EngineBusy:
+        # Evicted mid-download and no render possible now; the headers are out, so only a cut is left.
+        log.warning("download of take %s cut short: its audio was evicted and the engine is busy", take.take_id)
+        if request.transport is not None:
+            request.transport.abort()  # the client sees fewer bytes than Content-Length
     return response

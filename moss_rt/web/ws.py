@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -323,12 +324,15 @@ class Connection:
                 continue
             try:
                 codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
-                request = StartTake.parse(record.request, self.state.settings.limits)
+                # The take's one seed rides on its request (stored with it; the record's is the same).
+                request = dataclasses.replace(
+                    StartTake.parse(record.request, self.state.settings.limits), seed=record.seed
+                )
             except (OSError, ValueError, ProtocolError) as exc:  # damaged, or the limits tightened since
                 log.warning("session %s: take %s cannot be resumed: %s", session_id, record.take_id, exc)
                 continue
             take = TakeRecord(
-                record.take_id, request, record.seed, parent=record.parent, branch_frame=record.branch_frame,
+                record.take_id, request, parent=record.parent, branch_frame=record.branch_frame,
                 reason=record.reason, stats=dict(record.stats),
             )  # fmt: skip
             take.append(0, codes)

@@ -7,6 +7,7 @@ behaviour so a busy machine cannot flip the outcome.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from pathlib import Path
@@ -14,9 +15,9 @@ from pathlib import Path
 import requests
 
 from moss_rt.engine.base import EngineBusy
-from tests.conftest import RunningServer, sine_wav
+from tests.conftest import sine_wav
+from tests.helpers import RunningServer, error_of, parse_frames, run, wait_until
 from tests.reliability.conftest import raw_http, raw_ws_connect, read_head
-from tests.helpers import error_of, parse_frames, run, wait_until
 
 KEY = "k" * 32
 FRAME_BYTES = 3840 * 2  # one mono 80 ms frame of int16 PCM
@@ -314,3 +315,24 @@ def test_deeply_nested_msgpack_gets_a_message() -> None:
             assert err.code == "bad_json" and err.message == "invalid msgpack: nested too deeply"
         else:
             raise AssertionError("accepted")
+
+
+def test_a_reader_whose_take_is_evicted_meanwhile_goes_on_from_a_render(fast_server) -> None:
+    from moss_rt.web.downloads import take_pcm
+
+    srv = fast_server(frame_ms=1.0)
+    take = srv.state.takes.get(long_take(srv, 40))
+    assert take is not None
+    size = 40 * FRAME_BYTES
+
+    async def read_across_eviction() -> tuple[bytes, bytes, int]:
+        async with take_pcm(srv.state, take) as read:
+            heard = await read(0, size)
+            srv.state.heard.discard(take.take_id)  # evicted while the reader is halfway
+            rendered = await read(0, size)
+            return heard, rendered, srv.state.renders.nbytes
+
+    future = asyncio.run_coroutine_threadsafe(read_across_eviction(), srv.loop)
+    heard, rendered, held = future.result(30)
+    assert len(heard) == size and rendered == heard  # the scripted engine renders what it streamed
+    assert held == size and srv.state.renders.nbytes == 0  # the render is held only while read
