@@ -4,10 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
+CLUSTER_STAMP := $(VENV)/.cluster-installed
 HOST ?= 127.0.0.1
 PORT ?= 8770
 
-.PHONY: run run-scripted test test-fast test-gpu browser soak lint bench-cpu clean
+.PHONY: run run-scripted run-cluster test test-fast test-cluster test-gpu browser soak lint bench-cpu clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,13 +17,21 @@ $(RUN_STAMP): requirements.txt | $(VENV)/bin/python
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
 	touch $@
 
-$(DEV_STAMP): requirements.txt requirements-dev.txt | $(VENV)/bin/python
+$(DEV_STAMP): requirements.txt requirements-dev.txt requirements-cluster.txt | $(VENV)/bin/python
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+	touch $@ $(RUN_STAMP) $(CLUSTER_STAMP)
+
+$(CLUSTER_STAMP): requirements.txt requirements-cluster.txt | $(VENV)/bin/python
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements-cluster.txt
 	touch $@ $(RUN_STAMP)
 
 ## Start the service on http://$(HOST):$(PORT) (real model on a CUDA GPU, else the tiny demo model).
 run: $(RUN_STAMP)
 	$(PY) -m moss_rt serve --host $(HOST) --port $(PORT)
+
+## The service as engine replicas on Ray (one per GPU; joins `ray start` or starts a local cluster): docs/cluster.md.
+run-cluster: $(CLUSTER_STAMP)
+	$(PY) -m moss_rt serve --cluster auto --host $(HOST) --port $(PORT)
 
 ## The service on the scripted test engine (no model): for UI work.
 run-scripted: $(RUN_STAMP)
@@ -35,6 +44,10 @@ test: $(DEV_STAMP) browser
 ## Everything but the browser test.
 test-fast: $(DEV_STAMP)
 	$(PY) -m pytest -m "not browser"
+
+## Only the cluster tests (a local Ray with two tiny CPU replicas; about a minute). `-m "not cluster"` skips them.
+test-cluster: $(DEV_STAMP)
+	$(PY) -m pytest -m cluster
 
 ## GPU tests (on a CUDA machine).
 test-gpu: $(DEV_STAMP)

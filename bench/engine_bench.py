@@ -11,6 +11,12 @@ step-time split from ``/metrics`` (model step, codec decode, batched prefill pas
 scheduling rest); then an eager, synchronised profile of one frame (backbone / local transformer /
 sampling) and of the codec.
 ``--tiny`` runs everything on the tiny model (CPU smoke test of this script).
+
+Cluster mode (issue 13, docs/cluster.md): ``--replicas N`` starts the server as the front end of N
+engine replicas on a local Ray (``serve --cluster auto --replicas N``, each replica on its own GPU with
+``max(concurrency) / N`` slots) and drives it exactly the same way; ``--baseline C`` first measures the
+single-process server (one GPU) at concurrency C in the same run and reports the cluster's aggregate
+real-time factor as a multiple of it (``scale_vs_baseline``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -108,7 +115,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(args: argparse.Namespace, model: Path, codec: Path, port: int, log_path: Path) -> subprocess.Popen:
+def start_server(
+    args: argparse.Namespace,
+    model: Path,
+    codec: Path,
+    port: int,
+    log_path: Path,
+    *,
+    concurrency: list[int],
+    replicas: int = 0,
+) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(
         MOSS_RT_MAX_SEQ_LEN=str(args.max_seq_len),
@@ -116,12 +132,19 @@ def start_server(args: argparse.Namespace, model: Path, codec: Path, port: int, 
         PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
     )
+    slots = max(concurrency) if replicas == 0 else -(-max(concurrency) // replicas)
     cmd = [
         sys.executable, "-m", "moss_rt", "serve", "--port", str(port), "--model", str(model), "--codec", str(codec),
-        "--device", "cpu" if args.tiny else "cuda", "--max-slots", str(max(args.concurrency)),
-        "--max-queue", str(max(args.concurrency)), "--max-lead-sec", "0", "--data-dir", str(args.work / "data"),
+        "--device", "cpu" if args.tiny else "cuda", "--max-slots", str(slots),
+        "--max-queue", str(max(concurrency)), "--max-lead-sec", "0", "--data-dir", str(args.work / "data"),
         "--log-level", "INFO",
     ]
+    if replicas > 0:
+        # Ray on loopback, no usage report; the replicas are CPU ones with --tiny.
+        env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+        cmd += ["--cluster", "auto", "--replicas", str(replicas)]
+    elif not args.tiny and args.replicas > 0:
+        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]  # the baseline: one GPU
     fh = open(log_path, "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
@@ -181,14 +204,19 @@ async def one_take(http: aiohttp.ClientSession, ws_url: str, start: dict[str, An
     raise RuntimeError("socket closed before the end frame")
 
 
+REPLICA_LABEL = re.compile(r'(,?)replica="[^"]*"')
+
+
 async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """/metrics as {name with labels: value}; a cluster's per-replica series are summed over ``replica``."""
     async with http.get(url + "/metrics") as resp:
         text = await resp.text()
-    out = {}
+    out: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
+            name = REPLICA_LABEL.sub("", name).replace("{,", "{").replace("{}", "")
+            out[name] = out.get(name, 0.0) + float(value)
     return out
 
 
@@ -196,7 +224,7 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else float("nan")
 
 
-async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, Any]) -> dict:
+async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, Any], settle_sec: float = 0.0) -> dict:
     ws_url = url.replace("http", "ws") + "/api/ws"
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -218,6 +246,7 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
             aggregate.append(sum(d["audio_sec"] for d in done) / wall)
             takes.extend(done)
         total = time.perf_counter() - t0
+        await asyncio.sleep(settle_sec)  # a cluster front end shows replica metrics one poll late
         after = await scrape(http, url)
 
     def delta(name: str) -> float:
@@ -361,6 +390,8 @@ def main() -> None:
     p.add_argument("--upstream", type=Path, default=None,
                    help="unmodified upstream moss_tts_local_v1.5 folder: also time its per-frame generate")
     p.add_argument("--deadline-sec", type=float, default=480.0, help="skip the optional sections past this")
+    p.add_argument("--replicas", type=int, default=0, help="cluster mode: N engine replicas on a local Ray")
+    p.add_argument("--baseline", type=int, default=0, help="with --replicas: one GPU, one process, at this concurrency")
     args = p.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -374,31 +405,14 @@ def main() -> None:
         "type": "start", "text": text, "instruction": instruction, "max_new_tokens": args.frames,
         "chunk_frames": args.chunk_frames, "audio_repetition_penalty": PENALTY,
     }
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = args.server_log or (args.work / "server.log")
-    proc = start_server(args, model, codec, port, log_path)
-    try:
-        result["server_ready_sec"] = asyncio.run(wait_ready(url, proc, 900))
-        for c in args.concurrency:
-            try:
-                repeats = args.single_repeats if c == 1 else 1
-                frames = args.frames if c > 1 else max(50, args.frames * 2 // 3)
-                r = asyncio.run(run_round(url, c, repeats, {**start, "max_new_tokens": frames}))
-                result[f"c{c}"] = r
-                save(result, args.out)
-                log.info("concurrency %d: %s", c, json.dumps(r))
-            except Exception:
-                result[f"c{c}"] = {"error": traceback.format_exc(limit=3)}
-    except Exception:
-        result["server_error"] = traceback.format_exc(limit=3)
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    if args.replicas > 0 and args.baseline > 0:
+        serve_and_drive(args, model, codec, start, result, [args.baseline], replicas=0, prefix="baseline_")
+    serve_and_drive(args, model, codec, start, result, args.concurrency, replicas=args.replicas)
+    if args.replicas > 0 and args.baseline > 0:
+        base = result.get(f"baseline_c{args.baseline}", {}).get("aggregate_rtf")
+        top = result.get(f"c{max(args.concurrency)}", {}).get("aggregate_rtf")
+        if base and top:
+            result["scale_vs_baseline"] = top / base
     save(result, args.out)
     if not args.no_profile and time.perf_counter() - t_all < args.deadline_sec * 0.7:
         try:
@@ -411,6 +425,47 @@ def main() -> None:
     result["total_sec"] = time.perf_counter() - t_all
     save(result, args.out)
     print(json.dumps(result, indent=1))
+
+
+def serve_and_drive(
+    args: argparse.Namespace,
+    model: Path,
+    codec: Path,
+    start: dict[str, Any],
+    result: dict[str, Any],
+    concurrency: list[int],
+    *,
+    replicas: int,
+    prefix: str = "",
+) -> None:
+    """Start a server (single process, or the front end of ``replicas`` replicas) and run the rounds."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = args.server_log or (args.work / f"{prefix}server.log")
+    proc = start_server(args, model, codec, port, log_path, concurrency=concurrency, replicas=replicas)
+    try:
+        result[f"{prefix}server_ready_sec"] = asyncio.run(wait_ready(url, proc, 900))
+        for c in concurrency:
+            try:
+                repeats = args.single_repeats if c == 1 else 1
+                frames = args.frames if c > 1 else max(50, args.frames * 2 // 3)
+                settle = 1.5 if replicas > 0 else 0.0
+                r = asyncio.run(run_round(url, c, repeats, {**start, "max_new_tokens": frames}, settle))
+                result[f"{prefix}c{c}"] = r
+                save(result, args.out)
+                log.info("%sconcurrency %d: %s", prefix, c, json.dumps(r))
+            except Exception:
+                result[f"{prefix}c{c}"] = {"error": traceback.format_exc(limit=3)}
+    except Exception:
+        result[f"{prefix}server_error"] = traceback.format_exc(limit=3)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    save(result, args.out)
 
 
 def save(result: dict[str, Any], path: Path | None) -> None:

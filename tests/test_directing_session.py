@@ -10,11 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
-from moss_rt.protocol import Cancel, ErrorCode, Ping, ProtocolError, Seek, StartTake
+from moss_rt.protocol import AppendText, Cancel, EndOfText, ErrorCode, Ping, ProtocolError, Seek, StartTake
 from moss_rt.session import (
     Action,
     Admit,
     DirectingSession,
+    FinishAudio,
     Phase,
     Replay,
     SendAudio,
@@ -166,13 +167,31 @@ def test_retake_while_streaming_acks_after_the_end_and_keeps_the_prefix() -> Non
     s.take_event(a.run, chunk(0, 6))
     assert s.handle(Seek(take="t0", frame=4, seed=9)) == [Stop(a.run, EndReason.REPLACED)]
     actions = s.take_event(a.run, TakeFinished(EndReason.REPLACED, 6, 1.0))
-    assert sent(actions) == [("end", "t0", "replaced"), ("seek", "t1")]
-    ack = only(actions, SendMessage)[1].message.to_dict()
-    assert (ack["from_take"], ack["frame"], ack["sample"]) == ("t0", 4, 4 * 3840)
+    assert sent(actions) == [("end", "t0", "replaced")]
     (retake,) = only(actions, Admit)
+    # The seek is answered once the retake is admitted: only then is it known where its cache came from.
+    admitted = s.admitted(retake.run, rebuilt=True)
+    assert sent(admitted) == [("seek", "t1")]
+    ack = only(admitted, SendMessage)[0].message.to_dict()
+    assert (ack["from_take"], ack["frame"], ack["sample"], ack["rebuilt"]) == ("t0", 4, 4 * 3840, True)
     spec = retake.spec(None)
     assert spec.seed == 9 and spec.parent_take == "t0" and spec.start_frame == 4
     assert np.array_equal(spec.prefix_codes, s.history.get("t0").codes[:4])
+
+
+def test_a_retake_that_never_streams_still_gets_its_seek_answer_first() -> None:
+    s = make_session()
+    (a,) = s.handle(StartTake(text="line", chunk_frames=2))
+    stream(s, a.run, frames=6)
+    # Refused at admission: the answer (not rebuilt), then the error.
+    (refused,) = only(s.handle(Seek(take="t0", frame=2, seed=3)), Admit)
+    actions = s.admission_failed(refused.run, ProtocolError(ErrorCode.BUSY, "full"))
+    assert sent(actions) == [("seek", "t1"), ("error", "t1")]
+    assert only(actions, SendMessage)[0].message.to_dict()["rebuilt"] is False
+    # Cancelled while being admitted: the answer, then its start and end.
+    (cancelled,) = only(s.handle(Seek(take="t0", frame=2, seed=4)), Admit)
+    assert sent(s.handle(Cancel())) == [("seek", "t2"), ("start", "t2"), ("end", "t2", "cancelled")]
+    assert s.admitted(cancelled.run, rebuilt=True) == [Stop(cancelled.run, EndReason.CANCELLED)]
 
 
 def test_replay_sends_stored_audio_and_a_cancel_ends_it_at_once() -> None:
@@ -243,7 +262,10 @@ def test_close_stops_everything_and_sends_nothing() -> None:
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["start", "retake", "replay", "cancel", "admit", "refuse", "chunk", "finish", "replay_io"]),
+        st.sampled_from(
+            ["start", "retake", "replay", "cancel", "admit", "refuse", "chunk", "finish", "replay_io",
+             "start_fed", "append", "end_of_text"]
+        ),
         st.integers(0, 7),
     ),
     max_size=60,
@@ -287,6 +309,12 @@ def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -
                 perform(s.handle(Seek(take=take.take_id, frame=n % (take.n_frames + 1), mode="replay")))
             elif op == "cancel":
                 perform(s.handle(Cancel()))
+            elif op == "start_fed":  # a take fed with text: continuations, waits (issue 14)
+                perform(s.handle(StartTake(text="One. " if n % 2 else "", seed=n, stream_text=True)))
+            elif op == "append":
+                perform(s.handle(AppendText(text="More. " if n % 2 else "more")))
+            elif op == "end_of_text":
+                perform(s.handle(EndOfText()))
         except ProtocolError:
             pass
         if op in ("admit", "refuse") and admitting:
@@ -296,7 +324,8 @@ def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -
                 continue
             actions = s.admitted(a.run)
             perform(actions)
-            engine[a.run] = [a.take.branch_frame]
+            # A continuation of a fed take goes on after its prefix (every frame of the take so far).
+            engine[a.run] = [a.take.branch_frame if a.prefix_codes is None else len(a.prefix_codes)]
         elif op in ("chunk", "finish") and engine:
             run = sorted(engine)[n % len(engine)]
             frame = engine[run]
@@ -318,7 +347,7 @@ def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -
     open_take: str | None = None
     ended_takes: list[tuple[str, bool]] = []
     for a in wire:
-        if isinstance(a, SendAudio):
+        if isinstance(a, SendAudio | FinishAudio):
             assert open_take is not None, "audio outside a take"
             continue
         d = a.message.to_dict()
@@ -330,7 +359,8 @@ def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -
             ended_takes.append((d["take"], bool(d.get("replay"))))
             open_take = None
         elif d["type"] == "error":
-            assert open_take is None
+            # A refused take is one error; an error after streaming began names the open take (its end follows).
+            assert open_take is None or d.get("take") == open_take
     takes_ended = [take for take, replay in ended_takes if not replay]
     assert len(takes_ended) == len(set(takes_ended)), "a take ended twice"
 

@@ -118,6 +118,7 @@ class TakeFinished:
     gpu_first_ms: float | None = None
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    error_code: str | None = None  # wire error code for reason ERROR (default ``internal``)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,9 @@ class TakeHandle(Protocol):
     """
 
     take_id: str
+    # True when a retake could not reuse its parent's cache where it was kept (a cluster replica
+    # gone or full) and was rebuilt elsewhere from the stored codes; the seek ack reports it.
+    rebuilt: bool
 
     def __aiter__(self) -> AsyncIterator[TakeEvent]: ...
 
@@ -155,6 +159,7 @@ class EngineInfo:
     details: dict[str, str] = field(default_factory=dict)
     ready: bool = False  # loaded and warmed up
     metrics: CollectorRegistry | None = None  # rendered by GET /metrics; None: no engine metrics
+    replicas: tuple[dict[str, object], ...] = ()  # a cluster's replicas (name, ready, load...); empty otherwise
 
 
 class Engine(Protocol):

@@ -20,6 +20,8 @@ class TakeChannel:
     ``lead_frames`` is how many frames may wait unconsumed before the take counts as paused.
     """
 
+    rebuilt = False  # a single engine keeps (or re-prefills) its own caches: never rebuilt elsewhere
+
     def __init__(self, loop: asyncio.AbstractEventLoop, take_id: str, lead_frames: int) -> None:
         self.take_id = take_id
         self._loop = loop

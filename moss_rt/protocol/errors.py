@@ -21,6 +21,7 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     TIMEOUT = "timeout"
     INTERNAL = "internal"
+    REPLICA_LOST = "replica_lost"  # cluster mode: the engine replica running the take died
 
 
 class ProtocolError(Exception):

@@ -1,0 +1,222 @@
+"""One engine replica: the single-process engine, run inside a Ray actor (one per GPU).
+
+This module is plain Python (it never imports Ray): :mod:`moss_rt.cluster.launch` wraps
+:class:`EngineReplica` with ``ray.remote`` when it creates the actors, so the replica can be
+unit-tested as an object. Everything that crosses the process boundary is a small picklable
+value; engine exceptions are returned as :class:`Refusal` values, because exceptions whose
+``__init__`` takes other arguments than their message do not survive pickling intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+from prometheus_client import generate_latest
+
+from moss_rt.config import Settings
+from moss_rt.engine.base import EndReason, Engine, EngineBusy, EngineInfo, TakeEvent, TakeHandle, TakeSpec
+from moss_rt.protocol import ErrorCode, ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a replica did not do what it was asked (re-raised as the same exception by the router)."""
+
+    kind: str  # "busy" | "protocol"
+    message: str
+    retry_after_sec: float = 1.0
+    code: str = ErrorCode.INTERNAL.value
+    field: str | None = None
+
+    @staticmethod
+    def of(exc: Exception) -> Refusal:
+        if isinstance(exc, EngineBusy):
+            return Refusal("busy", str(exc), retry_after_sec=exc.retry_after_sec)
+        if isinstance(exc, ProtocolError):
+            return Refusal("protocol", exc.message, code=exc.code.value, field=exc.field)
+        raise exc
+
+    def exception(self) -> Exception:
+        if self.kind == "busy":
+            return EngineBusy(retry_after_sec=self.retry_after_sec)
+        return ProtocolError(ErrorCode(self.code), self.message, field=self.field)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """First item of every take stream that the replica's engine accepted."""
+
+    take_id: str
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """What the router needs to route (polled about twice a second)."""
+
+    name: str
+    incarnation: str  # new after every (re)start: caches held by an earlier one are gone
+    ready: bool
+    status: str  # loading | ready | failed | stopped
+    active: int
+    queued: int
+    capacity: int  # slots + queue places
+    pid: int
+    node: str
+    info: EngineInfo | None = None
+    error: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self.active - self.queued)
+
+
+def writable(spec: TakeSpec) -> TakeSpec:
+    """Ray hands numpy arrays over read-only (zero copy); the engine owns its own copies."""
+    changes = {
+        name: np.array(value, dtype=np.int64)
+        for name in ("prefix_codes", "reference_codes")
+        if (value := getattr(spec, name)) is not None
+    }
+    return dataclasses.replace(spec, **changes) if changes else spec
+
+
+class EngineReplica:
+    """Owns one engine on this worker process; starts it on the first call that needs it.
+
+    Ray restarts a killed replica by constructing it again, so the engine cannot be started in
+    ``__init__`` (no event loop there); the router's status poll starts it instead.
+    """
+
+    def __init__(self, settings: Settings, name: str) -> None:
+        self._settings = settings
+        self._name = name
+        self._incarnation = uuid.uuid4().hex[:12]
+        self._engine: Engine | None = None
+        self._starting: asyncio.Task[None] | None = None
+        self._error: str | None = None
+        self._takes: dict[str, TakeHandle] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def _ensure_started(self) -> asyncio.Task[None]:
+        if self._starting is None:
+            from moss_rt.cli import build_engine, setup_logging
+
+            setup_logging(self._settings.log_level)
+            self._engine = build_engine(self._settings)
+            self._starting = asyncio.get_running_loop().create_task(self._start(), name=f"{self._name}-start")
+        return self._starting
+
+    async def _start(self) -> None:
+        assert self._engine is not None
+        try:
+            await self._engine.__aenter__()
+            log.info("replica %s (%s) ready on %s", self._name, self._incarnation, self._engine.info.device)
+        except Exception as exc:
+            self._error = f"{type(exc).__name__}: {exc}"
+            log.exception("replica %s failed to start", self._name)
+
+    async def start(self) -> ReplicaStatus:
+        """Start the engine and wait until it is loaded (or failed)."""
+        await asyncio.shield(self._ensure_started())
+        return await self.status()
+
+    async def status(self) -> ReplicaStatus:
+        self._ensure_started()
+        engine = self._engine
+        info = engine.info if engine is not None else None
+        ready = info is not None and info.ready
+        s = self._settings
+        state = "failed" if self._error else ("ready" if ready else "loading")
+        return ReplicaStatus(
+            name=self._name,
+            incarnation=self._incarnation,
+            ready=ready,
+            status=state,
+            active=int(getattr(engine, "active_count", 0)),
+            queued=int(getattr(engine, "queued_count", 0)),
+            capacity=s.max_slots + s.max_queue,
+            pid=os.getpid(),
+            node=socket.gethostname(),
+            # Without the registry: it stays here (metrics_text renders it) and does not pickle.
+            info=dataclasses.replace(info, metrics=None) if info is not None else None,
+            error=self._error,
+        )
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.__aexit__(None, None, None)
+
+    # -- takes --------------------------------------------------------------------------
+
+    async def run_take(self, spec: TakeSpec) -> AsyncIterator[Admitted | Refusal | TakeEvent]:
+        """Stream one take: ``Admitted`` (or a ``Refusal`` and nothing else), then its events.
+
+        Called as a Ray streaming generator with backpressure: while the front end has not read
+        its chunks, this generator does not read the engine's channel, so the engine pauses the
+        take exactly as it pauses a slow local client.
+        """
+        await asyncio.shield(self._ensure_started())
+        engine = self._engine
+        assert engine is not None
+        try:
+            handle = await engine.submit(writable(spec))
+        except (EngineBusy, ProtocolError) as exc:
+            yield Refusal.of(exc)
+            return
+        self._takes[spec.take_id] = handle
+        try:
+            yield Admitted(spec.take_id)
+            # If the front end goes away (or cancels this stream), this iteration is abandoned and
+            # the handle cancels its take: it never runs for nobody.
+            async for event in handle:
+                yield event
+        finally:
+            self._takes.pop(spec.take_id, None)
+
+    async def cancel_take(self, take_id: str, reason: str) -> bool:
+        handle = self._takes.get(take_id)
+        if handle is None:
+            return False
+        handle.cancel(EndReason(reason))
+        return True
+
+    # -- non-streaming work ---------------------------------------------------------------
+
+    async def render(self, codes: np.ndarray, channels: int) -> bytes | Refusal:
+        engine = await self._ready_engine()
+        try:
+            return await engine.render(np.array(codes, dtype=np.int64), channels)
+        except (EngineBusy, ProtocolError) as exc:
+            return Refusal.of(exc)
+
+    async def encode_reference(self, audio: bytes) -> np.ndarray | Refusal:
+        engine = await self._ready_engine()
+        try:
+            return await engine.encode_reference(audio)
+        except (EngineBusy, ProtocolError) as exc:
+            return Refusal.of(exc)
+
+    async def metrics_text(self) -> bytes:
+        """The engine's own Prometheus registry, rendered (the router relabels it per replica)."""
+        registry = self._engine.info.metrics if self._engine is not None else None
+        return b"" if registry is None else generate_latest(registry)
+
+    async def _ready_engine(self) -> Engine:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._ensure_started())
+        if self._engine is None:
+            raise RuntimeError("replica engine was not built")
+        return self._engine

@@ -1,0 +1,340 @@
+"""``ClusterEngine``: the engine seam over a set of Ray replicas, so ``web/`` serves a cluster unchanged.
+
+The front end (the aiohttp app) holds one of these instead of a local engine. It polls every
+replica's status about twice a second (readiness, load, process incarnation, metrics), routes
+each take by :mod:`moss_rt.cluster.routing`, and turns a replica's death into a ``replica_lost``
+end for exactly the takes that ran on it. Nothing is routed to a replica that is loading, did not
+answer its last poll, or was seen dying, until a poll finds it ready again (Ray restarts it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter
+
+from moss_rt.cluster.metrics import ReplicaCollector
+from moss_rt.cluster.remote_take import RemoteTake
+from moss_rt.cluster.replica import Admitted, Refusal, ReplicaStatus
+from moss_rt.cluster.routing import Candidate, plan_routes
+from moss_rt.config import Settings
+from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, TakeSpec
+from moss_rt.protocol import DEFAULT_MODEL_ALIAS
+
+log = logging.getLogger(__name__)
+
+POLL_SEC = 0.5  # status (and metrics) poll period per replica
+STATUS_TIMEOUT_SEC = 5.0  # a replica that does not answer a poll this long is not routed to
+BACKPRESSURE_ITEMS = 8  # chunks a replica may stream ahead of what the front end has read
+HOLDERS_KEPT = 65536  # take -> replica entries remembered for sticky retakes
+ADMIT_TIMEOUT_SEC = 30.0  # a replica that neither admits nor refuses a take this long is passed over
+
+
+@dataclass
+class ReplicaView:
+    """The router's knowledge of one replica."""
+
+    name: str
+    actor: Any
+    status: ReplicaStatus | None = None
+    answering: bool = False  # answered the last poll
+    dead: bool = False  # seen dying; cleared when a poll answers again
+    pending: int = 0  # takes sent since the last status
+    restarts: int = 0  # new incarnations seen after the first
+    lost: asyncio.Event = field(default_factory=asyncio.Event)  # set when this incarnation is gone
+    metrics_text: bytes = b""
+
+    @property
+    def incarnation(self) -> str:
+        return "" if self.status is None else self.status.incarnation
+
+    @property
+    def routable(self) -> bool:
+        return self.answering and not self.dead and self.status is not None and self.status.ready
+
+    def candidate(self) -> Candidate:
+        free = 0 if self.status is None else self.status.free - self.pending
+        return Candidate(self.name, self.incarnation, self.routable, free)
+
+    def public(self) -> dict[str, object]:
+        s = self.status
+        return {
+            "name": self.name,
+            "ready": self.routable,
+            "status": "lost" if self.dead else ("unreachable" if not self.answering else (s.status if s else "?")),
+            "active": s.active if s else 0,
+            "queued": s.queued if s else 0,
+            "capacity": s.capacity if s else 0,
+            "device": s.info.device if s and s.info else "",
+            "node": s.node if s else "",
+            "pid": s.pid if s else 0,
+            "restarts": self.restarts,
+            **({"error": s.error} if s and s.error else {}),
+        }
+
+
+class ClusterEngine(EngineLifecycle):
+    """The Engine seam (see ``moss_rt.engine.base``) over Ray replicas: ``async with`` joins Ray and
+    waits for a ready replica; leaving it stops watching (replicas stay up for other front ends)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._replicas: list[ReplicaView] = []
+        self._holders: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._turn = 0
+        self._owns_ray = False
+        self._watch: asyncio.Task[None] | None = None
+        self._metrics = CollectorRegistry(auto_describe=True)
+        self._routes = Counter(
+            "moss_rt_cluster_routes", "Takes routed, by route: new, sticky (to the parent's cache), rebuilt",
+            ["route"], registry=self._metrics,
+        )
+        self._lost_takes = Counter(
+            "moss_rt_cluster_lost_takes", "Takes ended because their replica was lost", ["replica"],
+            registry=self._metrics,
+        )
+        self._metrics.register(ReplicaCollector(lambda: self._replicas))
+
+    # ------------------------------------------------------------------ seam: state
+    @property
+    def ready(self) -> bool:
+        """At least one replica is routed to."""
+        return any(r.routable for r in self._replicas)
+
+    @property
+    def info(self) -> EngineInfo:
+        """The first ready replica's info, with the cluster's readiness, metrics and replica list."""
+        statuses = [r.status for r in self._replicas if r.status is not None and r.status.info is not None]
+        ready = [s for s in statuses if s.ready]
+        base = (ready or statuses or [None])[0]
+        cluster = {
+            "cluster": self.settings.cluster or "auto",
+            "replicas": str(len(self._replicas)),
+            "replicas_ready": str(sum(r.routable for r in self._replicas)),
+        }
+        replicas = tuple(r.public() for r in self._replicas)
+        if base is None or base.info is None:
+            return EngineInfo(
+                name=self.settings.engine,
+                models=(DEFAULT_MODEL_ALIAS,),
+                default_model=DEFAULT_MODEL_ALIAS,
+                demo=False,
+                device="cluster",
+                details={"status": "loading", **cluster},
+                ready=False,
+                metrics=self._metrics,
+                replicas=replicas,
+            )
+        info = base.info
+        return dataclasses.replace(
+            info,
+            demo=any(s.info.demo for s in statuses if s.info is not None),
+            details={**info.details, "status": "ready" if ready else "loading", **cluster},
+            ready=self.ready,
+            metrics=self._metrics,
+            replicas=replicas,
+        )
+
+    def replica_of(self, take_id: str) -> str | None:
+        """The replica a take was admitted on (as far as this front end remembers)."""
+        holder = self._holders.get(take_id)
+        return None if holder is None else holder[0]
+
+    # ------------------------------------------------------------------ seam: lifecycle
+    async def start(self) -> None:
+        from moss_rt.cluster import launch
+
+        self._owns_ray = await asyncio.to_thread(launch.connect, self.settings.cluster)
+        handles = await asyncio.to_thread(launch.replica_handles, self.settings)
+        self._replicas = [ReplicaView(name, actor) for name, actor in handles]
+        # Loading starts on every replica at once; the first poll would start them too.
+        for r in self._replicas:
+            r.actor.start.remote()
+        self._watch = asyncio.create_task(self._watch_replicas(), name="cluster-watch")
+        while not self.ready:
+            statuses = [r.status for r in self._replicas]
+            if statuses and all(s is not None and s.status == "failed" for s in statuses):
+                errors = "; ".join(f"{s.name}: {s.error}" for s in statuses if s is not None)
+                raise RuntimeError(f"every engine replica failed to start: {errors}")
+            await asyncio.sleep(POLL_SEC / 2)
+        log.info("cluster ready: %d/%d replicas", sum(r.routable for r in self._replicas), len(self._replicas))
+
+    async def close(self) -> None:
+        """Stop watching. Replicas stay up for other front ends; a Ray instance this process
+        started itself goes down with it (and its replicas with it)."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
+        for r in self._replicas:
+            r.lost.set()  # any take still streaming ends now instead of waiting on a gone cluster
+        if self._owns_ray:
+            import ray
+
+            await asyncio.to_thread(ray.shutdown)
+
+    # ------------------------------------------------------------------ seam: work
+    async def submit(self, spec: TakeSpec) -> RemoteTake:
+        holder = self._holders.get(spec.parent_take) if spec.parent_take else None
+        routes = plan_routes(
+            [r.candidate() for r in self._replicas],
+            retake=spec.parent_take is not None,
+            holder=holder,
+            turn=self._turn,
+        )
+        if not routes:
+            raise EngineBusy(retry_after_sec=5.0)  # no replica ready (loading or restarting)
+        refusal: Exception = EngineBusy(retry_after_sec=1.0)
+        by_name = {r.name: r for r in self._replicas}
+        for route in routes:
+            replica = by_name[route.name]
+            handle = await self._try_submit(replica, spec, route.rebuilt)
+            if isinstance(handle, RemoteTake):
+                self._turn = (self._replicas.index(replica) + 1) % len(self._replicas)
+                kind = "new" if spec.parent_take is None else ("rebuilt" if route.rebuilt else "sticky")
+                self._routes.labels(kind).inc()
+                self._remember(spec.take_id, replica)
+                return handle
+            if handle is not None:
+                refusal = handle
+                if not isinstance(handle, EngineBusy):
+                    raise handle  # bad input is bad everywhere: no point asking the next replica
+        raise refusal
+
+    async def _try_submit(self, replica: ReplicaView, spec: TakeSpec, rebuilt: bool) -> RemoteTake | Exception | None:
+        """The take's handle, the replica's refusal, or None when the replica turned out dead."""
+        from ray.exceptions import RayActorError
+
+        incarnation = replica.incarnation
+        lost = replica.lost
+        replica.pending += 1
+        stream = replica.actor.run_take.options(_generator_backpressure_num_objects=BACKPRESSURE_ITEMS).remote(spec)
+        try:
+            first = await asyncio.wait_for(self._first_item(stream), ADMIT_TIMEOUT_SEC)
+        except (RayActorError, StopAsyncIteration):
+            self._mark_lost(replica, incarnation)
+            return None
+        except TimeoutError:
+            log.warning("replica %s did not admit take %s within %.0f s", replica.name, spec.take_id,
+                        ADMIT_TIMEOUT_SEC)
+            with contextlib.suppress(Exception):
+                import ray
+
+                ray.cancel(stream)  # its generator's cleanup cancels the take if it was admitted late
+            return EngineBusy(retry_after_sec=1.0)
+        if isinstance(first, Refusal):
+            replica.pending = max(0, replica.pending - 1)
+            return first.exception()
+        assert isinstance(first, Admitted), first
+        return RemoteTake(
+            take_id=spec.take_id,
+            replica=replica.name,
+            actor=replica.actor,
+            stream=stream,
+            lost=lost,
+            start_frame=spec.start_frame,
+            rebuilt=rebuilt,
+            on_lost=lambda: self._take_lost(replica, incarnation),
+        )
+
+    @staticmethod
+    async def _first_item(stream: Any) -> object:
+        return await (await stream.__anext__())
+
+    async def render(self, codes: np.ndarray, channels: int) -> bytes:
+        return await self._call_any("render", np.asarray(codes, dtype=np.int64), channels)  # type: ignore[return-value]
+
+    async def encode_reference(self, audio: bytes) -> np.ndarray:
+        return await self._call_any("encode_reference", audio)  # type: ignore[return-value]
+
+    async def _call_any(self, method: str, *args: object) -> object:
+        """Run a stateless job (render, reference encode) on the least loaded ready replica; a
+        replica that dies meanwhile is skipped and the next one asked."""
+        from ray.exceptions import RayActorError
+
+        for route in plan_routes([r.candidate() for r in self._replicas], turn=self._turn):
+            replica = next(r for r in self._replicas if r.name == route.name)
+            incarnation = replica.incarnation
+            try:
+                result = await getattr(replica.actor, method).remote(*args)
+            except RayActorError:
+                self._mark_lost(replica, incarnation)
+                continue
+            if isinstance(result, Refusal):
+                raise result.exception()
+            return result
+        raise EngineBusy(retry_after_sec=5.0)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _remember(self, take_id: str, replica: ReplicaView) -> None:
+        self._holders[take_id] = (replica.name, replica.incarnation)
+        self._holders.move_to_end(take_id)
+        while len(self._holders) > HOLDERS_KEPT:
+            self._holders.popitem(last=False)
+
+    def _take_lost(self, replica: ReplicaView, incarnation: str) -> None:
+        self._lost_takes.labels(replica.name).inc()
+        self._mark_lost(replica, incarnation)
+
+    def _mark_lost(self, replica: ReplicaView, incarnation: str) -> None:
+        """That incarnation of the replica is gone: end its takes, route nothing there until a poll
+        finds it ready again."""
+        if replica.incarnation != incarnation:
+            return  # already replaced by a newer incarnation
+        if not replica.dead:
+            log.warning("replica %s lost (incarnation %s)", replica.name, incarnation)
+        replica.dead = True
+        replica.lost.set()
+
+    # ------------------------------------------------------------------ polling
+    async def _watch_replicas(self) -> None:
+        # One loop per replica: a slow or hung one does not delay what is known about the others.
+        await asyncio.gather(*(self._watch_one(r) for r in self._replicas))
+
+    async def _watch_one(self, replica: ReplicaView) -> None:
+        while True:
+            await self._poll(replica)
+            await asyncio.sleep(POLL_SEC)
+
+    async def _poll(self, replica: ReplicaView) -> None:
+        from ray.exceptions import RayActorError
+
+        t0 = time.monotonic()
+        try:
+            status: ReplicaStatus = await asyncio.wait_for(replica.actor.status.remote(), STATUS_TIMEOUT_SEC)
+        except RayActorError:
+            replica.answering = False
+            self._mark_lost(replica, replica.incarnation)
+            return
+        except (TimeoutError, Exception) as exc:  # slow or unreachable: not routed to, takes left alone
+            if replica.answering:
+                log.warning("replica %s did not answer its status poll: %r", replica.name, exc)
+            replica.answering = False
+            return
+        previous = replica.incarnation
+        if previous and status.incarnation != previous:
+            # Restarted by Ray: whatever ran on the old process (and its caches) is gone.
+            self._mark_lost(replica, previous)
+            replica.restarts += 1
+            log.info("replica %s restarted (incarnation %s)", replica.name, status.incarnation)
+        if replica.dead or replica.lost.is_set():
+            # Answering again (restarted, or it was only unreachable): a fresh event for the takes
+            # it gets from now on; the ones already told it was lost have ended.
+            replica.lost = asyncio.Event()
+            replica.dead = False
+        replica.status = status
+        replica.answering = True
+        replica.pending = 0
+        if status.ready:
+            with contextlib.suppress(Exception):
+                budget = max(0.5, STATUS_TIMEOUT_SEC - (time.monotonic() - t0))
+                replica.metrics_text = await asyncio.wait_for(replica.actor.metrics_text.remote(), budget)
