@@ -226,7 +226,7 @@ def _common_errors(*statuses: int) -> dict[str, Any]:
         415: "the body must be JSON (unsupported_media_type)",
         422: "a field is out of range or of the wrong type (invalid_field)",
         429: "too many takes or requests from this client, or the voice store is full (rate_limited); see Retry-After",
-        503: "at capacity or shutting down (busy); see Retry-After",
+        503: "at capacity or shutting down (busy), or the model is still loading (loading); see Retry-After",
     }
     return {str(s): _error(text[s]) for s in statuses}
 
@@ -329,6 +329,8 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                                 "ready": {"type": "boolean"},
                                 "sr": {"type": "integer"},
                                 "limits": obj,
+                                # slots, positions and where the GPU memory goes; null until made at start
+                                "memory_plan": {"type": "object", "nullable": True},
                             },
                         },
                     ),

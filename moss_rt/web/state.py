@@ -43,6 +43,10 @@ class ServiceState:
     trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
     ws_slots: int = 0  # WebSocket connections admitted (reserved before the upgrade completes)
     metrics_registry: CollectorRegistry = field(default_factory=CollectorRegistry)  # the service's gauges
+    # Set when the engine failed to load or warm up ("Type: message"); /readyz reports it. With
+    # exit_on_engine_failure (the command line) the process then stops and exits non-zero.
+    engine_failure: str | None = None
+    exit_on_engine_failure: bool = False
 
 
 STATE: web.AppKey[ServiceState] = web.AppKey("moss_rt_state", ServiceState)
