@@ -580,6 +580,8 @@ class DirectingSession:
     def _let_go(self, cur: _Run, reason: EndReason) -> list[Action]:
         """End a take still being admitted, or a replay, at once (their run's later reports are stale)."""
         if cur.replay_frame is not None:
+            if not cur.started:  # its audio never began: like a take that never streamed, start then end
+                return [Stop(cur.run, reason), *self._retire(cur, reason)]
             finish = FinishAudio(cur.run, cur.take, replay=True)  # a replay in a format: its file, cut here
             return [Stop(cur.run, reason), finish, SendMessage(self._replay_end(cur, reason))]
         # Admission may still finish: the transport then hears that the run is stale and stops it.
@@ -598,7 +600,8 @@ class DirectingSession:
         after the answer to its seek if that did not go out yet."""
         actions = self._ack(run)
         if run.replay_frame is not None:
-            return [*actions, SendMessage(self._replay_end(run, reason))]
+            start = SendMessage(self._started(run, None, first_frame=run.replay_frame, replay=True))
+            return [*actions, start, SendMessage(self._replay_end(run, reason))]
         take = run.take
         text_stats = self._text_stats(run)
         self.history.record_end(take, reason.value, dict(text_stats))

@@ -396,3 +396,20 @@ def test_a_session_not_bound_keeps_nothing() -> None:
     s = make_session()
     (admit,) = only(s.handle(StartTake(text="x", seed=1)), Admit)
     assert not only(stream(s, admit.run), Keep)
+
+
+def test_a_replay_replaced_before_its_audio_still_gets_a_start_before_its_end() -> None:
+    """Found by the any-interleaving property with many examples: a replay let go before its PCM was
+    at hand sent its ``end`` (and the end of its format file) with no ``start``; every end follows its start."""
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a"))
+    stream(s, a.run, frames=3)
+    (replay,) = only(s.handle(Seek(take="t0", frame=1, mode="replay")), Replay)
+    actions = s.handle(StartTake(text="b"))
+    assert Stop(replay.run, EndReason.REPLACED) in actions
+    wire = [a for a in actions if isinstance(a, SendMessage)]
+    kinds = [(m.message.to_dict()["type"], m.message.to_dict().get("take")) for m in wire]
+    assert kinds[:2] == [("start", "t0"), ("end", "t0")]
+    assert wire[0].message.to_dict()["replay"] is True and wire[1].message.to_dict()["reason"] == "replaced"
+    assert not any(isinstance(a, SendAudio | FinishAudio) for a in actions)
+    assert s.replay_audio(replay.run, b"\x00" * 3840 * 2 * 3) == []  # its late PCM is stale
