@@ -41,7 +41,10 @@ class Settings:
     codec: str = setting("auto", "auto | tiny | PATH | HUB_ID")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = setting("auto", "auto | float32 | bfloat16")
-    data_dir: Path = setting(Path("data"), "uploaded voices, tiny models")
+    data_dir: Path = setting(Path("data"), "uploaded voices, directing sessions, tiny models")
+    # Directing sessions kept in data_dir/sessions (resume on the WebSocket, /api/sessions); off: takes live only
+    # as long as their connection (a bounded history of limits.max_takes_kept).
+    sessions: bool = setting(True, "keep directing sessions on disk (resume)")
     voices_dir: Path = setting(Path("voices"), "built-in voices (audio files)")
     # The studio page: moss_rt/static links to the repository's static/ and is a real folder once installed.
     static_dir: Path = (Path(__file__).resolve().parent / "static").resolve()

@@ -14,6 +14,7 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.session import TakeStore
+from moss_rt.session_store import SessionStore
 from moss_rt.voices import VoiceStore
 from moss_rt.web.cross_site import cross_site_middleware
 from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
@@ -30,6 +31,7 @@ from moss_rt.web.security import (
     json_errors_middleware,
     request_rate_middleware,
 )
+from moss_rt.web.sessions_api import routes as session_routes
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.voices_api import routes as voice_routes
 from moss_rt.web.ws import websocket_handler
@@ -63,11 +65,17 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
         ],
     )
     voices = VoiceStore(settings.voices_store_dir, settings.voices_dir, settings.limits)
+    sessions = (
+        SessionStore(settings.data_dir / "sessions", max_takes=settings.limits.max_session_takes)
+        if settings.sessions
+        else None
+    )
     app[STATE] = ServiceState(
         settings=settings,
         engine=engine,
         voices=voices,
         takes=TakeStore(),
+        sessions=sessions,
         heard=HeardAudio(settings.heard_audio_mb * 1024 * 1024),
         renders=SharedRenders(settings.render_buffer_mb * 1024 * 1024),
         client_takes=ClientTakes(settings.max_takes_per_client),
@@ -80,13 +88,21 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
     app.add_routes(routes)
     app.add_routes(voice_routes)
     app.add_routes(openai_routes)
+    app.add_routes(session_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():
         app.router.add_static("/static/", settings.static_dir, show_index=False)
     app.cleanup_ctx.append(_engine_lifecycle)
     app.on_shutdown.append(_close_websockets)
+    app.on_cleanup.append(_close_sessions)
     return app
+
+
+async def _close_sessions(app: web.Application) -> None:
+    sessions = app[STATE].sessions
+    if sessions is not None:
+        sessions.close()
 
 
 async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
