@@ -54,10 +54,10 @@ def _kernel():  # type: ignore[no-untyped-def]
 
     @triton.jit
     def _paged_decode(
-        Q, K, V, POS, MASK, OUT, PACC, PML, S, chunk, scale,
+        Q, K, V, POS, MASK, OUT, PACC, PML, S, chunk, splits, scale,
         s_qb, s_qh, s_kp, s_kh, s_pb, s_mb, s_ob, s_oh,
         G: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, IEEE: tl.constexpr,
-        UPCAST: tl.constexpr, SPLITS: tl.constexpr,
+        UPCAST: tl.constexpr, SPLIT: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1).to(tl.int64)
@@ -103,25 +103,24 @@ def _kernel():  # type: ignore[no-untyped-def]
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        if SPLITS == 1:
+        if not SPLIT:
             out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
             o_off = b * s_ob + heads[:, None] * s_oh + d[None, :]
             tl.store(OUT + o_off, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
         else:  # this split's unnormalised partial result, merged by _combine
-            part = (b * (G * tl.num_programs(1)) + heads) * SPLITS + split  # (row, query head, split)
+            part = (b * (G * tl.num_programs(1)) + heads) * splits + split  # (row, query head, split)
             tl.store(PACC + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
             tl.store(PML + part * 2, m_i, mask=row_ok)
             tl.store(PML + part * 2 + 1, l_i, mask=row_ok)
 
     @triton.jit
-    def _combine(PACC, PML, OUT, s_ob, s_oh, HQ: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-                 SP: tl.constexpr):
+    def _combine(PACC, PML, OUT, s_ob, s_oh, splits, HQ: tl.constexpr, D: tl.constexpr, SP: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1).to(tl.int64)
         j = tl.arange(0, SP)
         d = tl.arange(0, D)
-        ok = j < SPLITS
-        part = (b * HQ + h) * SPLITS + j
+        ok = j < splits
+        part = (b * HQ + h) * splits + j
         m = tl.load(PML + part * 2, mask=ok, other=float("-inf"))
         lsum = tl.load(PML + part * 2 + 1, mask=ok, other=0.0)
         top = tl.max(m, axis=0)
@@ -181,14 +180,14 @@ def paged_decode_attention(
     else:
         part_acc = part_ml = out  # unused
     kernel[(batch, hkv, splits)](
-        q, k_cache, v_cache, positions, mask, out, part_acc, part_ml, keys, chunk, float(scale),
+        q, k_cache, v_cache, positions, mask, out, part_acc, part_ml, keys, chunk, splits, float(scale),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), positions.stride(0), mask.stride(0),
         out.stride(0), out.stride(1),
         G=groups, D=dim, ROWS=rows, BLOCK=BLOCK_S, IEEE=q.dtype == torch.float32 or not q.is_cuda,
         UPCAST=not q.is_cuda,  # Triton 3.9's interpreter gets bf16 dots wrong: fp32 dots there
-        SPLITS=splits,
+        SPLIT=splits > 1,  # a runtime count: one compiled variant serves every split count
     )
     if splits > 1:
-        combine[(batch, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), HQ=hq, D=dim, SPLITS=splits,
+        combine[(batch, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), splits, HQ=hq, D=dim,
                              SP=max(2, 1 << (splits - 1).bit_length()))
     return out.view(batch, hq * dim)
