@@ -63,8 +63,10 @@ browser:
 soak: $(DEV_STAMP)
 	$(PY) -m tests.soak
 
+## Ruff, then mypy (config in pyproject.toml: strict on protocol/, session.py and the engine seam).
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check moss_rt tests bench
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis artifacts

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from moss_rt.config import Settings, add_setting_flags, settings_from_env, settings_from_flags
 from moss_rt.engine.base import Engine
@@ -107,8 +108,8 @@ def add_say(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run_say)
 
 
-def _say_fields(args: argparse.Namespace) -> dict[str, object]:
-    fields: dict[str, object] = {
+def _say_fields(args: argparse.Namespace) -> dict[str, Any]:
+    fields: dict[str, Any] = {
         "instruction": args.instruction,
         "language": args.language,
         "reference": args.reference,

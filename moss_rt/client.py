@@ -27,7 +27,10 @@ from moss_rt.protocol import (
     ErrorMessage,
     FrameReader,
     Hello,
+    Pong,
     ServerMessage,
+    TakeEnded,
+    TakeStarted,
     decode_frame,
     parse_server_message,
 )
@@ -112,11 +115,11 @@ class DirectingClient:
     async def seek(self, take: str, frame: int, *, mode: str = "retake", **overrides: Any) -> None:
         await self.send({"type": "seek", "take": take, "frame": frame, "mode": mode, **overrides})
 
-    async def ping(self) -> ServerMessage:
+    async def ping(self) -> Pong:
         await self.send({"type": "ping", "t": asyncio.get_running_loop().time()})
         while True:
             item = await self.receive()
-            if isinstance(item, ServerMessage) and item.type == "pong":
+            if isinstance(item, Pong):
                 return item
 
     async def collect(self, *, until_end: bool = True) -> TakeAudio:
@@ -128,14 +131,14 @@ class DirectingClient:
                 take.pcm += item
                 continue
             take.events.append(item.to_dict())
-            if item.type == "start":
+            if isinstance(item, TakeStarted):
                 take.start = item.to_dict()
-                take.channels = int(item.get("channels", 1))
-                take.sr = int(item.get("sr", take.sr))
+                take.channels = item.channels if isinstance(item.channels, int) else 1
+                take.sr = item.sr
             elif isinstance(item, ErrorMessage):
-                if item.get("take") is not None or item.get("fatal"):
+                if isinstance(item.take, str) or item.fatal is True:
                     raise ServerError(item)
-            elif item.type == "end" and until_end:
+            elif isinstance(item, TakeEnded) and until_end:
                 take.end = item.to_dict()
                 return take
 

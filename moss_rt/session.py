@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moss_rt.engine.base import AudioChunk, TakeEvent, TakeFirstAudio, TakeSpec
-from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS, EndReason, SamplingParams
+from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS, EndReason
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.protocol import (
     DEFAULT_MODEL_ALIAS,
@@ -59,8 +59,7 @@ class TakeRecord:
     """One take: its direction, seed, lineage and the codes generated so far."""
 
     take_id: str
-    request: StartTake
-    seed: int
+    request: StartTake  # as resolved: its ``seed`` is set, the take's one seed
     parent: str | None = None
     branch_frame: int = 0  # frames [0, branch_frame) come from the parent
     label: str | None = None
@@ -69,6 +68,11 @@ class TakeRecord:
     stats: dict[str, float] = field(default_factory=dict)
     _chunks: list[np.ndarray] = field(default_factory=list)
     _n_frames: int = 0
+
+    @property
+    def seed(self) -> int:
+        assert self.request.seed is not None, "a take's request carries its resolved seed"
+        return self.request.seed
 
     @property
     def n_frames(self) -> int:
@@ -215,7 +219,7 @@ class TakeHistory:
 
     def plan_start(self, request: StartTake) -> StartPlan:
         seed = request.seed if request.seed is not None else self._new_seed()
-        take = TakeRecord(self._new_id(), request, seed, label=request.take)
+        take = TakeRecord(self._new_id(), dataclasses.replace(request, seed=seed), label=request.take)
         self._remember(take)
         self.running = take
         return StartPlan(take)
@@ -233,13 +237,16 @@ class TakeHistory:
                 raise ProtocolError(ErrorCode.INVALID_FIELD, "cannot replay a take while it is running", field="take")
             self.running = None
             return SeekPlan("replay", source, msg.frame, source)
-        request = source.request
-        overrides = {k: v for k, v in (("instruction", msg.instruction), ("text", msg.text)) if v is not None}
-        sampling: SamplingParams = request.sampling.replace(**msg.sampling)
-        request = dataclasses.replace(request, sampling=sampling, seed=msg.seed, **overrides)
-        seed = msg.seed if msg.seed is not None else self._new_seed()
+        parent = source.request
+        request = dataclasses.replace(
+            parent,
+            text=parent.text if msg.text is None else msg.text,
+            instruction=parent.instruction if msg.instruction is None else msg.instruction,
+            sampling=parent.sampling.replace(**msg.sampling),
+            seed=msg.seed if msg.seed is not None else self._new_seed(),
+        )
         take = TakeRecord(
-            self._new_id(), request, seed, parent=source.take_id, branch_frame=msg.frame, label=source.label
+            self._new_id(), request, parent=source.take_id, branch_frame=msg.frame, label=source.label
         )
         if msg.frame:
             take.append(0, source.codes[: msg.frame])
@@ -689,10 +696,10 @@ class DirectingSession:
             return []
         return self._stop_current(EndReason.SHUTDOWN)
 
-    def close(self) -> list[Action]:
+    def close(self) -> list[Stop]:
         """The client is gone: stop what runs (nothing is sent any more); takes stay downloadable."""
         self._refusing = "the connection is closed"
-        actions: list[Action] = []
+        actions: list[Stop] = []
         for run in (self._current, self._pending):
             if run is not None:
                 actions.append(Stop(run.run, EndReason.CANCELLED))

@@ -6,6 +6,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
 from moss_rt.protocol import Cancel, ErrorCode, Ping, ProtocolError, Seek, StartTake
@@ -253,3 +255,99 @@ def test_close_stops_everything_and_sends_nothing() -> None:
     assert all(isinstance(x, Stop) for x in actions) and Stop(a.run, EndReason.CANCELLED) in actions
     assert s.phase is Phase.IDLE and s.take_event(a.run, chunk(0)) == []
     assert all(t.status == "ended" for t in s.history.takes)
+
+
+# --------------------------------------------------------------------------- any interleaving
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["start", "retake", "replay", "cancel", "admit", "refuse", "chunk", "finish", "replay_io"]),
+        st.integers(0, 7),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -> None:
+    """Client messages and late run reports in any order: what the client receives is always
+    start, audio, end of one take after another (never interleaved), each started take ends once,
+    and at most one engine take of the session is ever running."""
+    s = make_session()
+    admitting: list[Admit] = []  # Admit actions whose run has not reported yet
+    engine: dict[int, list[int]] = {}  # admitted runs still generating → [next frame]
+    stopped: set[int] = set()  # runs told to stop
+    replays: list[Replay] = []
+    wire: list[Action] = []
+
+    def perform(actions: list[Action]) -> None:
+        for a in actions:
+            if isinstance(a, Admit):
+                admitting.append(a)
+            elif isinstance(a, Replay):
+                replays.append(a)
+            elif isinstance(a, Stop):
+                stopped.add(a.run)
+            else:
+                wire.append(a)
+
+    for op, n in ops:
+        ended = [t for t in s.history.takes if t.status == "ended" and t.n_frames > 0]
+        try:
+            if op == "start":
+                perform(s.handle(StartTake(text="x", seed=n)))
+            elif op == "retake" and ended:
+                take = ended[n % len(ended)]
+                perform(s.handle(Seek(take=take.take_id, frame=n % (take.n_frames + 1))))
+            elif op == "replay" and ended:
+                take = ended[n % len(ended)]
+                perform(s.handle(Seek(take=take.take_id, frame=n % (take.n_frames + 1), mode="replay")))
+            elif op == "cancel":
+                perform(s.handle(Cancel()))
+        except ProtocolError:
+            pass
+        if op in ("admit", "refuse") and admitting:
+            a = admitting.pop(n % len(admitting))
+            if op == "refuse":
+                perform(s.admission_failed(a.run, ProtocolError(ErrorCode.BUSY, "full")))
+                continue
+            actions = s.admitted(a.run)
+            perform(actions)
+            engine[a.run] = [a.take.branch_frame]
+        elif op in ("chunk", "finish") and engine:
+            run = sorted(engine)[n % len(engine)]
+            frame = engine[run]
+            if op == "chunk" and run not in stopped:
+                perform(s.take_event(run, chunk(frame[0], 1)))
+                frame[0] += 1
+            else:
+                reason = EndReason.CANCELLED if run in stopped else EndReason.DONE
+                del engine[run]
+                perform(s.take_event(run, TakeFinished(reason, frame[0], 1.0)))
+        elif op == "replay_io" and replays:
+            r = replays.pop(0)
+            perform(s.replay_audio(r.run, b"\x00" * 3840 * 2 * r.take.n_frames))
+            perform(s.replay_finished(r.run))
+        running = [run for run in engine if run not in stopped]
+        assert len(running) <= 1, "two engine takes for one session"
+
+    # The wire: start (audio)* end, one take after another; a refused take is one error.
+    open_take: str | None = None
+    ended_takes: list[tuple[str, bool]] = []
+    for a in wire:
+        if isinstance(a, SendAudio):
+            assert open_take is not None, "audio outside a take"
+            continue
+        d = a.message.to_dict()
+        if d["type"] == "start":
+            assert open_take is None, f"{d['take']} started inside {open_take}"
+            open_take = d["take"]
+        elif d["type"] == "end":
+            assert d["take"] == open_take, "an end for a take that is not the open one"
+            ended_takes.append((d["take"], bool(d.get("replay"))))
+            open_take = None
+        elif d["type"] == "error":
+            assert open_take is None
+    takes_ended = [take for take, replay in ended_takes if not replay]
+    assert len(takes_ended) == len(set(takes_ended)), "a take ended twice"

@@ -175,7 +175,10 @@ class Engine(Protocol):
     ) -> None: ...
 
     async def submit(self, spec: TakeSpec) -> TakeHandle:
-        """Admit a take (raises EngineBusy when full, ProtocolError when the request cannot fit)."""
+        """Admit a take (raises EngineBusy when full, ProtocolError when the request cannot fit).
+
+        Cancel-safe: a submit cancelled before it returns has admitted nothing (engines do their
+        awaiting before they enqueue), so a closing connection may cancel a run mid-admission."""
 
     async def render(self, codes: np.ndarray, channels: int) -> bytes:
         """Decode stored codes [N, 12] to int16 PCM (replay and downloads)."""

@@ -256,7 +256,8 @@ def encode_message(msg: ClientMessage | ServerMessage, fmt: Literal["json", "msg
     if fmt == "json":
         return dumps_json(obj)
     if fmt == "msgpack":
-        return msgpack.packb(obj, use_bin_type=True)
+        packed: bytes = msgpack.packb(obj, use_bin_type=True)
+        return packed
     raise ValueError(f"unknown format {fmt!r}")
 
 
@@ -327,6 +328,7 @@ class Hello(ServerMessage):
     engine: str | Unset = UNSET
     sampling_defaults: dict[str, float | int] | Unset = UNSET
     sampling_ranges: dict[str, dict[str, Any]] | Unset = UNSET
+    defaults: dict[str, float | int] | Unset = UNSET  # every defaulted numeric field of ``start``
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -426,7 +428,9 @@ def hello(
     sampling: bool = False,
     **extra: Any,
 ) -> Hello:
-    """The ``hello`` message; ``sampling`` adds the sampling defaults and ranges (the studio's one source)."""
+    """The ``hello`` message; ``sampling`` adds the request defaults and the sampling ranges (the
+    studio's one source for them)."""
+    defaults = {**SAMPLING_DEFAULTS, "max_new_tokens": limits.max_new_tokens, "chunk_frames": DEFAULT_CHUNK_FRAMES}
     return Hello(
         models=models,
         default_model=default_model,
@@ -435,6 +439,7 @@ def hello(
         engine=engine,
         sampling_defaults=dict(SAMPLING_DEFAULTS) if sampling else UNSET,
         sampling_ranges={k: r.to_dict() for k, r in SAMPLING_RANGES.items()} if sampling else UNSET,
+        defaults=defaults if sampling else UNSET,
         extra=extra,
     )
 

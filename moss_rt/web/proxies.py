@@ -75,6 +75,6 @@ async def forwarded_for_middleware(request: web.Request, handler: Handler) -> we
     networks = request.app[STATE].trusted_proxies
     if networks:
         client = client_address(request.remote, request.headers.getall("X-Forwarded-For", ()), networks)
-        if client != request.remote:
+        if client is not None and client != request.remote:
             request = request.clone(remote=client)
     return await handler(request)
