@@ -142,7 +142,9 @@ def start_server(
     if replicas > 0:
         # Ray on loopback, no usage report; the replicas are CPU ones with --tiny.
         env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-        cmd += ["--cluster", "auto", "--replicas", str(replicas)]
+        # Half the machine's cores shared by the replicas (Ray sets each one's OMP_NUM_THREADS from it).
+        cpus = max(1, (os.cpu_count() or 2) // (2 * replicas))
+        cmd += ["--cluster", "auto", "--replicas", str(replicas), "--replica-cpus", str(cpus)]
     elif not args.tiny and args.replicas > 0:
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]  # the baseline: one GPU
     fh = open(log_path, "w")  # noqa: SIM115 - closed with the process
