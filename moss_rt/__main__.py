@@ -1,3 +1,3 @@
 from moss_rt.cli import main
 
-raise SystemExit(main())
+raise SystemExit(main(prog="python -m moss_rt"))

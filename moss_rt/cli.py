@@ -1,4 +1,4 @@
-"""Command line: ``python -m moss_rt serve | say | make-tiny``."""
+"""Command line: ``moss-rt serve | say | make-tiny`` (also ``python -m moss_rt ...``)."""
 
 from __future__ import annotations
 
@@ -89,22 +89,35 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def add_say(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("say", help="synthesize one take through a running service (or --model locally)")
-    p.add_argument("text")
-    p.add_argument("--instruction", default="")
-    p.add_argument("--language", default="")
-    p.add_argument("--reference", default="none")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("text", help="the line to speak")
+    p.add_argument("--instruction", default="", help="direction: how to say it (e.g. 'warm, unhurried')")
+    p.add_argument("--language", default="", help="language of the text (e.g. English); empty: the model decides")
+    p.add_argument("--reference", default="none", help="voice: a built-in voice id, an uploaded ref_id, or none")
+    p.add_argument(
+        "--seed", type=int, default=None, help="sampling seed (default: random over ws, 0 over http as the legacy API)"
+    )
     p.add_argument("--tokens", type=int, default=None, help="duration hint in 80 ms frames")
     p.add_argument("--temperature", type=float, default=None, help="audio temperature (0 = greedy)")
-    p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--channels", type=int, choices=(1, 2), default=1)
-    p.add_argument("-o", "--output", type=Path, default=None, help="WAV file to write")
-    p.add_argument("--url", default="http://127.0.0.1:8770")
-    p.add_argument("--transport", choices=("ws", "http"), default="ws")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="most 80 ms frames to generate")
+    p.add_argument("--channels", type=int, choices=(1, 2), default=1, help="1: mono (default), 2: stereo")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="file to write (default out.wav); .mp3 .opus .aac .flac .pcm write that format, anything else WAV",
+    )
+    p.add_argument("--url", default="http://127.0.0.1:8770", help="the service (default %(default)s)")
+    p.add_argument(
+        "--transport",
+        choices=("ws", "http"),
+        default="ws",
+        help="ws: the directing WebSocket (default); http: the legacy POST /api/stream",
+    )
     p.add_argument("--model", default=None, help="run a local checkpoint folder instead of a service")
     p.add_argument("--codec", default=None, help="with --model: codec folder for audio output")
     p.add_argument("--codes-out", type=Path, default=None, help="with --model: save codes [T,12] as .npy")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="with --model: cpu | cuda | cuda:N (default %(default)s)")
     p.set_defaults(func=run_say)
 
 
@@ -124,6 +137,21 @@ def _say_fields(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             fields[name] = value
     return fields
+
+
+def write_audio(path: Path, pcm: bytes, channels: int) -> None:
+    """Write 48 kHz int16 PCM as the format the file's extension names (wav when it names none)."""
+    from moss_rt.formats import FORMATS, AudioFormat
+
+    name = path.suffix.lower().lstrip(".")
+    if name not in FORMATS or name == "wav":
+        from moss_rt.audio import wav_bytes
+
+        path.write_bytes(wav_bytes(pcm, 48000, channels))
+        return
+    from moss_rt.formats.encoder import encode_all
+
+    path.write_bytes(encode_all(pcm, AudioFormat(name), channels))
 
 
 def run_say(args: argparse.Namespace) -> int:
@@ -151,7 +179,7 @@ def run_say(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     output = args.output or Path("out.wav")
-    take.write_wav(output)  # type: ignore[attr-defined]
+    write_audio(output, bytes(take.pcm), take.channels)  # type: ignore[attr-defined]
     end = take.end  # type: ignore[attr-defined]
     print(f"wrote {output}: {take.duration_sec:.2f} s, take {take.take_id}, end {end.get('reason')}")  # type: ignore[attr-defined]
     return 0
@@ -162,8 +190,8 @@ def run_say(args: argparse.Namespace) -> int:
 
 def add_make_tiny(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("make-tiny", help="write a tiny random model (and codec) in the real on-disk layout")
-    p.add_argument("dir", type=Path)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("dir", type=Path, help="folder to write the model (and codec) into")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default %(default)s)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="weight dtype on disk")
     p.set_defaults(func=run_make_tiny)
 
@@ -175,14 +203,18 @@ def run_make_tiny(args: argparse.Namespace) -> int:
     return make_tiny_command(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moss_rt", description=__doc__)
+def build_parser(prog: str = "moss-rt") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve(sub)
     add_say(sub)
     add_make_tiny(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, *, prog: str = "moss-rt") -> int:
+    args = build_parser(prog).parse_args(argv)
     return int(args.func(args))
 
 
-__all__ = ["build_engine", "main"]
+__all__ = ["build_engine", "build_parser", "main"]

@@ -22,6 +22,7 @@ import aiohttp
 import websockets
 
 from moss_rt.protocol import (
+    TAG_AUDIO,
     TAG_JSON,
     TAG_PCM,
     ErrorMessage,
@@ -53,6 +54,8 @@ class TakeAudio:
     end: dict[str, Any] = field(default_factory=dict)
     pcm: bytearray = field(default_factory=bytearray)
     events: list[dict[str, Any]] = field(default_factory=list)
+    # A take started with a "format" arrives as tag-2 frames: the bytes of one file in that format.
+    encoded: bytearray = field(default_factory=bytearray)
 
     @property
     def take_id(self) -> str | None:
@@ -70,7 +73,14 @@ class TakeAudio:
             w.writeframes(bytes(self.pcm))
 
 
-Item = ServerMessage | bytes
+@dataclass(frozen=True)
+class EncodedAudio:
+    """A tag-2 frame: the next bytes of the take's audio in the format its ``start`` asked for."""
+
+    data: bytes
+
+
+Item = ServerMessage | bytes | EncodedAudio
 
 
 class DirectingClient:
@@ -97,10 +107,12 @@ class DirectingClient:
         frame = decode_frame(data)
         if frame.tag == TAG_JSON:
             return parse_server_message(frame.json())
+        if frame.tag == TAG_AUDIO:
+            return EncodedAudio(frame.payload)
         return frame.payload
 
     async def receive(self) -> Item:
-        """Next server frame: a ServerMessage (tag 0) or PCM bytes (tag 1)."""
+        """Next server frame: a ServerMessage (tag 0), PCM bytes (tag 1) or EncodedAudio (tag 2)."""
         return await self._read(self.ws)
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -108,6 +120,14 @@ class DirectingClient:
 
     async def start(self, text: str, **fields: Any) -> None:
         await self.send({"type": "start", "text": text, **fields})
+
+    async def append(self, text: str) -> None:
+        """More text for the take opened with ``start(..., stream_text=True)``."""
+        await self.send({"type": "append", "text": text})
+
+    async def end_of_text(self) -> None:
+        """No more text: the streamed take ends once everything is spoken."""
+        await self.send({"type": "end_of_text"})
 
     async def cancel(self, take: str | None = None) -> None:
         await self.send({"type": "cancel", **({"take": take} if take else {})})
@@ -129,6 +149,9 @@ class DirectingClient:
             item = await self.receive()
             if isinstance(item, bytes):
                 take.pcm += item
+                continue
+            if isinstance(item, EncodedAudio):
+                take.encoded += item.data
                 continue
             take.events.append(item.to_dict())
             if isinstance(item, TakeStarted):
@@ -160,6 +183,9 @@ async def http_stream(base_url: str, total_timeout_sec: float = 600.0, **fields:
                 for frame in reader.feed(data):
                     if frame.tag == TAG_PCM:
                         take.pcm += frame.payload
+                        continue
+                    if frame.tag == TAG_AUDIO:
+                        take.encoded += frame.payload
                         continue
                     obj = frame.json()
                     take.events.append(obj)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from moss_rt.protocol import Limits
+from moss_rt.protocol.limits import LIMIT_HELP
 
 ENV_PREFIX = "MOSS_RT_"
 DEFAULT_PORT = 8770
@@ -32,8 +33,8 @@ def setting(default: Any, help: str, *, choices: Sequence[str] | None = None) ->
 
 @dataclass(frozen=True)
 class Settings:
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(DEFAULT_PORT, "port to listen on")
     # "moss" is the real engine (model + codec); "scripted" is the deterministic test engine.
     engine: str = setting("moss", "moss: the real model; scripted: the test engine", choices=("moss", "scripted"))
     model: str = setting("auto", "auto | tiny | PATH | HUB_ID")
@@ -42,61 +43,64 @@ class Settings:
     dtype: str = setting("auto", "auto | float32 | bfloat16")
     data_dir: Path = setting(Path("data"), "uploaded voices, tiny models")
     voices_dir: Path = setting(Path("voices"), "built-in voices (audio files)")
-    static_dir: Path = Path(__file__).resolve().parent.parent / "static"
+    # The studio page: moss_rt/static links to the repository's static/ and is a real folder once installed.
+    static_dir: Path = (Path(__file__).resolve().parent / "static").resolve()
     # Engine scheduling.
-    max_slots: int = 64  # takes generating at once
-    max_queue: int = 64  # takes waiting for a slot; beyond this requests are refused as busy
-    max_lead_sec: float = 20.0  # audio a client may hold unplayed before its take is paused
+    max_slots: int = setting(64, "takes generating at once")
+    max_queue: int = setting(64, "takes waiting for a slot; beyond this requests are refused as busy")
+    max_lead_sec: float = setting(20.0, "audio a client may hold unplayed before its take is paused (0: no pacing)")
     frame_ms: float = setting(80.0, "scripted engine frame time")  # wall time per generated frame
     # Cache positions per slot: prompt rows + frames (longer takes end max_frames).
     max_seq_len: int = setting(5120, "cache positions per slot")
-    prefill_chunk: int = 512  # prompt rows per prefill call (longer prompts are prefilled in pieces)
-    prefill_budget_ms: float = 40.0  # prefill work per scheduling round while other takes stream
+    prefill_chunk: int = setting(512, "prompt rows per prefill call (longer prompts are prefilled in pieces)")
+    prefill_budget_ms: float = setting(40.0, "prefill work per scheduling round while other takes stream")
     # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest); with the
     # scheduler's keys-per-row bound on rows x longest key window, it bounds the pass's memory and stall.
-    prefill_max_rows: int = 8192
+    prefill_max_rows: int = setting(8192, "padded prompt rows per batched prefill pass")
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
     heard_audio_mb: int = setting(256, "streamed PCM kept for replays")
     # Takes' codes rendered again for downloads (their streamed PCM gone), held while read: one
     # render per take shared by its readers; past this, downloads that need a render get 503 busy.
     render_buffer_mb: int = setting(256, "MB of rendered take audio held for downloads; past it: 503 busy")
     # Connections.
-    max_connections: int = 256
+    max_connections: int = setting(256, "WebSocket connections open at once")
     # HTTP requests in progress (WebSockets included) per client address; more wait for none: 429.
     max_connections_per_client: int = setting(64, "HTTP requests in progress per client address (0: no cap)")
     # A request body must arrive within body_read_timeout_sec in all, with no pause longer than
     # body_stall_timeout_sec between its pieces; else 408 and the connection is closed.
-    body_read_timeout_sec: float = 120.0
-    body_stall_timeout_sec: float = 15.0
-    http_keepalive_sec: float = 30.0  # an idle keep-alive connection (no request in progress) is closed
+    body_read_timeout_sec: float = setting(120.0, "a request body must arrive within this long (else 408)")
+    body_stall_timeout_sec: float = setting(15.0, "longest pause between a request body's pieces (else 408)")
+    http_keepalive_sec: float = setting(30.0, "an idle keep-alive connection is closed after this long")
     # Concurrent takes (WebSocket and HTTP) per remote address, across its connections; 0: no cap.
     # Behind a reverse proxy every client shares the proxy's address unless it is in trusted_proxies.
     max_takes_per_client: int = setting(16, "0: no cap")
     # Requests that cost work (POSTs, WebSocket upgrades, take downloads) per client address: a token
     # bucket refilled at this rate with this burst; 0 disables it.
     http_requests_per_sec: float = setting(20.0, "0: no limit")
-    http_request_burst: int = 100
+    http_request_burst: int = setting(100, "burst of such requests allowed above that rate")
     # Reverse proxies (addresses or CIDR ranges) whose X-Forwarded-For names the client.
     trusted_proxies: tuple[str, ...] = setting(
         (), "reverse proxies (IPs or CIDRs, comma-separated) whose X-Forwarded-For names the client"
     )
-    ws_idle_timeout_sec: float = 300.0  # no client message and no take running for this long → close
-    ws_heartbeat_sec: float = 20.0  # server pings; no pong within half of it → the socket is dropped
-    send_stall_timeout_sec: float = 15.0  # one send blocked this long (client not reading) → disconnect
-    shutdown_grace_sec: float = 5.0
+    ws_idle_timeout_sec: float = setting(300.0, "close a WebSocket with no message and no take for this long")
+    ws_heartbeat_sec: float = setting(20.0, "server ping interval; no pong within half of it drops the socket")
+    send_stall_timeout_sec: float = setting(15.0, "drop a client that leaves one send unread this long")
+    shutdown_grace_sec: float = setting(5.0, "time running takes get to send their end on SIGTERM")
     # Security (all optional). Prefer MOSS_RT_API_KEY over --api-key: a flag is visible to every
     # user of the machine in the process list.
-    api_key: str | None = None
-    allowed_origins: tuple[str, ...] = ()  # empty: same origin only
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' (prefer MOSS_RT_API_KEY)")
+    allowed_origins: tuple[str, ...] = setting(
+        (), "extra browser origins that may open the WebSocket (comma-separated; empty: same origin only)"
+    )
     # Host names a keyless server answers (DNS-rebinding guard); localhost names and loopback
     # addresses always, plus these ("*": any). Ignored when api_key is set.
     allowed_hosts: tuple[str, ...] = setting(
         (), "extra Host names a keyless server answers (DNS-rebinding guard; '*': any)"
     )
     cors_origins: tuple[str, ...] = setting((), "origins that get CORS headers")
-    token_ttl_sec: float = 600.0  # lifetime of browser tokens from POST /api/token
+    token_ttl_sec: float = setting(600.0, "lifetime of browser tokens from POST /api/token")
     limits: Limits = field(default_factory=Limits)
-    log_level: str = "INFO"
+    log_level: str = setting("INFO", "DEBUG | INFO | WARNING | ERROR")
     # Cluster mode (docs/cluster.md): "" runs the engine in this process; "auto" or a Ray address
     # runs it as replicas on a Ray cluster, this process being one of its front ends.
     cluster: str = setting(
@@ -169,8 +173,14 @@ def _flag_type(kind: str) -> Any:
 
 
 def _add_flags(
-    parser: argparse.ArgumentParser, cls: type[Any], base: Any, prefix: str, skip: Sequence[str] = ()
+    parser: argparse.ArgumentParser,
+    cls: type[Any],
+    base: Any,
+    prefix: str,
+    skip: Sequence[str] = (),
+    helps: Mapping[str, str] | None = None,
 ) -> None:
+    helps = helps or {}
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
@@ -178,7 +188,8 @@ def _add_flags(
         default = getattr(base, f.name)
         flag = "--" + prefix + f.name.replace("_", "-")
         dest = prefix.replace("-", "_") + f.name
-        kwargs: dict[str, Any] = {"dest": dest, "default": default, "help": f.metadata.get("help")}
+        help_text = f.metadata.get("help") or helps.get(f.name)
+        kwargs: dict[str, Any] = {"dest": dest, "default": default, "help": help_text}
         if kind == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
             continue
@@ -190,7 +201,7 @@ def _add_flags(
 def add_setting_flags(parser: argparse.ArgumentParser, base: Settings) -> None:
     """One ``--flag`` per settings field (``--limit-…`` per limit), defaulting to ``base``."""
     _add_flags(parser, Settings, base, "", _NO_FLAG)
-    _add_flags(parser, Limits, base.limits, "limit-")
+    _add_flags(parser, Limits, base.limits, "limit-", helps=LIMIT_HELP)
 
 
 def settings_from_flags(args: argparse.Namespace, base: Settings) -> Settings:

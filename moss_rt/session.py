@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import secrets
 import time
 from collections import OrderedDict
@@ -17,15 +18,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moss_rt.engine.base import AudioChunk, TakeEvent, TakeFirstAudio, TakeSpec
+from moss_rt.engine.base import AudioChunk, TakeEvent, TakeFinished, TakeFirstAudio, TakeSpec
 from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS, EndReason
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.protocol import (
+    DEFAULT_LIMITS,
     DEFAULT_MODEL_ALIAS,
     UNSET,
+    AppendText,
     Cancel,
+    EndOfText,
     ErrorCode,
     ErrorMessage,
+    FlushText,
     Ping,
     Pong,
     ProtocolError,
@@ -38,6 +43,7 @@ from moss_rt.protocol import (
     Unset,
     seek_ack,
 )
+from moss_rt.text_feed import TextFeed
 
 
 def new_take_id() -> str:
@@ -291,6 +297,7 @@ class Phase(enum.Enum):
     ADMITTING = "admitting"  # reference voice being encoded, engine admission under way
     STREAMING = "streaming"  # the engine generates it; its frames go out as they come
     REPLAYING = "replaying"  # stored audio of an earlier take goes out again
+    WAITING = "waiting"  # a take fed with text (stream_text): nothing to say until more text is ready
     STOPPING = "stopping"  # asked to stop; its end (and then any pending start) follows
 
 
@@ -322,9 +329,22 @@ class Admit:
     run: int
     take: TakeRecord
     prefix_codes: np.ndarray | None = None
+    # A continuation of a take fed with text: its own engine take id, the previous one as parent
+    # (the engine may keep that one's cache), and the frames left of the take's budget.
+    engine_take_id: str | None = None
+    parent_take: str | None = None
+    max_frames: int | None = None
 
     def spec(self, reference_codes: np.ndarray | None) -> TakeSpec:
-        return self.take.engine_spec(reference_codes=reference_codes, prefix_codes=self.prefix_codes)
+        spec = self.take.engine_spec(reference_codes=reference_codes, prefix_codes=self.prefix_codes)
+        if self.engine_take_id is None:
+            return spec
+        return dataclasses.replace(
+            spec,
+            take_id=self.engine_take_id,
+            parent_take=self.parent_take,
+            max_frames=spec.max_frames if self.max_frames is None else self.max_frames,
+        )
 
 
 @dataclass(frozen=True)
@@ -344,7 +364,17 @@ class Stop:
     reason: EndReason
 
 
-Action = SendMessage | SendAudio | Admit | Replay | Stop
+@dataclass(frozen=True)
+class FinishAudio:
+    """The take's audio is complete: a take delivered in a format (tag 2) flushes the rest of its
+    file now, before its ``end``; nothing for native PCM. ``replay``: the file of a replay run."""
+
+    run: int
+    take: TakeRecord
+    replay: bool = False
+
+
+Action = SendMessage | SendAudio | Admit | Replay | Stop | FinishAudio
 
 
 @dataclass
@@ -365,9 +395,15 @@ class _Run:
     gpu_first_ms: float | None = None
     ttfa_ms: float | None = None
     stop_reason: EndReason | None = None
+    # A take fed with text (``stream_text``): its text, and the continuations that speak it.
+    feed: TextFeed | None = None
+    continuations: int = 0
+    text_waits: int = 0  # times it had nothing to say once speaking had begun
+    gpu_total_ms: float = 0.0  # of the continuations that finished
 
 
-ClientIntent = StartTake | Seek | Cancel | Ping
+ClientIntent = StartTake | Seek | Cancel | Ping | AppendText | FlushText | EndOfText
+TextIntent = AppendText | FlushText | EndOfText
 
 
 class DirectingSession:
@@ -392,6 +428,7 @@ class DirectingSession:
         default_model: str = DEFAULT_MODEL_ALIAS,
         heard: HeardAudio | None = None,
         max_takes: int = 32,
+        max_text_chars: int = DEFAULT_LIMITS.max_text_chars,
         id_factory: Callable[[], str] = new_take_id,
         seed_factory: Callable[[], int] = random_seed,
         clock: Callable[[], float] = time.monotonic,
@@ -401,6 +438,7 @@ class DirectingSession:
         self._models = models
         self._default_model = default_model
         self._heard = heard if heard is not None else HeardAudio(0)
+        self._max_text_chars = max_text_chars
         self._clock = clock
         self._wall_clock = wall_clock
         self._phase = Phase.IDLE
@@ -438,13 +476,18 @@ class DirectingSession:
             return [SendMessage(Pong(t=msg.t, server_t=self._wall_clock()))]
         if isinstance(msg, Cancel):
             return self._cancel(msg.take)
+        if isinstance(msg, AppendText | FlushText | EndOfText):
+            return self._feed_text(msg)
         if self._refusing is not None:
             raise ProtocolError(ErrorCode.BUSY, self._refusing)
         if isinstance(msg, StartTake):
             model = self.resolve_model(msg.model)
             t_request = self._clock() if received_at is None else received_at
             take = self.history.plan_start(msg).take
-            return self._replace(_Run(self._next_run(), take, model, t_request))
+            run = _Run(self._next_run(), take, model, t_request)
+            if msg.stream_text:
+                run.feed = TextFeed(self._max_text_chars, msg.text)
+            return self._replace(run)
         t_request = self._clock() if received_at is None else received_at
         plan = self.history.plan_seek(msg)
         model = self.resolve_model(plan.take.request.model)
@@ -512,7 +555,8 @@ class DirectingSession:
     def _let_go(self, cur: _Run, reason: EndReason) -> list[Action]:
         """End a take still being admitted, or a replay, at once (their run's later reports are stale)."""
         if cur.replay_frame is not None:
-            return [Stop(cur.run, reason), SendMessage(self._replay_end(cur, reason))]
+            finish = FinishAudio(cur.run, cur.take, replay=True)  # a replay in a format: its file, cut here
+            return [Stop(cur.run, reason), finish, SendMessage(self._replay_end(cur, reason))]
         # Admission may still finish: the transport then hears that the run is stale and stops it.
         return self._retire(cur, reason)
 
@@ -531,8 +575,12 @@ class DirectingSession:
         if run.replay_frame is not None:
             return [*actions, SendMessage(self._replay_end(run, reason))]
         take = run.take
-        self.history.record_end(take, reason.value, {})
-        actions.append(SendMessage(self._started(run, None)))
+        text_stats = self._text_stats(run)
+        self.history.record_end(take, reason.value, dict(text_stats))
+        if run.started:  # a take fed with text, between two continuations: its audio file ends here
+            actions.append(FinishAudio(run.run, take))
+        else:
+            actions.append(SendMessage(self._started(run, None)))
         actions.append(
             SendMessage(
                 TakeEnded(
@@ -541,17 +589,25 @@ class DirectingSession:
                     n_frames=take.n_frames,
                     new_frames=take.n_frames - take.branch_frame,
                     duration_sec=round(take.n_frames / FRAME_RATE, 3),
-                    gpu_total_ms=0.0,
+                    gpu_total_ms=round(run.gpu_total_ms, 2),
+                    extra=text_stats,
                 )
             )
         )
         return actions
+
+    @staticmethod
+    def _text_stats(run: _Run) -> dict[str, int]:
+        """What a take fed with text reports in its ``end``: continuations, and waits for text."""
+        return {} if run.feed is None else {"continuations": run.continuations, "text_waits": run.text_waits}
 
     def _begin(self, run: _Run) -> list[Action]:
         self._current = run
         if run.replay_frame is not None:
             self._phase = Phase.REPLAYING
             return [*self._ack(run), Replay(run.run, run.take, run.replay_frame)]
+        if run.feed is not None:
+            return [*self._ack(run), *self._next_continuation(run)]
         self._phase = Phase.ADMITTING
         return [Admit(run.run, run.take, run.prefix_codes)]  # a retake is acknowledged once admitted
 
@@ -566,6 +622,107 @@ class DirectingSession:
             actions += self._retire(pending, EndReason.SHUTDOWN)
         return actions
 
+    # -- takes fed with text (stream_text) -------------------------------------------------
+    # Such a take is spoken by a chain of engine takes ("continuations"), one at a time: each gets the
+    # whole text handed out so far and every frame of the take so far as its prefix (the model's
+    # continuation mode), so it picks up where the audio stopped. The next one is admitted as soon as
+    # the previous one is done and text is ready; with none ready the take WAITS (nothing in flight).
+
+    def _feed_text(self, msg: TextIntent) -> list[Action]:
+        # A take started right behind a stopping one is pending: its text is kept for when it begins.
+        run = self._pending if self._phase is Phase.STOPPING else self._current
+        named = run is not None and (msg.take is None or msg.take in (run.take.take_id, run.take.label))
+        if run is None or run.feed is None or not named:
+            raise ProtocolError(
+                ErrorCode.NOT_FOUND,
+                "no running take is waiting for text (open one with start and stream_text: true)",
+                field="take",
+            )
+        if isinstance(msg, AppendText):
+            run.feed.append(msg.text)
+        elif isinstance(msg, FlushText):
+            run.feed.flush()
+        else:
+            run.feed.end()
+        if run is self._current and self._phase is Phase.WAITING:
+            return self._next_continuation(run)
+        return []
+
+    def _next_continuation(self, cur: _Run) -> list[Action]:
+        """The take has nothing generating: admit its next continuation, wait for text, or end it."""
+        feed, take = cur.feed, cur.take
+        assert feed is not None
+        budget = take.request.max_new_tokens - (take.n_frames - take.branch_frame)
+        if feed.has_ready:
+            if budget <= 0:
+                return self._end_fed(cur, EndReason.MAX_FRAMES)
+            feed.take_ready()
+            # The record carries the text spoken so far: summaries, downloads and retakes see it.
+            take.request = dataclasses.replace(take.request, text=feed.spoken)
+            parent = continuation_id(take.take_id, cur.continuations - 1) if cur.continuations else take.parent
+            engine_id = continuation_id(take.take_id, cur.continuations)
+            cur.continuations += 1
+            cur.run = self._next_run()
+            self._phase = Phase.ADMITTING
+            prefix = take.codes if take.n_frames else None
+            return [Admit(cur.run, take, prefix, engine_take_id=engine_id, parent_take=parent, max_frames=budget)]
+        if feed.finished:
+            return self._end_fed(cur, EndReason.DONE)
+        if cur.continuations:
+            cur.text_waits += 1
+        self._phase = Phase.WAITING
+        return []
+
+    def _continuation_finished(self, cur: _Run, event: TakeFinished) -> list[Action]:
+        cur.gpu_total_ms += event.gpu_total_ms
+        if event.reason is EndReason.DONE and self._phase is Phase.STREAMING:
+            return self._next_continuation(cur)
+        reason = event.reason
+        if reason is EndReason.DONE and cur.stop_reason is not None:
+            reason = cur.stop_reason  # it was asked to stop: the rest of its text is not spoken
+        error = None
+        if reason is EndReason.ERROR:
+            error = ProtocolError(ErrorCode.INTERNAL, event.error or "generation failed")
+        return self._end_fed(cur, reason, error)
+
+    def _end_fed(self, cur: _Run, reason: EndReason, error: ProtocolError | None = None) -> list[Action]:
+        """A take fed with text ends: the rest of its file, any error, its one ``end``; then what is pending."""
+        take = cur.take
+        actions: list[Action] = []
+        if not cur.started:
+            cur.started = True
+            actions.append(SendMessage(self._started(cur, cur.gpu_first_ms)))
+        new_frames = take.n_frames - take.branch_frame
+        wall_ms = (self._clock() - cur.t_request) * 1000.0
+        gpu_first_ms = None if cur.gpu_first_ms is None else round(cur.gpu_first_ms, 2)
+        ttfa_ms = None if cur.ttfa_ms is None else round(cur.ttfa_ms, 2)
+        rtf = round(new_frames / FRAME_RATE / (wall_ms / 1000.0), 3) if wall_ms > 0 else None
+        stats = {"gpu_total_ms": round(cur.gpu_total_ms, 2), "gpu_first_ms": gpu_first_ms, "ttfa_ms": ttfa_ms,
+                 "rtf": rtf}
+        text_stats = self._text_stats(cur)
+        recorded = {k: v for k, v in stats.items() if v is not None}
+        self.history.record_end(take, reason.value, {**recorded, **text_stats})
+        actions.append(FinishAudio(cur.run, take))
+        if error is not None:
+            actions.append(SendMessage(ErrorMessage.of(error, take=take.take_id)))
+        actions.append(
+            SendMessage(
+                TakeEnded(
+                    take=take.take_id,
+                    reason=reason.value,
+                    n_frames=take.n_frames,
+                    new_frames=new_frames,
+                    duration_sec=round(take.n_frames / FRAME_RATE, 3),
+                    gpu_total_ms=round(cur.gpu_total_ms, 2),
+                    gpu_first_ms=_opt(gpu_first_ms),
+                    ttfa_ms=_opt(ttfa_ms),
+                    rtf=_opt(rtf),
+                    extra=text_stats,
+                )
+            )
+        )
+        return actions + self._finish_current()
+
     # -- engine takes -----------------------------------------------------------------------
 
     def admitted(self, run: int, *, rebuilt: bool = False) -> list[Action]:
@@ -576,9 +733,10 @@ class DirectingSession:
             return [Stop(run, EndReason.CANCELLED)]
         self._phase = Phase.STREAMING
         take = cur.take
-        self._heard.begin(
-            take.take_id, bytes_per_frame(take), parent=take.parent, branch_frame=take.branch_frame
-        )
+        if cur.continuations <= 1:  # a later continuation adds to the take's audio, already begun
+            self._heard.begin(
+                take.take_id, bytes_per_frame(take), parent=take.parent, branch_frame=take.branch_frame
+            )
         return self._ack(cur, rebuilt=rebuilt)
 
     def admission_failed(self, run: int, err: ProtocolError) -> list[Action]:
@@ -586,6 +744,8 @@ class DirectingSession:
         cur = self._current
         if cur is None or cur.run != run:
             return []
+        if cur.feed is not None and cur.started:  # a later continuation of a take that is under way
+            return self._end_fed(cur, EndReason.ERROR, err)
         self.history.record_end(cur.take, EndReason.ERROR.value, {})
         return [*self._ack(cur), SendMessage(ErrorMessage.of(err, take=cur.take.take_id)), *self._finish_current()]
 
@@ -596,10 +756,11 @@ class DirectingSession:
             return []
         take = cur.take
         if isinstance(event, TakeFirstAudio):
-            cur.gpu_first_ms = event.gpu_first_ms
+            if cur.gpu_first_ms is None:  # a take fed with text: its first continuation's
+                cur.gpu_first_ms = event.gpu_first_ms
             return []
         actions: list[Action] = []
-        if not cur.started:
+        if not cur.started and (isinstance(event, AudioChunk) or cur.feed is None):
             cur.started = True
             gpu_first = cur.gpu_first_ms if isinstance(event, AudioChunk) else event.gpu_first_ms
             actions.append(SendMessage(self._started(cur, gpu_first)))
@@ -612,6 +773,8 @@ class DirectingSession:
             actions.append(SendAudio(run, event.pcm, seconds, paced=self._phase is Phase.STREAMING))
             return actions
         # TakeFinished
+        if cur.feed is not None:
+            return actions + self._continuation_finished(cur, event)
         new_frames = event.n_frames - take.branch_frame
         wall_ms = (self._clock() - cur.t_request) * 1000.0
         gpu_first_ms = None if event.gpu_first_ms is None else round(event.gpu_first_ms, 2)
@@ -620,6 +783,7 @@ class DirectingSession:
         stats = {"gpu_total_ms": round(event.gpu_total_ms, 2), "gpu_first_ms": gpu_first_ms, "ttfa_ms": ttfa_ms,
                  "rtf": rtf}
         self.history.record_end(take, event.reason.value, {k: v for k, v in stats.items() if v is not None})
+        actions.append(FinishAudio(run, take))
         if event.reason is EndReason.ERROR:
             # A cluster says when the replica running the take was lost (replica_lost).
             code = ErrorCode(event.error_code) if event.error_code else ErrorCode.INTERNAL
@@ -648,8 +812,10 @@ class DirectingSession:
         cur = self._current
         if cur is None or cur.run != run:
             return []
-        self.history.record_end(cur.take, EndReason.ERROR.value, {})
         error = ProtocolError(ErrorCode.INTERNAL, message)
+        if cur.feed is not None and cur.started:
+            return self._end_fed(cur, EndReason.ERROR, error)
+        self.history.record_end(cur.take, EndReason.ERROR.value, {})
         return [SendMessage(ErrorMessage.of(error, take=cur.take.take_id)), *self._finish_current()]
 
     # -- replays ----------------------------------------------------------------------------
@@ -674,7 +840,8 @@ class DirectingSession:
         if cur is None or cur.run != run or self._phase is not Phase.REPLAYING:
             return []
         gpu_total_ms = (self._clock() - cur.t_request) * 1000.0
-        return [SendMessage(self._replay_end(cur, EndReason.DONE, gpu_total_ms=gpu_total_ms)), *self._finish_current()]
+        end = SendMessage(self._replay_end(cur, EndReason.DONE, gpu_total_ms=gpu_total_ms))
+        return [FinishAudio(run, cur.take, replay=True), end, *self._finish_current()]
 
     def replay_failed(self, run: int, err: ProtocolError) -> list[Action]:
         cur = self._current
@@ -716,8 +883,10 @@ class DirectingSession:
         self, run: _Run, gpu_first_ms: float | None, *, first_frame: int | None = None, replay: bool = False
     ) -> TakeStarted:
         take = run.take
+        delivery = take.request.delivery()
         return TakeStarted(
-            gpu_first_ms=round(gpu_first_ms, 2) if gpu_first_ms is not None else None,
+            # Whole milliseconds, as the original playground sends it (rounded up: never 0 for a real wait).
+            gpu_first_ms=math.ceil(gpu_first_ms) if gpu_first_ms is not None else None,
             take=take.take_id,
             channels=take.request.channels,
             seed=take.seed,
@@ -725,6 +894,8 @@ class DirectingSession:
             first_frame=take.branch_frame if first_frame is None else first_frame,
             label=UNSET if take.label is None else take.label,
             replay=True if replay else UNSET,
+            format=UNSET if delivery is None else delivery[0],
+            sample_rate=UNSET if delivery is None else delivery[1],
         )
 
     @staticmethod
@@ -749,6 +920,11 @@ def resolve_model(requested: str, models: tuple[str, ...], default_model: str) -
     if requested in models:
         return requested
     raise ProtocolError(ErrorCode.NOT_FOUND, f"unknown model {requested!r}; available: {list(models)}", field="model")
+
+
+def continuation_id(take_id: str, index: int) -> str:
+    """The engine's take id of a take's ``index``-th continuation (the first is the take itself)."""
+    return take_id if index == 0 else f"{take_id}.{index}"
 
 
 def bytes_per_frame(take: TakeRecord) -> int:

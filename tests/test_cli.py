@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from moss_rt.cli import build_parser
 from moss_rt.config import Settings, settings_from_env
+from tests.ecosystem.audio_check import decode
 from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +86,28 @@ def test_serve_help_lists_flags() -> None:
                             text=True, timeout=60)
     for flag in ("--host", "--port", "--model", "--data-dir", "--voices-dir", "--max-slots", "--trusted-proxies"):
         assert flag in result.stdout
+
+
+def test_every_flag_has_a_help_line() -> None:
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(subparsers.choices) >= {"serve", "say", "make-tiny"}
+    for name, sub in subparsers.choices.items():
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help and action.help.strip(), f"{name} {action.option_strings or action.dest} has no help"
+
+
+def test_say_writes_the_format_its_extension_names(served: str, tmp_path: Path) -> None:
+    out = tmp_path / "line.mp3"
+    result = subprocess.run(
+        [sys.executable, "-m", "moss_rt", "say", "In MP3, please.", "--seed", "1", "-o", str(out), "--url", served],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    decoded = decode(out.read_bytes(), "mp3")
+    assert decoded.sample_rate == 48000 and decoded.channels == 1 and decoded.samples >= 3840
 
 
 def test_every_setting_is_a_flag_and_flags_override_env() -> None:

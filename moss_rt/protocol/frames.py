@@ -1,7 +1,8 @@
 """The frame codec shared by the HTTP stream and the WebSocket channel.
 
 One frame is ``[u8 tag][u32 big-endian length][payload]``. Tag 0 carries a UTF-8 JSON object,
-tag 1 raw little-endian int16 PCM. This module is pure: bytes in, frames out.
+tag 1 raw little-endian int16 PCM at 48 kHz, tag 2 the next bytes of a take's audio in the format its
+``start`` asked for (sent only to a client that asked for one). This module is pure: bytes in, frames out.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from moss_rt.protocol.errors import ErrorCode, ProtocolError
 
 TAG_JSON = 0
 TAG_PCM = 1
-KNOWN_TAGS = frozenset({TAG_JSON, TAG_PCM})
+TAG_AUDIO = 2  # encoded audio (mp3, opus, ...): a take's tag-2 payloads in order form one file
+KNOWN_TAGS = frozenset({TAG_JSON, TAG_PCM, TAG_AUDIO})
 
 HEADER = struct.Struct(">BI")
 HEADER_SIZE = HEADER.size
@@ -85,6 +87,11 @@ def encode_json_frame(obj: dict[str, Any]) -> bytes:
 
 def encode_pcm_frame(pcm: bytes) -> bytes:
     return encode_frame(TAG_PCM, pcm)
+
+
+def encode_audio_frame(data: bytes) -> bytes:
+    """A tag-2 frame: the next bytes of a take's audio in its delivery format."""
+    return encode_frame(TAG_AUDIO, data)
 
 
 def _reject_constant(name: str) -> Any:

@@ -36,3 +36,27 @@ class Limits:
 
     def to_dict(self) -> dict[str, int | float]:
         return asdict(self)
+
+
+# The help line of each limit's ``serve --limit-…`` flag (docs/limits.md has the full table).
+LIMIT_HELP: dict[str, str] = {
+    "max_text_chars": "characters of a take's text",
+    "max_instruction_chars": "characters of a take's instruction",
+    "max_new_tokens": "80 ms frames one take may generate",
+    "min_chunk_frames": "smallest chunk_frames a client may ask for",
+    "max_chunk_frames": "largest chunk_frames a client may ask for",
+    "max_message_bytes": "bytes of one WebSocket control message",
+    "max_request_bytes": "bytes of one POST /api/stream or /v1/audio/speech body",
+    "max_takes_kept": "take history kept per WebSocket connection",
+    "max_upload_bytes": "bytes of one uploaded reference voice",
+    "max_upload_seconds": "seconds of one uploaded reference voice",
+    "min_upload_seconds": "shortest uploaded reference voice, in seconds",
+    "min_upload_sample_rate": "lowest sample rate of an upload",
+    "max_upload_sample_rate": "highest sample rate of an upload",
+    "max_upload_channels": "channels of an upload",
+    "max_upload_samples": "frames x channels of one upload",
+    "max_stored_voices": "uploaded voices kept on disk",
+    "max_voices_per_owner": "uploaded voices one client may keep (0: no cap)",
+    "ws_messages_per_sec": "WebSocket control messages per second per connection",
+    "ws_message_burst": "burst of WebSocket control messages above that rate",
+}

@@ -1,6 +1,7 @@
 """Typed control messages of wire protocol v1 and their one schema (JSON text or msgpack binary).
 
-Client → server: ``start``, ``cancel``, ``seek``, ``ping``.
+Client → server: ``start``, ``cancel``, ``seek``, ``ping``, and for streamed text ``append``, ``flush``,
+``end_of_text``.
 Server → client: ``hello``, ``start``, ``seek``, ``end``, ``error``, ``pong``.
 Unknown keys are ignored (forward compatibility); unknown types, wrong types, out-of-range
 values and oversize messages raise :class:`ProtocolError` with a stable code.
@@ -40,6 +41,29 @@ DEFAULT_LIMITS = Limits()  # frozen, so one shared default is safe
 # Why a take ended (``reason`` of the server ``end`` message): the engine's own enum, spelled out.
 END_REASONS = tuple(reason.value for reason in EndReason)
 SEEK_MODES = ("retake", "replay")
+# Delivery formats a take can ask for (``format``; OpenAI's response_format names) and their rates.
+# ``pcm`` at 48 kHz is the native tag-1 stream; anything else arrives as tag-2 frames (moss_rt.formats).
+AUDIO_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+AUDIO_SAMPLE_RATES = (SAMPLE_RATE, 24000, 16000)
+
+# What POST /api/stream uses for a field the request leaves out (or sends as null): the values of
+# the original playground's documented request body, so a legacy client that sends only ``text``
+# hears what it heard there. The WebSocket and the studio keep the service defaults above (shown in
+# ``hello``). ``max_new_tokens`` and ``chunk_frames`` are capped by the configured limits.
+LEGACY_STREAM_DEFAULTS: dict[str, float | int | str] = {
+    "audio_temperature": 1.0,
+    "audio_top_p": 0.95,
+    "audio_top_k": 25,
+    "audio_repetition_penalty": 1.1,
+    "text_temperature": 1.0,
+    "text_top_p": 1.0,
+    "text_top_k": 50,
+    "max_new_tokens": 3200,
+    "chunk_frames": 18,
+    "language": "English",
+    "seed": 0,
+    "reference": "none",
+}
 
 # The wire form of the sampling fields: their defaults and ranges come from SamplingParams.
 SAMPLING_FIELDS: dict[str, Field] = {
@@ -91,20 +115,38 @@ class StartTake:
     tokens: int | None = None
     take: str | None = None  # client label, WebSocket only
     channels: int = 1
+    format: str | None = None  # delivery format (None: native 48 kHz PCM, tag 1)
+    sample_rate: int | None = None  # of the delivery format (None: 48000)
+    stream_text: bool = False  # WebSocket only: more text follows in append messages
 
     @classmethod
     def parse(cls, obj: dict[str, Any], limits: Limits) -> StartTake:
         fields = _stream_fields(limits)
         fields["take"] = Field("str", None, max_length=64, nullable=True)
         fields["channels"] = Field("int", 1, choices=(1, 2))
+        fields["format"] = Field("str", None, choices=AUDIO_FORMATS, nullable=True)
+        fields["sample_rate"] = Field("int", None, choices=AUDIO_SAMPLE_RATES, nullable=True)
+        fields["stream_text"] = Field("bool", False)
         values = validate_fields(fields, obj)
-        _validate_text(values)
+        if values["stream_text"]:
+            # The text may come later (append); what is given now is the first of it.
+            if "text" not in obj or obj["text"] is None:
+                values["text"] = ""
+        else:
+            _validate_text(values)
         sampling = SamplingParams(**{k: values.pop(k) for k in SAMPLING_FIELDS})
         return cls(sampling=sampling, **values)
+
+    def delivery(self) -> tuple[str, int] | None:
+        """The (format, sample_rate) the audio is delivered in as tag-2 frames; None for native 48 kHz PCM."""
+        name, rate = self.format or "pcm", self.sample_rate or SAMPLE_RATE
+        return None if (name, rate) == ("pcm", SAMPLE_RATE) else (name, rate)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sampling"}
         out.update(dataclasses.asdict(self.sampling))
+        if not self.stream_text:
+            out.pop("stream_text")
         return {"type": self.type, **{k: v for k, v in out.items() if v is not None}}
 
 
@@ -186,12 +228,66 @@ class Ping:
         return {"type": self.type, **({"t": self.t} if self.t is not None else {})}
 
 
-ClientMessage = StartTake | Cancel | Seek | Ping
-CLIENT_TYPES: dict[str, type[StartTake] | type[Cancel] | type[Seek] | type[Ping]] = {
+def _take_field() -> Field:
+    return Field("str", None, max_length=64, nullable=True)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendText:
+    """More text for the running take opened with ``stream_text`` (spoken sentence by sentence)."""
+
+    type: ClassVar[str] = "append"
+    text: str
+    take: str | None = None
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any], limits: Limits) -> AppendText:
+        fields = {"text": Field("str", max_length=limits.max_text_chars), "take": _take_field()}
+        return cls(**validate_fields(fields, obj))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "text": self.text, **({"take": self.take} if self.take is not None else {})}
+
+
+@dataclass(frozen=True, slots=True)
+class FlushText:
+    """Speak the text received so far without waiting for the end of its sentence."""
+
+    type: ClassVar[str] = "flush"
+    take: str | None = None
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any], limits: Limits) -> FlushText:
+        return cls(**validate_fields({"take": _take_field()}, obj))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **({"take": self.take} if self.take is not None else {})}
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfText:
+    """No more text: the take ends once everything received is spoken."""
+
+    type: ClassVar[str] = "end_of_text"
+    take: str | None = None
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any], limits: Limits) -> EndOfText:
+        return cls(**validate_fields({"take": _take_field()}, obj))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **({"take": self.take} if self.take is not None else {})}
+
+
+ClientMessage = StartTake | Cancel | Seek | Ping | AppendText | FlushText | EndOfText
+CLIENT_TYPES: dict[str, type[ClientMessage]] = {
     "start": StartTake,
     "cancel": Cancel,
     "seek": Seek,
     "ping": Ping,
+    "append": AppendText,
+    "flush": FlushText,
+    "end_of_text": EndOfText,
 }
 
 
@@ -208,11 +304,31 @@ def parse_client_message(obj: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -
     return cls.parse(obj, limits)
 
 
+def legacy_stream_defaults(limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """:data:`LEGACY_STREAM_DEFAULTS` within ``limits`` (a server may allow fewer frames or smaller chunks)."""
+    out = dict(LEGACY_STREAM_DEFAULTS)
+    out["max_new_tokens"] = min(int(out["max_new_tokens"]), limits.max_new_tokens)
+    out["chunk_frames"] = max(limits.min_chunk_frames, min(int(out["chunk_frames"]), limits.max_chunk_frames))
+    return out
+
+
 def parse_stream_request(obj: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> StartTake:
-    """The legacy POST /api/stream body: the same fields as ``start`` without a ``type``."""
+    """The legacy POST /api/stream body: the same fields as ``start`` without a ``type``.
+
+    Omitted (or null) fields take the original playground's values (:data:`LEGACY_STREAM_DEFAULTS`).
+    """
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"the body must be a JSON object, got {type(obj).__name__}")
-    return StartTake.parse(obj, limits)
+    filled = dict(obj)
+    for name, value in legacy_stream_defaults(limits).items():
+        if filled.get(name) is None:
+            filled[name] = value
+    if filled.get("stream_text"):
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, "'stream_text' needs the WebSocket (text arrives in append messages)",
+            field="stream_text",
+        )
+    return StartTake.parse(filled, limits)
 
 
 def decode_stream_request(body: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> StartTake:
@@ -346,6 +462,9 @@ class TakeStarted(ServerMessage):
     first_frame: int | Unset = UNSET
     label: str | Unset = UNSET
     replay: bool | Unset = UNSET
+    # A take that asked for a delivery format: its audio follows as tag-2 frames of this format and rate.
+    format: str | Unset = UNSET
+    sample_rate: int | Unset = UNSET
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,6 +18,8 @@ from moss_rt.web.cross_site import cross_site_middleware
 from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler, service_registry
+from moss_rt.web.openai_api import openai_errors_middleware
+from moss_rt.web.openai_api import routes as openai_routes
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
 from moss_rt.web.renders import SharedRenders
 from moss_rt.web.security import (
@@ -47,6 +49,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         middlewares=[
             forwarded_for_middleware,
             cors_middleware,
+            openai_errors_middleware,  # /v1/ only: OpenAI's error shape around every error below
             json_errors_middleware,
             cross_site_middleware,
             client_connections_middleware,
@@ -70,6 +73,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
     app[STATE].metrics_registry = service_registry(app[STATE])
     app.add_routes(routes)
     app.add_routes(voice_routes)
+    app.add_routes(openai_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():

@@ -9,7 +9,8 @@ import time
 from aiohttp import HttpVersion11, web
 
 from moss_rt import __version__
-from moss_rt.engine.base import EndReason, EngineBusy
+from moss_rt.engine.base import EngineBusy
+from moss_rt.formats import parse_audio_format
 from moss_rt.protocol import (
     SAMPLE_RATE,
     ErrorCode,
@@ -20,10 +21,11 @@ from moss_rt.protocol.frames import decode_json_object
 from moss_rt.web.cross_site import check_request, require_json_body
 from moss_rt.web.downloads import send_wav, take_pcm
 from moss_rt.web.errors import busy_response, error_response, protocol_error_response
+from moss_rt.web.format_download import send_encoded, wants_other_format
+from moss_rt.web.http_take import admit_http_take
 from moss_rt.web.openapi import openapi_document
 from moss_rt.web.security import bearer, is_authorized, issue_token, same_secret, unauthorized
 from moss_rt.web.state import STATE
-from moss_rt.web.takes import OneTake
 from moss_rt.web.voices_api import voice_owner
 
 log = logging.getLogger(__name__)
@@ -187,55 +189,35 @@ async def stream(request: web.Request) -> web.StreamResponse:
     t_request = time.monotonic()
     if state.shutting_down:
         return error_response(ErrorCode.BUSY, "the service is shutting down", headers={"Retry-After": "5"})
-    client = request.remote or "unknown"
-    holding = False
-    handle = None
     try:
         require_json_body(request)  # 415: a cross-site form or text/plain post is never JSON
         body = await read_body_limited(request, state.settings.limits.max_request_bytes)
         start = parse_stream_request(decode_json_object(body or b"{}"), state.settings.limits)
-        OneTake.check(state, start)  # an unknown model is refused before the take counts
-        state.client_takes.acquire(client)  # rate_limited (429) past max_takes_per_client
-        holding = True
-        take = await OneTake.open(state, start, received_at=t_request)
-        handle = take.handle
+        admitted = await admit_http_take(state, request.remote or "unknown", start, t_request=t_request)
     except ProtocolError as err:
-        if holding:
-            state.client_takes.release(client)
         headers = {"Retry-After": "1"} if err.code == ErrorCode.RATE_LIMITED else None
         return error_response(err.code, err.message, field=err.field, headers=headers)
     except EngineBusy as busy:
-        state.client_takes.release(client)
         return busy_response(busy.retry_after_sec)
-    except BaseException:  # anything else (a 500, a cancelled request) must not keep the client's take
-        if holding:
-            state.client_takes.release(client)
-        raise
 
-    # Shutdown ends this take with reason "shutdown"; the end frame still goes out.
-    state.http_takes.add(handle)
-    if state.shutting_down:
-        handle.cancel(EndReason.SHUTDOWN)
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"})
 
     async def send(frame: bytes) -> None:
         await write_or_drop(request, response, frame)
 
+    take_id = admitted.take.take_id
     try:
         await response.prepare(request)
-        await take.stream(send, max_lead_sec=state.settings.max_lead_sec)
+        await admitted.stream(send)
         await response.write_eof()
     except ConnectionResetError:
         # The client hung up (or was dropped for not reading): not a server error, nothing to answer.
-        log.info("client left during take %s; cancelling it", take.take.take_id)
+        log.info("client left during take %s; cancelling it", take_id)
     except asyncio.CancelledError:
-        log.info("request for take %s cancelled; cancelling the take", take.take.take_id)
+        log.info("request for take %s cancelled; cancelling the take", take_id)
         raise
     finally:
-        # A client that disconnected (or any failure) must free the engine slot.
-        handle.cancel(EndReason.CANCELLED)
-        state.http_takes.discard(handle)
-        state.client_takes.release(client)
+        admitted.release()  # a client that disconnected (or any failure) must free the engine slot
     return response
 
 
@@ -263,13 +245,26 @@ async def openapi_json(request: web.Request) -> web.Response:
 
 @routes.get(r"/api/takes/{take_id:[A-Za-z0-9_-]{1,64}}.wav")
 async def download_take(request: web.Request) -> web.StreamResponse:
+    """The take as 48 kHz WAV, or ``?format=`` mp3/opus/aac/flac/wav/pcm at ``?sample_rate=`` 48000/24000/16000."""
     state = request.app[STATE]
     take = state.takes.get(request.match_info["take_id"])
     if take is None:
         return error_response(ErrorCode.NOT_FOUND, "no such take (it may have been evicted)", field="take")
+    fmt = None
+    if wants_other_format(request.query):
+        try:
+            fmt = parse_audio_format(request.query.get("format", "wav"), request.query.get("sample_rate"))
+        except ProtocolError as err:
+            return protocol_error_response(err)
+
+    async def write(response: web.StreamResponse, data: bytes) -> None:
+        await write_or_drop(request, response, data)
+
     try:
         async with take_pcm(state, take) as pcm:
-            return await send_wav(request, take, pcm, lambda response, data: write_or_drop(request, response, data))
+            if fmt is not None:
+                return await send_encoded(request, take, pcm, fmt, write)
+            return await send_wav(request, take, pcm, write)
     except EngineBusy as busy:  # its codes must be rendered, and renders or the job queue are full
         return busy_response(busy.retry_after_sec)
 

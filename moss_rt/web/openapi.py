@@ -13,7 +13,8 @@ from typing import Any
 from aiohttp import web
 
 from moss_rt import __version__
-from moss_rt.protocol import ErrorCode
+from moss_rt.formats import FORMATS, MAX_SPEED, MIN_SPEED, SAMPLE_RATES, AudioFormat
+from moss_rt.protocol import SAMPLING_DEFAULTS, ErrorCode
 from moss_rt.protocol.messages import _stream_fields  # the one table /api/stream validates with
 from moss_rt.protocol.schema import Field
 from moss_rt.voices import UPLOAD_EXTENSIONS
@@ -58,12 +59,150 @@ def _stream_request_schema(app: web.Application) -> dict[str, Any]:
     fields = dict(_stream_fields(limits))
     fields["take"] = Field("str", None, max_length=64, nullable=True)
     fields["channels"] = Field("int", 1, choices=(1, 2))
+    fields["format"] = Field("str", None, choices=FORMATS, nullable=True)
+    fields["sample_rate"] = Field("int", None, choices=SAMPLE_RATES, nullable=True)
     props = {name: _field_schema(spec) for name, spec in fields.items()}
+    props["format"]["description"] = "deliver the audio as tag-2 frames in this format (docs/protocol.md)"
     props["text"]["pattern"] = NON_BLANK  # blank text is refused
     props["text"]["description"] = "what to say; must contain a non-blank character"
     props["tokens"]["description"] = "duration hint in 80 ms frames"
     props["reference"]["description"] = "none, a built-in voice id, or a ref_id from /api/upload_ref"
     return {"type": "object", "properties": props}
+
+
+def _speech_request_schema(app: web.Application) -> dict[str, Any]:
+    """``POST /v1/audio/speech``: OpenAI's fields, then ours as extra fields (the /api/stream table)."""
+    limits = app[STATE].settings.limits
+    stream = _stream_fields(limits)
+    props: dict[str, Any] = {
+        "input": {**_field_schema(stream["text"]), "pattern": NON_BLANK, "description": "what to say"},
+        "model": {**_field_schema(stream["model"]), "description": "a model id from GET /v1/models"},
+        "voice": {
+            "description": "none (also null), a built-in voice id or a ref_id from /api/upload_ref (or {\"id\": ...})",
+            "nullable": True,
+            "oneOf": [
+                {"type": "string", "maxLength": 128},
+                {"type": "object", "required": ["id"], "properties": {"id": {"type": "string", "maxLength": 128}}},
+            ],
+        },
+        "instructions": {**_field_schema(stream["instruction"]), "description": "direction"},
+        "response_format": {"type": "string", "enum": list(FORMATS), "nullable": True},
+        "speed": {"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED, "nullable": True},
+        "stream_format": {"type": "string", "enum": ["audio", "sse"], "nullable": True},
+        "sample_rate": {
+            "type": "integer",
+            "enum": list(SAMPLE_RATES),
+            "nullable": True,
+            "description": "default 24000 for pcm (as OpenAI), else 48000",
+        },
+    }
+    for name in ("language", "seed", *SAMPLING_DEFAULTS, "max_new_tokens", "chunk_frames", "tokens"):
+        props[name] = _field_schema(stream[name])
+    props["channels"] = _field_schema(Field("int", 1, choices=(1, 2)))
+    return {"type": "object", "required": ["input"], "properties": props}
+
+
+def _openai_error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": {"$ref": "#/components/schemas/OpenAIError"}}}}
+
+
+def _v1_paths(app: web.Application) -> dict[str, Any]:
+    binary = {"type": "string", "format": "binary"}
+    model = {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["model"]},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+        },
+    }
+    audio_types = sorted({AudioFormat(name).media_type for name in FORMATS})
+    errors = {
+        "400": _openai_error("invalid request: a parameter is missing, malformed or out of range"),
+        "401": _openai_error("missing or invalid API key, when one is configured"),
+        "403": _openai_error("a foreign Origin or Host (forbidden_origin)"),
+        "404": _openai_error("unknown model"),
+        "408": _openai_error("the body stopped arriving (timeout)"),
+        "413": _openai_error("body over the limit"),
+        "415": _openai_error("the body must be JSON (unsupported_media_type)"),
+        "429": _openai_error("too many takes or requests from this client; see Retry-After"),
+        "503": _openai_error("at capacity or shutting down; see Retry-After"),
+    }
+    return {
+        "/v1/models": {
+            "get": {
+                "summary": "the models (OpenAI-compatible)",
+                "responses": {
+                    "200": _ok(
+                        "a list of models",
+                        {
+                            "type": "object",
+                            "required": ["object", "data"],
+                            "properties": {"object": {"type": "string"}, "data": {"type": "array", "items": model}},
+                        },
+                    ),
+                    "401": errors["401"],
+                },
+            }
+        },
+        "/v1/models/{model_id}": {
+            "get": {
+                "summary": "one model (OpenAI-compatible)",
+                "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": _ok("the model", model), "401": errors["401"], "404": errors["404"]},
+            }
+        },
+        "/v1/audio/speech": {
+            "post": {
+                "summary": "synthesize speech (OpenAI-compatible), streamed as encoded audio or SSE events",
+                "description": (
+                    "The audio in response_format, chunked as it is produced (stream_format audio), or "
+                    "text/event-stream events speech.audio.delta (base64 audio) then speech.audio.done (sse). "
+                    "Errors have OpenAI's shape. See docs/openai.md."
+                ),
+                "requestBody": {"required": True, "content": {JSON: {"schema": _speech_request_schema(app)}}},
+                "responses": {
+                    "200": {
+                        "description": "the audio",
+                        "content": {
+                            **{media: {"schema": binary} for media in audio_types},
+                            # One event per `data:` line: a JSON speech.audio.delta, then speech.audio.done
+                            # (or an error when the take ended early).
+                            "text/event-stream": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["data"],
+                                    "properties": {
+                                        "event": {"type": "string"},
+                                        "data": {
+                                            "type": "string",
+                                            "contentMediaType": JSON,
+                                            "contentSchema": {
+                                                "type": "object",
+                                                "required": ["type"],
+                                                "properties": {
+                                                    "type": {
+                                                        "type": "string",
+                                                        "enum": ["speech.audio.delta", "speech.audio.done", "error"],
+                                                    },
+                                                    "audio": {"type": "string"},
+                                                    "usage": {"type": "object"},
+                                                    "error": {"type": "object"},
+                                                },
+                                            },
+                                        },
+                                    },
+                                }
+                            },
+                        },
+                    },
+                    **errors,
+                },
+            }
+        },
+    }
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -293,11 +432,23 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         },
         "/api/takes/{take_id}.wav": {
             "get": {
-                "summary": "a take's audio as WAV",
-                "parameters": [take_id],
+                "summary": "a take's audio: 48 kHz WAV, or another format and rate (see docs/openai.md)",
+                "parameters": [
+                    take_id,
+                    {"name": "format", "in": "query", "required": False,
+                     "schema": {"type": "string", "enum": list(FORMATS)}},
+                    {"name": "sample_rate", "in": "query", "required": False,
+                     "schema": {"type": "integer", "enum": list(SAMPLE_RATES)}},
+                ],
                 "responses": {
-                    "200": _ok("WAV audio", {"type": "string", "format": "binary"}, "audio/wav"),
-                    **_common_errors(401, 404, 429, 503),
+                    "200": {
+                        "description": "the audio",
+                        "content": {
+                            media: {"schema": {"type": "string", "format": "binary"}}
+                            for media in sorted({AudioFormat(name).media_type for name in FORMATS})
+                        },
+                    },
+                    **_common_errors(401, 404, 422, 429, 503),
                 },
             }
         },
@@ -327,6 +478,8 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
             "get": {"summary": "this document", "security": [], "responses": {"200": _ok("OpenAPI 3", obj)}}
         },
     }
+    if any(getattr(r, "canonical", None) == "/v1/audio/speech" for r in app.router.resources()):
+        paths.update(_v1_paths(app))
     if any(getattr(r, "canonical", None) == "/metrics" for r in app.router.resources()):
         paths["/metrics"] = {
             "get": {
@@ -347,6 +500,22 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
+                "OpenAIError": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["message", "type", "param", "code"],
+                            "properties": {
+                                "message": {"type": "string"},
+                                "type": {"type": "string"},
+                                "param": {"type": "string", "nullable": True},
+                                "code": {"type": "string", "enum": [c.value for c in ErrorCode]},
+                            },
+                        }
+                    },
+                },
                 "Error": {
                     "type": "object",
                     "required": ["error"],

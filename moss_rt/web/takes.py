@@ -21,12 +21,14 @@ from moss_rt.session import (
     Action,
     Admit,
     DirectingSession,
+    FinishAudio,
     SendAudio,
     SendMessage,
     TakeRecord,
     bytes_per_frame,
     resolve_model,
 )
+from moss_rt.web.audio_out import AudioOuts
 from moss_rt.web.state import ServiceState
 
 SendFrame = Callable[[bytes], Awaitable[None]]
@@ -36,7 +38,12 @@ Perform = Callable[[Sequence[Action]], Awaitable[None]]
 def new_session(state: ServiceState, *, max_takes: int) -> DirectingSession:
     info = state.engine.info
     return DirectingSession(
-        state.takes, models=info.models, default_model=info.default_model, heard=state.heard, max_takes=max_takes
+        state.takes,
+        models=info.models,
+        default_model=info.default_model,
+        heard=state.heard,
+        max_takes=max_takes,
+        max_text_chars=state.settings.limits.max_text_chars,
     )
 
 
@@ -104,15 +111,25 @@ class Pacer:
         self._sent_sec += chunk_sec
 
 
-async def send_action(action: Action, send: SendFrame, pacer: Pacer | None) -> bool:
-    """Perform a sending action (``SendMessage``, ``SendAudio``); False for any other kind."""
+async def send_action(action: Action, send: SendFrame, pacer: Pacer | None, outs: AudioOuts | None = None) -> bool:
+    """Perform a sending action (``SendMessage``, ``SendAudio``, ``FinishAudio``); False for any other kind.
+
+    ``outs`` turns the audio of takes that asked for a format into tag-2 frames (else tag-1 PCM).
+    """
     if isinstance(action, SendMessage):
         await send(message_frame(action.message))
         return True
     if isinstance(action, SendAudio):
         if pacer is not None and action.paced:
             await pacer.wait(action.seconds)
-        await send(encode_pcm_frame(action.pcm))
+        frames = [encode_pcm_frame(action.pcm)] if outs is None else await outs.audio(action.run, action.pcm)
+        for frame in frames:
+            await send(frame)
+        return True
+    if isinstance(action, FinishAudio):
+        if outs is not None:
+            for frame in await outs.finish(action.take, run=action.run, replay=action.replay):
+                await send(frame)
         return True
     return False
 
@@ -148,9 +165,14 @@ class OneTake:
 
     async def stream(self, send: SendFrame, *, max_lead_sec: float) -> None:
         pacer = Pacer(max_lead_sec)
+        outs = AudioOuts()
+        outs.track(self.run, self.take)
 
         async def perform(actions: Sequence[Action]) -> None:
             for action in actions:
-                await send_action(action, send, pacer)
+                await send_action(action, send, pacer, outs)
 
-        await pump_events(self.handle, self.run, self.session, perform)
+        try:
+            await pump_events(self.handle, self.run, self.session, perform)
+        finally:
+            outs.close()

@@ -24,6 +24,8 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from moss_rt.engine.base import EngineBusy, TakeHandle
 from moss_rt.protocol import (
+    AUDIO_FORMATS,
+    AUDIO_SAMPLE_RATES,
     ClientMessage,
     ErrorCode,
     ErrorMessage,
@@ -37,6 +39,7 @@ from moss_rt.protocol import (
     hello,
 )
 from moss_rt.session import Action, Admit, Replay, SendAudio, Stop
+from moss_rt.web.audio_out import AudioOuts
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
 from moss_rt.web.security import forbidden_origin, websocket_origin_allowed
@@ -77,6 +80,8 @@ class Connection:
         self._handles: dict[int, TakeHandle] = {}
         self._pacers: dict[int, Pacer] = {}
         self._replay_runs: set[int] = set()
+        self._outs = AudioOuts()  # the files of takes that asked for a format (tag-2 frames)
+        self._take_pacer: tuple[str, Pacer] | None = None  # the pacer of the last take admitted
         self._dead = False  # set once the client is known gone or dropped: no more sends
 
     # -- sending ------------------------------------------------------------------------
@@ -127,17 +132,26 @@ class Connection:
             if isinstance(action, Stop):
                 self._stop(action)
             elif isinstance(action, Admit):
-                self._spawn(action.run, functools.partial(self._run_take, action), f"take-{action.take.take_id}")
+                self._outs.track(action.run, action.take)
+                take_id = action.take.take_id
+                self._spawn(action.run, functools.partial(self._run_take, action), f"take-{take_id}", take_id)
             elif isinstance(action, Replay):
                 self._replay_runs.add(action.run)
+                self._outs.track(action.run, action.take, replay=True)
                 self._spawn(action.run, functools.partial(self._run_replay, action), f"replay-{action.take.take_id}")
             else:
                 pacer = self._pacers.get(action.run) if isinstance(action, SendAudio) else None
-                await send_action(action, self.send_frame, pacer)
+                await send_action(action, self.send_frame, pacer, self._outs)
 
-    def _spawn(self, run: int, body: Callable[[], Awaitable[None]], name: str) -> None:
-        """Start the task of a run; the connection owns it (close cancels it)."""
-        self._pacers[run] = Pacer(self.state.settings.max_lead_sec)
+    def _spawn(self, run: int, body: Callable[[], Awaitable[None]], name: str, take: str | None = None) -> None:
+        """Start the task of a run; the connection owns it (close cancels it). The runs of one take
+        (the continuations of a take fed with text) share its pacer: it is paced as one stream."""
+        if take is not None and self._take_pacer is not None and self._take_pacer[0] == take:
+            pacer = self._take_pacer[1]
+        else:
+            pacer = Pacer(self.state.settings.max_lead_sec)
+            self._take_pacer = None if take is None else (take, pacer)
+        self._pacers[run] = pacer
         task = asyncio.create_task(self._owned(run, body), name=name)
         self._tasks[run] = task
 
@@ -152,6 +166,7 @@ class Connection:
             self._tasks.pop(run, None)
             self._pacers.pop(run, None)
             self._replay_runs.discard(run)
+            self._outs.forget(run)
 
     def _stop(self, action: Stop) -> None:
         """Stop a run: an engine take is cancelled (its end then comes through the session); a replay's
@@ -232,6 +247,9 @@ class Connection:
                 limits=self.state.settings.limits,
                 engine=info.name,
                 sampling=True,
+                # What start may ask for: delivery formats (tag-2 frames) and their rates.
+                formats=list(AUDIO_FORMATS),
+                sample_rates=list(AUDIO_SAMPLE_RATES),
             )
         )
         idle = self.state.settings.ws_idle_timeout_sec
@@ -334,6 +352,7 @@ class Connection:
             _, late = await asyncio.wait(pending, timeout=RUNS_TIMEOUT_SEC)
             if late:
                 log.warning("%d run(s) of %s did not end within %.0f s", len(late), self.client, RUNS_TIMEOUT_SEC)
+        self._outs.close()
 
 
 async def websocket_handler(request: web.Request) -> web.StreamResponse:

@@ -45,7 +45,8 @@ def test_client_examples_decode(doc: str) -> None:
     for block in code_blocks(doc, "json"):
         for line in block.strip().splitlines():
             obj = json.loads(line)
-            if obj.get("type") in ("start", "cancel", "seek", "ping") and "sr" not in obj and "from_take" not in obj:
+            client_types = ("start", "cancel", "seek", "ping", "append", "flush", "end_of_text")
+            if obj.get("type") in client_types and "sr" not in obj and "from_take" not in obj:
                 decode_client_text(line)
                 client += 1
     assert client >= 5
@@ -66,7 +67,7 @@ def test_limits_table_matches_defaults(doc: str) -> None:
 
 
 def test_hex_examples(doc: str) -> None:
-    start = encode_json_frame({"type": "start", "sr": 48000, "gpu_first_ms": 41.2})
+    start = encode_json_frame({"type": "start", "sr": 48000, "gpu_first_ms": 41})
     hex_start = " ".join(f"{b:02x}" for b in start)
     doc_hex = " ".join(re.findall(r"^((?:[0-9a-f]{2} ?)+)\s", doc, flags=re.M)).split()
     assert hex_start in " ".join(doc_hex)
@@ -90,7 +91,7 @@ def test_requests_client_example(doc: str, tmp_path: Path, monkeypatch: pytest.M
     (source,) = [b for b in code_blocks(doc, "python") if "requests.post" in b]
     pcm_frames = [bytes([i]) * (2 * FRAME_SAMPLES) for i in range(1, 4)]
     stream = (
-        encode_json_frame({"type": "start", "sr": 48000, "gpu_first_ms": 12.0, "channels": 1})
+        encode_json_frame({"type": "start", "sr": 48000, "gpu_first_ms": 12, "channels": 1})
         + b"".join(encode_pcm_frame(p) for p in pcm_frames)
         + encode_json_frame({"type": "end", "gpu_total_ms": 5.0, "n_frames": 3, "duration_sec": 0.24})
     )

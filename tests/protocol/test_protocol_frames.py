@@ -9,6 +9,7 @@ import pytest
 from moss_rt.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     HEADER_SIZE,
+    TAG_AUDIO,
     TAG_JSON,
     TAG_PCM,
     ErrorCode,
@@ -18,6 +19,7 @@ from moss_rt.protocol import (
     decode_frame,
     decode_json_object,
     dumps_json,
+    encode_audio_frame,
     encode_frame,
     encode_json_frame,
     encode_pcm_frame,
@@ -58,7 +60,12 @@ def test_empty_payload_frame() -> None:
     assert decode_frame(b"\x01\x00\x00\x00\x00") == Frame(TAG_PCM, b"")
 
 
-@pytest.mark.parametrize("tag", [2, 255, -1, True, "0"])
+def test_encoded_audio_frame() -> None:
+    assert encode_audio_frame(b"ID3") == b"\x02\x00\x00\x00\x03ID3"
+    assert decode_frame(b"\x02\x00\x00\x00\x03ID3") == Frame(TAG_AUDIO, b"ID3")
+
+
+@pytest.mark.parametrize("tag", [3, 255, -1, True, "0"])
 def test_encode_rejects_unknown_tags(tag: object) -> None:
     with pytest.raises(ValueError):
         encode_frame(tag, b"")  # type: ignore[arg-type]
@@ -101,7 +108,7 @@ def test_decode_frame_exact() -> None:
         b"\x01\x00\x00\x00\x03ab",  # truncated payload
         b"\x01\x00\x00\x00\x01ab",  # trailing byte
         encode_pcm_frame(b"ab") + encode_pcm_frame(b"cd"),  # two frames
-        b"\x02\x00\x00\x00\x00",  # unknown tag
+        b"\x03\x00\x00\x00\x00",  # unknown tag
     ],
 )
 def test_decode_frame_rejects_anything_but_one_whole_frame(data: bytes) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -289,9 +290,19 @@ def test_custom_limits() -> None:
     invalid({"type": "start", "chunk_frames": 5}, "chunk_frames", limits)
 
 
+# What the original playground's documented request body sends, as a StartTake.
+LEGACY = StartTake(
+    language="English",
+    seed=0,
+    sampling=SamplingParams(1.0, 0.95, 25, 1.1, 1.0, 1.0, 50),
+    max_new_tokens=3200,
+    chunk_frames=18,
+)
+
+
 def test_stream_request_is_start_without_type() -> None:
-    assert parse_stream_request({}) == StartTake()
-    assert parse_stream_request({"text": "hi", "seed": 3}) == StartTake(text="hi", seed=3)
+    assert parse_stream_request({}) == LEGACY
+    assert parse_stream_request({"text": "hi", "seed": 3}) == dataclasses.replace(LEGACY, text="hi", seed=3)
     assert parse_stream_request({"type": "whatever", "text": "hi"}).text == "hi"
     with pytest.raises(ProtocolError) as info:
         parse_stream_request({"text": ""})
@@ -301,9 +312,22 @@ def test_stream_request_is_start_without_type() -> None:
     assert info.value.code is ErrorCode.BAD_MESSAGE
 
 
+def test_stream_request_fills_only_what_the_client_left_out() -> None:
+    sent = {"audio_temperature": 0.0, "audio_top_k": 7, "language": "", "chunk_frames": 4, "max_new_tokens": 9}
+    got = parse_stream_request({**sent, "seed": None, "audio_top_p": None})
+    assert (got.sampling.audio_temperature, got.sampling.audio_top_k, got.language) == (0.0, 7, "")
+    assert (got.chunk_frames, got.max_new_tokens) == (4, 9)
+    assert got.seed == 0 and got.sampling.audio_top_p == 0.95  # null means "the default" too
+    # The WebSocket start keeps the service defaults (the ones hello shows).
+    assert parse_client_message({"type": "start"}) == StartTake()
+    # A server with tighter limits caps the legacy values instead of refusing an empty body.
+    small = parse_stream_request({}, Limits(max_new_tokens=100, max_chunk_frames=8))
+    assert (small.max_new_tokens, small.chunk_frames) == (100, 8)
+
+
 def test_decode_stream_request_body() -> None:
     assert decode_stream_request(b'{"text":"hi"}').text == "hi"
-    assert decode_stream_request(b"") == StartTake()  # an empty body means all defaults
+    assert decode_stream_request(b"") == LEGACY  # an empty body means all defaults
     cases = [
         (b" ", ErrorCode.BAD_JSON),
         (b"{bad", ErrorCode.BAD_JSON),

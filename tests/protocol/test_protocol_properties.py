@@ -18,6 +18,7 @@ from moss_rt.protocol import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
     SEEK_MODES,
+    TAG_AUDIO,
     TAG_JSON,
     TAG_PCM,
     Cancel,
@@ -73,7 +74,7 @@ def accepted_is_encodable(msg: Any) -> None:
 
 # --------------------------------------------------------------------------- strategies
 
-frames_st = st.builds(Frame, st.sampled_from([TAG_JSON, TAG_PCM]), st.binary(max_size=300))
+frames_st = st.builds(Frame, st.sampled_from([TAG_JSON, TAG_PCM, TAG_AUDIO]), st.binary(max_size=300))
 
 # Every field name any client message knows, so garbage often hits the validators.
 FIELD_NAMES = sorted(
@@ -262,7 +263,7 @@ def test_garbage_bytes_into_frame_reader(chunks: list[bytes], limit: int) -> Non
             assert result.fatal
             failed = True
         else:
-            assert all(f.tag in (TAG_JSON, TAG_PCM) and len(f.payload) <= limit for f in result)
+            assert all(f.tag in (TAG_JSON, TAG_PCM, TAG_AUDIO) and len(f.payload) <= limit for f in result)
         if failed:
             assert isinstance(only_protocol_errors(reader.feed, b""), ProtocolError)
     only_protocol_errors(reader.close)

@@ -11,7 +11,7 @@ import numpy as np
 import requests
 
 from moss_rt.engine.base import chunk_target
-from moss_rt.protocol import FRAME_SAMPLES, FrameReader
+from moss_rt.protocol import FRAME_SAMPLES, LEGACY_STREAM_DEFAULTS, FrameReader
 from tests.conftest import RunningServer, sine_wav
 
 
@@ -67,7 +67,7 @@ def test_stream_metadata_and_frame_order(server: RunningServer) -> None:
     tags = [t for t, _ in frames]
     assert tags[0] == 0 and tags[-1] == 0 and set(tags[1:-1]) == {1}
     start, end = json.loads(frames[0][1]), json.loads(frames[-1][1])
-    assert start["type"] == "start" and start["sr"] == 48000 and isinstance(start["gpu_first_ms"], float)
+    assert start["type"] == "start" and start["sr"] == 48000 and isinstance(start["gpu_first_ms"], int)
     assert end["type"] == "end" and end["reason"] == "done"
     pcm = b"".join(p for t, p in frames if t == 1)
     samples = np.frombuffer(pcm, dtype="<i2")
@@ -91,6 +91,36 @@ def test_all_fields_optional(server: RunningServer) -> None:
     r = requests.post(f"{server.url}/api/stream", data=b"{}")
     assert r.status_code == 200
     assert json.loads(parse_stream(r.content)[-1][1])["reason"] == "done"
+
+
+def test_legacy_client_gets_the_seed_defaults(server: RunningServer) -> None:
+    """A client of the original playground that sends only text gets that API's documented values."""
+    r = requests.post(f"{server.url}/api/stream", json={"text": "Only the text."})
+    frames = parse_stream(r.content)
+    start, end = json.loads(frames[0][1]), json.loads(frames[-1][1])
+    assert start["seed"] == 0 and isinstance(start["gpu_first_ms"], int)
+    summary = requests.get(f"{server.url}/api/takes/{end['take']}").json()
+    request = summary["request"]
+    assert summary["seed"] == 0
+    assert {k: request[k] for k in LEGACY_STREAM_DEFAULTS} == {
+        "audio_temperature": 1.0,
+        "audio_top_p": 0.95,
+        "audio_top_k": 25,
+        "audio_repetition_penalty": 1.1,
+        "text_temperature": 1.0,
+        "text_top_p": 1.0,
+        "text_top_k": 50,
+        "max_new_tokens": 3200,
+        "chunk_frames": 18,
+        "language": "English",
+        "seed": 0,
+        "reference": "none",
+    }
+    # A field the client does send is used as sent.
+    r = requests.post(f"{server.url}/api/stream", json={"text": "Mine.", "audio_temperature": 0.5, "chunk_frames": 2})
+    end = json.loads(parse_stream(r.content)[-1][1])
+    request = requests.get(f"{server.url}/api/takes/{end['take']}").json()["request"]
+    assert (request["audio_temperature"], request["chunk_frames"], request["audio_top_p"]) == (0.5, 2, 0.95)
 
 
 def test_models_health_ready_info(server: RunningServer) -> None:

@@ -1,0 +1,313 @@
+"""OpenAI-compatible speech: ``POST /v1/audio/speech`` and ``GET /v1/models``.
+
+Clients built on OpenAI's SDK (or on its HTTP API) work unchanged: ``input`` is the text,
+``instructions`` our direction, ``voice`` a built-in voice id, an uploaded ``ref_id`` or ``none``,
+``response_format`` one of mp3/opus/aac/flac/wav/pcm, ``speed`` 0.25-4 (a tempo change of the
+generated audio, pitch kept), ``stream_format`` ``audio`` (the encoded bytes, chunked as they are
+produced) or ``sse`` (``speech.audio.delta`` events with base64 audio, then ``speech.audio.done``).
+Our own parameters travel as extra body fields (``language``, ``seed``, the sampling fields,
+``max_new_tokens``, ``chunk_frames``, ``tokens``, ``channels``, ``sample_rate``).
+
+A request becomes the same :class:`~moss_rt.protocol.StartTake` as ``POST /api/stream`` and runs
+through the same admission and take path (:mod:`moss_rt.web.http_take`), so limits, the API key,
+busy and rate answers are shared; the frames that path produces are encoded on the way out.
+Every error under ``/v1/`` has OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``
+with our stable code strings in ``code``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from moss_rt.engine.base import EndReason, EngineBusy
+from moss_rt.formats import MAX_SPEED, MIN_SPEED, AudioFormat, parse_audio_format
+from moss_rt.formats.async_encoder import AsyncEncoder
+from moss_rt.protocol import (
+    SAMPLE_RATE,
+    SAMPLING_DEFAULTS,
+    TAG_PCM,
+    ErrorCode,
+    Limits,
+    ProtocolError,
+    StartTake,
+    decode_frame,
+    decode_json_object,
+)
+from moss_rt.protocol.schema import Field, coerce, short_repr
+from moss_rt.voices import VoiceStore
+from moss_rt.web.cross_site import require_json_body
+from moss_rt.web.errors import busy_response, error_response
+from moss_rt.web.http_api import expect_within_limit, read_body_limited, write_or_drop
+from moss_rt.web.http_take import admit_http_take
+from moss_rt.web.state import STATE
+
+log = logging.getLogger(__name__)
+routes = web.RouteTableDef()
+
+STREAM_FORMATS = ("audio", "sse")
+# OpenAI documents raw ``pcm`` as 24 kHz; the other formats carry their rate and default to ours.
+PCM_DEFAULT_RATE = 24000
+# Extra body fields passed straight to the take (same names, types and limits as /api/stream).
+PASSTHROUGH_FIELDS = ("language", "seed", *SAMPLING_DEFAULTS, "max_new_tokens", "chunk_frames", "tokens", "channels")
+_CREATED = int(time.time())  # "created" of /v1/models entries: when this service started
+VOICES_LISTED = 50  # an unknown-voice error names at most this many valid voices
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    """A validated ``/v1/audio/speech`` body."""
+
+    start: StartTake
+    format: AudioFormat
+    speed: float
+    stream_format: str
+
+
+def _voice_id(raw: Any) -> str:
+    """``voice`` is a string, or (newer SDKs) an object ``{"id": ...}`` for custom voices."""
+    if raw is None:
+        return "none"
+    if isinstance(raw, dict):
+        raw = raw.get("id")
+    if not isinstance(raw, str):
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, "'voice' must be a voice id string or an object with an 'id'", field="voice"
+        )
+    return raw
+
+
+def parse_speech_request(obj: Any, limits: Limits) -> SpeechRequest:
+    """Validate an OpenAI speech body (sans-I/O; whether the voice exists is checked by the caller)."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"the body must be a JSON object, got {type(obj).__name__}")
+    if obj.get("input") is None:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, "'input' is required (the text to speak)", field="input")
+    fmt_name = obj.get("response_format") or "mp3"
+    fmt_rate = obj.get("sample_rate")
+    default_rate = PCM_DEFAULT_RATE if fmt_name == "pcm" else SAMPLE_RATE
+    fmt = parse_audio_format(fmt_name, fmt_rate, default_rate=default_rate, name_field="response_format")
+    speed = coerce("speed", Field("float", 1.0, MIN_SPEED, MAX_SPEED), obj.get("speed"))
+    stream_format = coerce("stream_format", Field("str", "audio", choices=STREAM_FORMATS), obj.get("stream_format"))
+    fields: dict[str, Any] = {
+        "text": obj["input"],
+        "instruction": obj.get("instructions") if obj.get("instructions") is not None else "",
+        "reference": _voice_id(obj.get("voice")),
+    }
+    if obj.get("model") is not None:
+        fields["model"] = obj["model"]
+    fields.update({name: obj[name] for name in PASSTHROUGH_FIELDS if name in obj})
+    try:
+        start = StartTake.parse(fields, limits)
+    except ProtocolError as err:
+        # Report OpenAI's names for the fields it renamed.
+        renamed = {"text": "input", "instruction": "instructions", "reference": "voice"}.get(err.field or "")
+        if renamed is None:
+            raise
+        message = err.message.replace(f"'{err.field}'", f"'{renamed}'")
+        raise ProtocolError(err.code, message, field=renamed) from None
+    return SpeechRequest(start, fmt, float(speed), str(stream_format))
+
+
+def check_voice(voices: VoiceStore, voice: str) -> None:
+    """An unknown voice is a 400 that lists the valid ones (OpenAI's names are not ours)."""
+    try:
+        voices.resolve(voice)
+    except ProtocolError:
+        ids = [v.id for v in voices.list()]
+        shown = ", ".join(["none", *ids[:VOICES_LISTED]])
+        more = f" and {len(ids) - VOICES_LISTED} more" if len(ids) > VOICES_LISTED else ""
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"unknown voice {short_repr(voice)}; valid voices: {shown}{more} "
+            "(GET /api/voices lists them; POST /api/upload_ref adds one)",
+            field="voice",
+        ) from None
+
+
+# --------------------------------------------------------------------------- output
+
+
+class SpeechWriter:
+    """Turns the take path's frames into the response body: encoded audio, raw or as SSE events."""
+
+    def __init__(self, encoder: AsyncEncoder, write: Callable[[bytes], Awaitable[None]], *, sse: bool) -> None:
+        self._encoder = encoder
+        self._write = write
+        self._sse = sse
+        self.end: dict[str, Any] = {}
+        self.error: dict[str, Any] | None = None
+        self.bytes_out = 0
+
+    async def on_frame(self, frame: bytes) -> None:
+        decoded = decode_frame(frame)
+        if decoded.tag == TAG_PCM:
+            await self._emit(await self._encoder.encode(decoded.payload))
+            return
+        message = decoded.json()
+        if message.get("type") == "error":
+            self.error = message
+        elif message.get("type") == "end":
+            self.end = message
+
+    async def finish(self) -> None:
+        await self._emit(await self._encoder.finish())
+        if self._sse:
+            frames = int(self.end.get("new_frames", self.end.get("n_frames", 0)) or 0)
+            done = {
+                "type": "speech.audio.done",
+                "usage": {"input_tokens": 0, "output_tokens": frames, "total_tokens": frames},
+                "take": self.end.get("take"),
+                "reason": self.end.get("reason"),
+                "duration_sec": self.end.get("duration_sec"),
+            }
+            await self._write(_sse_event(done))
+
+    async def fail(self, message: str) -> None:
+        """SSE only: an error event (a raw audio stream cannot carry one; its connection is cut)."""
+        event = {"type": "error", "error": {"message": message, "type": "server_error", "code": "internal"}}
+        await self._write(_sse_event(event))
+
+    async def _emit(self, data: bytes) -> None:
+        if not data:
+            return
+        self.bytes_out += len(data)
+        if self._sse:
+            await self._write(_sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}))
+        else:
+            await self._write(data)
+
+
+def _sse_event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+# --------------------------------------------------------------------------- routes
+
+
+@routes.get("/v1/models")
+async def list_models(request: web.Request) -> web.Response:
+    info = request.app[STATE].engine.info
+    return web.json_response({"object": "list", "data": [_model_entry(m) for m in info.models]})
+
+
+@routes.get("/v1/models/{model_id:.+}")
+async def get_model(request: web.Request) -> web.Response:
+    info = request.app[STATE].engine.info
+    model_id = request.match_info["model_id"]
+    if model_id not in info.models:
+        return error_response(
+            ErrorCode.NOT_FOUND, f"unknown model {short_repr(model_id)}; available: {list(info.models)}", field="model"
+        )
+    return web.json_response(_model_entry(model_id))
+
+
+def _model_entry(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "moss_rt"}
+
+
+@routes.post("/v1/audio/speech", expect_handler=expect_within_limit)
+async def create_speech(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    t_request = time.monotonic()
+    if state.shutting_down:
+        return error_response(ErrorCode.BUSY, "the service is shutting down", headers={"Retry-After": "5"})
+    try:
+        require_json_body(request)  # 415: a cross-site form or text/plain post is never JSON
+        body = await read_body_limited(request, state.settings.limits.max_request_bytes)
+        speech = parse_speech_request(decode_json_object(body or b"{}"), state.settings.limits)
+        check_voice(state.voices, speech.start.reference)
+        admitted = await admit_http_take(state, request.remote or "unknown", speech.start, t_request=t_request)
+    except ProtocolError as err:
+        headers = {"Retry-After": "1"} if err.code == ErrorCode.RATE_LIMITED else None
+        return error_response(err.code, err.message, field=err.field, headers=headers)
+    except EngineBusy as busy:
+        return busy_response(busy.retry_after_sec)
+
+    take_id = admitted.take.take_id
+    sse = speech.stream_format == "sse"
+    encoder: AsyncEncoder | None = None
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream" if sse else speech.format.media_type,
+            "Cache-Control": "no-store",
+            # Ours: the take (downloadable again at /api/takes/{id}.wav?format=...) and the stream's layout.
+            "X-Take-Id": take_id,
+            "X-Sample-Rate": str(speech.format.sample_rate),
+            "X-Channels": str(speech.start.channels),
+        }
+    )
+
+    async def write(data: bytes) -> None:
+        await write_or_drop(request, response, data)
+
+    try:
+        encoder = AsyncEncoder(speech.format, speech.start.channels, speed=speech.speed)
+        writer = SpeechWriter(encoder, write, sse=sse)
+        await response.prepare(request)
+        await admitted.stream(writer.on_frame)
+        ended = str(writer.end.get("reason", "error"))
+        if ended in (EndReason.DONE.value, EndReason.MAX_FRAMES.value):
+            await writer.finish()
+            await response.write_eof()
+        else:
+            # Cancelled, shut down or failed mid-take: a truncated file must not look complete.
+            reason = (writer.error or {}).get("message") or f"the take ended early ({ended})"
+            log.info("speech take %s ended with %s; ending the response as failed", take_id, ended)
+            if sse:
+                await writer.fail(reason)
+                await response.write_eof()
+            elif request.transport is not None:
+                request.transport.abort()
+    except ConnectionResetError:
+        log.info("client left during speech take %s; cancelling it", take_id)
+    except asyncio.CancelledError:
+        log.info("speech request for take %s cancelled; cancelling the take", take_id)
+        raise
+    finally:
+        admitted.release()
+        if encoder is not None:
+            encoder.close()
+    return response
+
+
+# --------------------------------------------------------------------------- errors
+
+_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+_OPENAI_STATUS = {422: 400}  # OpenAI answers every invalid parameter with 400
+
+
+@web.middleware
+async def openai_errors_middleware(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+    """Rewrite error answers under ``/v1/`` (ours, auth's, aiohttp's) into OpenAI's error shape."""
+    response: web.StreamResponse = await handler(request)
+    if (
+        not request.path.startswith("/v1/")
+        or response.status < 400
+        or response.prepared
+        or not isinstance(response, web.Response)
+        or response.content_type != "application/json"
+        or not isinstance(response.body, bytes)
+    ):
+        return response
+    try:
+        error = json.loads(response.body)["error"]
+        code, message = error["code"], error["message"]
+    except (ValueError, KeyError, TypeError):
+        return response
+    status = _OPENAI_STATUS.get(response.status, response.status)
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": error.get("field"), "code": code}}
+    headers = {k: v for k, v in response.headers.items() if k in ("Retry-After", "WWW-Authenticate", "Allow")}
+    return web.json_response(body, status=status, headers=headers)
+
+
+__all__ = ["SpeechRequest", "check_voice", "openai_errors_middleware", "parse_speech_request", "routes"]
