@@ -129,6 +129,8 @@ def start_server(
     env.update(
         MOSS_RT_MAX_SEQ_LEN=str(args.max_seq_len),
         MOSS_RT_MAX_TAKES_PER_CLIENT="0",  # every bench client shares 127.0.0.1
+        MOSS_RT_HTTP_REQUESTS_PER_SEC="0",  # ...so do their WebSocket upgrades (128 at once)
+        MOSS_RT_MAX_CONNECTIONS_PER_CLIENT="0",
         PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
     )
@@ -151,7 +153,8 @@ def start_server(
     return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
 
-async def wait_ready(url: str, proc: subprocess.Popen, limit_sec: float) -> float:
+async def wait_ready(url: str, proc: subprocess.Popen, limit_sec: float, replicas: int = 0) -> float:
+    """Seconds until /readyz says ready (a cluster front end: with every replica ready, not just one)."""
     t0 = time.perf_counter()
     async with aiohttp.ClientSession() as http:
         while time.perf_counter() - t0 < limit_sec:
@@ -159,7 +162,7 @@ async def wait_ready(url: str, proc: subprocess.Popen, limit_sec: float) -> floa
                 raise RuntimeError(f"server exited with {proc.returncode}")
             try:
                 async with http.get(url + "/readyz") as resp:
-                    if resp.status == 200:
+                    if resp.status == 200 and (await resp.json()).get("replicas_ready", 0) >= replicas:
                         return time.perf_counter() - t0
             except aiohttp.ClientError:
                 pass
@@ -446,7 +449,7 @@ def serve_and_drive(
     log_path = args.server_log or (args.work / f"{prefix}server.log")
     proc = start_server(args, model, codec, port, log_path, concurrency=concurrency, replicas=replicas)
     try:
-        result[f"{prefix}server_ready_sec"] = asyncio.run(wait_ready(url, proc, 900))
+        result[f"{prefix}server_ready_sec"] = asyncio.run(wait_ready(url, proc, 900, replicas))
         for c in concurrency:
             try:
                 repeats = args.single_repeats if c == 1 else 1
