@@ -4,9 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
+# Every setting comes from Settings, MOSS_RT_* variables and flags (moss_rt/config.py); the Makefile adds
+# --host/--port only when given on its command line (`make run PORT=9000`), so MOSS_RT_PORT=9000 make run
+# (or a HOST variable some shells export) is never overridden here.
+SERVE_FLAGS := $(if $(filter command line,$(origin HOST)),--host $(HOST)) \
+	$(if $(filter command line,$(origin PORT)),--port $(PORT))
 CLUSTER_STAMP := $(VENV)/.cluster-installed
-HOST ?= 127.0.0.1
-PORT ?= 8770
 
 .PHONY: run run-scripted run-cluster test test-fast test-cluster test-gpu browser soak lint bench-cpu clean
 
@@ -25,17 +28,17 @@ $(CLUSTER_STAMP): requirements.txt requirements-cluster.txt | $(VENV)/bin/python
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements-cluster.txt
 	touch $@ $(RUN_STAMP)
 
-## Start the service on http://$(HOST):$(PORT) (real model on a CUDA GPU, else the tiny demo model).
+## Start the service (default http://127.0.0.1:8770; real model on a CUDA GPU, else the tiny demo model).
 run: $(RUN_STAMP)
-	$(PY) -m moss_rt serve --host $(HOST) --port $(PORT)
+	$(PY) -m moss_rt serve $(SERVE_FLAGS)
 
 ## The service as engine replicas on Ray (one per GPU; joins `ray start` or starts a local cluster): docs/cluster.md.
 run-cluster: $(CLUSTER_STAMP)
-	$(PY) -m moss_rt serve --cluster auto --host $(HOST) --port $(PORT)
+	$(PY) -m moss_rt serve --cluster auto $(SERVE_FLAGS)
 
 ## The service on the scripted test engine (no model): for UI work.
 run-scripted: $(RUN_STAMP)
-	$(PY) -m moss_rt serve --engine scripted --host $(HOST) --port $(PORT)
+	$(PY) -m moss_rt serve --engine scripted $(SERVE_FLAGS)
 
 ## The whole suite (sets everything up, including Chromium for the browser test).
 test: $(DEV_STAMP) browser

@@ -129,8 +129,8 @@ def start_server(
     env.update(
         MOSS_RT_MAX_SEQ_LEN=str(args.max_seq_len),
         MOSS_RT_MAX_TAKES_PER_CLIENT="0",  # every bench client shares 127.0.0.1
-        MOSS_RT_HTTP_REQUESTS_PER_SEC="0",  # ...so do their WebSocket upgrades (128 at once)
-        MOSS_RT_MAX_CONNECTIONS_PER_CLIENT="0",
+        MOSS_RT_HTTP_REQUESTS_PER_SEC="0",  # ...so does the per-client request rate (WebSocket upgrades)
+        MOSS_RT_MAX_CONNECTIONS_PER_CLIENT="0",  # ...and the cap on its requests in progress
         PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
     )
@@ -232,7 +232,8 @@ def pct(values: list[float], q: float) -> float:
 async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, Any], settle_sec: float = 0.0) -> dict:
     ws_url = url.replace("http", "ws") + "/api/ws"
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
+    # limit=0: aiohttp's default connector holds at most 100 connections, which would cap concurrency.
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
         before = await scrape(http, url)
         takes: list[dict] = []
         t0 = time.perf_counter()

@@ -64,11 +64,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from moss_rt.web import create_app
+    from moss_rt.web.state import STATE
 
     settings = settings_from_flags(args, args.base)
     setup_logging(settings.log_level)
     engine = build_engine(settings)
-    app = create_app(settings, engine)
+    app = create_app(settings, engine, exit_on_engine_failure=True)
     log.info("moss_rt on http://%s:%d (engine %s%s)", settings.host, settings.port, settings.engine,
              f", cluster {settings.cluster}" if settings.cluster else "")
     # run_app turns SIGTERM and SIGINT into a graceful exit: stop listening, then the app's
@@ -81,6 +82,10 @@ def run_serve(args: argparse.Namespace) -> int:
         handler_cancellation=True,
         shutdown_timeout=settings.shutdown_grace_sec,
     )
+    failure = app[STATE].engine_failure
+    if failure is not None:
+        print(f"moss_rt: the engine failed to start: {failure}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -41,17 +41,28 @@ class Settings:
     codec: str = setting("auto", "auto | tiny | PATH | HUB_ID")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = setting("auto", "auto | float32 | bfloat16")
-    data_dir: Path = setting(Path("data"), "uploaded voices, tiny models")
+    data_dir: Path = setting(Path("data"), "uploaded voices, directing sessions, tiny models")
+    # Directing sessions kept in data_dir/sessions (resume on the WebSocket, /api/sessions); off: takes live only
+    # as long as their connection (a bounded history of limits.max_takes_kept).
+    sessions: bool = setting(True, "keep directing sessions on disk (resume)")
     voices_dir: Path = setting(Path("voices"), "built-in voices (audio files)")
     # The studio page: moss_rt/static links to the repository's static/ and is a real folder once installed.
     static_dir: Path = (Path(__file__).resolve().parent / "static").resolve()
     # Engine scheduling.
-    max_slots: int = setting(64, "takes generating at once")
+    # Takes generating at once; 0: chosen by the memory plan at start (64 on a CPU).
+    max_slots: int = setting(0, "takes generating at once (0: the memory plan; 64 on a CPU)")
     max_queue: int = setting(64, "takes waiting for a slot; beyond this requests are refused as busy")
     max_lead_sec: float = setting(20.0, "audio a client may hold unplayed before its take is paused (0: no pacing)")
     frame_ms: float = setting(80.0, "scripted engine frame time")  # wall time per generated frame
-    # Cache positions per slot: prompt rows + frames (longer takes end max_frames).
-    max_seq_len: int = setting(5120, "cache positions per slot")
+    # Cache positions of the longest take: prompt rows + frames (longer takes end max_frames). It only
+    # caps one take (the paged cache reserves nothing for it); 0: chosen by the memory plan (5120).
+    max_seq_len: int = setting(0, "longest take in cache positions, prompt + frames (0: the memory plan)")
+    # Fraction of the GPU's memory the service may hold (weights included); the memory plan made at
+    # start gives what is free under it to the KV cache, codec state, graph pools and a margin.
+    gpu_memory_utilization: float = setting(0.90, "fraction of GPU memory the service may hold, weights included")
+    # Emulate a smaller GPU: the process may hold at most this many GiB (torch's per-process memory
+    # fraction) and the memory plan budgets that instead of the whole device; 0: the whole device.
+    gpu_memory_limit_gib: float = setting(0.0, "emulate a smaller GPU: hold at most this many GiB (0: all of it)")
     prefill_chunk: int = setting(512, "prompt rows per prefill call (longer prompts are prefilled in pieces)")
     prefill_budget_ms: float = setting(40.0, "prefill work per scheduling round while other takes stream")
     # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest); with the

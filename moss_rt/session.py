@@ -260,6 +260,16 @@ class TakeHistory:
         self.running = take
         return SeekPlan("retake", source, msg.frame, take)
 
+    def keep_until_deleted(self, max_takes: int) -> None:
+        """Bound to a stored session: takes stay until the director deletes them (the store's quota applies)."""
+        self._max_takes = max(self._max_takes, max_takes)
+
+    def adopt(self, take: TakeRecord) -> None:
+        """An ended take of this session from an earlier connection (or before a restart), rebuilt from its stored
+        codes: replayable and retakeable like one made here (a retake rebuilds the cache from the codes)."""
+        take.status = TakeStatus.ENDED
+        self._remember(take)
+
     def record_chunk(self, take: TakeRecord, first_frame: int, codes: np.ndarray) -> None:
         take.append(first_frame, codes)
 
@@ -365,6 +375,14 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Keep:
+    """Store the ended ``take`` in the directing session the connection is bound to (``resume``), before its
+    ``end`` goes out: a client that has seen the end and reloads at once finds the take."""
+
+    take: TakeRecord
+
+
+@dataclass(frozen=True)
 class FinishAudio:
     """The take's audio is complete: a take delivered in a format (tag 2) flushes the rest of its
     file now, before its ``end``; nothing for native PCM. ``replay``: the file of a replay run."""
@@ -374,7 +392,7 @@ class FinishAudio:
     replay: bool = False
 
 
-Action = SendMessage | SendAudio | Admit | Replay | Stop | FinishAudio
+Action = SendMessage | SendAudio | Admit | Replay | Stop | FinishAudio | Keep
 
 
 @dataclass
@@ -447,6 +465,13 @@ class DirectingSession:
         self._queued: list[Action] = []  # ends of pending runs replaced while stopping, sent after its end
         self._runs = 0
         self._refusing: str | None = None  # why new takes are refused (shutdown, closed)
+        self._keeping = False  # bound to a stored session: every ended take is kept (a Keep action)
+
+    def keep_takes(self, max_takes: int) -> None:
+        """The connection is bound to a stored directing session: ended takes are kept (a :class:`Keep` before
+        their ``end``) and stay in the history until deleted, up to the session's ``max_takes``."""
+        self._keeping = True
+        self.history.keep_until_deleted(max_takes)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -555,6 +580,8 @@ class DirectingSession:
     def _let_go(self, cur: _Run, reason: EndReason) -> list[Action]:
         """End a take still being admitted, or a replay, at once (their run's later reports are stale)."""
         if cur.replay_frame is not None:
+            if not cur.started:  # its audio never began: like a take that never streamed, start then end
+                return [Stop(cur.run, reason), *self._retire(cur, reason)]
             finish = FinishAudio(cur.run, cur.take, replay=True)  # a replay in a format: its file, cut here
             return [Stop(cur.run, reason), finish, SendMessage(self._replay_end(cur, reason))]
         # Admission may still finish: the transport then hears that the run is stale and stops it.
@@ -573,7 +600,8 @@ class DirectingSession:
         after the answer to its seek if that did not go out yet."""
         actions = self._ack(run)
         if run.replay_frame is not None:
-            return [*actions, SendMessage(self._replay_end(run, reason))]
+            start = SendMessage(self._started(run, None, first_frame=run.replay_frame, replay=True))
+            return [*actions, start, SendMessage(self._replay_end(run, reason))]
         take = run.take
         text_stats = self._text_stats(run)
         self.history.record_end(take, reason.value, dict(text_stats))
@@ -783,6 +811,8 @@ class DirectingSession:
         stats = {"gpu_total_ms": round(event.gpu_total_ms, 2), "gpu_first_ms": gpu_first_ms, "ttfa_ms": ttfa_ms,
                  "rtf": rtf}
         self.history.record_end(take, event.reason.value, {k: v for k, v in stats.items() if v is not None})
+        if self._keeping and take.n_frames > 0:
+            actions.append(Keep(take))
         actions.append(FinishAudio(run, take))
         if event.reason is EndReason.ERROR:
             # A cluster says when the replica running the take was lost (replica_lost).

@@ -363,3 +363,53 @@ def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -
             assert open_take is None or d.get("take") == open_take
     takes_ended = [take for take, replay in ended_takes if not replay]
     assert len(takes_ended) == len(set(takes_ended)), "a take ended twice"
+
+
+def test_a_session_bound_to_a_store_keeps_every_ended_take_before_its_end_goes_out() -> None:
+    from moss_rt.session import Keep, TakeRecord, TakeStatus
+
+    s = make_session(max_takes=2)
+    s.keep_takes(500)  # resume: takes stay until deleted, not the connection's bounded history
+    ends: list[tuple[int, int]] = []  # (index of the Keep, index of the end) per take
+    for n in range(4):
+        (admit,) = only(s.handle(StartTake(text=f"line {n}", seed=n)), Admit)
+        actions = stream(s, admit.run, frames=4)
+        keep = next(i for i, a in enumerate(actions) if isinstance(a, Keep))
+        end = next(i for i, a in enumerate(actions) if isinstance(a, SendMessage) and a.message.type == "end")
+        assert actions[keep].take is admit.take and actions[keep].take.n_frames == 4
+        ends.append((keep, end))
+    assert all(k < e for k, e in ends)
+    assert len(s.history.takes) == 4  # none forgotten at max_takes=2
+
+    # A take of the session from an earlier connection: adopted, then retaken from its stored codes.
+    old = TakeRecord("t_old", StartTake(text="stored", seed=42))
+    old.append(0, np.arange(60, dtype=np.int64).reshape(5, 12))
+    s.history.adopt(old)
+    assert old.status is TakeStatus.ENDED
+    (admit,) = only(s.handle(Seek(take="t_old", frame=3)), Admit)
+    assert admit.take.parent == "t_old" and np.array_equal(admit.prefix_codes, old.codes[:3])
+
+
+def test_a_session_not_bound_keeps_nothing() -> None:
+    from moss_rt.session import Keep
+
+    s = make_session()
+    (admit,) = only(s.handle(StartTake(text="x", seed=1)), Admit)
+    assert not only(stream(s, admit.run), Keep)
+
+
+def test_a_replay_replaced_before_its_audio_still_gets_a_start_before_its_end() -> None:
+    """Found by the any-interleaving property with many examples: a replay let go before its PCM was
+    at hand sent its ``end`` (and the end of its format file) with no ``start``; every end follows its start."""
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a"))
+    stream(s, a.run, frames=3)
+    (replay,) = only(s.handle(Seek(take="t0", frame=1, mode="replay")), Replay)
+    actions = s.handle(StartTake(text="b"))
+    assert Stop(replay.run, EndReason.REPLACED) in actions
+    wire = [a for a in actions if isinstance(a, SendMessage)]
+    kinds = [(m.message.to_dict()["type"], m.message.to_dict().get("take")) for m in wire]
+    assert kinds[:2] == [("start", "t0"), ("end", "t0")]
+    assert wire[0].message.to_dict()["replay"] is True and wire[1].message.to_dict()["reason"] == "replaced"
+    assert not any(isinstance(a, SendAudio | FinishAudio) for a in actions)
+    assert s.replay_audio(replay.run, b"\x00" * 3840 * 2 * 3) == []  # its late PCM is stale

@@ -17,6 +17,7 @@ from typing import Any
 
 from moss_rt.cluster.replica import EngineReplica
 from moss_rt.config import Settings
+from moss_rt.engine.memory_plan import MAX_AUTO_SLOTS
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,8 @@ def replica_handles(settings: Settings) -> list[tuple[str, Any]]:
             get_if_exists=True,
             max_restarts=-1,
             max_task_retries=0,
-            max_concurrency=settings.max_slots + settings.max_queue + EXTRA_CONCURRENCY,
+            # max_slots 0: the replica's memory plan decides, at most MAX_AUTO_SLOTS.
+            max_concurrency=(settings.max_slots or MAX_AUTO_SLOTS) + settings.max_queue + EXTRA_CONCURRENCY,
             **resources,
         ).remote(replica_settings(settings), name)
         handles.append((name, actor))

@@ -147,7 +147,8 @@ class EngineReplica:
             status=state,
             active=int(getattr(engine, "active_count", 0)),
             queued=int(getattr(engine, "queued_count", 0)),
-            capacity=s.max_slots + s.max_queue,
+            # The engine's memory plan decides its slots when --max-slots is 0 (the default).
+            capacity=(plan.max_slots if (plan := getattr(engine, "memory_plan", None)) else s.max_slots) + s.max_queue,
             pid=os.getpid(),
             node=socket.gethostname(),
             # Without the registry: it stays here (metrics_text renders it) and does not pickle.

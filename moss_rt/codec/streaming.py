@@ -38,7 +38,7 @@ from . import fused
 from .model import DEFAULT_DECODE_LEVELS, CodecModel, Patch
 from .modules import ProjectedTransformer, acc_dtype, rope_rotation, rope_tables, run_layers_fused
 
-__all__ = ["DecoderState", "StreamingDecoder", "NoFreeSlot"]
+__all__ = ["DecoderState", "NoFreeSlot", "StreamingDecoder", "stream_state_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,25 @@ class _Stage:
     ring: int
     k_pool: list[torch.Tensor]  # per layer [S, H, ring, Dh]
     v_pool: list[torch.Tensor]
+
+
+def _ring_size(spec: object, frame_rate: float, max_chunk_frames: int) -> tuple[int, int]:
+    """(tokens per frame, ring entries) of one decoder stage: its window plus one chunk of headroom,
+    rounded up to 64 so the additive mask rows stay aligned for SDPA."""
+    tpf = int(round(spec.rate_hz / frame_rate))  # type: ignore[attr-defined]
+    return tpf, -(-(spec.context + max_chunk_frames * tpf) // 64) * 64  # type: ignore[attr-defined]
+
+
+def stream_state_bytes(codec: CodecModel, max_chunk_frames: int, dtype: torch.dtype) -> int:
+    """Bytes of one stream's K/V rings (what each pool row costs), without allocating anything."""
+    total = 0
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    for m in codec.decoder:
+        if isinstance(m, ProjectedTransformer):
+            spec = m.spec
+            _, ring = _ring_size(spec, codec.config.frame_rate, max_chunk_frames)
+            total += 2 * spec.num_layers * spec.num_heads * ring * spec.head_dim * itemsize
+    return total
 
 
 class StreamingDecoder:
@@ -151,9 +170,7 @@ class StreamingDecoder:
         for idx, m in enumerate(codec.decoder):
             if isinstance(m, ProjectedTransformer):
                 spec = m.spec
-                tpf = int(round(spec.rate_hz / frame_rate))
-                # Headroom for one chunk; rounded up to 64 so the additive mask rows stay aligned for SDPA.
-                ring = -(-(spec.context + self.max_chunk_frames * tpf) // 64) * 64
+                tpf, ring = _ring_size(spec, frame_rate, self.max_chunk_frames)
                 # One extra row (index max_streams) is scratch: graph capture writes there, never to a stream.
                 shape = (self.max_streams + 1, spec.num_heads, ring, spec.head_dim)
                 self._stages[idx] = _Stage(
@@ -185,6 +202,16 @@ class StreamingDecoder:
         # reference to the state itself, only to the free list.
         state._release = weakref.finalize(state, self._free.append, slot)
         return state
+
+    def scratch_state(self) -> DecoderState:
+        """A state on the scratch pool row (never a stream's): for padding rows of a batched call, whose
+        output is thrown away. Any number of them may share the row; it is never given back."""
+        return DecoderState(slot=self.max_streams)
+
+    @property
+    def stream_bytes(self) -> int:
+        """Bytes of one stream's K/V rings."""
+        return sum(t[0].numel() * t.element_size() for s in self._stages.values() for t in s.k_pool + s.v_pool)
 
     def rebuild(self, codes_prefix: np.ndarray | torch.Tensor) -> DecoderState:
         """State after decoding frames ``[0, N)`` of ``codes_prefix`` ``[N, >=12]`` (exact; used for seek).

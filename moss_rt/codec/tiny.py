@@ -250,7 +250,9 @@ def write_codec(
         weight_map.update({k: name for k in group})
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    # The marker lets the service label a random-weight codec honestly (its audio is noise).
+    marked = {**config, "moss_rt_random_weights": True}
+    (folder / "config.json").write_text(json.dumps(marked, indent=2) + "\n", encoding="utf-8")
     log.info("wrote random codec (%d tensors, %.1f MB, %d shards) to %s", len(tensors), total / 1e6, n, folder)
     return folder
 

@@ -68,6 +68,14 @@ class EngineBusy(Exception):
         self.retry_after_sec = retry_after_sec
 
 
+class EngineLoading(EngineBusy):
+    """The engine is still loading or warming up (HTTP 503 ``loading`` with Retry-After)."""
+
+    def __init__(self, retry_after_sec: float = 5.0) -> None:
+        super().__init__(retry_after_sec)
+        self.args = ("the engine is still loading, retry shortly",)
+
+
 @dataclass(frozen=True)
 class TakeSpec:
     """One take to generate, fully resolved: the engine's own request type.

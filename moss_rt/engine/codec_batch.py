@@ -2,8 +2,8 @@
 
 The full-size codec decoder is launch-bound when run eagerly (about 55 ms per call on an H200 whatever
 the batch), while a captured graph replays a small call in about 9 ms. Graphs are captured per exact
-(batch, T), so batches are padded up to a few bucket sizes with padding streams (states of their own
-whose output is thrown away and whose position is reset before every call), and the first entry of
+(batch, T), so batches are padded up to a few bucket sizes with padding rows (states on the decoder's
+scratch pool row, whose output is thrown away and whose position is reset before every call), and the first entry of
 every graphed batch is a padding stream: the slot list is then never contiguous, so only the decoder's
 "gathered" graphs are ever used (its contiguous-range graphs are keyed by start slot too, which would
 mean a capture per slot). All graphs are captured at start-up; a shape without one (an odd chunk
@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SMALL_BUCKETS = (2, 4, 8, 16)  # graphed batch sizes (padding stream included), every chunk length 1..8
-LARGE_BUCKETS = (32, 48)  # plus max_slots + 2: graphed for the first chunk (T=1) and full chunks (T=8)
+# Plus max_slots + 2; graphed for the first chunk (T=1) and full chunks (T=8).
+LARGE_BUCKETS = (32, 48, 64)
 SMALL_T = tuple(range(1, 9))
+MAX_CALL_STREAMS = 64  # streams per codec call (bounds its activations); the top bucket is this + 2
 LARGE_T = (1, 8)
 
 
@@ -41,28 +43,53 @@ class CodecBatcher:
     def __init__(self, decoder: StreamingDecoder, max_streams: int) -> None:
         self.decoder = decoder
         self.graphs = bool(getattr(decoder, "cuda_graphs", False))
-        self.buckets = graph_buckets(max_streams)
+        # One call decodes at most this many streams: its activations (and a graph's pool) stay bounded
+        # whatever the slot count; more streams due together are decoded in several calls.
+        self.max_batch = max(1, min(max_streams, MAX_CALL_STREAMS))
+        self.buckets = graph_buckets(self.max_batch)
         self._warm: set[tuple[int, int]] = set()
         self._pads: list[DecoderState] = []
         if self.graphs:
-            # Allocated first, so they hold the lowest slots and real streams never sit next to pad 0.
-            self._pads = [decoder.new_state() for _ in range(self.pad_streams(max_streams))]
+            # Every padding row shares the decoder's scratch pool row: its output is thrown away and rows
+            # of a batched call never read each other's state, so padding costs no stream memory.
+            self._pads = [decoder.scratch_state() for _ in range(self.pad_streams(self.max_batch))]
 
     @staticmethod
     def pad_streams(max_streams: int) -> int:
-        """Decoder slots the padding streams need (reserve them in ``max_streams``): the widest bucket gap."""
+        """Padding rows a graphed call may need (the widest bucket gap); they hold no decoder slot."""
         buckets = graph_buckets(max_streams)
         return max(b - (prev + 1) for prev, b in zip((0, *buckets), buckets, strict=False)) + 1
 
-    def warm_up(self) -> None:
-        """Capture every graph we will use now: an unexpected shape later runs eagerly, never captures."""
-        if not self.graphs:
-            return
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every (batch bucket, chunk length) that gets a graph, the likeliest first: the first chunk (T=1)
+        and full chunks (T=8) of small batches, then larger batches, then the odd chunk lengths."""
+        out = []
         for b in self.buckets:
             for t in SMALL_T if b <= SMALL_BUCKETS[-1] else LARGE_T:
                 if t <= self.decoder.max_chunk_frames and b <= self.decoder.max_streams:
-                    self.decoder.warmup([b], [t], contiguous_from=None)
-                    self._warm.add((b, t))
+                    out.append((b, t))
+        return sorted(out, key=lambda bt: (bt[1] not in LARGE_T, bt[0], bt[1]))
+
+    def pending(self) -> list[tuple[int, int]]:
+        return [] if not self.graphs else [bt for bt in self.shapes() if bt not in self._warm]
+
+    def capture_next(self) -> bool:
+        """Capture the likeliest missing graph (the engine calls this while idle); False: none left.
+        Until a shape has its graph, calls of that shape run eagerly (same numbers, slower)."""
+        pending = self.pending()
+        if not pending:
+            return False
+        b, t = pending[0]
+        self.decoder.warmup([b], [t], contiguous_from=None)
+        self._warm.add((b, t))
+        return True
+
+    def warm_up(self, limit: int | None = None) -> None:
+        """Capture graphs now (all, or the ``limit`` likeliest): a shape without one runs eagerly, never
+        captures in the middle of streaming."""
+        n = 0
+        while (limit is None or n < limit) and self.capture_next():
+            n += 1
 
     @contextlib.contextmanager
     def eager(self) -> Iterator[None]:
@@ -82,10 +109,12 @@ class CodecBatcher:
         for i, chunk in enumerate(chunks):
             groups[int(chunk.shape[0])].append(i)
         out: list[np.ndarray | None] = [None] * len(states)
-        for t, idxs in groups.items():
-            audio = self._decode_group([states[i] for i in idxs], [chunks[i] for i in idxs], t)
-            for i, a in zip(idxs, audio, strict=True):
-                out[i] = a
+        for t, every in groups.items():
+            for at in range(0, len(every), self.max_batch):
+                idxs = every[at : at + self.max_batch]
+                audio = self._decode_group([states[i] for i in idxs], [chunks[i] for i in idxs], t)
+                for i, a in zip(idxs, audio, strict=True):
+                    out[i] = a
         return [a for a in out if a is not None]
 
     def _decode_group(self, states: list[DecoderState], chunks: list[np.ndarray], t: int) -> list[np.ndarray]:
@@ -104,6 +133,4 @@ class CodecBatcher:
         return audio[1 : 1 + n]
 
     def close(self) -> None:
-        for pad in self._pads:
-            pad.close()
-        self._pads = []
+        self._pads = []  # scratch-row states: nothing to give back

@@ -10,6 +10,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from moss_rt.engine.memory_plan import MemoryPlan
+
 # Latency buckets (seconds) sized for 80 ms frames: first audio is expected in 0.05-0.5 s.
 TTFA_BUCKETS = (0.02, 0.05, 0.08, 0.12, 0.16, 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
 STEP_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.2, 0.4, 0.8, 1.6)
@@ -59,8 +61,40 @@ class EngineMetrics:
         self.pauses = Counter("moss_rt_pauses_total", "Times a slot was paused for a slow client", registry=r)
         self.busy = Counter("moss_rt_busy_rejections_total", "Takes refused because slots and queue were full",
                             registry=r)
+        self.kv_blocks_free = Gauge("moss_rt_kv_blocks_free", "Blocks of the paged KV cache not held by any take",
+                                    registry=r)
+        self.kv_blocks_total = Gauge("moss_rt_kv_blocks_total", "Blocks of the paged KV cache (scratch excluded)",
+                                     registry=r)
+        self.kv_blocks_promised = Gauge(
+            "moss_rt_kv_blocks_promised", "Free KV blocks promised to running takes (their remaining budget)",
+            registry=r,
+        )
+        self.retained_caches = Gauge("moss_rt_retained_caches", "Finished takes whose cache is kept for retakes",
+                                     registry=r)
+        self.plan_bytes = Gauge(
+            "moss_rt_memory_plan_bytes",
+            "The start-up memory plan by part (total, in_use, budget, backbone_cache, codec_state, work, margin)",
+            ["part"], registry=r,
+        )
+        self.plan_slots = Gauge("moss_rt_memory_plan_slots", "Concurrent takes the memory plan holds", registry=r)
+        self.plan_seq_len = Gauge("moss_rt_memory_plan_max_seq_len", "Cache positions per take in the plan",
+                                  registry=r)
         self._window_start = time.monotonic()
         self._window_frames = 0
+
+    def set_plan(self, plan: MemoryPlan) -> None:
+        for part, value in (
+            ("total", plan.total_bytes),
+            ("in_use", plan.in_use_bytes),
+            ("budget", plan.budget_bytes),
+            ("backbone_cache", plan.backbone_cache_bytes),
+            ("codec_state", plan.codec_state_bytes),
+            ("work", plan.work_bytes),
+            ("margin", plan.margin_bytes),
+        ):
+            self.plan_bytes.labels(part).set(value)
+        self.plan_slots.set(plan.max_slots)
+        self.plan_seq_len.set(plan.max_seq_len)
 
     def add_frames(self, n: int) -> None:
         """Count frames and refresh the frames/s gauge about once a second."""

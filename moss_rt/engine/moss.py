@@ -23,18 +23,29 @@ import numpy as np
 import torch
 
 from moss_rt.config import Settings
-from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, TakeSpec
+from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, EngineLoading, TakeSpec
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
+from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prompts import PromptTooLong, frames_room, prompt_rows
-from moss_rt.engine.resolve import DEMO_BANNER, Choice, choose_codec, choose_model, placement, tiny_model_dir
+from moss_rt.engine.resolve import (
+    Choice,
+    choose_codec,
+    choose_model,
+    demo_banner,
+    has_random_weights,
+    placement,
+    tiny_model_dir,
+)
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import EngineChannel, Take
 from moss_rt.generation import FRAME_RATE, N_CODEBOOKS, SamplingParams
 from moss_rt.protocol import DEFAULT_MODEL_ALIAS, ErrorCode, ProtocolError
 
 if TYPE_CHECKING:
+    from moss_rt.codec.model import CodecModel
+    from moss_rt.model.config import MossTTSConfig
     from moss_rt.model.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -44,7 +55,11 @@ BURST_MAX_S = 0.05  # ...for at most this long
 IDLE_WAIT_S = 0.1  # nothing to do: sleep until woken (submit, cancel, job) or this long
 PAUSED_POLL_S = 0.005  # only paused slots: poll their channels this often
 SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU inference runs single-threaded
-CODEC_CHUNK_FRAMES = 25  # largest chunk the streaming decoder runs in one forward (longer ones are split)
+# Largest chunk the streaming decoder runs in one forward (longer ones are split). It sets each stream's
+# ring headroom: 8 (the default chunk) instead of 25 cuts the codec state per stream by about 11 %.
+CODEC_CHUNK_FRAMES = 8
+WARM_CODEC_GRAPHS = 2  # codec graphs captured before ready (the first chunk and a full chunk of one stream)
+CODEC_EXTRA_STREAMS = 2  # codec decoder slots beyond one per take: a render and the warm-up stream
 
 
 class MossEngine(EngineLifecycle):
@@ -53,7 +68,9 @@ class MossEngine(EngineLifecycle):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         spec = settings.model.strip()
-        likely_demo = spec == "tiny" or (spec == "auto" and not torch.cuda.is_available())
+        likely_demo = (
+            spec == "tiny" or (spec == "auto" and not torch.cuda.is_available()) or has_random_weights(spec)
+        )
         self._info = EngineInfo(
             name="moss",
             models=(DEFAULT_MODEL_ALIAS,),
@@ -65,7 +82,9 @@ class MossEngine(EngineLifecycle):
         self.metrics = EngineMetrics()
         lead_sec = settings.max_lead_sec if settings.max_lead_sec > 0 else 20.0
         self._lead_frames = max(1, int(lead_sec * FRAME_RATE))
-        self._capacity = settings.max_slots + settings.max_queue
+        self.memory_plan: MemoryPlan | None = None  # made at start, once the weights are loaded
+        # Until the plan is made, capacity is what the settings say (nothing is admitted before then).
+        self._capacity = (settings.max_slots or DEFAULT_CPU_SLOTS) + settings.max_queue
         # Admission is counted here, so the inbox can never be full when put_nowait runs.
         self._inbox: queue.Queue[Take] = queue.Queue(maxsize=self._capacity)
         self._jobs_in: queue.Queue[Job] = queue.Queue(maxsize=max(4, settings.max_queue))
@@ -84,6 +103,7 @@ class MossEngine(EngineLifecycle):
         self._batcher: CodecBatcher | None = None
         self._runner: ModelRunner | None = None
         self._device = torch.device("cpu")
+        self._graphs_done = False  # every CUDA graph captured (or nothing left to try)
 
     # ------------------------------------------------------------------ the seam
     @property
@@ -119,8 +139,10 @@ class MossEngine(EngineLifecycle):
         self._ready = False
 
     async def submit(self, spec: TakeSpec) -> EngineChannel:
-        if self._loop is None or not self._ready or self._stop.is_set():
-            raise EngineBusy(retry_after_sec=5.0)  # loading (or shutting down): come back later
+        if self._stop.is_set():
+            raise EngineBusy(retry_after_sec=5.0)  # shutting down: come back later
+        if self._loop is None or not self._ready:
+            raise EngineLoading(retry_after_sec=5.0)
         prompt = await self._checked_prompt(spec)
         if not self._ready or self._stop.is_set():
             # close() ran during the check: the stopped worker would never read the inbox again.
@@ -160,13 +182,13 @@ class MossEngine(EngineLifecycle):
 
     async def encode_reference(self, audio: bytes) -> np.ndarray:
         if self._codec is None:
-            raise EngineBusy(retry_after_sec=5.0)
+            raise EngineLoading(retry_after_sec=5.0)
         job = EncodeJob(audio, self._codec, self.settings.limits.max_upload_seconds)  # type: ignore[arg-type]
         return await self._run_job(job)  # type: ignore[return-value]
 
     def _require_batcher(self) -> CodecBatcher:
         if self._batcher is None:
-            raise EngineBusy(retry_after_sec=5.0)
+            raise EngineLoading(retry_after_sec=5.0)
         return self._batcher
 
     async def _run_job(self, job: Job) -> object:
@@ -216,9 +238,39 @@ class MossEngine(EngineLifecycle):
                 sched.fail_all("internal engine error")
                 worked = True
             worked |= self._run_jobs(streaming=bool(sched.running))
+            if not worked and sched.idle and self._capture_idle():
+                continue
             if not worked:
                 self.metrics.idle()
                 self._wake.wait(PAUSED_POLL_S if sched.has_paused or sched.preparing else IDLE_WAIT_S)
+
+    def _capture_idle(self) -> bool:
+        """Capture one missing CUDA graph while nothing runs (a take arriving now waits for it, ~1 s)."""
+        runner, batcher = self._runner, self._batcher
+        if self._graphs_done:
+            return False
+        try:
+            if runner is not None and runner.capture_next():
+                return True
+            if batcher is not None and batcher.capture_next():
+                return True
+        except Exception:  # a failed capture must not stop serving: the eager path remains
+            log.exception("graph capture while idle failed; leaving the remaining shapes eager/lazy")
+            self._graphs_done = True
+            return False
+        self._graphs_done = True
+        self._report_memory("every CUDA graph captured")
+        return False
+
+    def _report_memory(self, when: str) -> None:
+        """Log (and show in /api/info) what the device really holds next to the plan."""
+        if self._device.type != "cuda" or self.memory_plan is None:
+            return
+        reserved = torch.cuda.max_memory_reserved(self._device)
+        details = {**self._info.details, "peak_reserved_gib": f"{reserved / GIB:.2f}"}
+        self._info = dataclasses.replace(self._info, details=details)
+        log.info("%s: peak memory reserved by this process %.2f GiB (plan: %.2f GiB in use before + %.2f GiB planned)",
+                 when, reserved / GIB, self.memory_plan.in_use_bytes / GIB, self.memory_plan.planned_bytes / GIB)
 
     def _drain_inbox(self, sched: Scheduler) -> int:
         n = 0
@@ -291,24 +343,36 @@ class MossEngine(EngineLifecycle):
     def _load(self) -> None:
         from moss_rt.codec import CodecLoadError, load_codec
         from moss_rt.codec.streaming import StreamingDecoder
-        from moss_rt.model.loader import load_model
+        from moss_rt.model.loader import ModelUnavailable, load_model, random_weights_label
         from moss_rt.model.runner import ModelRunner
 
         s = self.settings
         where = placement(s)
         t0 = time.perf_counter()
+        if where.device.type == "cuda" and s.gpu_memory_limit_gib > 0:
+            index = where.device.index if where.device.index is not None else torch.cuda.current_device()
+            total = torch.cuda.get_device_properties(index).total_memory
+            fraction = min(1.0, s.gpu_memory_limit_gib * GIB / total)
+            torch.cuda.set_per_process_memory_fraction(fraction, index)
+            log.info("GPU memory limited to %.1f GiB (%.3f of the device) for this process",
+                     s.gpu_memory_limit_gib, fraction)
         model_choice = choose_model(s, where.device)
         try:
             loaded = load_model(model_choice.source, device=where.device, dtype=where.dtype)
-        except Exception as exc:
+        except ModelUnavailable as exc:
+            # Only weights that cannot be obtained (offline, download failed) fall back; a checkpoint
+            # that is there but does not load (out of memory, config or tensor mismatch, no tokenizer)
+            # is an error naming the problem: a silent demo would hide it.
             if s.model.strip() != "auto" or model_choice.demo:
                 raise
-            log.warning("--model auto: cannot load %s (%s); falling back to the tiny demo model",
+            log.warning("--model auto: cannot obtain %s (%s); falling back to the tiny demo model",
                         model_choice.source, exc)
-            model_choice = Choice(str(tiny_model_dir(s)), True, "tiny")
+            model_choice = Choice(str(tiny_model_dir(s)), True, "tiny", tiny=True)
             loaded = load_model(model_choice.source, device=where.device, dtype=where.dtype)
-        codec_choice = choose_codec(s, model_choice)
         params = sum(p.numel() for p in loaded.model.parameters())
+        if loaded.source.demo and not model_choice.demo:  # a random-weight checkpoint given by path
+            model_choice = dataclasses.replace(model_choice, demo=True)
+        codec_choice = choose_codec(s, model_choice)
         if where.device.type == "cpu" and params < SMALL_MODEL_PARAMS:
             # A small model's ops are microseconds long: intra-op threads only add contention
             # (measured 10 ms/frame on one thread vs 250 ms on two of a busy 2-core machine).
@@ -322,27 +386,29 @@ class MossEngine(EngineLifecycle):
                         "reference voices cannot be encoded", codec_choice.source, exc)
             codec = load_codec(codec_choice.source, device=where.device, compute_dtype=where.dtype, decode_only=True)
             voice_cloning = False
+        plan = self._plan_memory(loaded.config, codec, where.device, where.dtype)
+        slots, seq_len = plan.max_slots, plan.max_seq_len
         graphs = where.device.type == "cuda" and "cuda_graphs" in inspect.signature(StreamingDecoder).parameters
         decoder = StreamingDecoder(
             codec,
             device=where.device,
             dtype=where.dtype,
-            # every slot, renders, and the padding streams of graphed calls
-            max_streams=s.max_slots + 2 + CodecBatcher.pad_streams(s.max_slots),
+            max_streams=slots + CODEC_EXTRA_STREAMS,  # every slot, a render and the warm-up
             max_chunk_frames=CODEC_CHUNK_FRAMES,
             **({"cuda_graphs": True} if graphs else {}),
         )
-        # Created before any other decoder state: its padding streams must take the lowest slots.
-        batcher = CodecBatcher(decoder, s.max_slots)
+        batcher = CodecBatcher(decoder, slots)
         runner = ModelRunner(
             loaded.model,
             loaded.tokenizer,
             loaded.config,
-            max_slots=s.max_slots,
-            max_seq_len=s.max_seq_len,
+            max_slots=slots,
+            max_seq_len=seq_len,
             device=where.device,
             dtype=where.dtype,
             prefill_max_rows=s.prefill_max_rows,
+            num_blocks=plan.kv_blocks,
+            block_size=plan.block_size,
         )
         self._codec, self._decoder, self._batcher = codec, decoder, batcher
         self._runner = runner
@@ -352,10 +418,10 @@ class MossEngine(EngineLifecycle):
             batcher,
             self.metrics,
             SchedulerConfig(
-                max_slots=s.max_slots,
+                max_slots=slots,
                 prefill_chunk=s.prefill_chunk,
                 prep_budget_s=s.prefill_budget_ms / 1000.0,
-                retain_slots=s.max_slots,
+                retain_slots=slots,
                 prefill_max_rows=s.prefill_max_rows,
             ),
             on_take_done=self._take_done,
@@ -369,17 +435,19 @@ class MossEngine(EngineLifecycle):
             "codec": codec_choice.label,
             "codec_source": codec_choice.source,
             "dtype": str(where.dtype).replace("torch.", ""),
-            "max_slots": str(s.max_slots),
-            "max_seq_len": str(s.max_seq_len),
+            "max_slots": str(slots),
+            "max_seq_len": str(seq_len),
             "cuda_graphs": str(bool(runner.use_cuda_graphs)).lower(),
             "codec_cuda_graphs": str(batcher.graphs).lower(),
             "voice_cloning": "on" if voice_cloning else "off (codec loaded without its encoder)",
             "load_sec": f"{time.perf_counter() - t0:.1f}",
         }
         if demo:
-            details["banner"] = DEMO_BANNER
+            banner = demo_banner(random_weights_label(params) if model_choice.demo else "random codec")
+            details["banner"] = banner
+            details["weights"] = random_weights_label(params) if model_choice.demo else "random codec weights"
             for _ in range(3):  # loud on purpose: nobody should mistake this for the real model
-                log.warning("*** %s ***", DEMO_BANNER)
+                log.warning("*** %s ***", banner)
         self._info = EngineInfo(
             name="moss",
             models=(DEFAULT_MODEL_ALIAS,),
@@ -391,6 +459,50 @@ class MossEngine(EngineLifecycle):
         log.info("engine loaded in %.1f s: model %s, codec %s on %s/%s",
                  time.perf_counter() - t0, model_choice.source, codec_choice.source, where.device, where.dtype)
 
+    def _plan_memory(
+        self, config: MossTTSConfig, codec: CodecModel, device: torch.device, dtype: torch.dtype
+    ) -> MemoryPlan:
+        """The memory plan from what the device has free now that the weights are loaded (see memory_plan)."""
+        from moss_rt.engine.memory_costs import memory_costs
+        from moss_rt.model.runner import DEFAULT_BLOCK_SIZE
+
+        s = self.settings
+        costs = memory_costs(
+            config,
+            codec,
+            dtype,
+            prefill_max_rows=s.prefill_max_rows,
+            codec_chunk_frames=CODEC_CHUNK_FRAMES,
+            codec_extra_streams=CODEC_EXTRA_STREAMS,
+        )
+        total = free = None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            free, total = torch.cuda.mem_get_info(device)
+            if s.gpu_memory_limit_gib > 0:
+                # A smaller card, emulated: this process's allocator may hold only the limit, so the plan
+                # budgets the limit minus what this process already holds (weights and their rounding).
+                total = min(total, int(s.gpu_memory_limit_gib * GIB))
+                free = total - torch.cuda.memory_reserved(device)
+        plan = plan_memory(
+            costs,
+            device=str(device),
+            total_bytes=total,
+            free_bytes=free,
+            utilization=s.gpu_memory_utilization,
+            max_slots=s.max_slots,
+            max_seq_len=s.max_seq_len,
+            block_size=DEFAULT_BLOCK_SIZE,
+        )
+        log.info("%s", plan.table())
+        self.memory_plan = plan
+        self.metrics.set_plan(plan)
+        # Admission counts against the plan: slots plus the wait queue, never more.
+        with self._admit_lock:
+            self._capacity = plan.max_slots + s.max_queue
+        self._inbox = queue.Queue(maxsize=self._capacity)
+        return plan
+
     def _sync(self) -> None:
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
@@ -400,7 +512,10 @@ class MossEngine(EngineLifecycle):
         t0 = time.perf_counter()
         runner = self._runner
         assert runner is not None
-        runner.warmup()
+        # Only the graphs a first take needs are captured before ready (start-to-ready stays short); the
+        # rest are captured while the engine is idle, likeliest first (_capture_idle), and a step shape
+        # met before its turn is captured on first use, a codec shape runs eagerly until then.
+        runner.warmup(batch_sizes=[1], key_lengths=[runner.key_buckets()[0]])
         slot = runner.alloc_slot()
         try:
             runner.prefill(slot, runner.build_prompt(text="Warm-up.", instruction=""))
@@ -412,7 +527,7 @@ class MossEngine(EngineLifecycle):
         batcher = self._batcher
         assert batcher is not None
         t1 = time.perf_counter()
-        batcher.warm_up()
+        batcher.warm_up(limit=WARM_CODEC_GRAPHS)
         if batcher.graphs:
             log.info("codec graphs captured in %.1f s", time.perf_counter() - t1)
         state = batcher.decoder.new_state()
@@ -426,3 +541,4 @@ class MossEngine(EngineLifecycle):
             state.close()
         self._sync()
         log.info("engine warm-up done in %.1f s", time.perf_counter() - t0)
+        self._report_memory("after warm-up")

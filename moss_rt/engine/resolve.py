@@ -7,6 +7,7 @@ network allows), and otherwise the tiny random-weight demo model and codec, writ
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -21,6 +22,28 @@ from moss_rt.config import REAL_CODEC_ID, REAL_MODEL_ID, Settings
 log = logging.getLogger(__name__)
 
 DEMO_BANNER = "DEMO MODE: serving a TINY RANDOM-WEIGHT model and codec; the audio is noise, everything else is real"
+FULL_RANDOM_BANNER = (
+    "DEMO MODE: serving RANDOM WEIGHTS at FULL SIZE (a benchmark checkpoint); "
+    "the audio is noise, everything else is real"
+)
+RANDOM_CODEC_BANNER = "DEMO MODE: the codec has RANDOM WEIGHTS; the audio is noise, everything else is real"
+
+
+def demo_banner(kind: str) -> str:
+    """The banner for a random-weight checkpoint: ``kind`` from ``random_weights_label`` (or "random codec")."""
+    if kind == "tiny random demo":
+        return DEMO_BANNER
+    if kind == "random weights, full size":
+        return FULL_RANDOM_BANNER
+    return RANDOM_CODEC_BANNER
+
+
+def has_random_weights(folder: str | Path) -> bool:
+    """A checkpoint folder written by our random-weight writers (model or codec) says so in config.json."""
+    try:
+        return bool(json.loads((Path(folder) / "config.json").read_text()).get("moss_rt_random_weights", False))
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -34,8 +57,9 @@ class Choice:
     """What to load: a folder or hub id, and whether it is the tiny demo."""
 
     source: str
-    demo: bool
+    demo: bool  # random weights (tiny or full size): the audio is noise
     label: str  # short, file-name safe: used in /api/info and as the voice-codes cache tag
+    tiny: bool = False  # the tiny demo written under data_dir (pairs with the tiny codec)
 
 
 def placement(settings: Settings) -> Placement:
@@ -99,16 +123,16 @@ def choose_model(settings: Settings, device: torch.device) -> Choice:
     if spec == "tiny" or (spec == "auto" and device.type != "cuda"):
         if spec == "auto":
             log.warning("--model auto without a CUDA device: falling back to the tiny demo model")
-        return Choice(str(tiny_model_dir(settings)), True, "tiny")
+        return Choice(str(tiny_model_dir(settings)), True, "tiny", tiny=True)
     if spec == "auto":
         return Choice(REAL_MODEL_ID, False, _label(REAL_MODEL_ID))
-    return Choice(spec, False, _label(spec))
+    return Choice(spec, has_random_weights(spec), _label(spec))
 
 
 def choose_codec(settings: Settings, model: Choice) -> Choice:
     spec = settings.codec.strip()
-    if spec == "tiny" or (spec == "auto" and model.demo):
-        return Choice(str(tiny_codec_dir(settings)), True, "tiny")
+    if spec == "tiny" or (spec == "auto" and model.tiny):
+        return Choice(str(tiny_codec_dir(settings)), True, "tiny", tiny=True)
     if spec == "auto":
         return Choice(REAL_CODEC_ID, False, _label(REAL_CODEC_ID))
-    return Choice(spec, False, _label(spec))
+    return Choice(spec, has_random_weights(spec), _label(spec))

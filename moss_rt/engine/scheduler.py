@@ -31,7 +31,7 @@ from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAu
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prompts import frames_room
-from moss_rt.engine.slots import Phase, Retained, RetainedSlots, Take
+from moss_rt.engine.slots import Phase, Retained, RetainedCaches, Take
 from moss_rt.generation import N_CODEBOOKS
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class SchedulerConfig:
     max_slots: int
     prefill_chunk: int  # prompt rows per take per prefill pass
     prep_budget_s: float  # prefill/rebuild time per round while other takes stream
-    retain_slots: int  # finished takes kept in the cache for retakes
+    retain_slots: int  # finished takes whose cache blocks are kept for retakes (they hold no slot)
     prefill_max_rows: int = 8192  # padded rows per batched prefill pass (takes x longest chunk)
     prefill_keys_per_row: int = PREFILL_KEYS_PER_ROW  # with it, bounds padded rows x longest key window
 
@@ -79,7 +79,7 @@ class Scheduler:
         self.waiting: deque[Take] = deque()
         self.preparing: list[Take] = []
         self.running: list[Take] = []
-        self.retained = RetainedSlots(config.retain_slots)
+        self.retained = RetainedCaches(config.retain_slots)
         self.steps = 0
 
     # ------------------------------------------------------------------ bookkeeping
@@ -104,6 +104,12 @@ class Scheduler:
         m.active_slots.set(self.active_count)
         m.queued.set(len(self.waiting))
         m.paused_slots.set(sum(1 for t in self.running if t.paused))
+        blocks = getattr(self.runner, "blocks", None)  # test stand-ins have no pool
+        if blocks is not None:
+            m.kv_blocks_free.set(blocks.free_blocks)
+            m.kv_blocks_total.set(blocks.num_blocks - 1)
+            m.kv_blocks_promised.set(blocks.promised)
+        m.retained_caches.set(len(self.retained))
 
     # ------------------------------------------------------------------ one round
     def iterate(self) -> bool:
@@ -133,33 +139,41 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
     def _admit(self) -> bool:
+        """Waiting takes start, oldest first, while a slot is free and the KV pool can promise them every
+        block they may need (kept caches of finished takes are evicted for room first); otherwise they
+        wait, so a running take never finds the pool empty."""
         admitted = False
         while self.waiting and self.active_count < self.config.max_slots:
-            take = self.waiting.popleft()
+            take = self.waiting[0]
             try:
-                self._begin(take)
+                started = self._begin(take)
             except Exception as exc:  # a bad prompt must not take other streams down
                 log.warning("take %s could not start: %s", take.take_id, exc)
+                self.waiting.popleft()
                 self._release(take, keep=False)
                 self._finish(take, EndReason.ERROR, error=str(exc))
                 continue
+            if not started:
+                break  # the pool is full: the queue waits for blocks to come back
+            self.waiting.popleft()
             self.preparing.append(take)
             admitted = True
         return admitted
 
-    def _alloc_model_slot(self) -> int:
+    def _room_for(self, need: int, keep: str | None) -> bool:
+        """Make ``need`` blocks available, evicting kept caches (oldest first, never ``keep``)."""
         runner = self.runner
-        if runner.free_slots == 0:
-            victim = self.retained.evict_oldest()
-            if victim is not None:
-                runner.free_slot(victim)
-        return int(runner.alloc_slot())
+        while runner.blocks.available < need:
+            ref = self.retained.evict_oldest(keep=keep)
+            if ref is None:
+                return False
+            runner.drop(ref)
+        return True
 
-    def _begin(self, take: Take) -> None:
+    def _begin(self, take: Take) -> bool:
+        """Give the take a slot and its cache reservation; False when the pool cannot promise it yet."""
         runner = self.runner
         spec = take.spec
-        take.phase = Phase.PREPARING
-        take.prep_started = time.monotonic()
         assert take.prompt is not None, "submit builds and checks the prompt rows"
         prompt = take.prompt
         n = spec.start_frame
@@ -170,25 +184,36 @@ class Scheduler:
         )
         # The rule submit already checked (a PromptTooLong here is a ValueError: _admit ends the take).
         room = frames_room(len(prompt), n, int(runner.max_seq_len))
-        take.frame_cap = min(n + spec.max_frames, room)
+        frame_cap = min(n + spec.max_frames, room)
+        kept = self.retained.get(spec.parent_take) if spec.parent_take else None
+        share = kept is not None and self._can_truncate(kept, prompt, prefix)
+        shared = len(prompt) + n if share else 0
+        # Every position the take may write (prompt, kept frames, new frames): promised up front,
+        # allocated block by block as it grows; a shared prefix costs nothing (its branch block one copy).
+        need = runner.blocks_needed(len(prompt) + frame_cap + 1, shared)
+        if not self._room_for(need, keep=spec.parent_take if share else None):
+            if not self.active_count:
+                raise ValueError(
+                    f"the take needs {need} KV cache blocks but the pool has {runner.blocks.available} "
+                    "(lower max_new_tokens, or start the service with more memory for the cache)"
+                )
+            return False
+        take.phase = Phase.PREPARING
+        take.prep_started = time.monotonic()
+        take.frame_cap = frame_cap
         take.capped_by_cache = n + spec.max_frames > room
         take.prompt_len = len(prompt)
         take.frames = take.flushed = n
         take.codes = list(prefix)
-
-        kept = self.retained.take(spec.parent_take) if spec.parent_take else None
-        if kept is not None and self._can_truncate(kept, prompt, prefix):
-            # The parent's cache already holds prompt + its frames: cut it back to frame n.
-            take.model_slot = kept.model_slot
-            runner.truncate(kept.model_slot, len(prompt) + n)
+        take.model_slot = runner.alloc_slot()
+        if share:
+            assert kept is not None
+            # The parent's cache holds prompt + its frames: share its blocks up to frame n.
+            runner.attach(take.model_slot, kept.blocks, shared)
             take.prompt_rows = prompt
             take.prefilled = len(prompt)
-            take.reuse_path = "truncate"
+            take.reuse_path = "share"
         else:
-            if kept is not None:  # prompt changed (new text/instruction): the old cache may serve another retake
-                for slot in self.retained.put(spec.parent_take or "", kept):
-                    runner.free_slot(slot)
-            take.model_slot = self._alloc_model_slot()
             if n:
                 # Kept frames enter the cache as the model's own assistant rows (slot token + codes).
                 rows = np.empty((n, N_CODEBOOKS + 1), dtype=np.int64)
@@ -199,6 +224,8 @@ class Scheduler:
             else:
                 take.prompt_rows = prompt
             take.prefilled = 0
+        if not runner.reserve(take.model_slot, len(prompt) + frame_cap + 1, shared):  # pragma: no cover
+            raise RuntimeError("the KV pool could not keep its promise")  # _room_for checked it
         take.retain_key = prompt
         # Repetition penalty keeps the kept frames as history; the RNG counter continues at frame n.
         runner.set_sampling(
@@ -208,6 +235,7 @@ class Scheduler:
         take.rebuilt = 0
         if n:
             self.metrics.seeks.labels(take.reuse_path).inc()
+        return True
 
     @staticmethod
     def _can_truncate(kept: Retained, prompt: np.ndarray, prefix: np.ndarray) -> bool:
@@ -440,7 +468,7 @@ class Scheduler:
         )
 
     def _release(self, take: Take, *, keep: bool) -> None:
-        """Give back the codec state; keep the model slot for retakes when it holds a usable cache."""
+        """Give back the codec state and the slot; keep the cache blocks for retakes when they are usable."""
         if take.decoder is not None:
             take.decoder.close()
             take.decoder = None
@@ -449,9 +477,9 @@ class Scheduler:
             return
         usable = keep and take.phase is Phase.RUNNING and take.frames > 0 and take.retain_key is not None
         if usable and take.retain_key is not None and self.retained.capacity > 0:
-            item = Retained(slot, take.retain_key, take.codes_array())
+            item = Retained(self.runner.detach(slot), take.retain_key, take.codes_array())
             for evicted in self.retained.put(take.take_id, item):
-                self.runner.free_slot(evicted)
+                self.runner.drop(evicted)
         else:
             self.runner.free_slot(slot)
 
@@ -476,6 +504,6 @@ class Scheduler:
             for take in list(group):
                 self._finish(take, EndReason.SHUTDOWN)
             group.clear()
-        for slot in self.retained.clear():
-            self.runner.free_slot(slot)
+        for ref in self.retained.clear():
+            self.runner.drop(ref)
         self._update_gauges()

@@ -107,7 +107,7 @@ class ScriptedEngine(EngineLifecycle):
             details={"engine": "scripted test engine (no model)"},
         )
         self._frame_s = frame_ms / 1000.0
-        self._max_slots = max_slots
+        self._max_slots = max_slots if max_slots > 0 else 64  # 0 (the settings default): the memory plan's CPU value
         # 0 disables pacing in the web layer; the engine still bounds what may wait unconsumed.
         self._lead_frames = max(1, int((max_lead_sec if max_lead_sec > 0 else 20.0) * FRAME_RATE))
         self._inbox: queue.Queue[_Active] = queue.Queue(maxsize=max_queue)

@@ -1,4 +1,4 @@
-"""Per-take state inside the real engine, and the LRU of finished slots kept for cheap retakes."""
+"""Per-take state inside the real engine, and the LRU of finished takes' caches kept for cheap retakes."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from moss_rt.generation import N_CODEBOOKS
 
 if TYPE_CHECKING:
     from moss_rt.codec.streaming import DecoderState
+    from moss_rt.model.blocks import BlockRef
 
 
 class EngineChannel(TakeChannel):
@@ -61,7 +62,7 @@ class Take:
     prep_started: float | None = None
     prep_ms: float = 0.0
     paused: bool = False
-    reuse_path: str = "fresh"  # fresh | truncate | reprefill
+    reuse_path: str = "fresh"  # fresh | share (the parent's cache blocks) | reprefill
     retain_key: np.ndarray | None = None  # the prompt rows proper: a retake may reuse this cache if equal
     ending: EndReason | None = None  # set when the take must end after its last chunk is flushed
     error: str | None = None
@@ -98,15 +99,15 @@ class Take:
 
 @dataclass
 class Retained:
-    """A finished take's model slot, kept so a retake of it only truncates the cache."""
+    """A finished take's cache (its KV blocks, no slot), kept so retakes of it share its blocks."""
 
-    model_slot: int
+    blocks: BlockRef
     prompt_rows: np.ndarray
     codes: np.ndarray  # [frames, 12] frames whose rows are in the cache after the prompt
 
 
-class RetainedSlots:
-    """LRU of finished takes' slots, by take id. Evicted (freed) when a new take needs a slot."""
+class RetainedCaches:
+    """LRU of finished takes' caches, by take id. What falls out (or is evicted for room) is to be dropped."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(0, capacity)
@@ -115,27 +116,35 @@ class RetainedSlots:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, take_id: str, item: Retained) -> list[int]:
-        """Keep ``item``; returns model slots that fell out of the LRU (to free)."""
+    def put(self, take_id: str, item: Retained) -> list[BlockRef]:
+        """Keep ``item`` (most recent); returns references that fell out of the LRU (to drop)."""
         if self.capacity == 0:
-            return [item.model_slot]
+            return [item.blocks]
         self._items[take_id] = item
+        self._items.move_to_end(take_id)
         evicted = []
         while len(self._items) > self.capacity:
-            evicted.append(self._items.popitem(last=False)[1].model_slot)
+            evicted.append(self._items.popitem(last=False)[1].blocks)
         return evicted
 
-    def take(self, take_id: str | None) -> Retained | None:
-        if take_id is None:
+    def get(self, take_id: str | None) -> Retained | None:
+        """The kept cache of ``take_id`` (it stays kept: several retakes may share it)."""
+        if take_id is None or take_id not in self._items:
             return None
-        return self._items.pop(take_id, None)
+        self._items.move_to_end(take_id)
+        return self._items[take_id]
 
-    def evict_oldest(self) -> int | None:
-        if not self._items:
-            return None
-        return self._items.popitem(last=False)[1].model_slot
+    def evict_oldest(self, keep: str | None = None) -> BlockRef | None:
+        for take_id in self._items:
+            if take_id != keep:
+                return self._items.pop(take_id).blocks
+        return None
 
-    def clear(self) -> list[int]:
-        slots = [item.model_slot for item in self._items.values()]
+    def refs(self) -> list[BlockRef]:
+        """The kept caches' block references (oldest first)."""
+        return [item.blocks for item in self._items.values()]
+
+    def clear(self) -> list[BlockRef]:
+        refs = [item.blocks for item in self._items.values()]
         self._items.clear()
-        return slots
+        return refs

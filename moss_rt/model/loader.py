@@ -25,11 +25,26 @@ from moss_rt.model.prompt import load_tokenizer
 logger = logging.getLogger(__name__)
 
 DEFAULT_HUB_ID = "laion/moss-tts-local-transformer-4.55b-voice-acting-v2"
-HUB_FILES = ["config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer*", "*.txt", "*.model"]
+# "*.safetensors" covers both the single file and sharded checkpoints (index + model-0000k-of-0000n).
+HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer*", "*.txt", "*.model"]
+TINY_PARAMS = 50_000_000  # random checkpoints below this are the tiny demo; above, full-size benchmark weights
 
 
 class ModelSourceError(RuntimeError):
     """A model source that cannot be found, downloaded or read."""
+
+
+class ModelUnavailable(ModelSourceError):
+    """The weights cannot be obtained at all (offline and not cached, or the download failed).
+
+    The only failure after which ``--model auto`` may fall back to the tiny demo; a checkpoint that
+    is there but broken (config or tensor mismatch, no tokenizer) is an error that names the problem.
+    """
+
+
+def random_weights_label(params: int) -> str:
+    """How the logs and /api/info name a random-weight checkpoint of ``params`` parameters."""
+    return "tiny random demo" if params < TINY_PARAMS else "random weights, full size"
 
 
 @dataclass(frozen=True)
@@ -39,7 +54,7 @@ class ModelSource:
     demo: bool  # random weights: audio is noise
 
     def describe(self) -> str:
-        return f"{self.kind}:{self.path}" + (" (DEMO: tiny random weights)" if self.demo else "")
+        return f"{self.kind}:{self.path}" + (" (DEMO: random weights)" if self.demo else "")
 
 
 @dataclass
@@ -83,7 +98,7 @@ def resolve_model_source(
             return _tiny_source(tiny_dir)
         try:
             return _hub_source(DEFAULT_HUB_ID, cache_dir=cache_dir, offline=offline)
-        except ModelSourceError as exc:
+        except ModelUnavailable as exc:
             logger.warning("--model auto: %s; serving the TINY RANDOM demo model (audio is noise)", exc)
             return _tiny_source(tiny_dir)
     path = Path(spec).expanduser()
@@ -126,7 +141,7 @@ def _hub_source(repo_id: str, *, cache_dir: str | Path | None, offline: bool | N
         )
     except Exception as exc:  # the hub raises many types (offline, 404, auth, network)
         how = "offline mode (HF_HUB_OFFLINE) and not in the local cache" if offline else "download failed"
-        raise ModelSourceError(f"cannot get {repo_id!r} from the Hugging Face hub: {how}: {exc}") from exc
+        raise ModelUnavailable(f"cannot get {repo_id!r} from the Hugging Face hub: {how}: {exc}") from exc
     path = Path(folder)
     if not _is_checkpoint_dir(path):
         raise ModelSourceError(f"hub snapshot of {repo_id!r} at {path} lacks config.json or model.safetensors")
@@ -223,5 +238,7 @@ def load_model(
     seconds = time.perf_counter() - t0
     logger.info("loaded %s on %s/%s in %.1f s", source.describe(), device, dtype, seconds)
     if source.demo:
-        logger.warning("MODEL IS A TINY RANDOM DEMO: generated audio is noise")
+        params = sum(p.numel() for p in model.parameters())
+        logger.warning("MODEL HAS RANDOM WEIGHTS (%s, %.2fB parameters): generated audio is noise",
+                       random_weights_label(params), params / 1e9)
     return LoadedModel(model, config, tokenizer, source, seconds)

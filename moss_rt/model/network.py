@@ -31,10 +31,23 @@ from moss_rt.model.layers import (
 
 
 @dataclass(frozen=True)
-class CacheRows:
-    """Batch row b of a batched prefill uses cache row ``index[b]`` of the whole [slots,...] caches."""
+class PagedIndex:
+    """Where a pass reads and writes the paged cache (pool positions, see state.py).
 
-    index: torch.Tensor  # [B] int64 on the cache's device
+    ``write`` [B,T]: the pool position of each query row's key/value (scratch for rows that are
+    not advanced); ``read`` [B,Hkv,S]: rows of the pool viewed as [positions * Hkv, D] holding key
+    s of KV head h of each batch row's slot, so one gather yields [B,Hkv,S,D] in the layout the
+    attention GEMMs read without a further copy.
+    """
+
+    write: torch.Tensor
+    read: torch.Tensor
+
+    @classmethod
+    def build(cls, write: torch.Tensor, read_positions: torch.Tensor, kv_heads: int) -> PagedIndex:
+        """From pool positions: ``read_positions`` [B,S] of the keys each row attends to."""
+        heads = torch.arange(kv_heads, device=read_positions.device)
+        return cls(write, read_positions[:, None, :] * kv_heads + heads[None, :, None])
 
 
 class Qwen3Attention(nn.Module):
@@ -59,18 +72,13 @@ class Qwen3Attention(nn.Module):
         sin: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        write_pos: torch.Tensor,
-        key_len: int,
+        index: PagedIndex,
         key_mask: torch.Tensor,
-        cache_rows: CacheRows | None = None,
     ) -> torch.Tensor:
-        """x [B,T,H]; cos/sin [B,T,D]; caches [B,Hkv,S,D] (views of the runner's buffers).
+        """x [B,T,H]; cos/sin [B,T,D]; caches [pool positions,Hkv,D] (one layer of the runner's pool).
 
-        Writes this chunk's keys/values at ``write_pos`` [B,T] and attends over the
-        first ``key_len`` cached positions with ``key_mask`` [B,T,key_len]. With
-        ``cache_rows`` the caches are the whole [slots,Hkv,S,D] buffers and batch row b
-        uses cache row ``cache_rows.index[b]`` (a batched prefill of scattered slots,
-        without copying their caches in and out).
+        Writes this chunk's keys/values at ``index.write`` [B,T], then attends over the keys at
+        ``index.read`` [B,S] (gathered from the pool) with ``key_mask`` [B,T,S].
         """
         batch, tq, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(batch, tq, self.num_heads, self.head_dim))
@@ -79,17 +87,10 @@ class Qwen3Attention(nn.Module):
         c, s = cos.unsqueeze(2), sin.unsqueeze(2)
         q = q * c + rotate_half_split(q) * s
         k = k * c + rotate_half_split(k) * s
-        if cache_rows is None:
-            rows = torch.arange(batch, device=x.device)[:, None].expand(batch, tq)
-        else:
-            rows = cache_rows.index[:, None].expand(batch, tq)
-        # Advanced indices on dims 0 and 2 put the [B,T] index dims first: value [B,T,Hkv,D].
-        k_cache[rows, :, write_pos] = k
-        v_cache[rows, :, write_pos] = v
-        if cache_rows is None:
-            keys, values = k_cache[:, :, :key_len], v_cache[:, :, :key_len]
-        else:  # gathers only the key window of the batch's slots
-            keys, values = k_cache[cache_rows.index, :, :key_len], v_cache[cache_rows.index, :, :key_len]
+        k_cache[index.write] = k  # value [B,T,Hkv,D] at [B,T] pool positions
+        v_cache[index.write] = v
+        keys = k_cache.view(-1, self.head_dim)[index.read]  # [B,Hkv,S,D], contiguous
+        values = v_cache.view(-1, self.head_dim)[index.read]
         out = grouped_attention(q, keys, values, key_mask, self.scale)
         return self.o_proj(out)
 
@@ -131,21 +132,16 @@ class Qwen3Backbone(nn.Module):
         sin: torch.Tensor,
         k_caches: torch.Tensor,
         v_caches: torch.Tensor,
-        write_pos: torch.Tensor,
-        key_len: int,
+        index: PagedIndex,
         key_mask: torch.Tensor,
-        cache_rows: CacheRows | None = None,
     ) -> torch.Tensor:
-        """Run all layers on embedded rows x [B,T,H]; caches are [L,B,Hkv,S,D] views (or the whole
-        [L,slots,Hkv,S,D] buffers with ``cache_rows``, see CacheRows).
+        """Run all layers on embedded rows x [B,T,H]; caches are the pool [L,positions,Hkv,D] (PagedIndex).
 
         Returns the hidden states after the final RMSNorm (what the local transformer reads).
         """
-        for index, layer in enumerate(self.layers):
+        for layer_index, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
-            x = x + layer.self_attn(
-                h, cos, sin, k_caches[index], v_caches[index], write_pos, key_len, key_mask, cache_rows
-            )
+            x = x + layer.self_attn(h, cos, sin, k_caches[layer_index], v_caches[layer_index], index, key_mask)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from moss_rt.generation import SamplingParams
+from moss_rt.model.blocks import BlockPool, BlockRef
 from moss_rt.model.config import MossTTSConfig
 from moss_rt.model.network import MossTTSLocalModel
 from moss_rt.model.prompt import build_prompt_rows
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MIN_KEY_BUCKET = 256
+DEFAULT_BLOCK_SIZE = 16  # positions per KV block (1.28 s of frames)
 DEFAULT_PREFILL_MAX_ROWS = 8192  # padded prompt rows per prefill pass (the scheduler also bounds rows x keys)
 
 
@@ -73,6 +75,8 @@ class ModelRunner:
         use_cuda_graphs: bool | None = None,
         cpu_batch_invariant: bool = True,
         prefill_max_rows: int = DEFAULT_PREFILL_MAX_ROWS,
+        num_blocks: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> None:
         if max_slots < 1 or max_seq_len < 2:
             raise ValueError("max_slots must be >= 1 and max_seq_len >= 2")
@@ -86,7 +90,15 @@ class ModelRunner:
         self.dtype = dtype
         self.max_slots = int(max_slots)
         self.max_seq_len = int(max_seq_len)
-        self.state = SlotState.allocate(config, self.max_slots, self.max_seq_len, self.device, dtype)
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        max_blocks = -(-(self.max_seq_len + 1) // block_size)
+        if num_blocks is None:  # as much as every slot at max_seq_len (+ the scratch block)
+            num_blocks = self.max_slots * max_blocks + 1
+        self.blocks = BlockPool(num_blocks, block_size, self.max_slots, max_blocks)
+        self.state = SlotState.allocate(
+            config, self.max_slots, self.max_seq_len, self.device, dtype, num_blocks=num_blocks, block_size=block_size
+        )
         self.tables = Tables.build(model, self.state.positions, self.device, dtype)
         cuda = self.device.type == "cuda"
         self.use_cuda_graphs = cuda if use_cuda_graphs is None else bool(use_cuda_graphs and cuda)
@@ -101,9 +113,12 @@ class ModelRunner:
         self._pool: Any = None
         self._active_host = torch.zeros(self.max_slots, dtype=torch.bool, pin_memory=cuda)
         logger.info(
-            "model runner: %d slots x %d positions on %s/%s, state %.1f MiB, cuda graphs %s",
+            "model runner: %d slots, takes up to %d positions, paged KV cache of %d blocks x %d positions "
+            "on %s/%s, state %.1f MiB, cuda graphs %s",
             self.max_slots,
             self.max_seq_len,
+            num_blocks,
+            block_size,
             self.device,
             dtype,
             self.state.nbytes() / 2**20,
@@ -145,10 +160,79 @@ class ModelRunner:
         return slot
 
     def free_slot(self, slot: int) -> None:
+        """End the slot's take: its blocks (and what it had reserved) go back to the pool."""
         self._check_slot(slot)
+        self.blocks.release(slot)
+        self._push_tables()
         self._allocated[slot] = False
         self._lengths[slot] = 0
         self._sync_length(slot)
+
+    # ------------------------------------------------------------------ paged cache
+    @property
+    def free_blocks(self) -> int:
+        """Blocks of the KV pool not held by any slot or kept take (the free-block gauge)."""
+        return self.blocks.free_blocks
+
+    def blocks_needed(self, positions: int, shared: int = 0) -> int:
+        """Blocks a take of ``positions`` positions may allocate when it shares its first ``shared``."""
+        full_shared = shared // self.blocks.block_size
+        cow = 1 if shared % self.blocks.block_size else 0  # the branch block is copied on the first write
+        return max(0, self.blocks.blocks_for(positions) - full_shared) + cow
+
+    def reserve(self, slot: int, positions: int, shared: int = 0) -> bool:
+        """Promise the slot every block it may need to reach ``positions`` (False: not available now)."""
+        self._check_slot(slot)
+        return self.blocks.reserve(slot, self.blocks_needed(positions, shared))
+
+    def detach(self, slot: int) -> BlockRef:
+        """Free the slot but keep its cache (prompt + frames) alive as a BlockRef, for retakes to share."""
+        self._check_slot(slot)
+        ref = self.blocks.detach(slot, int(self._lengths[slot]))
+        self._push_tables()
+        self._allocated[slot] = False
+        self._lengths[slot] = 0
+        self._sync_length(slot)
+        return ref
+
+    def attach(self, slot: int, ref: BlockRef, length: int) -> None:
+        """The fresh ``slot`` continues from ``ref``'s first ``length`` positions, sharing their blocks;
+        its first write into the shared last block copies that block (copy on write)."""
+        self._check_slot(slot)
+        if self._lengths[slot] != 0:
+            raise SlotError(f"slot {slot} is not empty")
+        if not 1 <= length <= ref.length:
+            raise SlotError(f"cannot continue from position {length} of a cache of {ref.length}")
+        self.blocks.attach(slot, ref, length)
+        self._push_tables()
+        self._lengths[slot] = int(length)
+        self._sync_length(slot)
+
+    def drop(self, ref: BlockRef) -> None:
+        self.blocks.drop(ref)
+
+    def _make_writable(self, slot: int, start: int, end: int) -> None:
+        for src, dst in self.blocks.prepare_write(slot, start, end):
+            self.state.copy_block(src, dst)
+
+    def _push_tables(self) -> None:
+        """Copy the table rows changed on the host to the device (before the next pass reads them)."""
+        dirty = sorted(self.blocks.dirty)
+        if not dirty:
+            return
+        rows = torch.as_tensor(self.blocks.table[dirty])
+        if len(dirty) == 1:
+            self.state.block_table[dirty[0]] = rows[0].to(self.device, non_blocking=True)
+        else:
+            self.state.block_table[torch.tensor(dirty, device=self.device)] = rows.to(self.device)
+        self.blocks.dirty.clear()
+
+    def slot_cache(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copies of the slot's keys, values [L,Hkv,length,D] and hidden states [length,H] (for tests)."""
+        st = self.state
+        index = st.pool_index(torch.tensor([slot], device=self.device), torch.arange(length, device=self.device)[None])
+        return st.k_cache[:, index[0]].transpose(1, 2).clone(), st.v_cache[:, index[0]].transpose(1, 2).clone(), \
+            st.hidden[index[0]].clone()
 
     def slot_length(self, slot: int) -> int:
         """Positions filled: prompt rows + frames produced (after truncation)."""
@@ -192,6 +276,9 @@ class ModelRunner:
         slots = [slot for slot, _, _ in checked]
         if len(set(slots)) != len(slots):
             raise ValueError(f"duplicate slots in {slots}")
+        for slot, rows, start in checked:
+            self._make_writable(slot, start, start + int(rows.shape[0]))
+        self._push_tables()
         passes = plan_prefill_passes([int(rows.shape[0]) for _, rows, _ in checked], self.prefill_max_rows)
         for group in passes:
             pieces = [(checked[i][0], checked[i][1][off : off + n], checked[i][2] + off) for i, off, n in group]
@@ -259,6 +346,8 @@ class ModelRunner:
         self._check_slot(slot)
         if not 1 <= length <= self._lengths[slot]:
             raise SlotError(f"cannot truncate slot {slot} of length {self._lengths[slot]} to {length}")
+        self.blocks.truncate(slot, int(length))  # whole blocks past the new end go back to the pool
+        self._push_tables()
         self._lengths[slot] = int(length)
         self._sync_length(slot)
 
@@ -318,6 +407,9 @@ class ModelRunner:
                 raise SlotError(f"slot {s} has no prompt: prefill it first")
             if self._lengths[s] >= self.max_seq_len:
                 raise SlotError(f"slot {s} is full ({self.max_seq_len} positions)")
+        for s in slots:  # the position each row writes: a fresh block at a block boundary, a copy if shared
+            self._make_writable(s, int(self._lengths[s]), int(self._lengths[s]) + 1)
+        self._push_tables()
         st = self.state
         timer: Timer | None = None
         if self.per_slot_eager:
@@ -398,6 +490,22 @@ class ModelRunner:
         st.active.copy_(saved_active)
         logger.info("captured step graph batch=%d keys=%d in %.0f ms", batch, key_len, (time.perf_counter() - t0) * 1e3)
         return graph
+
+    def pending_graphs(self) -> list[tuple[int, int]]:
+        """(batch, keys) step graphs not captured yet, the likeliest first (small batches, short keys)."""
+        if not self.use_cuda_graphs:
+            return []
+        every = [(b, k) for k in self.key_buckets() for b in self._batch_buckets()]
+        return sorted((key for key in every if key not in self._graphs), key=lambda bk: (bk[1], bk[0]))
+
+    @torch.inference_mode()
+    def capture_next(self) -> bool:
+        """Capture the likeliest missing step graph (the engine calls this while idle); False: none left."""
+        pending = self.pending_graphs()
+        if not pending:
+            return False
+        self._graph(*pending[0])
+        return True
 
     @torch.inference_mode()
     def warmup(self, batch_sizes: list[int] | None = None, key_lengths: list[int] | None = None) -> None:

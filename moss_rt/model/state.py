@@ -1,10 +1,11 @@
-"""Preallocated per-slot device state: KV cache, per-position hidden states, sampler state.
+"""Device state: the paged KV cache, per-position hidden states, per-slot sampler state.
 
-A slot is one take. Its cache row holds keys/values for positions [0, length); the
-hidden state after position p (post final norm) is kept for every p, so truncating a
-slot (a seek) is exact: the next step reads hidden[length-1] without recomputing
-anything. One extra position per slot (index ``scratch``) absorbs the writes of rows
-that take part in a batched step without being advanced.
+A slot is one take. Its positions [0, length) live in fixed-size blocks of one shared pool
+(``block_table[slot, p // block_size]``, offset ``p % block_size``; host bookkeeping in
+blocks.py): keys/values of every layer and the hidden state after position p (post final
+norm), so truncating a slot (a seek) is exact: the next step reads hidden[length-1] without
+recomputing anything. Block 0 is scratch: it absorbs the writes of rows that take part in a
+batched step without being advanced, and unused table entries point at it.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from moss_rt.model.config import MossTTSConfig
 class SlotState:
     """Every tensor the step reads or writes; first dimension = slot (except the caches)."""
 
-    k_cache: torch.Tensor  # [layers, slots, kv_heads, positions, head_dim]
+    k_cache: torch.Tensor  # [layers, blocks * block_size, kv_heads, head_dim]: the pool, position-major
     v_cache: torch.Tensor
-    hidden: torch.Tensor  # [slots, positions, hidden]
+    hidden: torch.Tensor  # [blocks * block_size, hidden]
+    block_table: torch.Tensor  # [slots, max_blocks_per_slot] int64: block of each slot's position p // block_size
     lengths: torch.Tensor  # [slots] int64: positions filled
     frame_index: torch.Tensor  # [slots] int64: RNG counter of the next frame
     seed_lo: torch.Tensor  # [slots] int64
@@ -39,21 +41,35 @@ class SlotState:
     codes: torch.Tensor  # [slots, n_vq] int64 (output of the last step)
     stop: torch.Tensor  # [slots] bool (output of the last step)
 
+    block_size: int = 16
+    max_seq_len: int = 0
+
     @property
     def positions(self) -> int:
-        return int(self.hidden.shape[1])
+        """Positions a slot can address (max_seq_len + 1: a step writes at most at max_seq_len)."""
+        return self.max_seq_len + 1
 
     @property
     def scratch(self) -> int:
-        return self.positions - 1
+        """The pool position that absorbs writes nobody reads (block 0, offset 0)."""
+        return 0
 
     @classmethod
     def allocate(
-        cls, config: MossTTSConfig, max_slots: int, max_seq_len: int, device: torch.device, dtype: torch.dtype
+        cls,
+        config: MossTTSConfig,
+        max_slots: int,
+        max_seq_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        *,
+        num_blocks: int,
+        block_size: int,
     ) -> SlotState:
         b = config.backbone
-        positions = max_seq_len + 1
-        kv_shape = (b.num_hidden_layers, max_slots, b.num_key_value_heads, positions, b.head_dim)
+        max_blocks = -(-(max_seq_len + 1) // block_size)
+        pool = num_blocks * block_size
+        kv_shape = (b.num_hidden_layers, pool, b.num_key_value_heads, b.head_dim)
 
         def vec(fill: float, kind: torch.dtype) -> torch.Tensor:
             return torch.full((max_slots,), fill, dtype=kind, device=device)
@@ -63,7 +79,8 @@ class SlotState:
             # must not turn into NaN through 0 * inf in the attention kernels).
             k_cache=torch.zeros(kv_shape, dtype=dtype, device=device),
             v_cache=torch.zeros(kv_shape, dtype=dtype, device=device),
-            hidden=torch.zeros((max_slots, positions, b.hidden_size), dtype=dtype, device=device),
+            hidden=torch.zeros((pool, b.hidden_size), dtype=dtype, device=device),
+            block_table=torch.zeros((max_slots, max_blocks), dtype=torch.int64, device=device),
             lengths=vec(0, torch.int64),
             frame_index=vec(0, torch.int64),
             seed_lo=vec(0, torch.int64),
@@ -79,7 +96,22 @@ class SlotState:
             active=torch.zeros((max_slots,), dtype=torch.bool, device=device),
             codes=torch.zeros((max_slots, config.n_vq), dtype=torch.int64, device=device),
             stop=torch.zeros((max_slots,), dtype=torch.bool, device=device),
+            block_size=block_size,
+            max_seq_len=max_seq_len,
         )
+
+    def pool_index(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Pool positions of ``positions`` [B,T] of table rows ``rows`` [B] (device-only, graph-safe)."""
+        blocks = self.block_table[rows[:, None], positions // self.block_size]
+        return blocks * self.block_size + positions % self.block_size
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one block's keys, values and hidden states (copy on write of a shared block)."""
+        bs = self.block_size
+        s, d = slice(src * bs, (src + 1) * bs), slice(dst * bs, (dst + 1) * bs)
+        self.k_cache[:, d] = self.k_cache[:, s]
+        self.v_cache[:, d] = self.v_cache[:, s]
+        self.hidden[d] = self.hidden[s]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from moss_rt.model.layers import rope_tables_half_split, rope_tables_interleaved
-from moss_rt.model.network import CacheRows, MossTTSLocalModel
+from moss_rt.model.network import MossTTSLocalModel, PagedIndex
 from moss_rt.model.sampling import apply_repetition_penalty, sample, token_keys, uniforms
 from moss_rt.model.state import SlotState
 
@@ -78,7 +78,6 @@ def frame_step(
     rows = slice(r0, r1)
     batch = r1 - r0
     device = st.hidden.device
-    ar = torch.arange(batch, device=device)
     active = st.active[rows]
     lengths = st.lengths[rows]
     frame = st.frame_index[rows]
@@ -88,7 +87,9 @@ def frame_step(
         timer.start()
 
     # ---- local transformer + heads + sampling on the pending hidden state
-    h = st.hidden[rows][ar, (lengths - 1).clamp(min=0)]
+    slot_ids = torch.arange(r0, r1, device=device)
+    kv_heads = cfg.backbone.num_key_value_heads
+    h = st.hidden[st.pool_index(slot_ids, (lengths - 1).clamp(min=0)[:, None])[:, 0]]
     local = model.local_transformer
     buffers = local.new_buffers(batch, n_vq, device, h.dtype)
     z = local.step(h, tables.local_cos[0], tables.local_sin[0], buffers, 0)
@@ -135,20 +136,23 @@ def frame_step(
     # ---- feed the new row through the backbone so the next hidden state is ready
     row = torch.cat([torch.full_like(frame_codes[:, :1], cfg.audio_assistant_slot_token_id), frame_codes], dim=-1)
     x = model.embed_rows(row[:, None, :])
-    write_pos = torch.where(active, lengths, torch.full_like(lengths, st.scratch))[:, None]
+    # Inactive rows compute at position 0 and write into the scratch block; their keys are all visible
+    # (no fully masked row, so no NaN) and nothing they write is ever read.
+    write_pos = torch.where(active, lengths, torch.zeros_like(lengths))[:, None]
+    write_at = torch.where(active[:, None], st.pool_index(slot_ids, write_pos), torch.full_like(write_pos, st.scratch))
     keys = torch.arange(key_len, device=device)
     key_mask = (keys[None, :] <= write_pos) | ~active[:, None]
+    index = PagedIndex.build(write_at, st.pool_index(slot_ids, keys[None, :].expand(batch, key_len)), kv_heads)
     out = model.transformer(
         x,
         tables.cos[write_pos],
         tables.sin[write_pos],
-        st.k_cache[:, rows],
-        st.v_cache[:, rows],
-        write_pos,
-        key_len,
+        st.k_cache,
+        st.v_cache,
+        index,
         key_mask[:, None, :],
     )
-    st.hidden[rows][ar, write_pos[:, 0]] = out[:, 0]
+    st.hidden[write_at[:, 0]] = out[:, 0]
     if timer:
         timer.lap("backbone_ms")
 
@@ -188,22 +192,22 @@ def prefill_batch_rows(
     """
     batch, width = int(rows.shape[0]), int(rows.shape[1])
     device = st.hidden.device
+    kv_heads = model.config.backbone.num_key_value_heads
     offsets = torch.arange(width, device=device)[None, :]
     positions = starts[:, None] + offsets  # [B,T]
     valid = offsets < counts[:, None]
-    write_pos = torch.where(valid, positions, torch.full_like(positions, st.scratch))
-    rope_pos = positions.clamp(max=st.scratch)  # padded rows may run past the table; their values are unused
+    rope_pos = positions.clamp(max=st.positions - 1)  # padded rows may run past the table; their values are unused
+    write_at = torch.where(valid, st.pool_index(slots, rope_pos), torch.full_like(positions, st.scratch))
     keys = torch.arange(key_len, device=device)
     key_mask = keys[None, None, :] <= positions[:, :, None]
+    index = PagedIndex.build(write_at, st.pool_index(slots, keys[None, :].expand(batch, key_len)), kv_heads)
     out = model.transformer(
         model.embed_rows(rows),
         tables.cos[rope_pos],
         tables.sin[rope_pos],
         st.k_cache,
         st.v_cache,
-        write_pos,
-        key_len,
+        index,
         key_mask,
-        cache_rows=CacheRows(slots),
     )
-    st.hidden[slots[:, None].expand(batch, width), write_pos] = out
+    st.hidden[write_at] = out

@@ -15,6 +15,7 @@ class ErrorCode(enum.StrEnum):
     TOO_LARGE = "too_large"
     NOT_FOUND = "not_found"
     BUSY = "busy"
+    LOADING = "loading"  # the engine is still loading its model (503 + Retry-After)
     RATE_LIMITED = "rate_limited"
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN_ORIGIN = "forbidden_origin"

@@ -17,7 +17,9 @@ class Limits:
     max_chunk_frames: int = 100
     max_message_bytes: int = 64 * 1024  # one client control message (JSON text or msgpack)
     max_request_bytes: int = 256 * 1024  # one POST /api/stream body
-    max_takes_kept: int = 32  # take history per WebSocket connection
+    max_takes_kept: int = 32  # take history per WebSocket connection (one without a session)
+    max_session_takes: int = 200  # takes a directing session keeps on disk until the director deletes them
+    max_session_archive_bytes: int = 1024 * 1024 * 1024  # one imported session archive (zip)
     max_upload_bytes: int = 20 * 1024 * 1024
     max_upload_seconds: float = 60.0
     min_upload_seconds: float = 0.5
@@ -47,7 +49,9 @@ LIMIT_HELP: dict[str, str] = {
     "max_chunk_frames": "largest chunk_frames a client may ask for",
     "max_message_bytes": "bytes of one WebSocket control message",
     "max_request_bytes": "bytes of one POST /api/stream or /v1/audio/speech body",
-    "max_takes_kept": "take history kept per WebSocket connection",
+    "max_takes_kept": "take history kept per WebSocket connection without a session",
+    "max_session_takes": "takes one directing session keeps on disk until deleted (resume)",
+    "max_session_archive_bytes": "largest session archive accepted by POST /api/sessions/import",
     "max_upload_bytes": "bytes of one uploaded reference voice",
     "max_upload_seconds": "seconds of one uploaded reference voice",
     "min_upload_seconds": "shortest uploaded reference voice, in seconds",

@@ -228,6 +228,22 @@ class Ping:
         return {"type": self.type, **({"t": self.t} if self.t is not None else {})}
 
 
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Bind the connection to a directing session kept on disk (a new one without ``session``): its stored takes
+    become this connection's takes (replayable, retakeable) and every take that ends from now on is kept in it."""
+
+    type: ClassVar[str] = "resume"
+    session: str | None = None
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any], limits: Limits) -> Resume:
+        return cls(**validate_fields({"session": Field("str", None, max_length=80, nullable=True)}, obj))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **({"session": self.session} if self.session is not None else {})}
+
+
 def _take_field() -> Field:
     return Field("str", None, max_length=64, nullable=True)
 
@@ -279,12 +295,13 @@ class EndOfText:
         return {"type": self.type, **({"take": self.take} if self.take is not None else {})}
 
 
-ClientMessage = StartTake | Cancel | Seek | Ping | AppendText | FlushText | EndOfText
+ClientMessage = StartTake | Cancel | Seek | Ping | AppendText | FlushText | EndOfText | Resume
 CLIENT_TYPES: dict[str, type[ClientMessage]] = {
     "start": StartTake,
     "cancel": Cancel,
     "seek": Seek,
     "ping": Ping,
+    "resume": Resume,
     "append": AppendText,
     "flush": FlushText,
     "end_of_text": EndOfText,
@@ -531,8 +548,20 @@ class Pong(ServerMessage):
     server_t: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class SessionResumed(ServerMessage):
+    """``session``: the answer to ``resume``, the directing session this connection is bound to and its takes."""
+
+    type: ClassVar[str] = "session"
+    required: ClassVar[tuple[str, ...]] = ("session", "takes")
+    session: str = ""
+    resumed: bool = False  # False: a new session was created
+    max_takes: int | Unset = UNSET
+    takes: list[dict[str, Any]] = field(default_factory=list)  # stored take records, oldest first
+
+
 SERVER_TYPES: dict[str, type[ServerMessage]] = {
-    cls.type: cls for cls in (Hello, TakeStarted, SeekAck, TakeEnded, ErrorMessage, Pong)
+    cls.type: cls for cls in (Hello, TakeStarted, SeekAck, TakeEnded, ErrorMessage, Pong, SessionResumed)
 }
 SERVER_REQUIRED: dict[str, tuple[str, ...]] = {kind: cls.required for kind, cls in SERVER_TYPES.items()}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import AsyncIterator
 
 from aiohttp import WSCloseCode, web
@@ -13,6 +14,7 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.session import TakeStore
+from moss_rt.session_store import SessionStore
 from moss_rt.voices import VoiceStore
 from moss_rt.web.cross_site import cross_site_middleware
 from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
@@ -29,6 +31,7 @@ from moss_rt.web.security import (
     json_errors_middleware,
     request_rate_middleware,
 )
+from moss_rt.web.sessions_api import routes as session_routes
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.voices_api import routes as voice_routes
 from moss_rt.web.ws import websocket_handler
@@ -36,8 +39,12 @@ from moss_rt.web.ws import websocket_handler
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, engine: Engine) -> web.Application:
-    """Build the service around an engine (the app starts and stops it)."""
+def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bool = False) -> web.Application:
+    """Build the service around an engine (the app starts and stops it).
+
+    ``exit_on_engine_failure``: if the engine fails to load or warm up, stop the server (SIGTERM to
+    this process, which ``web.run_app`` turns into a graceful exit) instead of serving, never ready.
+    """
     # Outermost first: CORS answers preflights (which carry no credentials) before auth runs;
     # every error below it, aiohttp's own included, becomes a JSON body.
     app = web.Application(
@@ -58,29 +65,44 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         ],
     )
     voices = VoiceStore(settings.voices_store_dir, settings.voices_dir, settings.limits)
+    sessions = (
+        SessionStore(settings.data_dir / "sessions", max_takes=settings.limits.max_session_takes)
+        if settings.sessions
+        else None
+    )
     app[STATE] = ServiceState(
         settings=settings,
         engine=engine,
         voices=voices,
         takes=TakeStore(),
+        sessions=sessions,
         heard=HeardAudio(settings.heard_audio_mb * 1024 * 1024),
         renders=SharedRenders(settings.render_buffer_mb * 1024 * 1024),
         client_takes=ClientTakes(settings.max_takes_per_client),
         request_rate=ClientRequestRate(settings.http_requests_per_sec, settings.http_request_burst),
         client_connections=ClientConnections(settings.max_connections_per_client),
         trusted_proxies=parse_networks(settings.trusted_proxies),
+        exit_on_engine_failure=exit_on_engine_failure,
     )
     app[STATE].metrics_registry = service_registry(app[STATE])
     app.add_routes(routes)
     app.add_routes(voice_routes)
     app.add_routes(openai_routes)
+    app.add_routes(session_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():
         app.router.add_static("/static/", settings.static_dir, show_index=False)
     app.cleanup_ctx.append(_engine_lifecycle)
     app.on_shutdown.append(_close_websockets)
+    app.on_cleanup.append(_close_sessions)
     return app
+
+
+async def _close_sessions(app: web.Application) -> None:
+    sessions = app[STATE].sessions
+    if sessions is not None:
+        sessions.close()
 
 
 async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -89,7 +111,7 @@ async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
     # Loading real weights takes a while; serve /healthz meanwhile and flip /readyz when done.
     # The engine is an async context manager; its enter (load, warm up) runs in the background.
     loader = asyncio.create_task(_enter(state.engine), name="engine-start")
-    loader.add_done_callback(_log_engine_start)
+    loader.add_done_callback(lambda task: _engine_started(state, task))
     yield
     state.shutting_down = True
     if not loader.done():
@@ -104,11 +126,18 @@ async def _enter(engine: Engine) -> None:
     await engine.__aenter__()
 
 
-def _log_engine_start(task: asyncio.Task[None]) -> None:
+def _engine_started(state: ServiceState, task: asyncio.Task[None]) -> None:
     if task.cancelled():
         return
-    if task.exception() is not None:
-        log.error("engine failed to start", exc_info=task.exception())
+    exc = task.exception()
+    if exc is None:
+        return
+    state.engine_failure = f"{type(exc).__name__}: {exc}"
+    log.error("engine failed to start: %s", state.engine_failure)  # the engine logged the traceback
+    if state.exit_on_engine_failure and not state.shutting_down:
+        # No unready zombie: stop serving (run_app's SIGTERM handler exits gracefully); the command
+        # line then exits non-zero with the reason.
+        signal.raise_signal(signal.SIGTERM)
 
 
 async def _close_websockets(app: web.Application) -> None:

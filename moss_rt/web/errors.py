@@ -14,6 +14,7 @@ HTTP_STATUS = {
     ErrorCode.TOO_LARGE: 413,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.BUSY: 503,
+    ErrorCode.LOADING: 503,
     ErrorCode.RATE_LIMITED: 429,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN_ORIGIN: 403,
@@ -39,9 +40,10 @@ def protocol_error_response(err: ProtocolError) -> web.Response:
     return error_response(err.code, err.message, field=err.field)
 
 
-def busy_response(retry_after_sec: float) -> web.Response:
+def busy_response(retry_after_sec: float, *, loading: bool = False) -> web.Response:
+    """503 with Retry-After: ``loading`` while the engine loads its model, else ``busy`` (at capacity)."""
     return error_response(
-        ErrorCode.BUSY,
-        "the service is at capacity; retry shortly",
+        ErrorCode.LOADING if loading else ErrorCode.BUSY,
+        "the model is still loading; retry shortly" if loading else "the service is at capacity; retry shortly",
         headers={"Retry-After": str(max(1, round(retry_after_sec)))},
     )

@@ -9,7 +9,7 @@ import time
 from aiohttp import HttpVersion11, web
 
 from moss_rt import __version__
-from moss_rt.engine.base import EngineBusy
+from moss_rt.engine.base import EngineBusy, EngineLoading
 from moss_rt.formats import parse_audio_format
 from moss_rt.protocol import (
     SAMPLE_RATE,
@@ -143,6 +143,8 @@ async def service_info(request: web.Request) -> web.Response:
             "ready": state.engine.info.ready,
             "sr": SAMPLE_RATE,
             "limits": state.settings.limits.to_dict(),
+            # The engine's start-up memory plan (slots x positions and where the memory goes), once made.
+            "memory_plan": plan.as_dict() if (plan := getattr(state.engine, "memory_plan", None)) else None,
             # Cluster mode: one entry per engine replica (docs/cluster.md).
             **({"replicas": list(info.replicas)} if info.replicas else {}),
         }
@@ -166,6 +168,8 @@ async def readyz(request: web.Request) -> web.Response:
     )
     if info.ready and not state.shutting_down:
         return web.json_response({"status": "ready", **extra})
+    if state.engine_failure is not None:
+        return web.json_response({"status": "failed", "error": state.engine_failure, **extra}, status=503)
     return web.json_response({"status": "shutting_down" if state.shutting_down else "loading", **extra}, status=503)
 
 
@@ -198,7 +202,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
         headers = {"Retry-After": "1"} if err.code == ErrorCode.RATE_LIMITED else None
         return error_response(err.code, err.message, field=err.field, headers=headers)
     except EngineBusy as busy:
-        return busy_response(busy.retry_after_sec)
+        return busy_response(busy.retry_after_sec, loading=isinstance(busy, EngineLoading))
 
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"})
 
@@ -266,7 +270,7 @@ async def download_take(request: web.Request) -> web.StreamResponse:
                 return await send_encoded(request, take, pcm, fmt, write)
             return await send_wav(request, take, pcm, write)
     except EngineBusy as busy:  # its codes must be rendered, and renders or the job queue are full
-        return busy_response(busy.retry_after_sec)
+        return busy_response(busy.retry_after_sec, loading=isinstance(busy, EngineLoading))
 
 
 @routes.get(r"/api/takes/{take_id:[A-Za-z0-9_-]{1,64}}")

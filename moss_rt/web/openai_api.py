@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from moss_rt.engine.base import EndReason, EngineBusy
+from moss_rt.engine.base import EndReason, EngineBusy, EngineLoading
 from moss_rt.formats import MAX_SPEED, MIN_SPEED, AudioFormat, parse_audio_format
 from moss_rt.formats.async_encoder import AsyncEncoder
 from moss_rt.protocol import (
@@ -230,7 +230,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         headers = {"Retry-After": "1"} if err.code == ErrorCode.RATE_LIMITED else None
         return error_response(err.code, err.message, field=err.field, headers=headers)
     except EngineBusy as busy:
-        return busy_response(busy.retry_after_sec)
+        return busy_response(busy.retry_after_sec, loading=isinstance(busy, EngineLoading))
 
     take_id = admitted.take.take_id
     sse = speech.stream_format == "sse"

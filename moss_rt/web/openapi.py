@@ -23,8 +23,10 @@ from moss_rt.web.state import STATE
 JSON = "application/json"
 # "Contains a character that is not whitespace" with Python's whitespace set spelled out (the server
 # tests text.strip()), so regex engines that disagree on \s (ECMA, Rust, Python) all read it the same.
-_PY_WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + (
-    "\u2028\u2029\u202f\u205f\u3000"
+_PY_WHITESPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680"
+    + "".join(map(chr, range(0x2000, 0x200B)))
+    + ("\u2028\u2029\u202f\u205f\u3000")
 )
 NON_BLANK = "[^" + "".join(f"\\u{ord(c):04x}" for c in _PY_WHITESPACE) + "]"
 _KINDS = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
@@ -224,7 +226,7 @@ def _common_errors(*statuses: int) -> dict[str, Any]:
         415: "the body must be JSON (unsupported_media_type)",
         422: "a field is out of range or of the wrong type (invalid_field)",
         429: "too many takes or requests from this client, or the voice store is full (rate_limited); see Retry-After",
-        503: "at capacity or shutting down (busy); see Retry-After",
+        503: "at capacity or shutting down (busy), or the model is still loading (loading); see Retry-After",
     }
     return {str(s): _error(text[s]) for s in statuses}
 
@@ -259,6 +261,21 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         "in": "path",
         "required": True,
         "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "maxLength": 64, "minLength": 1},
+    }
+    session_id = {
+        "name": "session_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^s_[A-Za-z0-9_-]{16,64}$"},
+    }
+    session_body = {
+        "type": "object",
+        "required": ["session", "takes", "max_takes"],
+        "properties": {
+            "session": {"type": "string"},
+            "takes": {"type": "array", "items": {"type": "object"}},
+            "max_takes": {"type": "integer"},
+        },
     }
     paths: dict[str, Any] = {
         "/": {
@@ -312,6 +329,8 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                                 "ready": {"type": "boolean"},
                                 "sr": {"type": "integer"},
                                 "limits": obj,
+                                # slots, positions and where the GPU memory goes; null until made at start
+                                "memory_plan": {"type": "object", "nullable": True},
                             },
                         },
                     ),
@@ -332,6 +351,73 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                         },
                     ),
                     **_common_errors(401),
+                },
+            }
+        },
+        "/api/sessions": {
+            "post": {
+                "summary": "a new directing session (the WebSocket binds to one with resume)",
+                "responses": {"200": _ok("the new session", session_body), **_common_errors(401, 404)},
+            }
+        },
+        "/api/sessions/import": {
+            "post": {
+                "summary": "a new session from an exported archive (zip body)",
+                "description": f"At most {limits.max_session_archive_bytes} bytes. Take ids are issued anew.",
+                "responses": {"200": _ok("the imported session", session_body), **_common_errors(401, 404, 413, 422)},
+            }
+        },
+        "/api/sessions/{session_id}": {
+            "get": {
+                "summary": "a session's stored takes, oldest first",
+                "parameters": [session_id],
+                "responses": {"200": _ok("the session", session_body), **_common_errors(401, 404)},
+            }
+        },
+        "/api/sessions/{session_id}/archive": {
+            "get": {
+                "summary": "the session as one zip: session.json + takes/<id>.wav + takes/<id>.codes.npy",
+                "parameters": [session_id],
+                "responses": {
+                    "200": _ok("zip archive", {"type": "string", "format": "binary"}, "application/zip"),
+                    **_common_errors(401, 404),
+                },
+            }
+        },
+        "/api/sessions/{session_id}/takes/{take_id}": {
+            "patch": {
+                "summary": "the director's notes on a stored take: title, starred, note, markers",
+                "parameters": [session_id, take_id],
+                "responses": {
+                    "200": _ok("the take's record", {"type": "object"}),
+                    **_common_errors(400, 401, 404, 422),
+                },
+            },
+            "delete": {
+                "summary": "delete a stored take (record, audio, codes)",
+                "parameters": [session_id, take_id],
+                "responses": {"200": _ok("deleted", {"type": "object"}), **_common_errors(401, 404)},
+            },
+        },
+        "/api/sessions/{session_id}/takes/{take_id}.wav": {
+            "get": {
+                "summary": "a stored take's audio as it was heard",
+                "parameters": [session_id, take_id],
+                "responses": {
+                    "200": _ok("WAV audio", {"type": "string", "format": "binary"}, "audio/wav"),
+                    **_common_errors(401, 404),
+                },
+            }
+        },
+        "/api/voices/{voice_id}/audio": {
+            "get": {
+                "summary": "a voice's reference audio as stored (wav, flac, mp3 or ogg), to listen to it",
+                "parameters": [
+                    {"name": "voice_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": _ok("the audio file", {"type": "string", "format": "binary"}, "audio/*"),
+                    **_common_errors(401, 404),
                 },
             }
         },

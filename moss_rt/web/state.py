@@ -12,6 +12,7 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import Engine
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.session import TakeStore
+from moss_rt.session_store import SessionStore
 from moss_rt.voices import VoiceStore
 from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
 from moss_rt.web.renders import SharedRenders
@@ -28,6 +29,7 @@ class ServiceState:
     takes: TakeStore
     heard: HeardAudio = field(default_factory=lambda: HeardAudio(0))  # the PCM takes streamed
     renders: SharedRenders = field(default_factory=lambda: SharedRenders(0))  # renders of codes in progress (downloads)
+    sessions: SessionStore | None = None  # directing sessions on disk (data dir); None: not kept
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
     shutting_down: bool = False
     # Reliability bookkeeping (issue 7): open directing connections (ws.Connection objects, kept
@@ -41,6 +43,10 @@ class ServiceState:
     trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
     ws_slots: int = 0  # WebSocket connections admitted (reserved before the upgrade completes)
     metrics_registry: CollectorRegistry = field(default_factory=CollectorRegistry)  # the service's gauges
+    # Set when the engine failed to load or warm up ("Type: message"); /readyz reports it. With
+    # exit_on_engine_failure (the command line) the process then stops and exits non-zero.
+    engine_failure: str | None = None
+    exit_on_engine_failure: bool = False
 
 
 STATE: web.AppKey[ServiceState] = web.AppKey("moss_rt_state", ServiceState)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
-from moss_rt.engine.base import EngineBusy, TakeHandle
+from moss_rt.engine.base import EngineBusy, EngineLoading, TakeHandle
 from moss_rt.protocol import ErrorCode, ProtocolError, ServerMessage, StartTake, encode_json_frame, encode_pcm_frame
 from moss_rt.session import (
     Action,
@@ -85,7 +85,9 @@ async def take_audio(state: ServiceState, take: TakeRecord) -> bytes:
 
 
 def busy_error(busy: EngineBusy) -> ProtocolError:
-    """The tag-0 form of an engine at capacity (HTTP answers 503 with Retry-After instead)."""
+    """The tag-0 form of an engine at capacity or still loading (HTTP answers 503 with Retry-After instead)."""
+    if isinstance(busy, EngineLoading):
+        return ProtocolError(ErrorCode.LOADING, f"the model is still loading; retry in {busy.retry_after_sec:.0f} s")
     return ProtocolError(ErrorCode.BUSY, f"the service is at capacity; retry in {busy.retry_after_sec:.0f} s")
 
 

@@ -43,6 +43,24 @@ async def list_voices(request: web.Request) -> web.Response:
     return web.json_response({"voices": [_listed(v, owner) for v in voices]})
 
 
+# The stored reference file as it was uploaded (or found in the voices folder), so a director can listen to a
+# voice before using it. The same voices as the listing: built-ins, this client's uploads, ownerless ones (and
+# every one for the admin). Served from disk without reading it on the loop.
+VOICE_MEDIA_TYPES = {".wav": "audio/wav", ".flac": "audio/flac", ".mp3": "audio/mpeg", ".ogg": "audio/ogg"}
+
+
+@routes.get(r"/api/voices/{voice_id:[A-Za-z0-9_.-]{1,128}}/audio")
+async def voice_audio(request: web.Request) -> web.StreamResponse:
+    try:
+        voice = request.app[STATE].voices.get(request.match_info["voice_id"])
+    except ProtocolError as err:
+        return protocol_error_response(err)
+    if voice.kind != "builtin" and voice.owner not in (None, voice_owner(request)) and not is_admin(request):
+        return error_response(ErrorCode.NOT_FOUND, f"unknown reference voice {voice.id!r}", field="reference")
+    media = VOICE_MEDIA_TYPES.get(voice.path.suffix.lower(), "application/octet-stream")
+    return web.FileResponse(voice.path, headers={"Content-Type": media, "Cache-Control": "no-cache"})
+
+
 @routes.delete(r"/api/voices/{voice_id}")
 async def delete_voice(request: web.Request) -> web.Response:
     voice_id = request.match_info["voice_id"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,15 +31,18 @@ from moss_rt.protocol import (
     ErrorCode,
     ErrorMessage,
     ProtocolError,
+    Resume,
     Seek,
     ServerMessage,
+    SessionResumed,
     StartTake,
     decode_client_binary,
     decode_client_text,
     encode_json_frame,
     hello,
 )
-from moss_rt.session import Action, Admit, Replay, SendAudio, Stop
+from moss_rt.session import Action, Admit, Keep, Replay, SendAudio, Stop, TakeRecord
+from moss_rt.session_store import StoredTake
 from moss_rt.web.audio_out import AudioOuts
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
@@ -83,6 +87,7 @@ class Connection:
         self._outs = AudioOuts()  # the files of takes that asked for a format (tag-2 frames)
         self._take_pacer: tuple[str, Pacer] | None = None  # the pacer of the last take admitted
         self._dead = False  # set once the client is known gone or dropped: no more sends
+        self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
 
     # -- sending ------------------------------------------------------------------------
 
@@ -139,6 +144,8 @@ class Connection:
                 self._replay_runs.add(action.run)
                 self._outs.track(action.run, action.take, replay=True)
                 self._spawn(action.run, functools.partial(self._run_replay, action), f"replay-{action.take.take_id}")
+            elif isinstance(action, Keep):
+                await self._keep(action.take)
             else:
                 pacer = self._pacers.get(action.run) if isinstance(action, SendAudio) else None
                 await send_action(action, self.send_frame, pacer, self._outs)
@@ -250,6 +257,7 @@ class Connection:
                 # What start may ask for: delivery formats (tag-2 frames) and their rates.
                 formats=list(AUDIO_FORMATS),
                 sample_rates=list(AUDIO_SAMPLE_RATES),
+                sessions=self.state.sessions is not None,
             )
         )
         idle = self.state.settings.ws_idle_timeout_sec
@@ -305,11 +313,79 @@ class Connection:
                 msg = decode_client_binary(data, limits)
             if isinstance(msg, StartTake | Seek) and self.state.shutting_down:
                 raise ProtocolError(ErrorCode.BUSY, "the service is shutting down; reconnect shortly")
+            if isinstance(msg, Resume):
+                await self._resume(msg)
+                return
+            if isinstance(msg, StartTake) or (isinstance(msg, Seek) and msg.mode == "retake"):
+                await self._check_session_room()
             await self._perform(self.session.handle(msg))
         except ProtocolError as err:
             await self.send_error(err)
             if err.fatal:
                 await self._close(CLOSE_POLICY, err.message.encode()[:120])
+
+    # -- stored directing sessions (session_store.py, docs/protocol.md "resume") ----------
+
+    async def _resume(self, msg: Resume) -> None:
+        """Bind to a stored session (a new one without an id) and answer its takes."""
+        store = self.state.sessions
+        if store is None:
+            raise ProtocolError(ErrorCode.NOT_FOUND, "this service keeps no sessions", field="session")
+        if self.session_id is not None and msg.session != self.session_id:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "this connection is bound to another session", field="session")
+        resumed = msg.session is not None
+        session_id = msg.session if msg.session is not None else await asyncio.to_thread(store.create)
+        stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
+        held = {t.take_id for t in self.session.history.takes}
+        for record in stored:
+            if record.take_id in held:
+                continue
+            try:
+                codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
+                # The take's one seed rides on its request (stored with it; the record's is the same).
+                request = dataclasses.replace(
+                    StartTake.parse(record.request, self.state.settings.limits), seed=record.seed
+                )
+            except (OSError, ValueError, ProtocolError) as exc:  # damaged, or the limits tightened since
+                log.warning("session %s: take %s cannot be resumed: %s", session_id, record.take_id, exc)
+                continue
+            take = TakeRecord(
+                record.take_id, request, parent=record.parent, branch_frame=record.branch_frame,
+                reason=record.reason, stats=dict(record.stats),
+            )  # fmt: skip
+            take.append(0, codes)
+            self.session.history.adopt(take)  # a retake of it rebuilds the model state from these codes
+        self.session_id = session_id
+        self.session.keep_takes(store.max_takes)
+        await self.send_message(
+            SessionResumed(
+                session=session_id, resumed=resumed, max_takes=store.max_takes, takes=[t.public() for t in stored]
+            )
+        )
+
+    async def _check_session_room(self) -> None:
+        """A bound session that cannot keep one more take refuses it before anything is generated."""
+        if self.session_id is not None and self.state.sessions is not None:
+            await asyncio.to_thread(self.state.sessions.check_room, self.session_id)
+
+    async def _keep(self, take: TakeRecord) -> None:
+        """Store an ended take in the bound session: its record, codes and the audio as it was streamed."""
+        store, session_id = self.state.sessions, self.session_id
+        if store is None or session_id is None:
+            return
+        record = StoredTake(
+            take_id=take.take_id, request=take.request.to_dict(), seed=take.seed, n_frames=take.n_frames,
+            channels=take.request.channels, parent=take.parent, branch_frame=take.branch_frame, reason=take.reason,
+            stats={k: v for k, v in take.stats.items() if isinstance(v, int | float)},
+        )  # fmt: skip
+        try:
+            pcm = await take_audio(self.state, take)
+            await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
+        except ProtocolError as err:  # the session is full, or was deleted meanwhile
+            await self.send_error(err, take=take.take_id)
+        except (OSError, ValueError, EngineBusy):
+            log.exception("could not keep take %s in session %s", take.take_id, session_id)
+            await self.send_error(ProtocolError(ErrorCode.INTERNAL, "the take could not be stored"), take=take.take_id)
 
     async def _refuse_rate(self) -> None:
         """Drop a message over the rate; say so once per run of refusals; close a flood."""

@@ -71,10 +71,15 @@ def http_json(url: str) -> Any:
 
 @contextlib.contextmanager
 def run_server(
-    base: Path, *extra: str, engine: Sequence[str] = SCRIPTED_ENGINE, ready_timeout: float = 60.0
+    base: Path,
+    *extra: str,
+    engine: Sequence[str] = SCRIPTED_ENGINE,
+    ready_timeout: float = 60.0,
+    port: int | None = None,
 ) -> Iterator[str]:
-    """The real service as a subprocess (by default on the scripted engine); yields its base URL."""
-    port = free_port()
+    """The real service as a subprocess (by default on the scripted engine); yields its base URL. The same
+    ``base`` (data dir) and ``port`` again is a restart of the same service (same origin for the browser)."""
+    port = port or free_port()
     log_path = base / "server.log"
     cmd = [
         sys.executable, "-m", "moss_rt", "serve", *engine,

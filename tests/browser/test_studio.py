@@ -355,10 +355,12 @@ def test_errors_and_reconnect(page: Any) -> None:
     pg.wait_for_function(f"window.studio.connected && window.studio.connectionSerial > {serial}", timeout=15_000)
     assert pg.locator("#conn").get_attribute("data-state") == "open"
     assert stats(pg)["reconnects"] >= 1
-    # The old take is still playable locally, but the new session cannot seek into it.
+    # The page resumes its directing session on the new connection: the old take is playable and the
+    # service holds it again, so it can be retaken.
+    pg.wait_for_function("window.studio.session !== null", timeout=10_000)
     pg.evaluate(f"window.studio.select('{take['key']}')")
     assert pg.locator("#edPlay").is_enabled()
-    assert pg.locator("#retakeBtn").is_disabled()
+    pg.wait_for_function("!document.getElementById('retakeBtn').disabled", timeout=10_000)
     take2 = speak_and_finish(pg, 2, frames=10)
     assert take2["end"]["reason"] == "done"
 

@@ -69,7 +69,7 @@ def test_phone_retake_keeps_speak_and_cancel_on_screen(browser: Any, server: str
         assert banner.is_hidden()
 
         # While speaking, the waveform is brought on screen above the fixed transport bar.
-        set_param(pg, "tokens", "40")
+        set_param(pg, "tokens", "400")  # long: the retake below inherits it, and is cancelled
         pg.locator("#speak").tap()
         pg.wait_for_function("window.studio.stats.samplesPlayed > 0", timeout=15_000)
         pg.wait_for_timeout(700)  # the smooth scroll
@@ -77,6 +77,8 @@ def test_phone_retake_keeps_speak_and_cancel_on_screen(browser: Any, server: str
         wave = pg.locator("#wave").bounding_box()
         assert wave["y"] >= 0 and wave["y"] + wave["height"] <= transport_top + 1, (wave, transport_top)
         shot(pg, "defect-phone-speaking", full_page=False)
+        pg.wait_for_function("window.studio.takes()[0].samples > 30 * 3840", timeout=15_000)
+        pg.locator("#cancel").tap()
         wait_take_ended(pg, 1)
         wait_playback_drained(pg)
 
@@ -86,7 +88,6 @@ def test_phone_retake_keeps_speak_and_cancel_on_screen(browser: Any, server: str
         for box in ("#rtInstruction", "#rtText"):
             assert pg.locator(box).bounding_box()["width"] >= 300
         pg.fill("#rtText", "A new line for the retake.")
-        set_param(pg, "tokens", "400")
         pg.locator("#retakeBtn").tap()
         pg.wait_for_function(
             "window.studio.takes().length === 2 && window.studio.takes()[1].status === 'streaming'", timeout=15_000
@@ -129,8 +130,9 @@ def test_disabled_speak_looks_disabled(page: Any) -> None:
 def test_takes_the_service_dropped_are_not_offered_for_replay_or_retake(
     browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A service that keeps no sessions: a connection's takes are a bounded history (3 here).
     monkeypatch.setenv("MOSS_RT_LIMIT_MAX_TAKES_KEPT", "3")
-    with run_server(tmp_path) as url:
+    with run_server(tmp_path, "--no-sessions") as url:
         context = browser.new_context(viewport={"width": 1440, "height": 960})
         pg = context.new_page()
         try:

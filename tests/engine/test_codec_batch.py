@@ -32,6 +32,9 @@ class FakeDecoder:
         assert contiguous_from is None
         self.captured += [(b, t) for b in batch_sizes for t in chunk_frames]
 
+    def scratch_state(self) -> FakeState:
+        return FakeState(self.max_streams)
+
     def new_state(self) -> FakeState:
         self.next_slot += 1
         return FakeState(self.next_slot - 1)
@@ -50,7 +53,8 @@ class FakeDecoder:
 def test_small_batches_are_padded_and_never_contiguous() -> None:
     dec = FakeDecoder()
     batcher = CodecBatcher(dec, 64)  # type: ignore[arg-type]
-    assert batcher.graphs and dec.next_slot == CodecBatcher.pad_streams(64) == 18
+    # Padding rows share the decoder's scratch row: they hold no stream slot (no stream memory).
+    assert batcher.graphs and dec.next_slot == 0 and CodecBatcher.pad_streams(64) == 16
     batcher.warm_up()
     assert (2, 5) in dec.captured and (66, 8) in dec.captured and (66, 5) not in dec.captured
     streams = [dec.new_state() for _ in range(5)]
@@ -60,7 +64,8 @@ def test_small_batches_are_padded_and_never_contiguous() -> None:
     assert [a.shape[1] for a in audio] == [3840 * 8] * 3 + [3840] * 2
     for graphed, slots, _ in dec.calls:
         assert graphed and len(slots) in graph_buckets(64)
-        assert slots[0] == 0 and slots[1] != 1  # pad 0 first: the slot list is never a contiguous run
+        # A padding row first: the slot list is never a contiguous run; padding only uses the scratch row.
+        assert slots[0] == dec.max_streams and set(slots) - {s.slot for s in streams} == {dec.max_streams}
     assert [s.frames for s in streams] == [8, 8, 8, 1, 1]
 
 
@@ -76,3 +81,15 @@ def test_unwarmed_shapes_run_eager_and_full_batches_fit() -> None:
     assert one[0].shape[1] == 30 * 3840
     assert [(graphed, len(slots)) for graphed, slots, _ in dec.calls] == [(True, 66), (False, 40), (False, 1)]
     assert dec.cuda_graphs  # restored after the eager calls
+
+
+def test_many_streams_are_decoded_in_bounded_calls() -> None:
+    dec = FakeDecoder()
+    batcher = CodecBatcher(dec, 150)  # type: ignore[arg-type]
+    batcher.warm_up()
+    assert max(b for b, _ in dec.captured) == 66  # no graph (and no call) wider than 64 streams + padding
+    streams = [dec.new_state() for _ in range(150)]
+    audio = batcher.decode(streams, [np.zeros((8, 12), np.int64)] * 150)
+    assert [int(a[0, 0]) for a in audio] == [s.slot for s in streams]
+    assert [len(slots) for _, slots, _ in dec.calls] == [66, 66, 32]  # 64 + 64 + 22 streams, padded to buckets
+    assert all(s.frames == 8 for s in streams)

@@ -106,7 +106,7 @@ def test_retake_keeps_prefix_bit_identical(moss_server) -> None:
             assert first.end["n_frames"] == 30
             a_codes = take_codes(srv, first.take_id)
 
-            # Same direction, new seed: the parent's cache is truncated to prompt + n frames.
+            # Same direction, new seed: the retake shares the parent's cache blocks up to prompt + n frames.
             await client.seek(first.take_id, n, seed=99)
             ack = await next_message(client, "seek")
             assert (ack["frame"], ack["sample"], ack["from_take"]) == (n, n * FRAME_SAMPLES, first.take_id)
@@ -140,7 +140,7 @@ def test_retake_keeps_prefix_bit_identical(moss_server) -> None:
             assert fourth.end["n_frames"] == n + 30
             assert _wav_frames(srv.url, fourth.take_id)[:prefix] == a_wav[:prefix]
         m = await metrics(srv)
-        assert m['moss_rt_seeks_total{path="truncate"}'] >= 1
+        assert m['moss_rt_seeks_total{path="share"}'] >= 1
         assert m['moss_rt_seeks_total{path="reprefill"}'] >= 1
 
     run(scenario())

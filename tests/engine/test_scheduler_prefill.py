@@ -87,7 +87,7 @@ def test_takes_made_ready_by_a_pass_stream_before_the_next_pass() -> None:
 
 
 def test_a_take_ready_without_work_does_not_use_up_the_rounds_unit() -> None:
-    """A retake that reuses its parent's cache whole (``truncate`` path, from frame 0) is ready at once; its
+    """A retake that reuses its parent's cache whole (``share`` path, from frame 0) is ready at once; its
     promotion is no preparation work, so the round must still run a pass for the take behind it. With no
     budget (one unit per round), counting the promotion as the round's work would run none at all."""
     sched, runner = _scheduler(budget_s=0.0)

@@ -108,7 +108,7 @@ def test_retake_keeps_the_first_frames_codes_and_pcm_bit_identical(device, moss_
             # counter resume exactly, so the parent's frames come out again (same graphs, same slot).
             same = await retake(client, first.take_id, seed=7)
             np.testing.assert_array_equal(take_codes(srv, same.take_id)[:30], a_codes)
-            assert (await metrics(srv))['moss_rt_seeks_total{path="truncate"}'] >= 1
+            assert (await metrics(srv))['moss_rt_seeks_total{path="share"}'] >= 1
 
             # A new seed, and a new direction: frames before n are kept, codes and rendered PCM bit for bit.
             for overrides in ({"seed": 99}, {"seed": 5, "instruction": "whisper it"}):

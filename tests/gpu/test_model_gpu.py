@@ -179,7 +179,7 @@ def test_batched_prefill_equals_prefilling_each_slot_alone(device, make_runner, 
         lengths = [runner.slot_length(s) for s in slots]
         assert lengths == [len(prompts[0]), len(prompts[1]), len(prompts[2])]
         caches = [
-            (runner.state.k_cache[:, s, :, :n].clone(), runner.state.hidden[s, :n].clone())
+            (lambda k, v, h: (k, h))(*runner.slot_cache(s, n))
             for s, n in zip(slots, lengths, strict=True)
         ]
         codes = np.stack([runner.step(slots).codes for _ in range(12)], axis=1)

@@ -38,7 +38,7 @@ def test_teacher_forced_logits_match_upstream(make_runner, tiny, golden, golden_
     gen_rows = np.concatenate([np.full((len(codes), 1), tiny.config.audio_assistant_slot_token_id), codes], axis=1)
     slot = runner.alloc_slot()
     runner.prefill(slot, np.concatenate([prompt, gen_rows]))
-    hidden = runner.state.hidden[slot, : len(prompt) + len(codes)]
+    hidden = runner.slot_cache(slot, len(prompt) + len(codes))[2]
 
     def rel(ours: torch.Tensor, ref: np.ndarray) -> float:
         ref_t = torch.from_numpy(ref)

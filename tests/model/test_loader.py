@@ -126,3 +126,43 @@ def test_full_vocab_stop_head_uses_text_lm_head_rows(tmp_path):
     cfg = model.config
     rows = model.text_lm_head.weight[[cfg.audio_assistant_slot_token_id, cfg.audio_end_token_id]]
     assert torch.allclose(model.stop_logits(z), z @ rows.T)
+
+
+def test_hub_download_fetches_sharded_weights(tmp_path, monkeypatch):
+    """A hub repo with model.safetensors.index.json + shards (no model.safetensors) downloads and loads."""
+    import fnmatch
+
+    import huggingface_hub
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for f in TINY.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, repo / f.name)
+    tensors = load_file(str(TINY / "model.safetensors"))
+    names = sorted(tensors)
+    half = len(names) // 2
+    weight_map = {}
+    for i, part in enumerate((names[:half], names[half:])):
+        shard = f"model-{i + 1:05d}-of-00002.safetensors"
+        save_file({k: tensors[k] for k in part}, str(repo / shard), metadata={"format": "pt"})
+        weight_map.update({k: shard for k in part})
+    (repo / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+    def fake_snapshot_download(repo_id, *, allow_patterns, cache_dir=None, local_files_only=False, **_):
+        out = tmp_path / "snapshot"
+        out.mkdir(exist_ok=True)
+        for f in repo.iterdir():
+            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):  # what the hub would send
+                shutil.copy(f, out / f.name)
+        return str(out)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    loaded = load_model("org/sharded-model")
+    reference = load_model(TINY)
+    assert sorted(p.name for p in (tmp_path / "snapshot").glob("model-*.safetensors")) == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
+    for (name, a), (_, b) in zip(loaded.model.state_dict().items(), reference.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name

@@ -63,9 +63,8 @@ def _assert_same_cache(a: ModelRunner, b: ModelRunner, slots: list[int]) -> None
     for s in slots:
         n = a.slot_length(s)
         assert b.slot_length(s) == n
-        for name in ("k_cache", "v_cache"):
-            assert torch.equal(getattr(a.state, name)[:, s, :, :n], getattr(b.state, name)[:, s, :, :n]), (name, s)
-        assert torch.equal(a.state.hidden[s, :n], b.state.hidden[s, :n]), ("hidden", s)
+        for name, x, y in zip(("keys", "values", "hidden"), a.slot_cache(s, n), b.slot_cache(s, n), strict=True):
+            assert torch.equal(x, y), (name, s)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
@@ -81,17 +80,12 @@ def test_batched_prefill_equals_prefilling_each_slot_alone(make_runner, prompts,
     together = make_runner(max_slots=3)
     assert _history(together, prompts) == slots
     short = slots[1]
-    beyond = (
-        together.state.k_cache[:, short, :, lengths[1] : -1].clone(),
-        together.state.hidden[short, lengths[1] : -1].clone(),
-    )
     assert together.prefill_batch(_requests(slots, prompts)) == 1  # one backbone pass for all three
     assert [together.slot_length(s) for s in slots] == lengths
 
     _assert_same_cache(alone, together, slots)
-    # The short slot's padded rows wrote nowhere but its scratch position.
-    assert torch.equal(together.state.k_cache[:, short, :, lengths[1] : -1], beyond[0])
-    assert torch.equal(together.state.hidden[short, lengths[1] : -1], beyond[1])
+    # The short slot's padded rows wrote nowhere but the scratch block: it holds only its own blocks.
+    assert len(together.blocks.slot_blocks(short)) == together.blocks.blocks_for(lengths[1])
 
     for runner in (alone, together):
         for i, s in enumerate(slots):
@@ -117,8 +111,8 @@ def test_one_padded_attention_matches_to_rounding(make_runner, prompts) -> None:
     padded.per_slot_eager = True  # steps as in the other runner: only the prefill differs
     for s in slots:
         n = alone.slot_length(s)
-        torch.testing.assert_close(padded.state.k_cache[:, s, :, :n], alone.state.k_cache[:, s, :, :n])
-        torch.testing.assert_close(padded.state.hidden[s, :n], alone.state.hidden[s, :n])
+        for x, y in zip(padded.slot_cache(s, n), alone.slot_cache(s, n), strict=True):
+            torch.testing.assert_close(x, y)
     for runner in (alone, padded):
         for i, s in enumerate(slots):
             runner.set_sampling(s, SAMPLED, seed=50 + i)
@@ -172,7 +166,7 @@ def test_a_bad_request_writes_nothing(make_runner, prompts) -> None:
     with pytest.raises(SlotError, match="beyond the slot's length"):
         runner.prefill_batch([PrefillRequest(a, prompts[0]), PrefillRequest(b, prompts[1], start=3)])
     assert runner.slot_length(a) == runner.slot_length(b) == 0
-    assert not runner.state.hidden[a].any()
+    assert runner.blocks.slot_blocks(a) == [] and runner.free_blocks == runner.blocks.num_blocks - 1
     assert runner.prefill_batch([]) == 0
 
 

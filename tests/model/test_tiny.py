@@ -45,7 +45,7 @@ def test_stop_head_is_biased_to_continue_for_a_few_seconds(tiny, make_runner):
     slot = runner.alloc_slot()
     rows = runner.build_prompt(text="The night is long, and the stars are listening.", instruction="Softly.")
     runner.prefill(slot, rows)
-    hidden = runner.state.hidden[slot, : len(rows)]  # backbone outputs the local transformer may see
+    hidden = runner.slot_cache(slot, len(rows))[2]  # backbone outputs the local transformer may see
     codes = torch.randint(0, 1024, (len(rows), 12), generator=torch.Generator().manual_seed(0))
     stop, _ = tiny.model.teacher_forced_local(hidden, codes)
     p_stop = torch.softmax(stop, dim=-1)[:, 1]

@@ -100,6 +100,7 @@ def test_error_codes_are_stable_strings() -> None:
         "too_large",
         "not_found",
         "busy",
+        "loading",
         "rate_limited",
         "unauthorized",
         "forbidden_origin",

@@ -179,6 +179,12 @@ def test_upload_reference_roundtrip_and_persistence(server: RunningServer, make_
     assert requests.post(f"{server.url}/api/upload_ref?ext=wav", data=wav).json()["ref_id"] == ref["ref_id"]
     voices = requests.get(f"{server.url}/api/voices").json()["voices"]
     assert [v["id"] for v in voices if v["kind"] == "uploaded"] == [ref["ref_id"]]
+    # The stored reference can be listened to before it is used; an unknown voice is a JSON 404.
+    audio = requests.get(f"{server.url}/api/voices/{ref['ref_id']}/audio")
+    assert audio.status_code == 200 and audio.headers["Content-Type"] == "audio/wav"
+    assert audio.content == wav
+    missing = requests.get(f"{server.url}/api/voices/ref_000000000000000000000000/audio")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     r = requests.post(f"{server.url}/api/stream", json={"text": "cloned", "reference": ref["ref_id"]})
     assert r.status_code == 200
     # A second server on the same data dir (a restart) still knows the voice.

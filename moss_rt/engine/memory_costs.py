@@ -1,0 +1,46 @@
+"""What each consumer of the memory plan costs, from the loaded model's config and codec (no allocation)."""
+
+from __future__ import annotations
+
+import torch
+
+from moss_rt.codec.model import CodecModel
+from moss_rt.codec.streaming import stream_state_bytes
+from moss_rt.engine.memory_plan import GIB, MIB, MemoryCosts
+from moss_rt.engine.scheduler import PREFILL_KEYS_PER_ROW
+from moss_rt.model.config import MossTTSConfig
+
+# Graph pools (step graphs per batch/key bucket, codec graphs per batch/chunk bucket), cuBLAS/cuDNN
+# workspaces and the allocator's rounding, beyond the prefill pass below. Checked against the
+# device's peak after warm-up (bench/RESULTS.md); the margin covers the rest.
+GRAPH_BASE_BYTES = 1 * GIB
+GRAPH_BYTES_PER_SLOT = 8 * MIB  # step and codec-graph activations grow with the batch
+
+
+def memory_costs(
+    config: MossTTSConfig,
+    codec: CodecModel,
+    dtype: torch.dtype,
+    *,
+    prefill_max_rows: int,
+    codec_chunk_frames: int,
+    codec_extra_streams: int,
+    keys_per_row: int = PREFILL_KEYS_PER_ROW,
+) -> MemoryCosts:
+    b = config.backbone
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    per_position = (2 * b.num_hidden_layers * b.num_key_value_heads * b.head_dim + b.hidden_size) * itemsize
+    # Sampler state: the repetition-penalty bitmap dominates; a dozen scalars besides.
+    slot_bytes = config.n_vq * config.audio_vocab_size + 16 * 8 + config.n_vq * 8
+    # One prefill pass at its bounds: fp32 attention scores (rows x keys x heads) and the activations
+    # of its rows (residual stream, q/k/v, gate/up/down).
+    scores = prefill_max_rows * keys_per_row * b.num_attention_heads * 4
+    activations = prefill_max_rows * (8 * b.hidden_size + 3 * b.intermediate_size) * itemsize
+    return MemoryCosts(
+        bytes_per_position=per_position,
+        slot_bytes=slot_bytes,
+        codec_bytes_per_stream=stream_state_bytes(codec, codec_chunk_frames, dtype),
+        codec_extra_streams=codec_extra_streams + 1,  # + the decoder's scratch row
+        work_bytes=GRAPH_BASE_BYTES + scores + activations,
+        work_bytes_per_slot=GRAPH_BYTES_PER_SLOT,
+    )

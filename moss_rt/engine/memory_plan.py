@@ -1,0 +1,246 @@
+"""The memory plan made at start: how many takes run at once and how long each may grow.
+
+Made once, after the model and codec weights are loaded, from what the device has free then
+(``--gpu-memory-utilization`` of the whole device is the ceiling; what others, the weights and the
+CUDA context already use is subtracted). The budget is split between
+
+- the backbone KV cache (keys, values and the per-position hidden state of every take),
+- the codec's streaming state (one K/V ring set per stream: slots, renders, warm-up),
+- work memory (CUDA-graph pools, prefill scores and activations), and
+- a margin for the allocator's fragmentation and library workspaces.
+
+A pure function of numbers (no torch, no device), so it is tested with fake free-memory figures. On
+a CPU the plan is computed from the settings alone (host memory is not planned).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+DEFAULT_CPU_SLOTS = 64  # CPU (and settings-only) defaults when --max-slots / --max-seq-len are not given
+DEFAULT_CPU_SEQ_LEN = 5120
+PLANNED_TAKE_POSITIONS = 1280  # sizing slots: each could hold a 400-row prompt + 70 s of audio at once
+MIN_SEQ_LEN = 512  # below this even one short take cannot run; the plan fails instead
+MAX_AUTO_SLOTS = 256  # the plan never goes beyond this many slots on its own (each preallocates a codec stream)
+MARGIN_FRACTION = 0.03  # of the usable budget, at least MIN_MARGIN
+MIN_MARGIN = 512 * MIB
+
+
+class MemoryPlanError(RuntimeError):
+    """The budget cannot hold even one take; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class MemoryCosts:
+    """What one unit of each consumer costs in bytes (from the loaded model and codec)."""
+
+    bytes_per_position: int  # backbone cache: K + V over every layer + the hidden state, one take position
+    slot_bytes: int  # fixed per-slot state (sampler state, repetition-penalty bitmap)
+    codec_bytes_per_stream: int  # the codec's streaming K/V rings of one stream
+    codec_extra_streams: int  # codec streams beyond one per slot (renders, warm-up, scratch)
+    work_bytes: int  # CUDA-graph pools, prefill scores and activations (independent of slots)
+    work_bytes_per_slot: int = 0  # graph activations growing with the batch
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The plan (bytes), and where each figure came from."""
+
+    device: str
+    source: str  # "measured" (free device memory) or "settings" (CPU: no device budget)
+    max_slots: int
+    max_seq_len: int  # the cap of one take (prompt + frames); it reserves nothing
+    kv_blocks: int  # blocks of the paged KV pool, the scratch block included
+    block_size: int  # positions per block
+    total_bytes: int  # the device's memory (0 on CPU)
+    in_use_bytes: int  # already used when planning: weights, CUDA context, other processes
+    utilization: float
+    budget_bytes: int  # utilization x total - in use: what the plan may hand out
+    backbone_cache_bytes: int
+    codec_state_bytes: int
+    work_bytes: int
+    margin_bytes: int
+    slots_from: str  # "flag" or "plan"
+    seq_len_from: str
+
+    @property
+    def kv_positions(self) -> int:
+        """Positions the pool holds, shared by every take (the scratch block excluded)."""
+        return (self.kv_blocks - 1) * self.block_size
+
+    @property
+    def planned_bytes(self) -> int:
+        return self.backbone_cache_bytes + self.codec_state_bytes + self.work_bytes + self.margin_bytes
+
+    @property
+    def unplanned_bytes(self) -> int:
+        """Budget left over (never negative on a device; on CPU the budget is the plan itself)."""
+        return max(0, self.budget_bytes - self.planned_bytes)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(item, value) rows of the table in the log and of /api/info."""
+
+        def gib(n: int) -> str:
+            return f"{n / GIB:.2f} GiB"
+
+        rows = [("device", f"{self.device} ({self.source})")]
+        if self.total_bytes:
+            rows += [
+                ("device memory", gib(self.total_bytes)),
+                ("in use before the plan (weights, context, others)", gib(self.in_use_bytes)),
+                (f"budget at utilization {self.utilization:.2f}", gib(self.budget_bytes)),
+            ]
+        rows += [
+            (f"concurrent takes (slots, from {self.slots_from})", str(self.max_slots)),
+            (f"longest take in positions (max_seq_len, from {self.seq_len_from})", str(self.max_seq_len)),
+            (
+                "backbone KV cache (paged pool)",
+                f"{gib(self.backbone_cache_bytes)}: {self.kv_blocks} blocks x {self.block_size} = "
+                f"{self.kv_positions} positions, {self.kv_positions // max(1, self.max_slots)} per slot",
+            ),
+            ("codec streaming state", gib(self.codec_state_bytes)),
+            ("graph pools and work memory", gib(self.work_bytes)),
+            ("margin", gib(self.margin_bytes)),
+        ]
+        if self.total_bytes:
+            rows.append(("left unplanned", gib(self.unplanned_bytes)))
+        return rows
+
+    def table(self) -> str:
+        rows = self.rows()
+        width = max(len(k) for k, _ in rows)
+        lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
+        return "memory plan:\n" + "\n".join(lines)
+
+    def as_dict(self) -> dict[str, object]:
+        """The figures for /api/info (bytes as integers)."""
+        return {
+            "device": self.device,
+            "source": self.source,
+            "max_slots": self.max_slots,
+            "max_seq_len": self.max_seq_len,
+            "kv_blocks": self.kv_blocks,
+            "block_size": self.block_size,
+            "kv_positions": self.kv_positions,
+            "total_bytes": self.total_bytes,
+            "in_use_bytes": self.in_use_bytes,
+            "utilization": self.utilization,
+            "budget_bytes": self.budget_bytes,
+            "backbone_cache_bytes": self.backbone_cache_bytes,
+            "codec_state_bytes": self.codec_state_bytes,
+            "work_bytes": self.work_bytes,
+            "margin_bytes": self.margin_bytes,
+            "slots_from": self.slots_from,
+            "seq_len_from": self.seq_len_from,
+        }
+
+
+def _blocks_for(positions: int, block_size: int) -> int:
+    return -(-positions // block_size)
+
+
+def min_blocks(seq_len: int, block_size: int) -> int:
+    """Pool blocks one take of ``seq_len`` positions needs: its blocks, one copy-on-write, the scratch block."""
+    return _blocks_for(seq_len + 1, block_size) + 2
+
+
+def plan_memory(
+    costs: MemoryCosts,
+    *,
+    device: str,
+    total_bytes: int | None,
+    free_bytes: int | None,
+    utilization: float = 0.90,
+    max_slots: int = 0,
+    max_seq_len: int = 0,
+    block_size: int = 16,
+) -> MemoryPlan:
+    """Slots, the per-take cap and the KV pool within the budget; ``max_slots`` / ``max_seq_len`` > 0 are kept.
+
+    The KV cache is one pool of blocks shared by every take (paged): slots are chosen so each could
+    hold ``PLANNED_TAKE_POSITIONS`` at once, and everything left after the codec streams and work
+    memory goes to the pool; a take's cap (``max_seq_len``) only bounds one take, it reserves nothing.
+    ``total_bytes`` / ``free_bytes`` None (CPU): nothing is measured; unset values take the CPU
+    defaults, the pool holds every slot at its cap, and the figures only report what that costs.
+    """
+    if not 0.0 < utilization <= 1.0:
+        raise MemoryPlanError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
+    if max_seq_len and max_seq_len < 2:
+        raise MemoryPlanError("--max-seq-len must be at least 2")
+    bpp = costs.bytes_per_position
+    per_slot = costs.slot_bytes + costs.codec_bytes_per_stream + costs.work_bytes_per_slot  # besides the KV pool
+    block_bytes = block_size * bpp
+
+    def split(slots: int, blocks: int) -> tuple[int, int, int]:
+        backbone = blocks * block_bytes + slots * costs.slot_bytes
+        codec = (slots + costs.codec_extra_streams) * costs.codec_bytes_per_stream
+        return backbone, codec, costs.work_bytes + slots * costs.work_bytes_per_slot
+
+    if total_bytes is None or free_bytes is None:
+        slots = max_slots or DEFAULT_CPU_SLOTS
+        seq_len = max_seq_len or DEFAULT_CPU_SEQ_LEN
+        blocks = slots * _blocks_for(seq_len + 1, block_size) + 1
+        backbone, codec, work = split(slots, blocks)
+        return MemoryPlan(device, "settings", slots, seq_len, blocks, block_size, 0, 0, utilization,
+                          backbone + codec + work, backbone, codec, work, 0,
+                          "flag" if max_slots else "default", "flag" if max_seq_len else "default")
+
+    in_use = max(0, total_bytes - free_bytes)
+    budget = int(utilization * total_bytes) - in_use
+    margin = max(MIN_MARGIN, int(MARGIN_FRACTION * max(budget, 0)))
+    # The scratch block, the extra codec streams, work memory and the margin come first.
+    fixed = block_bytes + costs.codec_extra_streams * costs.codec_bytes_per_stream + costs.work_bytes + margin
+    room = budget - fixed
+    if max_slots:
+        slots = max_slots
+    else:
+        slots = max(0, min(MAX_AUTO_SLOTS, room // (per_slot + PLANNED_TAKE_POSITIONS * bpp))) if room > 0 else 0
+        if slots == 0 and room > per_slot + min_blocks(MIN_SEQ_LEN, block_size) * block_bytes:
+            slots = 1  # a small card: one take, shorter than planned
+    blocks = 1 + (room - slots * per_slot) // block_bytes if room > 0 else 0
+    if max_seq_len:
+        seq_len = max_seq_len
+    else:
+        seq_len = min(DEFAULT_CPU_SEQ_LEN, max(0, (blocks - 2) * block_size - 1))
+    if slots < 1 or blocks < min_blocks(max(seq_len, 2 if max_seq_len else MIN_SEQ_LEN), block_size):
+        raise MemoryPlanError(_advice(costs, device, total_bytes, in_use, budget, utilization,
+                                      max_slots, max_seq_len, fixed + max(1, slots) * per_slot, block_size))
+    backbone, codec, work = split(slots, blocks)
+    return MemoryPlan(device, "measured", slots, seq_len, blocks, block_size, total_bytes, in_use, utilization,
+                      budget, backbone, codec, work, margin,
+                      "flag" if max_slots else "plan", "flag" if max_seq_len else "plan")
+
+
+def _advice(
+    costs: MemoryCosts,
+    device: str,
+    total: int,
+    in_use: int,
+    budget: int,
+    utilization: float,
+    max_slots: int,
+    max_seq_len: int,
+    fixed: int,
+    block_size: int,
+) -> str:
+    want_slots = max(1, max_slots)
+    want_seq = max_seq_len or MIN_SEQ_LEN
+    need = fixed + min_blocks(want_seq, block_size) * block_size * costs.bytes_per_position
+    msg = (
+        f"the memory plan cannot hold {want_slots} take(s) with one of {want_seq} positions on {device}: "
+        f"it needs {need / GIB:.2f} GiB but the budget is {budget / GIB:.2f} GiB "
+        f"({utilization:.2f} x {total / GIB:.2f} GiB minus {in_use / GIB:.2f} GiB already in use by the weights, "
+        f"the CUDA context and other processes). "
+    )
+    hints = []
+    if max_slots:
+        hints.append("lower --max-slots (or leave it unset so the plan chooses)")
+    if max_seq_len:
+        hints.append("lower --max-seq-len (or leave it unset)")
+    if utilization < 0.95:
+        hints.append("raise --gpu-memory-utilization")
+    hints.append("free GPU memory used by other processes, or use a GPU with more memory")
+    return msg + "To fix: " + "; ".join(hints) + "."

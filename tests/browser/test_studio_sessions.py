@@ -1,0 +1,129 @@
+"""Sessions that survive (issue 15), as a director sees them in headless Chromium on the scripted engine: every
+take comes back after a reload and after a server restart, playable (the same samples) and retakeable (the
+retake's kept frames are the old take's, to the sample), with its name, star and note. Screenshots: session-*.png.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.helpers import (
+    FRAME,
+    run_server,
+    seed_marker,
+    set_fixed_seed,
+    set_param,
+    shot,
+    takes,
+    wait_playback_drained,
+    wait_take_ended,
+)
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.browser
+
+
+def stereo_take(pg: Any, n: int, seed: int, frames: int) -> dict[str, Any]:
+    set_param(pg, "channels", "2")
+    set_param(pg, "tokens", str(frames))
+    set_fixed_seed(pg, seed)
+    pg.click("#speak")
+    wait_take_ended(pg, n)
+    wait_playback_drained(pg)
+    return takes(pg)[n - 1]
+
+
+def held(pg: Any, key: str) -> list[list[int]]:
+    return pg.evaluate(f"[0, 1].map((c) => window.studio.samples('{key}', 0, 1e9, c))")
+
+
+def open_studio(pg: Any, url: str, count: int) -> None:
+    pg.goto(url + "/")
+    pg.wait_for_function(
+        f"window.studio && window.studio.connected && window.studio.session"
+        f" && window.studio.takes().length === {count} && window.studio.takes().every((t) => t.loaded)",
+        timeout=20_000,
+    )
+
+
+def stored(url: str, session: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{url}/api/sessions/{session}", timeout=10) as r:
+        return json.loads(r.read())["takes"]
+
+
+def test_takes_come_back_after_a_reload_and_a_restart(browser: Any, tmp_path: Path) -> None:
+    port = free_port()
+    context = browser.new_context(viewport={"width": 1440, "height": 960}, accept_downloads=True)
+    pg = context.new_page()
+    try:
+        with run_server(tmp_path, port=port) as url:
+            open_studio(pg, url, 0)
+            session = pg.evaluate("window.studio.session")
+            assert session.startswith("s_")
+            one = stereo_take(pg, 1, seed=11, frames=30)
+            two = stereo_take(pg, 2, seed=12, frames=24)
+            pg.evaluate(f"window.studio.select('{one['key']}')")
+            pg.fill("#takeName", "Keeper")
+            pg.click("#takeStar")
+            pg.fill("#takeNote", "the warm one")
+            pg.wait_for_function("window.studio.stats.notesSaved >= 1", timeout=10_000)
+            pg.wait_for_function(
+                f"fetch('/api/sessions/{session}').then((r) => r.json())"
+                ".then((b) => b.takes[0].title === 'Keeper' && b.takes[0].note === 'the warm one')",
+                timeout=10_000,
+            )
+            before = {t["id"]: held(pg, t["key"]) for t in (one, two)}
+
+            pg.reload()  # a reload: the page starts empty and asks for its session
+            open_studio(pg, url, 2)
+            assert pg.evaluate("window.studio.session") == session
+            back = takes(pg)
+            assert [t["id"] for t in back] == [one["id"], two["id"]]
+            assert [t["name"] for t in back] == ["Take 1", "Take 2"]
+            assert (back[0]["title"], back[0]["starred"], back[0]["note"]) == ("Keeper", True, "the warm one")
+            assert back[0]["seed"] == "11" and back[0]["request"]["text"] == one["request"]["text"]
+            for t in back:
+                assert held(pg, t["key"]) == before[t["id"]]  # the audio as it was heard
+            assert "Keeper (Take 1)" in pg.locator("article.take").last.inner_text()
+            shot(pg, "session-after-reload")
+
+        with run_server(tmp_path, port=port) as url:  # a restart: same data dir, same address
+            pg.reload()
+            open_studio(pg, url, 2)
+            back = takes(pg)
+            assert [t["id"] for t in back] == [one["id"], two["id"]]
+            for t in back:
+                assert held(pg, t["key"]) == before[t["id"]]
+            # A take from before the restart is retakeable: its kept frames are the old ones, to the sample.
+            pg.evaluate(f"window.studio.select('{back[0]['key']}'); window.studio.setCursorFrame(10)")
+            assert pg.locator("#retakeBtn").is_enabled()
+            pg.click("#retakeOptsBtn")
+            pg.select_option("#rtSeedMode", "fixed")
+            pg.fill("#rtSeed", "77")
+            pg.click("#retakeBtn")
+            retake = wait_take_ended(pg, 3)
+            wait_playback_drained(pg)
+            assert retake["parent"] == one["id"] and retake["spliceSample"] == 10 * FRAME
+            new = held(pg, retake["key"])
+            old = before[one["id"]]
+            assert [c[: 10 * FRAME] for c in new] == [c[: 10 * FRAME] for c in old]
+            assert set(new[1][10 * FRAME :]) == {seed_marker(77)}
+            assert [t["take_id"] for t in stored(url, session)][-1] == retake["id"]
+            # Delete: gone from the session too.
+            pg.evaluate(f"window.studio.select('{back[1]['key']}')")
+            pg.click("#takeDelete")
+            pg.click("#takeDelete")
+            pg.wait_for_function(
+                f"fetch('/api/sessions/{session}').then((r) => r.json()).then((b) => b.takes.length === 2)",
+                timeout=10_000,
+            )
+            shot(pg, "session-after-restart")
+            # The whole session as one archive.
+            assert pg.locator("#sessionExport").get_attribute("href").endswith(f"/api/sessions/{session}/archive")
+    finally:
+        context.close()

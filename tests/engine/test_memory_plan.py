@@ -1,0 +1,134 @@
+"""The start-up memory plan: a pure function checked with fake free-memory figures, and as the service shows it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import requests
+
+from moss_rt.client import DirectingClient
+from moss_rt.engine.memory_plan import (
+    DEFAULT_CPU_SEQ_LEN,
+    DEFAULT_CPU_SLOTS,
+    GIB,
+    MIB,
+    PLANNED_TAKE_POSITIONS,
+    MemoryCosts,
+    MemoryPlanError,
+    plan_memory,
+)
+from tests.engine.helpers import LONG, metrics
+from tests.helpers import next_message, run
+
+# Full-size figures: bf16 backbone (36 layers x 8 KV heads x 128 x K,V + 2560 hidden), a 10 s codec window.
+FULL = MemoryCosts(
+    bytes_per_position=(2 * 36 * 8 * 128 + 2560) * 2,
+    slot_bytes=12 * 1024 + 224,
+    codec_bytes_per_stream=380 * MIB,
+    codec_extra_streams=3,
+    work_bytes=int(2.5 * GIB),
+    work_bytes_per_slot=8 * MIB,
+)
+WEIGHTS = 13 * GIB  # model + codec + CUDA context
+
+
+def card(total_gib: float, **kw: object):  # type: ignore[no-untyped-def]
+    total = int(total_gib * GIB)
+    return plan_memory(FULL, device="cuda:0", total_bytes=total, free_bytes=total - WEIGHTS, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("total_gib", [24, 40, 48, 80, 139])
+def test_plan_fits_the_budget_and_uses_most_of_it(total_gib: float) -> None:
+    plan = card(total_gib)
+    assert plan.source == "measured" and plan.max_slots >= 1 and plan.max_seq_len == DEFAULT_CPU_SEQ_LEN
+    assert plan.in_use_bytes == WEIGHTS
+    assert plan.budget_bytes == int(0.9 * total_gib * GIB) - WEIGHTS
+    assert plan.planned_bytes <= plan.budget_bytes
+    assert plan.unplanned_bytes < 16 * FULL.bytes_per_position  # less than one block is left over
+    # The pool holds every slot at the planned take length (it is shared: one take may grow much longer).
+    assert plan.kv_positions >= plan.max_slots * PLANNED_TAKE_POSITIONS
+    assert plan.backbone_cache_bytes >= plan.kv_positions * FULL.bytes_per_position
+
+
+def test_bigger_cards_hold_more_takes() -> None:
+    slots = [card(g).max_slots for g in (24, 48, 80, 139)]
+    assert slots == sorted(slots) and slots[0] < slots[-1]
+    assert card(24).max_slots >= 4 and card(80).max_slots >= 64  # the device proof is in bench/RESULTS.md
+
+
+def test_utilization_bounds_the_plan() -> None:
+    assert card(80, utilization=0.5).max_slots < card(80, utilization=0.9).max_slots
+    with pytest.raises(MemoryPlanError, match="utilization"):
+        card(80, utilization=1.5)
+
+
+def test_flags_win_when_given() -> None:
+    plan = card(80, max_slots=4, max_seq_len=1024)
+    assert (plan.max_slots, plan.max_seq_len) == (4, 1024)
+    assert (plan.slots_from, plan.seq_len_from) == ("flag", "flag")
+    only_len = card(80, max_seq_len=8192)
+    assert only_len.max_seq_len == 8192 and only_len.slots_from == "plan"
+    assert only_len.max_slots == card(80).max_slots  # the cap of one take reserves nothing
+    only_slots = card(80, max_slots=8)
+    assert only_slots.max_slots == 8 and only_slots.max_seq_len == DEFAULT_CPU_SEQ_LEN
+    assert only_slots.kv_blocks > card(80).kv_blocks  # fewer codec streams: a bigger pool
+
+
+def test_a_small_card_gets_shorter_takes_before_none() -> None:
+    plan = card(19.6)  # room for one take of ~1000 positions, not for a planned slot's 1280
+    assert plan.max_slots == 1 and 512 <= plan.max_seq_len < PLANNED_TAKE_POSITIONS
+
+
+def test_a_plan_that_cannot_hold_one_take_fails_saying_what_to_change() -> None:
+    with pytest.raises(MemoryPlanError) as err:
+        card(15)  # 13.5 GiB usable, 13 GiB already held by the weights
+    text = str(err.value)
+    assert "cannot hold" in text and "GiB" in text and "--gpu-memory-utilization" in text
+    with pytest.raises(MemoryPlanError, match="--max-slots"):
+        card(24, max_slots=500)
+
+
+def test_cpu_plan_comes_from_the_settings() -> None:
+    plan = plan_memory(FULL, device="cpu", total_bytes=None, free_bytes=None)
+    assert (plan.max_slots, plan.max_seq_len, plan.source) == (DEFAULT_CPU_SLOTS, DEFAULT_CPU_SEQ_LEN, "settings")
+    given = plan_memory(FULL, device="cpu", total_bytes=None, free_bytes=None, max_slots=3, max_seq_len=300)
+    assert (given.max_slots, given.max_seq_len) == (3, 300)
+    assert given.kv_blocks == 3 * 19 + 1  # every slot at its cap (301 positions in blocks of 16) + scratch
+    assert given.backbone_cache_bytes == 58 * 16 * FULL.bytes_per_position + 3 * FULL.slot_bytes
+    assert "memory plan" in given.table() and "backbone KV cache" in given.table()
+
+
+def test_the_service_shows_its_plan_and_admits_by_it(moss_server) -> None:  # type: ignore[no-untyped-def]
+    srv = moss_server(max_slots=0, max_seq_len=0, max_queue=1)  # the plan chooses (CPU: from the settings)
+    info = requests.get(srv.url + "/api/info", timeout=10).json()
+    plan = info["memory_plan"]
+    assert plan["source"] == "settings" and plan["max_slots"] == DEFAULT_CPU_SLOTS
+    assert info["details"]["max_slots"] == str(DEFAULT_CPU_SLOTS)
+    figures = run(metrics(srv))
+    assert figures["moss_rt_memory_plan_slots"] == DEFAULT_CPU_SLOTS
+    assert figures['moss_rt_memory_plan_bytes{part="backbone_cache"}'] == plan["backbone_cache_bytes"]
+
+
+def test_admission_refuses_beyond_the_planned_slots_and_queue(moss_server) -> None:  # type: ignore[no-untyped-def]
+    srv = moss_server(max_slots=1, max_queue=1, max_takes_per_client=0)
+
+    async def scenario() -> list[str]:
+        async with (
+            DirectingClient.connect(srv.ws_url) as a,
+            DirectingClient.connect(srv.ws_url) as b,
+            DirectingClient.connect(srv.ws_url) as c,
+        ):
+            await a.start("Hello there, a longer take.", max_new_tokens=300, **LONG)
+            await next_message(a, "start")  # a holds the one slot
+            await b.start("Hello there, a longer take.", max_new_tokens=5, **LONG)
+            for _ in range(2000):  # until b waits in the one queue place
+                if srv.engine.queued_count >= 1:
+                    break
+                await asyncio.sleep(0.01)
+            await c.start("Hello.", max_new_tokens=2)
+            refused = await next_message(c, "error")
+            ends = [(await x.collect()).end["reason"] for x in (a, b)]  # one ran, one waited, both end
+            return [str(refused.code), *ends]
+
+    assert run(scenario()) == ["busy", "max_frames", "max_frames"]

@@ -1,0 +1,170 @@
+"""Directing sessions that survive: ``resume`` on the WebSocket and the /api/sessions routes, on a real server
+(scripted engine, whose stereo audio encodes frame index and seed), across a reconnect and a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+import wave
+from typing import Any
+
+import numpy as np
+import requests
+import websockets
+
+from moss_rt.protocol import FRAME_SAMPLES, Limits
+from tests.conftest import RunningServer
+from tests.web.conftest import FRAME_MS, scripted
+from tests.web.helpers import expected_stereo, stereo_frames
+
+
+def run(coro):  # noqa: ANN001, ANN201 - tiny sync wrapper for async scenarios
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+class Channel:
+    """A raw directing socket: control messages out, (json messages, PCM) in."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+
+    async def send(self, **msg: Any) -> None:
+        await self.ws.send(json.dumps(msg))
+
+    async def until(self, kind: str) -> dict[str, Any]:
+        while True:
+            data = await self.ws.recv()
+            if data[0] == 0:
+                msg = json.loads(data[5:])
+                if msg["type"] == kind:
+                    return msg
+                if msg["type"] == "error" and kind != "error":
+                    raise AssertionError(msg)
+
+    async def take(self, **start: Any) -> tuple[dict[str, Any], bytes]:
+        """Run a start to its end; the end message and the PCM."""
+        await self.send(**start)
+        return await self.to_end()
+
+    async def to_end(self) -> tuple[dict[str, Any], bytes]:
+        pcm = bytearray()
+        while True:
+            data = await self.ws.recv()
+            if data[0] == 1:
+                pcm += data[5:]
+            else:
+                msg = json.loads(data[5:])
+                if msg["type"] == "error":
+                    raise AssertionError(msg)
+                if msg["type"] == "end":
+                    return msg, bytes(pcm)
+
+
+async def connect(server: RunningServer, session: str | None) -> tuple[Any, Channel, dict[str, Any]]:
+    ws = await websockets.connect(server.ws_url, max_size=None)
+    ch = Channel(ws)
+    hello = await ch.until("hello")
+    assert hello["sessions"] is True
+    await ch.send(type="resume", **({"session": session} if session else {}))
+    return ws, ch, await ch.until("session")
+
+
+def test_a_session_resumes_after_a_reconnect_and_a_restart_with_every_take_retakeable(make_server) -> None:
+    server = make_server(scripted, engine="scripted", frame_ms=FRAME_MS, max_lead_sec=0.0)
+
+    async def first_visit() -> tuple[str, str, bytes]:
+        ws, ch, session = await connect(server, None)
+        assert session["resumed"] is False and session["takes"] == [] and session["session"].startswith("s_")
+        end, pcm = await ch.take(type="start", text="the first line", seed=3, channels=2, tokens=12)
+        await ws.close()
+        return session["session"], end["take"], pcm
+
+    sid, take_id, heard = run(first_visit())
+
+    async def visit(srv: RunningServer) -> None:
+        ws, ch, session = await connect(srv, sid)
+        assert session["resumed"] is True and session["session"] == sid
+        [record] = [t for t in session["takes"] if t["take_id"] == take_id]
+        assert (record["seed"], record["n_frames"], record["channels"], record["reason"]) == (3, 12, 2, "done")
+        assert record["request"]["text"] == "the first line"
+        # The stored audio is the audio as heard.
+        r = await asyncio.to_thread(requests.get, f"{srv.url}/api/sessions/{sid}/takes/{take_id}.wav", timeout=10)
+        with wave.open(io.BytesIO(r.content)) as w:
+            assert w.readframes(w.getnframes()) == heard
+        # A retake of a take from an earlier connection (or before the restart): its prefix is the old audio.
+        await ch.send(type="seek", take=take_id, frame=5, seed=9)
+        ack = await ch.until("seek")
+        assert ack["from_take"] == take_id and ack["frame"] == 5
+        end, pcm = await ch.to_end()
+        assert end["take"] == ack["take"] and end["reason"] == "done"
+        assert stereo_frames(pcm) == expected_stereo(5, 12, 9)  # the scripted engine: tokens new frames
+        await ws.close()
+
+    run(visit(server))  # a reconnect
+    server_data = server.state.settings.data_dir
+    again = make_server(scripted, engine="scripted", frame_ms=FRAME_MS, max_lead_sec=0.0, data_dir=server_data)
+    run(visit(again))  # a restart: a second service on the same data dir
+    listed: list[dict[str, Any]] = []
+    for _ in range(100):  # the last retake is stored right after its end frame went out
+        listed = requests.get(f"{again.url}/api/sessions/{sid}", timeout=10).json()["takes"]
+        if len(listed) == 3:
+            break
+        time.sleep(0.05)
+    assert [t["take_id"] for t in listed][0] == take_id and len(listed) == 3  # the first take and two retakes
+    assert all(t["parent"] == take_id and t["branch_frame"] == 5 for t in listed[1:])
+
+
+def test_notes_delete_export_import_and_a_full_session(make_server) -> None:
+    server = make_server(
+        scripted, engine="scripted", frame_ms=FRAME_MS, max_lead_sec=0.0, limits=Limits(max_session_takes=2)
+    )
+
+    async def scenario() -> tuple[str, list[str]]:
+        ws, ch, session = await connect(server, None)
+        ids = []
+        for n in range(2):
+            end, _ = await ch.take(type="start", text=f"line {n}", seed=n + 1, tokens=6)
+            ids.append(end["take"])
+        await ch.send(type="start", text="one too many", tokens=6)
+        err = await ch.until("error")
+        assert err["code"] == "too_large" and "2 takes" in err["message"] and "delete" in err["message"]
+        await ws.close()
+        return session["session"], ids
+
+    sid, ids = run(scenario())
+    base = f"{server.url}/api/sessions/{sid}"
+    r = requests.patch(f"{base}/takes/{ids[0]}", json={"title": "Keeper", "starred": True}, timeout=10)
+    assert r.status_code == 200 and r.json()["title"] == "Keeper"
+    bad = requests.patch(f"{base}/takes/{ids[0]}", json={"starred": "yes"}, timeout=10)
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "starred"
+    assert requests.delete(f"{base}/takes/{ids[1]}", timeout=10).status_code == 200
+    assert requests.get(f"{base}/takes/{ids[1]}.wav", timeout=10).status_code == 404
+
+    archive = requests.get(f"{base}/archive", timeout=10)
+    assert archive.headers["Content-Type"] == "application/zip"
+    imported = requests.post(f"{server.url}/api/sessions/import", data=archive.content, timeout=10).json()
+    assert imported["session"] != sid and [t["title"] for t in imported["takes"]] == ["Keeper"]
+    new_id = imported["takes"][0]["take_id"]
+    a = requests.get(f"{base}/takes/{ids[0]}.wav", timeout=10).content
+    b = requests.get(f"{server.url}/api/sessions/{imported['session']}/takes/{new_id}.wav", timeout=10).content
+    assert a == b
+    junk = requests.post(f"{server.url}/api/sessions/import", data=b"not a zip", timeout=10)
+    assert junk.status_code == 422 and "not a zip" in junk.json()["error"]["message"]
+    assert requests.get(f"{server.url}/api/sessions/s_{'x' * 20}", timeout=10).status_code == 404
+
+
+def test_an_unknown_session_is_not_found_and_the_socket_stays_usable(server: RunningServer) -> None:
+    async def scenario() -> None:
+        async with websockets.connect(server.ws_url) as ws:
+            ch = Channel(ws)
+            await ch.until("hello")
+            await ch.send(type="resume", session="s_" + "A" * 24)
+            err = await ch.until("error")
+            assert err["code"] == "not_found" and err["field"] == "session" and not err["fatal"]
+            end, pcm = await ch.take(type="start", text="still here", tokens=4)
+            assert end["reason"] == "done" and len(pcm) == 4 * FRAME_SAMPLES * 2
+            assert np.frombuffer(pcm, "<i2").size == 4 * FRAME_SAMPLES
+
+    run(scenario())
