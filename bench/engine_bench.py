@@ -144,14 +144,17 @@ def start_server(
     if replicas > 0:
         # Ray on loopback, no usage report; the replicas are CPU ones with --tiny.
         env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-        cmd += ["--cluster", "auto", "--replicas", str(replicas)]
+        # Half the machine's cores shared by the replicas (Ray sets each one's OMP_NUM_THREADS from it).
+        cpus = max(1, (os.cpu_count() or 2) // (2 * replicas))
+        cmd += ["--cluster", "auto", "--replicas", str(replicas), "--replica-cpus", str(cpus)]
     elif not args.tiny and args.replicas > 0:
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]  # the baseline: one GPU
     fh = open(log_path, "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
 
-async def wait_ready(url: str, proc: subprocess.Popen, limit_sec: float) -> float:
+async def wait_ready(url: str, proc: subprocess.Popen, limit_sec: float, replicas: int = 0) -> float:
+    """Seconds until /readyz says ready (a cluster front end: with every replica ready, not just one)."""
     t0 = time.perf_counter()
     async with aiohttp.ClientSession() as http:
         while time.perf_counter() - t0 < limit_sec:
@@ -159,7 +162,7 @@ async def wait_ready(url: str, proc: subprocess.Popen, limit_sec: float) -> floa
                 raise RuntimeError(f"server exited with {proc.returncode}")
             try:
                 async with http.get(url + "/readyz") as resp:
-                    if resp.status == 200:
+                    if resp.status == 200 and (await resp.json()).get("replicas_ready", 0) >= replicas:
                         return time.perf_counter() - t0
             except aiohttp.ClientError:
                 pass
@@ -447,7 +450,7 @@ def serve_and_drive(
     log_path = args.server_log or (args.work / f"{prefix}server.log")
     proc = start_server(args, model, codec, port, log_path, concurrency=concurrency, replicas=replicas)
     try:
-        result[f"{prefix}server_ready_sec"] = asyncio.run(wait_ready(url, proc, 900))
+        result[f"{prefix}server_ready_sec"] = asyncio.run(wait_ready(url, proc, 900, replicas))
         for c in concurrency:
             try:
                 repeats = args.single_repeats if c == 1 else 1

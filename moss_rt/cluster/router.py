@@ -26,7 +26,7 @@ from moss_rt.cluster.remote_take import RemoteTake
 from moss_rt.cluster.replica import Admitted, Refusal, ReplicaStatus
 from moss_rt.cluster.routing import Candidate, plan_routes
 from moss_rt.config import Settings
-from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, TakeSpec
+from moss_rt.engine.base import EndReason, EngineBusy, EngineInfo, EngineLifecycle, TakeSpec
 from moss_rt.protocol import DEFAULT_MODEL_ALIAS
 
 log = logging.getLogger(__name__)
@@ -226,11 +226,12 @@ class ClusterEngine(EngineLifecycle):
         except TimeoutError:
             log.warning("replica %s did not admit take %s within %.0f s", replica.name, spec.take_id,
                         ADMIT_TIMEOUT_SEC)
-            with contextlib.suppress(Exception):
-                import ray
-
-                ray.cancel(stream)  # its generator's cleanup cancels the take if it was admitted late
+            self._abandon(replica, stream, spec.take_id)
             return EngineBusy(retry_after_sec=1.0)
+        except asyncio.CancelledError:
+            # submit is cancel-safe: a take the replica admitted meanwhile must not run for nobody.
+            self._abandon(replica, stream, spec.take_id)
+            raise
         if isinstance(first, Refusal):
             replica.pending = max(0, replica.pending - 1)
             return first.exception()
@@ -245,6 +246,16 @@ class ClusterEngine(EngineLifecycle):
             rebuilt=rebuilt,
             on_lost=lambda: self._take_lost(replica, incarnation),
         )
+
+    @staticmethod
+    def _abandon(replica: ReplicaView, stream: Any, take_id: str) -> None:
+        """Give up a take stream before it was handed out: end the stream and the take on the replica."""
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.cancel(stream)
+        with contextlib.suppress(Exception):
+            replica.actor.cancel_take.remote(take_id, EndReason.CANCELLED.value)
 
     @staticmethod
     async def _first_item(stream: Any) -> object:

@@ -27,37 +27,22 @@ from moss_rt.generation import EndReason, SamplingParams
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-# First-chunk policy. A take's first new frames go out one per chunk whatever its ``chunk_frames``: 3 frames are
-# 240 ms, more than a player's usual 200 ms jitter cushion, so a client can start playing as soon as they exist
-# (with chunk 8 sent whole, sound started 8 more frames of generation later: ~0.6 s on a real-time engine). Then
-# chunks grow to ``chunk_frames`` at most half the audio already sent at a time, so while the player drains what it
-# holds the next chunk is made (no underrun after the early start on an engine ~1.5x real time or faster).
-# Costs a few extra codec calls at the start of each take.
-EARLY_FRAMES = 3
+# First-chunk policy. A take's first new frames go out one per chunk, up to RAMP_FRAMES (or its
+# ``chunk_frames`` if smaller), then whole ``chunk_frames`` chunks: a client starts playing as soon as its jitter
+# cushion is there (3 frames = 240 ms covers the usual 200 ms) and keeps receiving every frame while its buffer
+# is thin (with chunk 8 sent whole, sound started 8 more frames of generation later: ~0.6 s on a real-time
+# engine). One-frame chunks, not a ramp of growing ones (2, 3, 4, 6 frames): the codec has CUDA graphs for one-
+# and eight-frame chunks at every batch size but runs odd lengths eagerly in large batches (about 55 ms a call
+# on an H200), and every take in its ramp shares one batched one-frame call per step.
+RAMP_FRAMES = 8
 
 
 def chunk_target(new_frames_sent: int, chunk_frames: int) -> int:
-    """Frames the next chunk of a take waits for, when it has sent ``new_frames_sent`` frames of its own (a retake's
-    kept prefix excluded): 1 for the first EARLY_FRAMES, then half of what was sent, up to ``chunk_frames``."""
-    if new_frames_sent < EARLY_FRAMES:
+    """Frames the next chunk of a take waits for, when it has sent ``new_frames_sent`` frames of its own (a
+    retake's kept prefix excluded): 1 for the first ``min(chunk_frames, RAMP_FRAMES)``, then ``chunk_frames``."""
+    if new_frames_sent < min(chunk_frames, RAMP_FRAMES):
         return 1
-    return max(1, min(chunk_frames, new_frames_sent // 2))
-
-
-__all__ = [
-    "AudioChunk",
-    "EndReason",
-    "Engine",
-    "EngineBusy",
-    "EngineInfo",
-    "EngineLifecycle",
-    "TakeEvent",
-    "TakeFinished",
-    "TakeFirstAudio",
-    "TakeHandle",
-    "TakeSpec",
-    "chunk_target",
-]
+    return max(1, chunk_frames)
 
 
 class EngineBusy(Exception):

@@ -76,7 +76,7 @@ class Take:
         return self.frames - self.flushed
 
     def chunk_due(self, step: int) -> bool:
-        """First audio after one frame, then chunks growing to ``chunk_frames`` (base.chunk_target: the first
+        """First audio after one frame, then one-frame chunks up to base.RAMP_FRAMES (base.chunk_target: the first
         ones fill a client's jitter cushion fast), and on the engine's shared cadence of ``chunk_frames`` steps.
 
         Aligning chunks to the global step count (not to each take's own start) makes every take

@@ -77,14 +77,14 @@ def test_stream_metadata_and_frame_order(server: RunningServer) -> None:
     # Mono is the average of the scripted left (frame marker) and right (seed marker) channels.
     firsts = samples[::FRAME_SAMPLES].astype(int)
     assert list(firsts) == [((i + 1) + -(11 + 1)) // 2 for i in range(end["n_frames"])]
-    # The first chunks are single frames (they fill a player's cushion fast), then they grow to chunk_frames.
+    # The first chunks are single frames (they fill a player's cushion fast), then whole chunk_frames chunks.
     sizes = [len(p) // (2 * FRAME_SAMPLES) for t, p in frames if t == 1]
     expected, sent = [], 0
     while sent < end["n_frames"]:
         expected.append(min(chunk_target(sent, 3), end["n_frames"] - sent))
         sent += expected[-1]
     assert sizes == expected, sizes
-    assert sizes[:4] == [1, 1, 1, 1] and set(sizes[6:-1]) <= {3}
+    assert sizes[:3] == [1, 1, 1] and set(sizes[3:-1]) <= {3}
 
 
 def test_all_fields_optional(server: RunningServer) -> None:
