@@ -55,11 +55,11 @@ def main() -> None:
         mask = torch.ones(batch, keys, dtype=torch.bool, device=dev)
         read = pos[:, None, :] * hkv + torch.arange(hkv, device=dev)[None, :, None]
 
-        def gather() -> torch.Tensor:
+        def gather(q=q, k=k, v=v, read=read, mask=mask) -> torch.Tensor:  # type: ignore[no-untyped-def]
             kk, vv = k.view(-1, dim)[read], v.view(-1, dim)[read]
             return grouped_attention(q[:, None], kk, vv, mask[:, None], dim**-0.5)
 
-        def kernel() -> torch.Tensor:
+        def kernel(q=q, k=k, v=v, pos=pos, mask=mask) -> torch.Tensor:  # type: ignore[no-untyped-def]
             return paged_decode_attention(q, k, v, pos, mask, dim**-0.5)
 
         out[f"b{batch}_gather_us"] = round(_time(gather), 1)

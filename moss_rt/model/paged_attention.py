@@ -16,8 +16,10 @@ One program per (batch row, KV head, key split): its g query heads (padded to 16
 dot) walk their keys in tiles of ``BLOCK_S`` with an online softmax; scores, the running max / sum and the
 output accumulate in fp32. A large batch runs one split (the output is written directly); a small one splits
 the keys so that about ``TARGET_PROGRAMS`` programs keep the GPU busy, each writes its unnormalised partial
-(fp32) and a second kernel merges them (flash-decoding's split-K, written here from the maths). Semantics are ``layers.grouped_attention``'s (scale on the raw dot product, masked keys
-at -inf, softmax in fp32); only rounding differs: the plain path rounds scores and probabilities to the
+(fp32) and a second kernel merges them (flash-decoding's split-K, written here from the maths).
+
+Semantics are ``layers.grouped_attention``'s (scale on the raw dot product, masked keys at -inf, softmax in
+fp32); only rounding differs: the plain path rounds scores and probabilities to the
 compute dtype between its GEMMs, this kernel keeps them in fp32 (probabilities enter the P·V dot in the
 cache dtype). A row with every key masked yields zeros (the plain path would yield NaN; the step never
 builds one: key 0 is always visible).
