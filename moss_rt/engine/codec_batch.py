@@ -6,8 +6,10 @@ the batch), while a captured graph replays a small call in about 9 ms. Graphs ar
 scratch pool row, whose output is thrown away and whose position is reset before every call), and the first entry of
 every graphed batch is a padding stream: the slot list is then never contiguous, so only the decoder's
 "gathered" graphs are ever used (its contiguous-range graphs are keyed by start slot too, which would
-mean a capture per slot). All graphs are captured at start-up; a shape without one (an odd chunk
-length in a large batch, a long chunk) runs eagerly rather than stalling every stream for a capture.
+mean a capture per slot). The likeliest graphs are captured before ready and the rest while the engine
+is idle; until then a shape runs eagerly rather than stalling every stream for a capture, unless it keeps
+coming under steady load (EAGER_CALLS_BEFORE_CAPTURE). Shapes without a graph (an odd chunk length in a
+large batch, a long chunk) always run eagerly.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ LARGE_BUCKETS = (32, 48, 64)
 SMALL_T = tuple(range(1, 9))
 MAX_CALL_STREAMS = 64  # streams per codec call (bounds its activations); the top bucket is this + 2
 LARGE_T = (1, 8)
+# A graphable shape that keeps coming while the engine is never idle (a server under steady load) is
+# captured on its this-many-th eager call: a capture stalls the streams about as long as ~20 eager calls
+# cost over graphed ones (~1 s vs ~55 ms a call on an H200), so waiting for an idle moment that never
+# comes would cost more than it saves.
+EAGER_CALLS_BEFORE_CAPTURE = 8
 
 
 def graph_buckets(max_streams: int) -> tuple[int, ...]:
@@ -48,6 +55,7 @@ class CodecBatcher:
         self.max_batch = max(1, min(max_streams, MAX_CALL_STREAMS))
         self.buckets = graph_buckets(self.max_batch)
         self._warm: set[tuple[int, int]] = set()
+        self._eager_calls: dict[tuple[int, int], int] = defaultdict(int)
         self._pads: list[DecoderState] = []
         if self.graphs:
             # Every padding row shares the decoder's scratch pool row: its output is thrown away and rows
@@ -120,6 +128,12 @@ class CodecBatcher:
     def _decode_group(self, states: list[DecoderState], chunks: list[np.ndarray], t: int) -> list[np.ndarray]:
         n = len(states)
         bucket = next((b for b in self.buckets if b >= n + 1), None)
+        if self.graphs and bucket is not None and (bucket, t) not in self._warm:
+            self._eager_calls[(bucket, t)] += 1
+            if self._eager_calls[(bucket, t)] >= EAGER_CALLS_BEFORE_CAPTURE and (bucket, t) in self.shapes():
+                log.info("codec shape (batch %d, %d frames) keeps coming under load: capturing its graph", bucket, t)
+                self.decoder.warmup([bucket], [t], contiguous_from=None)  # writes only the scratch row
+                self._warm.add((bucket, t))
         if not self.graphs or bucket is None or (bucket, t) not in self._warm:
             with self.eager():
                 return self.decoder.decode(states, chunks)

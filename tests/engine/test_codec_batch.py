@@ -93,3 +93,22 @@ def test_many_streams_are_decoded_in_bounded_calls() -> None:
     assert [int(a[0, 0]) for a in audio] == [s.slot for s in streams]
     assert [len(slots) for _, slots, _ in dec.calls] == [66, 66, 32]  # 64 + 64 + 22 streams, padded to buckets
     assert all(s.frames == 8 for s in streams)
+
+
+def test_a_shape_that_keeps_coming_under_load_is_captured_after_a_few_eager_calls() -> None:
+    """Idle capture never happens on a server under steady load: a graphable shape not yet captured runs
+    eagerly only EAGER_CALLS_BEFORE_CAPTURE - 1 times, then gets its graph; shapes with no graph stay eager."""
+    from moss_rt.engine.codec_batch import EAGER_CALLS_BEFORE_CAPTURE
+
+    dec = FakeDecoder()
+    batcher = CodecBatcher(dec, 64)  # type: ignore[arg-type]
+    batcher.warm_up(limit=1)  # as before ready: only the likeliest graph
+    streams = [dec.new_state() for _ in range(40)]
+    for _ in range(EAGER_CALLS_BEFORE_CAPTURE + 2):
+        batcher.decode(streams, [np.zeros((8, 12), np.int64)] * 40)  # bucket 48, 8 frames: graphable
+        batcher.decode(streams, [np.zeros((5, 12), np.int64)] * 40)  # (48, 5): no graph ever
+    full = [graphed for graphed, slots, t in dec.calls if t == 8]
+    odd = [graphed for graphed, slots, t in dec.calls if t == 5]
+    assert full == [False] * (EAGER_CALLS_BEFORE_CAPTURE - 1) + [True] * 3 and (48, 8) in dec.captured
+    assert not any(odd) and (48, 5) not in dec.captured
+    assert all(s.frames == (8 + 5) * (EAGER_CALLS_BEFORE_CAPTURE + 2) for s in streams)
