@@ -15,6 +15,7 @@ a CPU the plan is computed from the settings alone (host memory is not planned).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GIB = 1 << 30
@@ -27,6 +28,11 @@ MIN_SEQ_LEN = 512  # below this even one short take cannot run; the plan fails i
 MAX_AUTO_SLOTS = 256  # the plan never goes beyond this many slots on its own (each preallocates a codec stream)
 MARGIN_FRACTION = 0.03  # of the usable budget, at least MIN_MARGIN
 MIN_MARGIN = 512 * MIB
+# When --max-slots and --max-seq-len are both given, the pool holds every slot at its cap plus this
+# fraction again for the caches of finished takes kept for retakes (evicted first when a take needs
+# room, so the headroom only decides how many stay reusable), rather than the whole budget: several
+# engines (tests, replicas) can then share one card.
+KEPT_CACHE_HEADROOM = 0.5
 
 
 class MemoryPlanError(RuntimeError):
@@ -147,6 +153,13 @@ def min_blocks(seq_len: int, block_size: int) -> int:
     return _blocks_for(seq_len + 1, block_size) + 2
 
 
+def settings_blocks(slots: int, seq_len: int, block_size: int) -> int:
+    """Pool blocks when both slot count and cap are given: every slot at its cap with its copy-on-write
+    block, ``KEPT_CACHE_HEADROOM`` more for kept retake caches, and the scratch block."""
+    running = slots * _blocks_for(seq_len + 1, block_size)
+    return running + slots + math.ceil(KEPT_CACHE_HEADROOM * running) + 1
+
+
 def plan_memory(
     costs: MemoryCosts,
     *,
@@ -163,6 +176,8 @@ def plan_memory(
     The KV cache is one pool of blocks shared by every take (paged): slots are chosen so each could
     hold ``PLANNED_TAKE_POSITIONS`` at once, and everything left after the codec streams and work
     memory goes to the pool; a take's cap (``max_seq_len``) only bounds one take, it reserves nothing.
+    When both ``max_slots`` and ``max_seq_len`` are given the pool is sized to them instead
+    (``settings_blocks``: every slot at its cap plus ``KEPT_CACHE_HEADROOM``), never beyond the budget.
     ``total_bytes`` / ``free_bytes`` None (CPU): nothing is measured; unset values take the CPU
     defaults, the pool holds every slot at its cap, and the figures only report what that costs.
     """
@@ -201,6 +216,8 @@ def plan_memory(
         if slots == 0 and room > per_slot + min_blocks(MIN_SEQ_LEN, block_size) * block_bytes:
             slots = 1  # a small card: one take, shorter than planned
     blocks = 1 + (room - slots * per_slot) // block_bytes if room > 0 else 0
+    if max_slots and max_seq_len:
+        blocks = min(blocks, settings_blocks(max_slots, max_seq_len, block_size))
     if max_seq_len:
         seq_len = max_seq_len
     else:

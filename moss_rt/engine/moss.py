@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import gc
 import inspect
 import logging
 import queue
@@ -137,6 +138,20 @@ class MossEngine(EngineLifecycle):
         if self._thread is not None and self._thread.is_alive():
             await asyncio.to_thread(self._thread.join, 30.0)
         self._ready = False
+        if self._thread is None or not self._thread.is_alive():
+            await asyncio.to_thread(self._release_device_memory)
+
+    def _release_device_memory(self) -> None:
+        """Drop the model, codec and their caches once the worker has stopped, so another engine in this
+        process (tests, a restart) can plan with that memory: the app may keep this object alive."""
+        self._scheduler = None
+        self._runner = None
+        self._batcher = None
+        self._decoder = None
+        self._codec = None
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
     async def submit(self, spec: TakeSpec) -> EngineChannel:
         if self._stop.is_set():
@@ -478,7 +493,13 @@ class MossEngine(EngineLifecycle):
         total = free = None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+            # Memory this process freed (an earlier engine closed in the same process, load-time temporaries)
+            # is still cached by the allocator and counts as used by the driver: hand it back first, and
+            # count whatever the allocator still caches without a live tensor as free.
+            gc.collect()
+            torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(device)
+            free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
             if s.gpu_memory_limit_gib > 0:
                 # A smaller card, emulated: this process's allocator may hold only the limit, so the plan
                 # budgets the limit minus what this process already holds (weights and their rounding).

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moss_rt.model import paged_attention
 from moss_rt.model.config import BackboneConfig, LocalConfig, MossTTSConfig
 from moss_rt.model.layers import (
     RMSNorm,
@@ -42,12 +43,13 @@ class PagedIndex:
 
     write: torch.Tensor
     read: torch.Tensor
+    positions: torch.Tensor  # [B,S] the pool positions themselves (the decode kernel reads through them)
 
     @classmethod
     def build(cls, write: torch.Tensor, read_positions: torch.Tensor, kv_heads: int) -> PagedIndex:
         """From pool positions: ``read_positions`` [B,S] of the keys each row attends to."""
         heads = torch.arange(kv_heads, device=read_positions.device)
-        return cls(write, read_positions[:, None, :] * kv_heads + heads[None, :, None])
+        return cls(write, read_positions[:, None, :] * kv_heads + heads[None, :, None], read_positions)
 
 
 class Qwen3Attention(nn.Module):
@@ -78,7 +80,8 @@ class Qwen3Attention(nn.Module):
         """x [B,T,H]; cos/sin [B,T,D]; caches [pool positions,Hkv,D] (one layer of the runner's pool).
 
         Writes this chunk's keys/values at ``index.write`` [B,T], then attends over the keys at
-        ``index.read`` [B,S] (gathered from the pool) with ``key_mask`` [B,T,S].
+        ``index.read`` [B,S] (gathered from the pool) with ``key_mask`` [B,T,S]; a decode step
+        (T == 1) on CUDA reads them in place instead (paged_attention.py), when Triton is there.
         """
         batch, tq, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(batch, tq, self.num_heads, self.head_dim))
@@ -89,6 +92,11 @@ class Qwen3Attention(nn.Module):
         k = k * c + rotate_half_split(k) * s
         k_cache[index.write] = k  # value [B,T,Hkv,D] at [B,T] pool positions
         v_cache[index.write] = v
+        if tq == 1 and paged_attention.available(q):
+            out = paged_attention.paged_decode_attention(
+                q[:, 0], k_cache, v_cache, index.positions, key_mask[:, 0], self.scale
+            )
+            return self.o_proj(out[:, None])
         keys = k_cache.view(-1, self.head_dim)[index.read]  # [B,Hkv,S,D], contiguous
         values = v_cache.view(-1, self.head_dim)[index.read]
         out = grouped_attention(q, keys, values, key_mask, self.scale)

@@ -12,6 +12,7 @@ from moss_rt.engine.memory_plan import (
     DEFAULT_CPU_SEQ_LEN,
     DEFAULT_CPU_SLOTS,
     GIB,
+    KEPT_CACHE_HEADROOM,
     MIB,
     PLANNED_TAKE_POSITIONS,
     MemoryCosts,
@@ -73,6 +74,25 @@ def test_flags_win_when_given() -> None:
     only_slots = card(80, max_slots=8)
     assert only_slots.max_slots == 8 and only_slots.max_seq_len == DEFAULT_CPU_SEQ_LEN
     assert only_slots.kv_blocks > card(80).kv_blocks  # fewer codec streams: a bigger pool
+
+
+def test_both_flags_size_the_pool_to_them_and_leave_the_rest_of_the_card_free() -> None:
+    plan = card(139, max_slots=8, max_seq_len=256)
+    # 8 takes at their cap (257 positions = 17 blocks of 16), a copy-on-write block each, the kept-cache
+    # headroom and the scratch block: not the ~100 GiB the budget would allow.
+    running = 8 * 17
+    assert plan.kv_blocks == running + 8 + int(KEPT_CACHE_HEADROOM * running + 0.999) + 1
+    assert plan.kv_positions >= 8 * 257
+    assert plan.unplanned_bytes > 50 * GIB  # another engine (a test, a replica) fits beside it
+    # Two such engines on one card: the second plans from what the first left free and still fits.
+    first_total = plan.planned_bytes + WEIGHTS
+    total = int(139 * GIB)
+    second = plan_memory(FULL, device="cuda:0", total_bytes=total, free_bytes=total - first_total - WEIGHTS,
+                         max_slots=8, max_seq_len=256)
+    assert second.kv_blocks == plan.kv_blocks
+    # The budget still bounds it: a small card gets what fits, or the plan says what to change.
+    with pytest.raises(MemoryPlanError, match="--max-seq-len"):
+        card(24, max_slots=8, max_seq_len=10_000_000)
 
 
 def test_a_small_card_gets_shorter_takes_before_none() -> None:

@@ -1,0 +1,195 @@
+"""Paged decode attention (Triton): one query row per slot reads its keys straight from the KV pool.
+
+Why: the plain path gathers every key and value a step attends to out of the pool into a contiguous
+``[B, Hkv, S, D]`` copy (``k_cache.view(-1, D)[index.read]``) before the attention GEMMs; at batch 64 with
+1000-position contexts that copy doubles the decode step. This kernel reads the pool in place.
+
+Layout (see state.py):
+
+- ``k_cache`` / ``v_cache`` of one layer: ``[P, Hkv, D]``, the pool, position-major (P = blocks x block_size);
+- ``positions`` ``[B, S]`` int64: the pool position of key s of batch row b (the block table already
+  resolved: ``block_table[slot, s // block_size] * block_size + s % block_size``, ``SlotState.pool_index``);
+- ``key_mask`` ``[B, S]`` bool: True = may attend (the decode step's mask, T == 1);
+- ``q`` ``[B, Hq, D]`` with Hq = g x Hkv; query head h uses KV head h // g (as ``grouped_attention``).
+
+One program per (batch row, KV head, key split): its g query heads (padded to 16 rows for the tensor-core
+dot) walk their keys in tiles of ``BLOCK_S`` with an online softmax; scores, the running max / sum and the
+output accumulate in fp32. A large batch runs one split (the output is written directly); a small one splits
+the keys so that about ``TARGET_PROGRAMS`` programs keep the GPU busy, each writes its unnormalised partial
+(fp32) and a second kernel merges them (flash-decoding's split-K, written here from the maths).
+
+Semantics are ``layers.grouped_attention``'s (scale on the raw dot product, masked keys at -inf, softmax in
+fp32); only rounding differs: the plain path rounds scores and probabilities to the
+compute dtype between its GEMMs, this kernel keeps them in fp32 (probabilities enter the P·V dot in the
+cache dtype). A row with every key masked yields zeros (the plain path would yield NaN; the step never
+builds one: key 0 is always visible).
+
+Used for the decode step (T == 1) on CUDA when Triton imports and ``MOSS_RT_DECODE_KERNEL`` is not ``0``;
+prefill (T > 1), the CPU and the fallback keep the gather path. ``MOSS_RT_DECODE_KERNEL=interpret`` with
+``TRITON_INTERPRET=1`` runs it on CPU tensors through Triton's interpreter (tests only; slow; its dots run
+in fp32 there, since the interpreter of Triton 3.9 computes bf16 ``tl.dot`` wrongly).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+__all__ = ["available", "paged_decode_attention"]
+
+BLOCK_S = 64  # keys per tile
+MIN_ROWS = 16  # tl.dot needs at least 16 rows: the g query heads of a KV head are padded to this
+TARGET_PROGRAMS = 256  # split the keys of small batches until about this many programs run (~2 per H200 SM)
+MAX_SPLITS = 32
+
+
+@functools.cache
+def _kernel():  # type: ignore[no-untyped-def]
+    """The jitted kernel, built on first use (so TRITON_INTERPRET is read then); None without Triton."""
+    try:
+        import triton
+        import triton.language as tl
+    except Exception:  # noqa: BLE001 - no Triton (CPU wheels): the gather path
+        return None
+
+    @triton.jit
+    def _paged_decode(
+        Q, K, V, POS, MASK, OUT, PACC, PML, S, chunk, splits, scale,
+        s_qb, s_qh, s_kp, s_kh, s_pb, s_mb, s_ob, s_oh,
+        G: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, IEEE: tl.constexpr,
+        UPCAST: tl.constexpr, SPLIT: tl.constexpr,
+    ):
+        b = tl.program_id(0).to(tl.int64)
+        kvh = tl.program_id(1).to(tl.int64)
+        split = tl.program_id(2)
+        lo = split * chunk
+        hi = tl.minimum(S, lo + chunk)
+        r = tl.arange(0, ROWS)
+        d = tl.arange(0, D)
+        row_ok = r < G
+        heads = kvh * G + r
+        q = tl.load(Q + b * s_qb + heads[:, None] * s_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+        m_i = tl.full((ROWS,), float("-inf"), tl.float32)
+        l_i = tl.zeros((ROWS,), tl.float32)
+        acc = tl.zeros((ROWS, D), tl.float32)
+        for start in range(lo, hi, BLOCK):
+            s = start + tl.arange(0, BLOCK)
+            in_range = s < hi
+            pos = tl.load(POS + b * s_pb + s, mask=in_range, other=0)
+            ok = tl.load(MASK + b * s_mb + s, mask=in_range, other=0) != 0
+            ok = ok & in_range
+            kv_off = pos[:, None] * s_kp + kvh * s_kh + d[None, :]
+            k = tl.load(K + kv_off, mask=ok[:, None], other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+            if IEEE:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+            scores = tl.where(ok[None, :], scores * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            # A row whose keys so far are all masked keeps m = -inf: shift by 0 there (no inf - inf).
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(scores - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(V + kv_off, mask=ok[:, None], other=0.0)
+            if UPCAST:
+                v = v.to(tl.float32)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        if not SPLIT:
+            out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+            o_off = b * s_ob + heads[:, None] * s_oh + d[None, :]
+            tl.store(OUT + o_off, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+        else:  # this split's unnormalised partial result, merged by _combine
+            part = (b * (G * tl.num_programs(1)) + heads) * splits + split  # (row, query head, split)
+            tl.store(PACC + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+            tl.store(PML + part * 2, m_i, mask=row_ok)
+            tl.store(PML + part * 2 + 1, l_i, mask=row_ok)
+
+    @triton.jit
+    def _combine(PACC, PML, OUT, s_ob, s_oh, splits, HQ: tl.constexpr, D: tl.constexpr, SP: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1).to(tl.int64)
+        j = tl.arange(0, SP)
+        d = tl.arange(0, D)
+        ok = j < splits
+        part = (b * HQ + h) * splits + j
+        m = tl.load(PML + part * 2, mask=ok, other=float("-inf"))
+        lsum = tl.load(PML + part * 2 + 1, mask=ok, other=0.0)
+        top = tl.max(m, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w = tl.exp(m - top)
+        total = tl.sum(w * lsum, axis=0)
+        acc = tl.load(PACC + part[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+        out = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
+        tl.store(OUT + b * s_ob + h * s_oh + d, out.to(OUT.dtype.element_ty))
+
+    return _paged_decode, _combine
+
+
+def available(q: torch.Tensor) -> bool:
+    """Whether the kernel runs for tensors like ``q``: CUDA (or the interpreter in tests), Triton, not turned off."""
+    mode = os.environ.get("MOSS_RT_DECODE_KERNEL", "1")
+    if mode == "0":
+        return False
+    if not (q.is_cuda or (mode == "interpret" and os.environ.get("TRITON_INTERPRET") == "1")):
+        return False
+    if q.shape[-1] & (q.shape[-1] - 1) or q.shape[-1] < 16:
+        return False  # the head dimension is one tile: a power of two (tl.arange)
+    return _kernel() is not None
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    key_mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of ``q`` [B,Hq,D] over the pool keys at ``positions`` [B,S] under ``key_mask`` [B,S] → [B,Hq*D]."""
+    kernels = _kernel()
+    assert kernels is not None, "check available() first"
+    kernel, combine = kernels
+    batch, hq, dim = q.shape
+    hkv = k_cache.shape[1]
+    groups = hq // hkv
+    q = q.contiguous()
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()  # views of the pool: already contiguous
+    positions = positions.contiguous()
+    mask = key_mask.contiguous().view(torch.uint8)
+    out = torch.empty((batch, hq, dim), dtype=q.dtype, device=q.device)
+    rows = max(MIN_ROWS, 1 << (groups - 1).bit_length())
+    keys = positions.shape[1]
+    # Few rows (a small batch) leave most of the GPU idle: split the keys so about TARGET_PROGRAMS programs
+    # run, each over a whole number of tiles, and merge their partial softmax sums afterwards.
+    tiles = -(-keys // BLOCK_S)
+    splits = max(1, min(tiles, TARGET_PROGRAMS // (batch * hkv), MAX_SPLITS))
+    chunk = -(-tiles // splits) * BLOCK_S
+    splits = -(-keys // chunk)
+    if splits > 1:
+        part_acc = torch.empty((batch * hq * splits, dim), dtype=torch.float32, device=q.device)
+        part_ml = torch.empty((batch * hq * splits, 2), dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_ml = out  # unused
+    kernel[(batch, hkv, splits)](
+        q, k_cache, v_cache, positions, mask, out, part_acc, part_ml, keys, chunk, splits, float(scale),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), positions.stride(0), mask.stride(0),
+        out.stride(0), out.stride(1),
+        G=groups, D=dim, ROWS=rows, BLOCK=BLOCK_S, IEEE=q.dtype == torch.float32 or not q.is_cuda,
+        UPCAST=not q.is_cuda,  # Triton 3.9's interpreter gets bf16 dots wrong: fp32 dots there
+        SPLIT=splits > 1,  # a runtime count: one compiled variant serves every split count
+    )
+    if splits > 1:
+        combine[(batch, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), splits, HQ=hq, D=dim,
+                             SP=max(2, 1 << (splits - 1).bit_length()))
+    return out.view(batch, hq * dim)
