@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Protocol, Self
 
 import numpy as np
 
-from moss_rt.generation import EndReason, SamplingParams
+from moss_rt.generation import EndReason as EndReason  # re-exported: the engine seam speaks it
+from moss_rt.generation import SamplingParams
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

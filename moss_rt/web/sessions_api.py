@@ -41,7 +41,8 @@ def _session_json(store: Any, session_id: str, takes: list[Any]) -> web.Response
 def _errors(handler: Any) -> Any:
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
-            return await handler(request)
+            response: web.StreamResponse = await handler(request)
+            return response
         except ProtocolError as err:
             return protocol_error_response(err)
 
