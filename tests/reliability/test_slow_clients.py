@@ -50,9 +50,13 @@ def test_ws_reader_that_stops_is_paused_then_dropped_and_slot_freed(fast_server)
         # Nothing is read: the socket buffers fill, the send blocks, the engine stops stepping the take.
         await wait_until(lambda: conn.current_handle is not None and conn.current_handle.paused, 5)
         # ... and after the stall timeout the client is dropped and its slot freed.
-        waited = await wait_until(lambda: srv.engine.active_count == 0 and not state.connections, 6)
+        # (The connection leaves state.connections before its close handshake, which a client that does
+        # not read may hold for CLOSE_TIMEOUT_SEC; its admission slot is given back after that.)
+        waited = await wait_until(
+            lambda: srv.engine.active_count == 0 and not state.connections and state.ws_slots == 0, 6
+        )
         assert waited < 5
-        assert state.ws_slots == 0 and state.client_takes.running("127.0.0.1") == 0
+        assert state.client_takes.running("127.0.0.1") == 0
 
     run(scenario())
     assert drained_until_closed(sock)
