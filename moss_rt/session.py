@@ -13,7 +13,7 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -720,36 +720,44 @@ class DirectingSession:
         if not cur.started:
             cur.started = True
             actions.append(SendMessage(self._started(cur, cur.gpu_first_ms)))
-        new_frames = take.n_frames - take.branch_frame
+        text_stats = self._text_stats(cur)
+        actions += self._close(cur, reason, n_frames=take.n_frames, gpu_total_ms=cur.gpu_total_ms,
+                               gpu_first_ms=cur.gpu_first_ms, extra=text_stats, recorded=text_stats, error=error)
+        return actions + self._finish_current()
+
+    def _close(
+        self, cur: _Run, reason: EndReason, *, n_frames: int, gpu_total_ms: float, gpu_first_ms: float | None,
+        extra: Mapping[str, float], recorded: Mapping[str, float], error: ProtocolError | None = None,
+    ) -> list[Action]:
+        """A take that streamed ends: its record (stored first when the session keeps takes), the end of
+        its audio file, any error, then its one ``end`` with the timing figures."""
+        take = cur.take
+        new_frames = n_frames - take.branch_frame
         wall_ms = (self._clock() - cur.t_request) * 1000.0
-        gpu_first_ms = None if cur.gpu_first_ms is None else round(cur.gpu_first_ms, 2)
+        gpu_first = None if gpu_first_ms is None else round(gpu_first_ms, 2)
         ttfa_ms = None if cur.ttfa_ms is None else round(cur.ttfa_ms, 2)
         rtf = round(new_frames / FRAME_RATE / (wall_ms / 1000.0), 3) if wall_ms > 0 else None
-        stats = {"gpu_total_ms": round(cur.gpu_total_ms, 2), "gpu_first_ms": gpu_first_ms, "ttfa_ms": ttfa_ms,
-                 "rtf": rtf}
-        text_stats = self._text_stats(cur)
-        recorded = {k: v for k, v in stats.items() if v is not None}
-        self.history.record_end(take, reason.value, {**recorded, **text_stats})
+        stats = {"gpu_total_ms": round(gpu_total_ms, 2), "gpu_first_ms": gpu_first, "ttfa_ms": ttfa_ms, "rtf": rtf}
+        self.history.record_end(take, reason.value, {**{k: v for k, v in stats.items() if v is not None}, **recorded})
+        actions: list[Action] = []
+        if self._keeping and take.n_frames > 0:
+            actions.append(Keep(take))
         actions.append(FinishAudio(cur.run, take))
         if error is not None:
             actions.append(SendMessage(ErrorMessage.of(error, take=take.take_id)))
-        actions.append(
-            SendMessage(
-                TakeEnded(
-                    take=take.take_id,
-                    reason=reason.value,
-                    n_frames=take.n_frames,
-                    new_frames=new_frames,
-                    duration_sec=round(take.n_frames / FRAME_RATE, 3),
-                    gpu_total_ms=round(cur.gpu_total_ms, 2),
-                    gpu_first_ms=_opt(gpu_first_ms),
-                    ttfa_ms=_opt(ttfa_ms),
-                    rtf=_opt(rtf),
-                    extra=text_stats,
-                )
-            )
+        ended = TakeEnded(
+            take=take.take_id,
+            reason=reason.value,
+            n_frames=n_frames,
+            new_frames=new_frames,
+            duration_sec=round(n_frames / FRAME_RATE, 3),
+            gpu_total_ms=round(gpu_total_ms, 2),
+            gpu_first_ms=_opt(gpu_first),
+            ttfa_ms=_opt(ttfa_ms),
+            rtf=_opt(rtf),
+            extra=dict(extra),
         )
-        return actions + self._finish_current()
+        return [*actions, SendMessage(ended)]
 
     # -- engine takes -----------------------------------------------------------------------
 
@@ -803,38 +811,13 @@ class DirectingSession:
         # TakeFinished
         if cur.feed is not None:
             return actions + self._continuation_finished(cur, event)
-        new_frames = event.n_frames - take.branch_frame
-        wall_ms = (self._clock() - cur.t_request) * 1000.0
-        gpu_first_ms = None if event.gpu_first_ms is None else round(event.gpu_first_ms, 2)
-        ttfa_ms = None if cur.ttfa_ms is None else round(cur.ttfa_ms, 2)
-        rtf = round(new_frames / FRAME_RATE / (wall_ms / 1000.0), 3) if wall_ms > 0 else None
-        stats = {"gpu_total_ms": round(event.gpu_total_ms, 2), "gpu_first_ms": gpu_first_ms, "ttfa_ms": ttfa_ms,
-                 "rtf": rtf}
-        self.history.record_end(take, event.reason.value, {k: v for k, v in stats.items() if v is not None})
-        if self._keeping and take.n_frames > 0:
-            actions.append(Keep(take))
-        actions.append(FinishAudio(run, take))
+        error = None
         if event.reason is EndReason.ERROR:
             # A cluster says when the replica running the take was lost (replica_lost).
             code = ErrorCode(event.error_code) if event.error_code else ErrorCode.INTERNAL
             error = ProtocolError(code, event.error or "generation failed")
-            actions.append(SendMessage(ErrorMessage.of(error, take=take.take_id)))
-        actions.append(
-            SendMessage(
-                TakeEnded(
-                    take=take.take_id,
-                    reason=event.reason.value,
-                    n_frames=event.n_frames,
-                    new_frames=new_frames,
-                    duration_sec=round(event.n_frames / FRAME_RATE, 3),
-                    gpu_total_ms=round(event.gpu_total_ms, 2),
-                    gpu_first_ms=_opt(gpu_first_ms),
-                    ttfa_ms=_opt(ttfa_ms),
-                    rtf=_opt(rtf),
-                    extra=dict(event.timings),
-                )
-            )
-        )
+        actions += self._close(cur, event.reason, n_frames=event.n_frames, gpu_total_ms=event.gpu_total_ms,
+                               gpu_first_ms=event.gpu_first_ms, extra=dict(event.timings), recorded={}, error=error)
         return actions + self._finish_current()
 
     def take_failed(self, run: int, message: str = "generation failed") -> list[Action]:
