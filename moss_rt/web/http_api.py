@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from aiohttp import HttpVersion11, web
 
@@ -73,6 +74,14 @@ class BodyTimeout(ProtocolError):
             f"the request body stopped arriving (after {received} bytes); send it without pauses",
             field="body",
         )
+
+
+async def read_json_request(request: web.Request) -> dict[str, Any]:
+    """A JSON request body (415 for a non-JSON content type: a cross-site form or text/plain post is never
+    JSON), within ``max_request_bytes``; an empty body is ``{}``."""
+    require_json_body(request)
+    body = await read_body_limited(request, request.app[STATE].settings.limits.max_request_bytes)
+    return decode_json_object(body or b"{}")
 
 
 def _body_limit_for(request: web.Request) -> int:
@@ -194,9 +203,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     if state.shutting_down:
         return error_response(ErrorCode.BUSY, "the service is shutting down", headers={"Retry-After": "5"})
     try:
-        require_json_body(request)  # 415: a cross-site form or text/plain post is never JSON
-        body = await read_body_limited(request, state.settings.limits.max_request_bytes)
-        start = parse_stream_request(decode_json_object(body or b"{}"), state.settings.limits)
+        start = parse_stream_request(await read_json_request(request), state.settings.limits)
         admitted = await admit_http_take(state, request.remote or "unknown", start, t_request=t_request)
     except ProtocolError as err:
         headers = {"Retry-After": "1"} if err.code == ErrorCode.RATE_LIMITED else None

@@ -40,13 +40,11 @@ from moss_rt.protocol import (
     ProtocolError,
     StartTake,
     decode_frame,
-    decode_json_object,
 )
 from moss_rt.protocol.schema import Field, coerce, short_repr
 from moss_rt.voices import VoiceStore
-from moss_rt.web.cross_site import require_json_body
 from moss_rt.web.errors import busy_response, error_response
-from moss_rt.web.http_api import expect_within_limit, read_body_limited, write_or_drop
+from moss_rt.web.http_api import expect_within_limit, read_json_request, write_or_drop
 from moss_rt.web.http_take import admit_http_take
 from moss_rt.web.state import STATE
 
@@ -221,9 +219,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     if state.shutting_down:
         return error_response(ErrorCode.BUSY, "the service is shutting down", headers={"Retry-After": "5"})
     try:
-        require_json_body(request)  # 415: a cross-site form or text/plain post is never JSON
-        body = await read_body_limited(request, state.settings.limits.max_request_bytes)
-        speech = parse_speech_request(decode_json_object(body or b"{}"), state.settings.limits)
+        speech = parse_speech_request(await read_json_request(request), state.settings.limits)
         check_voice(state.voices, speech.start.reference)
         admitted = await admit_http_take(state, request.remote or "unknown", speech.start, t_request=t_request)
     except ProtocolError as err:
