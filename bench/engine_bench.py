@@ -170,6 +170,20 @@ async def wait_ready(url: str, proc: subprocess.Popen, limit_sec: float, replica
     raise TimeoutError("server not ready")
 
 
+async def wait_graphs(url: str, proc: subprocess.Popen, limit_sec: float) -> float:
+    """Seconds until the server has captured every CUDA graph it captures while idle (its steady state);
+    a round started before that times captures and eager calls of shapes met for the first time."""
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession() as http:
+        while time.perf_counter() - t0 < limit_sec:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}")
+            if (await scrape(http, url)).get("moss_rt_graphs_pending", 0.0) == 0.0:
+                return time.perf_counter() - t0
+            await asyncio.sleep(1.0)
+    raise TimeoutError("graphs still pending")
+
+
 # --------------------------------------------------------------------------- driving
 
 
@@ -392,6 +406,9 @@ def main() -> None:
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--chunk-frames", type=int, default=8)
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--cold", action="store_true",
+                   help="start the rounds as soon as the server is ready, before its idle-time graph captures "
+                        "(what the first users after a restart see); by default wait for them (steady state)")
     p.add_argument("--server-log", type=Path, default=None)
     p.add_argument("--upstream", type=Path, default=None,
                    help="unmodified upstream moss_tts_local_v1.5 folder: also time its per-frame generate")
@@ -451,6 +468,8 @@ def serve_and_drive(
     proc = start_server(args, model, codec, port, log_path, concurrency=concurrency, replicas=replicas)
     try:
         result[f"{prefix}server_ready_sec"] = asyncio.run(wait_ready(url, proc, 900, replicas))
+        if not args.cold:
+            result[f"{prefix}graphs_settled_sec"] = asyncio.run(wait_graphs(url, proc, 300))
         for c in concurrency:
             try:
                 repeats = args.single_repeats if c == 1 else 1

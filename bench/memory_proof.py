@@ -39,7 +39,9 @@ log = logging.getLogger("memory_proof")
 
 def gpu_used_mib() -> float | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        # The card this process's server runs on (the first one CUDA_VISIBLE_DEVICES names), not card 0.
+        card = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+        out = subprocess.run(["nvidia-smi", "-i", card, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=5).stdout
         return float(out.split()[0])
     except (OSError, ValueError, IndexError, subprocess.SubprocessError):

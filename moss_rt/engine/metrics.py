@@ -79,6 +79,12 @@ class EngineMetrics:
         self.plan_slots = Gauge("moss_rt_memory_plan_slots", "Concurrent takes the memory plan holds", registry=r)
         self.plan_seq_len = Gauge("moss_rt_memory_plan_max_seq_len", "Cache positions per take in the plan",
                                   registry=r)
+        self.graphs_pending = Gauge(
+            "moss_rt_graphs_pending",
+            "CUDA graphs (model step and codec shapes) not captured yet: captured while the engine is idle; until "
+            "then their shapes run eagerly or are captured on use, so speed settles once this reaches 0",
+            registry=r,
+        )
         self._window_start = time.monotonic()
         self._window_frames = 0
 

@@ -225,6 +225,7 @@ class MossEngine(EngineLifecycle):
             if not self._loaded.done():
                 self._loaded.set_exception(exc)
             return
+        self.metrics.graphs_pending.set(self._graphs_pending())
         self._ready = True
         self._set_status("ready")
         if not self._loaded.done():
@@ -265,17 +266,26 @@ class MossEngine(EngineLifecycle):
         if self._graphs_done:
             return False
         try:
-            if runner is not None and runner.capture_next():
-                return True
-            if batcher is not None and batcher.capture_next():
-                return True
+            captured = (runner is not None and runner.capture_next()) or (
+                batcher is not None and batcher.capture_next()
+            )
         except Exception:  # a failed capture must not stop serving: the eager path remains
             log.exception("graph capture while idle failed; leaving the remaining shapes eager/lazy")
             self._graphs_done = True
+            self.metrics.graphs_pending.set(0)
             return False
+        self.metrics.graphs_pending.set(self._graphs_pending())
+        if captured:
+            return True
         self._graphs_done = True
         self._report_memory("every CUDA graph captured")
         return False
+
+    def _graphs_pending(self) -> int:
+        runner, batcher = self._runner, self._batcher
+        return (len(runner.pending_graphs()) if runner is not None else 0) + (
+            len(batcher.pending()) if batcher is not None else 0
+        )
 
     def _report_memory(self, when: str) -> None:
         """Log (and show in /api/info) what the device really holds next to the plan."""
