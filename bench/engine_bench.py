@@ -287,6 +287,7 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
         "stream_rtf_min": min(t["rtf"] for t in takes),
         "stream_rtf_median": pct([t["rtf"] for t in takes], 50),
         "aggregate_rtf": float(np.median(aggregate)),
+        "aggregate_rtf_rounds": [round(a, 2) for a in aggregate],
         "wall_sec": total,
         "server": {
             "steps": steps,
@@ -402,6 +403,9 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--frames", type=int, default=150, help="frames per take (12.5 per second of audio)")
     p.add_argument("--single-repeats", type=int, default=5, help="sequential takes at concurrency 1")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds at each concurrency above 1 (aggregate RTF: the median round; the other figures "
+                        "pool every take)")
     p.add_argument("--prompt-rows", type=int, default=400)
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--chunk-frames", type=int, default=8)
@@ -472,7 +476,7 @@ def serve_and_drive(
             result[f"{prefix}graphs_settled_sec"] = asyncio.run(wait_graphs(url, proc, 300))
         for c in concurrency:
             try:
-                repeats = args.single_repeats if c == 1 else 1
+                repeats = args.single_repeats if c == 1 else args.repeats
                 frames = args.frames if c > 1 else max(50, args.frames * 2 // 3)
                 settle = 1.5 if replicas > 0 else 0.0
                 r = asyncio.run(run_round(url, c, repeats, {**start, "max_new_tokens": frames}, settle))
