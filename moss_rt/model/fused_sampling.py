@@ -91,7 +91,7 @@ def fused_draw(
     presence: torch.Tensor | None = None,
     active: torch.Tensor | None = None,
     stop: torch.Tensor | None = None,
-    rows_per_program: int = 1,
+    rows_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """Draw one code per row of ``logits`` [B,V] (fp32) into ``out`` [B] (int64, may be a strided view).
@@ -100,7 +100,8 @@ def fused_draw(
     the uniforms' counter is ``frame * counter_mul + counter_add``. ``penalty`` [B] float32 with ``presence`` [B,V]
     bool applies the repetition penalty; with ``active`` [B] bool and ``stop`` [B] int64 (the stop draw's codes) as
     well, the drawn code's presence bit is set in rows that are active and did not stop. Returns ``out``.
-    ``rows_per_program`` (a power of two) > 1 only speeds up the interpreter in tests; the GPU runs one row each.
+    ``rows_per_program`` (a power of two): by default 1 on CUDA (every row its own program, on its own SM) and
+    16 through the interpreter (where numpy then works on whole tiles: the same code, many times faster).
     ``num_warps`` overrides the launch's warps (benchmarks).
     """
     kernels = _kernels()
@@ -129,7 +130,7 @@ def fused_draw(
     else:
         act, stop = logits, out  # unused
     block = _block(vocab)
-    rows = int(rows_per_program)
+    rows = int(rows_per_program or (1 if logits.is_cuda else 16))
     if rows < 1 or rows & (rows - 1):
         raise ValueError("rows_per_program must be a power of two")
     draw[(-(-batch // rows),)](

@@ -1,8 +1,8 @@
 """The Triton kernels of fused_sampling.py (imported on first use, so TRITON_INTERPRET is read then).
 
 Module-level functions because Triton's interpreter resolves a kernel's helpers through the module's globals.
-A program handles ``ROWS`` rows as a [ROWS, BLOCK] tile: the step launches ROWS=1 (one program per row, every
-SM busy); the interpreter tests also run ROWS>1, where numpy then works on whole tiles (the same code, much faster).
+A program handles ``ROWS`` rows as a [ROWS, BLOCK] tile: CUDA launches ROWS=1 (one program per row, every SM
+busy); the interpreter runs ROWS>1, where numpy then works on whole tiles (the same code, much faster).
 """
 
 from __future__ import annotations
@@ -80,8 +80,12 @@ def _sort_descending(x, ROWS: tl.constexpr, N: tl.constexpr):
     return tl.reshape(h, x.shape)
 
 
-# Row counts, strides and the counter offset vary between calls: one compiled variant serves them all.
-@triton.jit(do_not_specialize=["s_l", "s_p", "ctr_mul", "ctr_add", "s_o", "n_rows"])
+# Row counts, strides, the counter offset and the alignment of the per-row pointers (the step writes codebook k's
+# codes at an 8k-byte offset) vary between calls: one compiled variant serves them all.
+@triton.jit(do_not_specialize=[
+    "s_l", "TEMP", "TOPK", "TOPP", "PEN", "s_p", "SEED_LO", "SEED_HI", "FRAME", "ctr_mul", "ctr_add", "ACTIVE", "STOP",
+    "OUT", "s_o", "n_rows",
+])
 def draw(
     LOGITS, s_l, TEMP, TOPK, TOPP, PEN, PRES, s_p, SEED_LO, SEED_HI, FRAME, ctr_mul, ctr_add,
     ACTIVE, STOP, OUT, s_o, n_rows,

@@ -48,6 +48,7 @@ class Timer:
     backbone_ms: float = 0.0
     local_ms: float = 0.0
     sampling_ms: float = 0.0
+    bookkeeping_ms: float = 0.0  # lengths, counters, presence, outputs after the backbone
     _t: float = field(default=0.0, repr=False)
 
     def start(self) -> None:
@@ -185,7 +186,7 @@ def frame_step(
     st.codes[rows] = torch.where(produced[:, None], frame_codes, torch.full_like(frame_codes, cfg.audio_pad_token_id))
     st.stop[rows] = stop
     if timer:
-        timer.lap("sampling_ms")
+        timer.lap("bookkeeping_ms")
 
 
 def prefill_batch_rows(

@@ -207,7 +207,7 @@ def check_batch_invariance(device: str, rows_per_program: int) -> None:
     n = c["logits"].shape[0]
     full = _kernel(c, rows_per_program)
     gen = torch.Generator().manual_seed(4)
-    for size in (n // 3, 5, 1):
+    for size in (n // 6, 5, 1):
         pick = torch.randperm(n, generator=gen)[:size].to(device)
         sub = {k: v[pick].contiguous() for k, v in c.items()}
         assert torch.equal(_kernel(sub, rows_per_program), full[pick]), size
@@ -240,6 +240,45 @@ def check_noise(device: str) -> None:
             torch.testing.assert_close(g, gumbel(ref), rtol=3e-7, atol=3e-7)
 
 
+def check_steps_equal_the_torch_path(frames: int = 6) -> None:
+    """Takes stepped through ``frame_step`` with the kernel == with the torch path: codes, stops and the presence
+    history the penalty reads (marked in the kernel vs scattered by the bookkeeping), batched as the CUDA graphs
+    are (rows [0,B), some sitting a step out). CPU through the interpreter (MOSS_RT_FUSED_SAMPLER=interpret)."""
+    import numpy as np
+
+    from moss_rt.generation import SamplingParams
+    from moss_rt.model import ModelRunner, load_model
+    from tests.model.conftest import TINY
+
+    loaded = load_model(TINY, device="cpu", dtype=torch.float32)
+    params = [
+        SamplingParams(text_temperature=0.0, audio_temperature=0.0, audio_repetition_penalty=1.3),
+        SamplingParams(audio_repetition_penalty=1.1),  # sampled stop head, 1.7 / 25 / 0.8
+        SamplingParams(audio_repetition_penalty=2.0, audio_top_k=0, audio_top_p=0.5),
+    ]
+    texts = ["Hello there.", "Get out!", "Why not?"]
+    runs = []
+    for mode in ("0", "interpret"):
+        os.environ["MOSS_RT_FUSED_SAMPLER"] = mode
+        runner = ModelRunner(loaded.model, loaded.tokenizer, loaded.config, max_slots=4, max_seq_len=320,
+                             device="cpu", dtype=torch.float32, cpu_batch_invariant=False)
+        slots = [runner.alloc_slot() for _ in params]
+        for s, p, text in zip(slots, params, texts, strict=True):
+            runner.prefill(s, runner.build_prompt(text=text))
+            runner.set_sampling(s, p, seed=10 + s)
+        out = []
+        for f in range(frames):
+            result = runner.step(slots if f % 3 else [slots[2], slots[0]])  # slot 1 sits some steps out
+            out.append((result.codes.copy(), result.stop.copy()))
+        runs.append((out, runner.state.presence[: len(slots)].clone()))
+    (ref, ref_presence), (got, presence) = runs
+    for f, ((codes, stop), (ref_codes, ref_stop)) in enumerate(zip(got, ref, strict=True)):
+        np.testing.assert_array_equal(codes, ref_codes, err_msg=f"frame {f}")
+        np.testing.assert_array_equal(stop, ref_stop, err_msg=f"frame {f}")
+    assert ref_stop.any() or any(s.any() for _, s in ref[:-1]), "no take stopped: the stop path went untested"
+    assert torch.equal(presence, ref_presence)
+
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
@@ -255,12 +294,15 @@ def test_fused_sampler_equals_the_torch_path_on_cuda() -> None:
 
 _SCRIPT = r"""
 import torch
-from tests.model.test_fused_sampling import check_batch_invariance, check_draws, check_noise, check_small_vocabs
+from tests.model.test_fused_sampling import (
+    check_batch_invariance, check_draws, check_noise, check_small_vocabs, check_steps_equal_the_torch_path
+)
 torch.set_num_threads(1)
 check_noise("cpu")
 summary = [check_draws("cpu", rows_per_combo=16, rows_per_program=64)]  # 2304 rows
 check_batch_invariance("cpu", rows_per_program=16)  # also: one row a program (the GPU's launch) == 16 rows
 summary += check_small_vocabs("cpu", rows_per_program=16)
+check_steps_equal_the_torch_path()
 print("ok", summary)
 """
 
