@@ -148,6 +148,7 @@ class MarkerTimer:
         self.laps.append(bucket)
 
 
+@torch.inference_mode()
 def eager_phase_kernels(runner: ModelRunner, slots: list[int], batch: int, context: int) -> dict[str, Any]:
     """One eager frame_step (rows [0,batch), the graphs' shape) under the profiler, kernels split by phase."""
     from torch.profiler import ProfilerActivity, profile
@@ -224,6 +225,7 @@ def capture(fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
     return graph
 
 
+@torch.inference_mode()
 def graph_phase_times(runner: ModelRunner, slots: list[int], batch: int, context: int, reps: int) -> dict[str, Any]:
     """Device ms per phase from timing events captured inside a graph of the step (rows [0,batch))."""
     st = runner.state
@@ -259,6 +261,7 @@ def graph_phase_times(runner: ModelRunner, slots: list[int], batch: int, context
     }
 
 
+@torch.inference_mode()
 def draws_bench(batch: int, reps: int, warps: tuple[int, ...]) -> dict[str, float]:
     """One frame's draws alone (stop head + 12 codebooks, penalty 1.1), graphed: µs per frame."""
     dev = torch.device("cuda")

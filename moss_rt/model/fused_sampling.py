@@ -18,8 +18,9 @@ Semantics are sampling.py's, row by row (the torch path stays the reference and 
 
 How: the row's scores are packed with their token index into int64 keys (an order-preserving integer image of the
 float, -0.0 folded into +0.0, then the complemented index so that ties come out by ascending index) and sorted
-descending with ``tl.sort``; top-k, the softmax, the cumulative mass and the draw all happen in sorted order, and the
-uniforms are hashed from the unpacked token index, so nothing is scattered back.
+descending in registers (a bitonic sort, fused_sampling_kernels.py); top-k, the softmax, the cumulative mass and
+the draw all happen in sorted order, and the uniforms are hashed from the unpacked token index, so nothing is
+scattered back. The same kernel draws the stop head (vocab 2, no penalty) and the 12 codebooks.
 
 Exactness against the torch path: every elementwise step is the same IEEE float32 operation (division with
 ``div_rn``; on CUDA ``log`` / ``exp`` are libdevice's ``logf`` / ``expf``, what torch's CUDA kernels call), so
