@@ -362,7 +362,7 @@ def eager_profile(model_dir: Path, codec_dir: Path, batches: list[int], prompt_r
             step_mod.frame_step(runner.model, st, runner.tables, 0, b, key_len, timer)
             st.active.zero_()
             if it >= 3:
-                laps.append((timer.backbone_ms, timer.local_ms, timer.sampling_ms))
+                laps.append((timer.backbone_ms, timer.local_ms, timer.sampling_ms + timer.bookkeeping_ms))
         arr = np.array(laps)
         out[f"model_eager_batch{b}_ms"] = {
             "backbone": float(np.median(arr[:, 0])), "local": float(np.median(arr[:, 1])),

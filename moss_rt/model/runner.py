@@ -438,7 +438,8 @@ class ModelRunner:
                 self._frames[s] += 1
         total = (time.perf_counter() - t0) * 1000.0
         if timer is not None:
-            return StepResult(codes, stop, total, timer.backbone_ms, timer.local_ms, timer.sampling_ms)
+            sampling = timer.sampling_ms + timer.bookkeeping_ms  # the draws and what follows from them
+            return StepResult(codes, stop, total, timer.backbone_ms, timer.local_ms, sampling)
         return StepResult(codes, stop, total)
 
     # ------------------------------------------------------------------ CUDA graphs

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from moss_rt.model import fused_sampling
 from moss_rt.model.layers import rope_tables_half_split, rope_tables_interleaved
 from moss_rt.model.network import MossTTSLocalModel, PagedIndex
 from moss_rt.model.sampling import apply_repetition_penalty, sample, token_keys, uniforms
@@ -47,6 +48,7 @@ class Timer:
     backbone_ms: float = 0.0
     local_ms: float = 0.0
     sampling_ms: float = 0.0
+    bookkeeping_ms: float = 0.0  # lengths, counters, presence, outputs after the backbone
     _t: float = field(default=0.0, repr=False)
 
     def start(self) -> None:
@@ -82,7 +84,6 @@ def frame_step(
     lengths = st.lengths[rows]
     frame = st.frame_index[rows]
     seed_lo, seed_hi = st.seed_lo[rows], st.seed_hi[rows]
-    counter_base = frame * (n_vq + 1)
     if timer:
         timer.start()
 
@@ -96,33 +97,53 @@ def frame_step(
     stop_logits = model.stop_logits(z)
     if timer:
         timer.lap("local_ms")
-    stop = (
-        sample(
-            stop_logits,
-            st.text_temperature[rows],
-            st.text_top_k[rows],
-            st.text_top_p[rows],
-            uniforms(seed_lo, seed_hi, counter_base, tables.stop_keys),
+    # The uniforms' counter of draw j (0: stop head, 1 + k: codebook k) of a frame is frame * (n_vq + 1) + j.
+    fused = fused_sampling.available(stop_logits)
+    counter_base = frame * (n_vq + 1) if not fused else frame  # the kernel forms the counter itself
+    if fused:
+        # One kernel per draw (fused_sampling.py); the audio draws also set the presence bits of the rows
+        # that produce this frame, which the bookkeeping below then leaves alone.
+        stop_code = torch.empty((batch,), dtype=torch.int64, device=device)
+        fused_sampling.fused_draw(
+            stop_code, stop_logits, st.text_temperature[rows], st.text_top_k[rows], st.text_top_p[rows],
+            seed_lo, seed_hi, frame, n_vq + 1, 0,
         )
-        == 1
-    )
+        stop = stop_code == 1
+    else:
+        stop = (
+            sample(
+                stop_logits,
+                st.text_temperature[rows],
+                st.text_top_k[rows],
+                st.text_top_p[rows],
+                uniforms(seed_lo, seed_hi, counter_base, tables.stop_keys),
+            )
+            == 1
+        )
     if timer:
         timer.lap("sampling_ms")
     presence = st.presence[rows]
-    codes = []
+    frame_codes = torch.empty((batch, n_vq), dtype=torch.int64, device=device)
     for k in range(n_vq):
         logits = model.audio_logits(z, k)
         if timer:
             timer.lap("local_ms")
-        logits = apply_repetition_penalty(logits, presence[:, k], st.audio_penalty[rows])
-        code = sample(
-            logits,
-            st.audio_temperature[rows],
-            st.audio_top_k[rows],
-            st.audio_top_p[rows],
-            uniforms(seed_lo, seed_hi, counter_base + (k + 1), tables.audio_keys),
-        )
-        codes.append(code)
+        if fused:
+            code = fused_sampling.fused_draw(
+                frame_codes[:, k], logits, st.audio_temperature[rows], st.audio_top_k[rows], st.audio_top_p[rows],
+                seed_lo, seed_hi, frame, n_vq + 1, k + 1,
+                penalty=st.audio_penalty[rows], presence=presence[:, k], active=active, stop=stop_code,
+            )
+        else:
+            logits = apply_repetition_penalty(logits, presence[:, k], st.audio_penalty[rows])
+            code = sample(
+                logits,
+                st.audio_temperature[rows],
+                st.audio_top_k[rows],
+                st.audio_top_p[rows],
+                uniforms(seed_lo, seed_hi, counter_base + (k + 1), tables.audio_keys),
+            )
+            frame_codes[:, k] = code
         if timer:
             timer.lap("sampling_ms")
         if k + 1 < n_vq:
@@ -130,7 +151,6 @@ def frame_step(
             z = local.step(emb, tables.local_cos[k + 1], tables.local_sin[k + 1], buffers, k + 1)
             if timer:
                 timer.lap("local_ms")
-    frame_codes = torch.stack(codes, dim=-1)
     produced = active & ~stop
 
     # ---- feed the new row through the backbone so the next hidden state is ready
@@ -160,12 +180,13 @@ def frame_step(
     step = produced.to(torch.int64)
     st.lengths[rows] += step
     st.frame_index[rows] += step
-    seen = presence.gather(2, frame_codes[:, :, None]) | produced[:, None, None]
-    presence.scatter_(2, frame_codes[:, :, None], seen)
+    if not fused:
+        seen = presence.gather(2, frame_codes[:, :, None]) | produced[:, None, None]
+        presence.scatter_(2, frame_codes[:, :, None], seen)
     st.codes[rows] = torch.where(produced[:, None], frame_codes, torch.full_like(frame_codes, cfg.audio_pad_token_id))
     st.stop[rows] = stop
     if timer:
-        timer.lap("sampling_ms")
+        timer.lap("bookkeeping_ms")
 
 
 def prefill_batch_rows(

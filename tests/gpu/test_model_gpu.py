@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moss_rt.generation import SamplingParams
-from moss_rt.model import ModelRunner
+from moss_rt.model import ModelRunner, fused_sampling
 from moss_rt.model.runner import PrefillRequest
 from tests.gpu.conftest import DEVICES
 from tests.model.test_golden import GREEDY, _prompt
@@ -21,6 +21,11 @@ LONG_TEXT = (
     "to them and let the quiet answer."
 )
 TEXTS = ["Hello.", "Get out!", "A longer line of text, said calmly.", "Yes.", "No!", "Maybe?", "Why not."]
+
+
+def _uses_the_fused_sampler(device: str) -> bool:
+    """CUDA steps draw in the fused Triton kernel (fused_sampling.py) unless MOSS_RT_FUSED_SAMPLER=0; the CPU never."""
+    return fused_sampling.available(torch.zeros(1, device=device))
 
 
 def _frames(runner: ModelRunner, slot: int, frames: int) -> np.ndarray:
@@ -61,8 +66,9 @@ def test_greedy_codes_through_graphs_equal_upstream_golden(device, make_runner, 
 def test_graph_replay_equals_eager_step_for_sampled_takes_with_penalty(device, make_runner, golden_cases) -> None:
     """Three takes (penalty 1.1 and others) stepped together and apart, across the 256-key bucket boundary.
 
-    CUDA: graph replay vs the same step run eagerly. CPU (no graphs): the batched range step that the graphs
-    capture (rows [0,B), unlisted rows inactive) vs the per-slot eager step."""
+    CUDA: graph replay vs the same step run eagerly, both drawing in the fused sampling kernel. CPU (no graphs):
+    the batched range step that the graphs capture (rows [0,B), unlisted rows inactive) vs the per-slot eager step."""
+    assert _uses_the_fused_sampler(device) == (device == "cuda")
     graph_options, eager_options = (
         ({"use_cuda_graphs": True}, {"use_cuda_graphs": False})
         if device == "cuda"
@@ -93,6 +99,7 @@ def test_graph_replay_equals_eager_step_for_sampled_takes_with_penalty(device, m
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_take_is_identical_alone_and_in_a_batch_of_8(device, make_runner, golden_cases) -> None:
+    assert _uses_the_fused_sampler(device) == (device == "cuda")  # on CUDA: the fused kernel's draws
     alone = make_runner(device, max_slots=8)
     prompt = _directed(alone, golden_cases)
     slot = alone.alloc_slot()
@@ -192,3 +199,40 @@ def test_batched_prefill_equals_prefilling_each_slot_alone(device, make_runner, 
             torch.testing.assert_close(k_b, k_a, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(h_b, h_a, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(batch_codes, alone_codes)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_sampler_draws_the_torch_samplers_codes(device, make_runner, golden_cases, monkeypatch) -> None:
+    """The same takes through the graphs with the fused sampling kernel and with MOSS_RT_FUSED_SAMPLER=0 (the torch
+    path): equal codes and presence history, frame by frame, with penalties (the kernel marks the presence bits) and
+    slots that sit steps out. Top-p is off here: with it on, a draw may differ where the top-p mass lands within
+    float32 summation rounding of p (tests/model/test_fused_sampling.py checks that case row by row). On the CPU
+    both runs take the torch path."""
+    params = [
+        SamplingParams(text_temperature=0.0, audio_temperature=0.0, audio_repetition_penalty=1.3),
+        SamplingParams(text_temperature=0.0, audio_top_p=1.0, audio_repetition_penalty=1.1),  # 1.7 / top-k 25
+        SamplingParams(text_temperature=0.0, audio_temperature=0.8, audio_top_k=0, audio_top_p=1.0,
+                       audio_repetition_penalty=2.0),
+    ]
+    runs = []
+    for mode in ("1", "0"):
+        monkeypatch.setenv("MOSS_RT_FUSED_SAMPLER", mode)
+        assert _uses_the_fused_sampler(device) == (device == "cuda" and mode == "1")
+        runner = make_runner(device, max_slots=4, max_seq_len=320)
+        prompt = _directed(runner, golden_cases, LONG_TEXT)
+        slots = [runner.alloc_slot() for _ in params]
+        for i, s in enumerate(slots):
+            runner.prefill(s, prompt[: len(prompt) - 5 * i])
+            runner.set_sampling(s, params[i], seed=70 + i)
+        frames: dict[int, list[np.ndarray]] = {s: [] for s in slots}
+        for t in range(24):
+            stepped = [0, 1, 2] if t % 4 else [2, 0]
+            result = runner.step(stepped)
+            assert not result.stop.any()
+            for s, codes in zip(stepped, result.codes, strict=True):
+                frames[s].append(codes)
+        runs.append(({s: np.stack(v) for s, v in frames.items()}, runner.state.presence[:3].cpu()))
+    (fused, fused_presence), (plain, plain_presence) = runs
+    for s in fused:
+        np.testing.assert_array_equal(fused[s], plain[s], err_msg=f"slot {s}")
+    assert torch.equal(fused_presence, plain_presence)

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerFast
 from moss_rt.model import load_model
 from moss_rt.model.commands import make_tiny_command, say_codes_command
 from moss_rt.model.prompt import encode_text
-from moss_rt.model.tiny import TINY_SPECIAL_TOKENS, write_tiny_checkpoint
+from moss_rt.model.tiny import TINY_SPECIAL_TOKENS, build_random_model, tiny_config, write_tiny_checkpoint
 
 
 def test_writer_is_deterministic_per_seed(tmp_path):
@@ -22,6 +22,14 @@ def test_writer_is_deterministic_per_seed(tmp_path):
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
     assert (a / "tokenizer.json").read_text() == (c / "tokenizer.json").read_text()
+
+
+def test_in_memory_random_model_equals_the_written_checkpoint(tmp_path):
+    # What the benchmarks build instead of writing (and reading) a full-size checkpoint.
+    written = load_model(write_tiny_checkpoint(tmp_path / "t", seed=3)).model.state_dict()
+    built = build_random_model(tiny_config(), seed=3).state_dict()
+    assert written.keys() == built.keys()
+    assert all(torch.equal(written[k], built[k]) for k in written)
 
 
 def test_tokenizer_special_ids_and_text_ids(tiny, tmp_path):

@@ -1,0 +1,403 @@
+"""Where the graphed frame step's time goes (issue 12): step time with the fused sampler and with the torch one,
+CUDA kernels per step by phase, device time per phase, and the cost of one frame's 13 draws alone.
+
+    python bench/step_profile.py [--batches 1,16,64] [--context 960] [--steps 30] [--model DIR] [--out FILE]
+
+Full-size random weights built in memory (``tiny.build_full_size_random_model``: the weights
+``write_full_size_random_checkpoint`` writes, without 9 GB of disk traffic) unless ``--model`` names a checkpoint;
+bf16; every slot holds a ``--context``-row prompt; sampling defaults (1.7 / top-k 25 / top-p 0.8) with penalty 1.1.
+Sections, each printed as one JSON line when done (the last line holds everything; a failing section records its
+error and the rest still run):
+
+- ``step``: per batch and sampler (``fused``; ``torch`` = MOSS_RT_FUSED_SAMPLER=0), ``ModelRunner.step`` wall ms
+  (host included) and the graph replay's device ms (CUDA events around each replay), mean of ``--steps`` steps
+  after 5 untimed ones that capture the graph (and compile the kernels);
+- ``kernels``: per batch and sampler, CUDA kernels (and memcpy/memset nodes) of one graph replay, counted by
+  torch.profiler, and the same split by phase over one eager ``frame_step`` (a spin kernel launched at each phase
+  boundary splits the in-order kernel stream) with each phase's summed kernel time (eager: launch gaps excluded);
+- ``phases``: per batch and sampler, device ms per phase (backbone, local transformer, sampling, bookkeeping)
+  inside a graph of the step captured with timing events at the phase boundaries (external event-record nodes),
+  and that graph's total (the events themselves add a little);
+- ``draws``: one frame's 13 draws alone (stop head + 12 codebooks, penalty on), graphed, µs: the fused kernel
+  (with 1/2/4/8 warps) vs the torch path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from moss_rt.generation import SamplingParams  # noqa: E402
+from moss_rt.model import ModelRunner, fused_sampling, load_model  # noqa: E402
+from moss_rt.model import step as step_mod  # noqa: E402
+from moss_rt.model.runner import PrefillRequest  # noqa: E402
+from moss_rt.model.sampling import apply_repetition_penalty, sample, token_keys, uniforms  # noqa: E402
+from moss_rt.model.tiny import build_full_size_random_model  # noqa: E402
+
+SAMPLERS = {"fused": "1", "torch": "0"}  # MOSS_RT_FUSED_SAMPLER
+PHASES = ("local_ms", "sampling_ms", "backbone_ms", "bookkeeping_ms")
+
+
+def use_sampler(runner: ModelRunner, name: str) -> None:
+    """Switch the sampler: frame_step reads the switch when it runs, so the captured graphs must go."""
+    os.environ["MOSS_RT_FUSED_SAMPLER"] = SAMPLERS[name]
+    torch.cuda.synchronize()
+    runner._graphs.clear()  # bench-only reach into the runner: the next step captures with the new sampler
+
+
+def restart(runner: ModelRunner, slots: list[int], context: int) -> None:
+    for s in slots:
+        runner.truncate(s, context)
+
+
+class TimedGraph:
+    """Stands in for a captured graph in the runner's table: CUDA events around each replay."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
+        self.graph = graph
+        self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def replay(self) -> None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.graph.replay()
+        end.record()
+        self.pairs.append((start, end))
+
+    def mean_ms(self) -> float:
+        torch.cuda.synchronize()
+        return float(np.mean([a.elapsed_time(b) for a, b in self.pairs]))
+
+
+def graph_of(runner: ModelRunner, batch: int) -> tuple[tuple[int, int], Any]:
+    keys = [k for k in runner._graphs if k[0] == batch]
+    assert len(keys) == 1, f"expected one graph at batch {batch}, have {list(runner._graphs)}"
+    return keys[0], runner._graphs[keys[0]]
+
+
+def bench_step(runner: ModelRunner, slots: list[int], batch: int, context: int, steps: int) -> dict[str, float]:
+    active = slots[:batch]
+    restart(runner, active, context)
+    for _ in range(5):  # captures this batch's graph (and compiles whatever it launches)
+        runner.step(active)
+    restart(runner, active, context)
+    key, graph = graph_of(runner, batch)
+    timed = TimedGraph(graph)
+    runner._graphs[key] = timed  # type: ignore[assignment]
+    try:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            runner.step(active)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / steps * 1000.0
+        return {"step_ms": round(wall, 3), "replay_ms": round(timed.mean_ms(), 3)}
+    finally:
+        runner._graphs[key] = graph
+
+
+def cuda_events(prof: Any) -> list[Any]:
+    from torch.autograd import DeviceType
+
+    return sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+
+
+def is_memop(name: str) -> bool:
+    return name.startswith(("Memcpy", "Memset", "memcpy", "memset"))
+
+
+def count_replay_kernels(runner: ModelRunner, slots: list[int], batch: int, context: int) -> dict[str, int]:
+    from torch.profiler import ProfilerActivity, profile
+
+    active = slots[:batch]
+    restart(runner, active, context)
+    runner.step(active)  # captures the graph if this sampler has none yet; leaves these rows active
+    restart(runner, active, context)
+    _, graph = graph_of(runner, batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    events = cuda_events(prof)
+    return {"kernels": sum(not is_memop(e.name) for e in events), "memops": sum(is_memop(e.name) for e in events)}
+
+
+class MarkerTimer:
+    """frame_step's timer hooks: a spin kernel at each phase boundary (the stream keeps launch order)."""
+
+    def __init__(self) -> None:
+        self.laps: list[str] = []
+
+    def start(self) -> None:
+        torch.cuda._sleep(1)
+
+    def lap(self, bucket: str) -> None:
+        torch.cuda._sleep(1)
+        self.laps.append(bucket)
+
+
+@torch.inference_mode()
+def eager_phase_kernels(runner: ModelRunner, slots: list[int], batch: int, context: int) -> dict[str, Any]:
+    """One eager frame_step (rows [0,batch), the graphs' shape) under the profiler, kernels split by phase."""
+    from torch.profiler import ProfilerActivity, profile
+
+    st = runner.state
+    restart(runner, slots[:batch], context)
+    st.active.zero_()
+    st.active[:batch] = True
+    key_len = runner._key_bucket(context + 1)
+    step_mod.frame_step(runner.model, st, runner.tables, 0, batch, key_len)  # warm (allocator, compiles)
+    restart(runner, slots[:batch], context)
+    st.active[:batch] = True
+    torch.cuda.synchronize()
+    marker = MarkerTimer()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step_mod.frame_step(runner.model, st, runner.tables, 0, batch, key_len, marker)  # type: ignore[arg-type]
+        torch.cuda.synchronize()
+    st.active.zero_()
+    counts = {p: 0 for p in PHASES}
+    busy_us = {p: 0.0 for p in PHASES}
+    memops = {p: 0 for p in PHASES}
+    segment = -1  # before the start marker
+    for e in cuda_events(prof):
+        if "spin" in e.name.lower():
+            segment += 1
+            continue
+        if not 0 <= segment < len(marker.laps):
+            continue
+        phase = marker.laps[segment]
+        if is_memop(e.name):
+            memops[phase] += 1
+        else:
+            counts[phase] += 1
+        busy_us[phase] += e.time_range.end - e.time_range.start
+    return {
+        "kernels": {p.removesuffix("_ms"): n for p, n in counts.items()},
+        "memops": {p.removesuffix("_ms"): n for p, n in memops.items()},
+        "kernel_busy_ms": {p.removesuffix("_ms"): round(us / 1000.0, 3) for p, us in busy_us.items()},
+        "markers_seen": segment + 1,
+        "phase_boundaries": len(marker.laps) + 1,
+    }
+
+
+class EventTimer:
+    """frame_step's timer hooks: a timing event at each phase boundary, recorded inside the captured graph."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, torch.cuda.Event]] = []
+
+    def _mark(self, label: str) -> None:
+        event = torch.cuda.Event(enable_timing=True, external=True)
+        event.record()
+        self.marks.append((label, event))
+
+    def start(self) -> None:
+        self.marks.clear()
+        self._mark("start")
+
+    def lap(self, bucket: str) -> None:
+        self._mark(bucket)
+
+
+def capture(fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+@torch.inference_mode()
+def graph_phase_times(runner: ModelRunner, slots: list[int], batch: int, context: int, reps: int) -> dict[str, Any]:
+    """Device ms per phase from timing events captured inside a graph of the step (rows [0,batch))."""
+    st = runner.state
+    key_len = runner._key_bucket(context + 1)
+    timer = EventTimer()
+    restart(runner, slots[:batch], context)
+    st.active.zero_()  # capture with no row active (no effect), as the runner does
+    graph = capture(lambda: step_mod.frame_step(runner.model, st, runner.tables, 0, batch, key_len, timer))
+    marks = list(timer.marks)  # the captured graph's event nodes (the last capture's events)
+    totals = {p: [] for p in PHASES}
+    whole = []
+    for _ in range(reps):
+        restart(runner, slots[:batch], context)
+        st.active[:batch] = True
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        whole.append(start.elapsed_time(end))
+        step = {p: 0.0 for p in PHASES}
+        for (_, a), (label, b) in zip(marks, marks[1:], strict=False):
+            step[label] += a.elapsed_time(b)
+        for p in PHASES:
+            totals[p].append(step[p])
+    st.active.zero_()
+    restart(runner, slots[:batch], context)
+    del graph
+    return {
+        "phase_ms": {p.removesuffix("_ms"): round(float(np.median(v)), 3) for p, v in totals.items()},
+        "graph_with_events_ms": round(float(np.median(whole)), 3),
+        "events": len(marks),
+    }
+
+
+@torch.inference_mode()
+def draws_bench(batch: int, reps: int, warps: tuple[int, ...]) -> dict[str, float]:
+    """One frame's draws alone (stop head + 12 codebooks, penalty 1.1), graphed: µs per frame."""
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(batch)
+    n_vq, vocab = 12, 1024
+    logits = [torch.randn(batch, vocab, device=dev, generator=gen) * 3 for _ in range(n_vq)]
+    stop_logits = torch.randn(batch, 2, device=dev, generator=gen)
+    presence = torch.rand(batch, n_vq, vocab, device=dev, generator=gen) < 0.1
+    temp, top_k, top_p = (torch.full((batch,), v, device=dev) for v in (1.7, 25.0, 0.8))
+    top_k = top_k.long()
+    penalty = torch.full((batch,), 1.1, device=dev)
+    text = (torch.ones(batch, device=dev), torch.full((batch,), 50, device=dev, dtype=torch.long),
+            torch.ones(batch, device=dev))
+    seed_lo = torch.arange(batch, device=dev)
+    seed_hi = torch.zeros(batch, dtype=torch.long, device=dev)
+    frame = torch.full((batch,), 123, dtype=torch.long, device=dev)
+    codes = torch.empty((batch, n_vq), dtype=torch.long, device=dev)
+    stop_code = torch.empty((batch,), dtype=torch.long, device=dev)
+    keys, stop_keys = token_keys(vocab, dev), token_keys(2, dev)
+
+    def fused(num_warps: int) -> Callable[[], None]:
+        def fn() -> None:
+            fused_sampling.fused_draw(stop_code, stop_logits, *text, seed_lo, seed_hi, frame, n_vq + 1, 0)
+            for k in range(n_vq):
+                fused_sampling.fused_draw(
+                    codes[:, k], logits[k], temp, top_k, top_p, seed_lo, seed_hi, frame, n_vq + 1, k + 1,
+                    penalty=penalty, presence=presence[:, k], num_warps=num_warps,
+                )
+        return fn
+
+    def plain() -> None:
+        base = frame * (n_vq + 1)
+        sample(stop_logits, *text, uniforms(seed_lo, seed_hi, base, stop_keys))
+        for k in range(n_vq):
+            x = apply_repetition_penalty(logits[k], presence[:, k], penalty)
+            codes[:, k] = sample(x, temp, top_k, top_p, uniforms(seed_lo, seed_hi, base + k + 1, keys))
+
+    out = {}
+    runs: list[tuple[str, Callable[[], None]]] = [("torch_us", plain)]
+    runs += [(f"fused_w{w}_us", fused(w)) for w in warps]
+    for name, fn in runs:
+        graph = capture(fn)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        out[name] = round(start.elapsed_time(end) / reps * 1000.0, 1)
+        del graph
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="checkpoint folder (default: full-size random weights in memory)")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--context", type=int, default=960, help="prompt rows per slot (steps stay in the 1,024-key graph)")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warps", default="1,2,4,8", help="warps per row tried by the draws section")
+    ap.add_argument("--sections", default="step,kernels,phases,draws")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    assert torch.cuda.is_available(), "a CUDA GPU is needed"
+    batches = [int(b) for b in args.batches.split(",")]
+    sections = set(args.sections.split(","))
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                               "batches": batches, "context": args.context}
+
+    def emit() -> None:
+        text = json.dumps(results)
+        if args.out:
+            args.out.write_text(text + "\n")
+        print(text, flush=True)
+
+    def section(name: str, fn: Callable[[], Any]) -> None:
+        t0 = time.perf_counter()
+        try:
+            results[name] = fn()
+        except Exception as exc:  # keep the other sections' numbers
+            results[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2500:]}
+        results.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
+        emit()
+
+    t0 = time.perf_counter()
+    if args.model:
+        loaded = load_model(args.model, device="cuda", dtype=torch.bfloat16)
+        model, config = loaded.model, loaded.config
+    else:
+        model, config = build_full_size_random_model(device="cuda", dtype=torch.bfloat16)
+    runner = ModelRunner(model, None, config, max_slots=max(batches), max_seq_len=args.context + 128,
+                         device="cuda", dtype=torch.bfloat16)
+    slots = [runner.alloc_slot() for _ in range(max(batches))]
+    rng = np.random.default_rng(0)
+    requests = []
+    for s in slots:
+        rows = np.full((args.context, config.n_channels), config.audio_pad_token_id, dtype=np.int64)
+        rows[:, 0] = rng.integers(0, 1000, args.context)
+        requests.append(PrefillRequest(s, rows))
+    runner.prefill_batch(requests)
+    for s in slots:
+        runner.set_sampling(s, SamplingParams(audio_repetition_penalty=1.1), seed=int(s))
+    torch.cuda.synchronize()
+    results["setup_s"] = round(time.perf_counter() - t0, 1)
+    emit()
+
+    def per_batch_and_sampler(fn: Callable[[int], Any]) -> Callable[[], dict[str, Any]]:
+        def run() -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for name in SAMPLERS:
+                use_sampler(runner, name)
+                for b in batches:
+                    out[f"{name}_b{b}"] = fn(b)
+            use_sampler(runner, "fused")
+            return out
+        return run
+
+    if "step" in sections:
+        section("step", per_batch_and_sampler(lambda b: bench_step(runner, slots, b, args.context, args.steps)))
+    if "kernels" in sections:
+        def kernels(b: int) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for name, fn in (("graph_replay", count_replay_kernels), ("eager_by_phase", eager_phase_kernels)):
+                try:
+                    out[name] = fn(runner, slots, b, args.context)
+                except Exception as exc:  # the other count may still work
+                    out[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-1500:]}
+            return out
+        section("kernels", per_batch_and_sampler(kernels))
+    if "phases" in sections:
+        section("phases", per_batch_and_sampler(lambda b: graph_phase_times(runner, slots, b, args.context, 10)))
+    if "draws" in sections:
+        warps = tuple(int(w) for w in args.warps.split(","))
+        section("draws", lambda: {f"b{b}": draws_bench(b, 50, warps) for b in batches})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
