@@ -11,13 +11,18 @@ also holds the ``context`` keys before the chunk, every query sees exactly the k
 decode gives it (upstream's ring of exactly ``context`` entries drops some for multi-frame chunks).
 Chunks longer than ``max_chunk_frames`` are split internally.
 
+Attention: on CUDA the Triton kernel of :mod:`.window_attention` reads, for each stream, only the keys
+its queries can see, in place from the pools (``attention="kernel"``, the default). Elsewhere (CPU,
+``MOSS_RT_CODEC_KERNEL=0``, ``attention="sdpa"``) SDPA runs over the whole ring with a position mask.
+
 Batched calls: streams with the same chunk length T run in one forward; groups of different T run
-one after another (no padding, so padding can never advance a state). Slots that form a contiguous
-range are used as a view of the pool; otherwise they are gathered.
+one after another (no padding, so padding can never advance a state). On the SDPA path, slots that form
+a contiguous range are used as a view of the pool; otherwise they are gathered.
 
 On CUDA, ``cuda_graphs=True`` captures one graph per (batch, T) on first use (or in :meth:`warmup`):
 the step is pure device work with slots/offsets as input tensors, captured against a scratch pool row so
-capture never touches a live stream. Graph mode always gathers slots (the slot set is dynamic).
+capture never touches a live stream. With the kernel one graph serves every slot set; the SDPA path
+gathers slots in its graphs (plus, with ``contiguous_graphs``, one view graph per start slot).
 
 Not thread-safe: one worker thread owns a StreamingDecoder (as it owns the GPU).
 """
@@ -35,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from . import fused
+from . import window_attention as wa
 from .model import DEFAULT_DECODE_LEVELS, CodecModel, Patch
 from .modules import ProjectedTransformer, acc_dtype, rope_rotation, rope_tables, run_layers_fused
 
@@ -120,11 +126,14 @@ class StreamingDecoder:
         max_chunk_frames: largest chunk decoded in one forward; sets the ring headroom.
         num_quantizers: codebooks used per frame (12 for MOSS-TTS).
         cuda_graphs: capture and replay one CUDA graph per (batch, T) (CUDA only).
-        attention: "sdpa" (fused kernel), "matmul" (two batched GEMMs + softmax; for short chunks over long
-            windows) or "auto" (matmul while the score tensor stays under ``matmul_max_scores`` elements).
-        contiguous_graphs: in graph mode, give a batch of >= 2 streams in adjacent ascending slots its own graph
-            that reads the pools as views (≈2x faster at 16 streams × 1 frame) at the cost of one capture per
-            start slot; False always uses the gather graphs. A single stream always uses the gather graph.
+        attention: "kernel" (the Triton varlen window kernel of :mod:`.window_attention`, reading each stream's
+            keys in place; SDPA where it cannot run: CPU, ``MOSS_RT_CODEC_KERNEL=0``), "sdpa" (masked SDPA over
+            the whole ring), "matmul" (two batched GEMMs + softmax; for short chunks over long windows) or "auto"
+            (matmul while the score tensor stays under ``matmul_max_scores`` elements).
+        contiguous_graphs: in graph mode without the kernel, give a batch of >= 2 streams in adjacent ascending
+            slots its own graph that reads the pools as views (≈2x faster at 16 streams × 1 frame) at the cost of
+            one capture per start slot; False always uses the gather graphs. A single stream always uses the
+            gather graph. The kernel reads every slot in place: one graph per (batch, T).
     """
 
     def __init__(
@@ -137,13 +146,13 @@ class StreamingDecoder:
         max_chunk_frames: int = 25,
         num_quantizers: int = DEFAULT_DECODE_LEVELS,
         cuda_graphs: bool = False,
-        attention: str = "sdpa",
+        attention: str = "kernel",
         matmul_max_scores: int = 1 << 26,
         contiguous_graphs: bool = True,
     ) -> None:
         self.device = torch.device(device)
-        if attention not in ("sdpa", "matmul", "auto"):
-            raise ValueError(f"attention must be sdpa, matmul or auto, got {attention!r}")
+        if attention not in ("kernel", "sdpa", "matmul", "auto"):
+            raise ValueError(f"attention must be kernel, sdpa, matmul or auto, got {attention!r}")
         self.attention = attention
         self.matmul_max_scores = int(matmul_max_scores)
         if cuda_graphs and self.device.type != "cuda":
@@ -181,6 +190,8 @@ class StreamingDecoder:
                     k_pool=[torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)],
                     v_pool=[torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)],
                 )
+        # The kernel addresses keys through a block table; a ring per slot is one block per row.
+        self._ring_table = torch.arange(self.max_streams + 1, device=self.device, dtype=torch.int32)[:, None]
         nbytes = sum(t.numel() * t.element_size() for s in self._stages.values() for t in s.k_pool + s.v_pool)
         log.info(
             "streaming decoder: %d slots, chunks <= %d frames, K/V pools %.1f MB on %s (%s)",
@@ -289,17 +300,23 @@ class StreamingDecoder:
         return t[:, : self.num_quantizers].to(device=self.device, dtype=torch.int64)
 
     # ---------------------------------------------------------------- forward
+    def _kernel_for(self, st: _Stage) -> bool:
+        """Whether stage ``st`` runs its attention through the window kernel (decided per call, so the
+        environment switch applies to eager calls and to graphs captured after it is set)."""
+        return self.attention == "kernel" and wa.available(self.device, self.dtype, st.module.spec.head_dim)
+
     def _run(self, states: Sequence[DecoderState], codes: torch.Tensor) -> torch.Tensor:
         """One forward of B streams, equal T <= max_chunk_frames. codes ``[B, T, nq]`` → audio ``[B, ch, T*spf]``."""
         slots_list = [s.slot for s in states]
         offs_list = [s.frames for s in states]
         B, T = codes.shape[0], codes.shape[1]
         contig = slots_list == list(range(slots_list[0], slots_list[0] + B))
-        start = slots_list[0] if contig else None
+        # The kernel reads every slot in place: views of adjacent slots gain nothing there.
+        start = slots_list[0] if contig and not self._all_kernel() else None
         if self.cuda_graphs:
             # Contiguous slot ranges may get their own graph that reads the pools as views (no gather copy);
             # not for one stream, where the gather is cheap and a graph per slot would be wasteful.
-            gstart = start if (self.contiguous_graphs and B >= 2) else None
+            gstart = start if (self.contiguous_graphs and B >= 2 and not self._all_kernel()) else None
             g = self._graphs.get((B, T, gstart)) or self._capture(B, T, gstart)
             g.codes.copy_(codes)
             g.slots.copy_(torch.tensor(slots_list, dtype=torch.int64))
@@ -322,6 +339,7 @@ class StreamingDecoder:
                 starts: list[int | None] = [None]
                 if (
                     self.contiguous_graphs
+                    and not self._all_kernel()
                     and b >= 2
                     and contiguous_from is not None
                     and contiguous_from + b <= self.max_streams
@@ -330,6 +348,9 @@ class StreamingDecoder:
                 for start in starts:
                     if (b, t, start) not in self._graphs:
                         self._capture(b, t, start)
+
+    def _all_kernel(self) -> bool:
+        return all(self._kernel_for(st) for st in self._stages.values())
 
     def _capture(self, B: int, T: int, start: int | None) -> _Graph:
         if B > self.max_streams or T > self.max_chunk_frames:
@@ -382,24 +403,31 @@ class StreamingDecoder:
         start = offs * st.tokens_per_frame  # [B] first token position of this chunk
         pos = start[:, None] + torch.arange(Tq, device=dev)  # [B, Tq]
         ring_idx = pos % R
-        # Position held by each ring entry once this chunk is written: the latest p <= last with p % R == j.
-        last = (start + Tq - 1)[:, None]
-        j = torch.arange(R, device=dev)[None, :]
-        pos_j = last - (last - j) % R  # [B, R]; negative = never written
-        delta = pos[:, :, None] - pos_j[:, None, :]  # [B, Tq, R]
-        visible = ((pos_j >= 0)[:, None, :] & (delta >= 0) & (delta < st.context))[:, None]  # [B, 1, Tq, R]
-        # Additive mask made once per stage: a bool mask would be converted again in every layer.
-        mask = torch.zeros(visible.shape, device=dev, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
         rows = slots[:, None]
         H = st.module.spec.num_heads
+        scale = st.module.spec.head_dim**-0.5
+        kernel = self._kernel_for(st)
+        if not kernel:
+            # Position held by each ring entry once this chunk is written: the latest p <= last with p % R == j.
+            last = (start + Tq - 1)[:, None]
+            j = torch.arange(R, device=dev)[None, :]
+            pos_j = last - (last - j) % R  # [B, R]; negative = never written
+            delta = pos[:, :, None] - pos_j[:, None, :]  # [B, Tq, R]
+            visible = ((pos_j >= 0)[:, None, :] & (delta >= 0) & (delta < st.context))[:, None]  # [B, 1, Tq, R]
+            # Additive mask made once per stage: a bool mask would be converted again in every layer.
+            mask = torch.zeros(visible.shape, device=dev, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
         use_matmul = self.attention == "matmul" or (
             self.attention == "auto" and B * H * Tq * R <= self.matmul_max_scores
         )
-        scale = st.module.spec.head_dim**-0.5
 
         def attend(li: int, q: torch.Tensor) -> torch.Tensor:
             """Attention of the chunk's queries over layer ``li``'s ring (the chunk's keys already written)."""
             kp, vp = st.k_pool[li], st.v_pool[li]
+            if kernel:
+                return wa.window_attention(
+                    q, kp, vp, self._ring_table, slots, offs, tokens_per_frame=st.tokens_per_frame,
+                    context=st.context, block=R, ring_blocks=1, scale=scale,
+                )
             if contig_start is not None:
                 kb, vb = kp[contig_start : contig_start + B], vp[contig_start : contig_start + B]
             else:
