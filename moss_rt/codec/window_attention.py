@@ -62,7 +62,9 @@ def _kernels():  # type: ignore[no-untyped-def]
     except Exception:  # noqa: BLE001 - no Triton (CPU wheels): the SDPA path
         return None
 
-    @triton.jit
+    # Shape-derived integers are not specialised on (Triton would compile a variant per "== 1" / "% 16" pattern
+    # of each, dozens over the stages and chunk lengths, each a few seconds on the first capture).
+    @triton.jit(do_not_specialize=["H", "Tq", "tpf", "context", "block", "ring_blocks", "chunk", "splits"])
     def _attend(
         Q, K, V, TABLE, SLOTS, OFFS, OUT, PACC, PML,
         H, Tq, tpf, context, block, ring_blocks, chunk, splits, scale,
@@ -132,7 +134,7 @@ def _kernels():  # type: ignore[no-untyped-def]
             tl.store(PML + part * 2, m_i, mask=row_ok)
             tl.store(PML + part * 2 + 1, l_i, mask=row_ok)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["H", "Tq", "splits"])
     def _merge(
         PACC, PML, OUT, H, Tq, splits, s_ob, s_oh, s_ot,
         D: tl.constexpr, BLOCK_M: tl.constexpr,

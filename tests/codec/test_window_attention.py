@@ -118,7 +118,7 @@ from moss_rt.codec.streaming import StreamingDecoder
 torch.set_num_threads(1)
 codec = load_codec(TINY)
 assert window_attention.available(torch.device("cpu"), torch.float32, 16)
-n = 72  # past every ring (the first stage's ring is 64 frames)
+n = 72  # many times past every ring (about 10 frames with these 0.16 s windows)
 codes = np.random.default_rng(5).integers(0, 1024, (n, 12))
 whole = codec.decode(torch.from_numpy(codes)[None])[0].numpy()
 dec = StreamingDecoder(codec, device="cpu", dtype=torch.float32, max_streams=4, max_chunk_frames=8)
