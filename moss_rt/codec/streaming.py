@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -169,6 +169,9 @@ class StreamingDecoder:
         self.num_quantizers = int(num_quantizers)
         self.samples_per_frame = codec.config.samples_per_frame
         self._free: list[int] = list(range(self.max_streams - 1, -1, -1))
+        # Slots of closed or collected states, given back (with their blocks) by the owning thread: a finalizer
+        # may run in any thread that triggers garbage collection, and only deque.append is safe there.
+        self._released: deque[int] = deque()
         geoms = geometries(codec, self.max_chunk_frames, dtype, block_frames)
         self._tables = BlockTables(
             list(geoms.values()), self.max_streams,
@@ -195,22 +198,33 @@ class StreamingDecoder:
         )
 
     # ---------------------------------------------------------------- states
+    def _drain(self) -> None:
+        """Give back the slots and blocks of states closed or collected since the last call."""
+        while self._released:
+            slot = self._released.popleft()
+            self._tables.close(slot)
+            self._free.append(slot)
+
     @property
     def free_slots(self) -> int:
+        self._drain()
         return len(self._free)
 
     @property
     def free_blocks(self) -> list[int]:
         """Pool blocks held by no stream, per stage (in decoder order)."""
+        self._drain()
         return self._tables.free_blocks
 
     @property
     def unreserved_blocks(self) -> list[int]:
         """Pool blocks neither held nor promised to an open stream, per stage."""
+        self._drain()
         return self._tables.unreserved_blocks
 
     def can_open(self, max_frames: int | None = None) -> bool:
         """Whether :meth:`new_state` would succeed now for a stream of at most ``max_frames`` frames."""
+        self._drain()
         return bool(self._free) and self._tables.can_open(max_frames)
 
     def new_state(self, max_frames: int | None = None) -> DecoderState:
@@ -219,6 +233,7 @@ class StreamingDecoder:
 
         Raises NoFreeSlot when all slots are taken, NoFreeBlocks when the pools cannot promise the blocks.
         """
+        self._drain()
         if not self._free:
             raise NoFreeSlot(f"all {self.max_streams} codec decoder slots are in use")
         slot = self._free[-1]
@@ -226,13 +241,9 @@ class StreamingDecoder:
         self._free.pop()
         state = DecoderState(slot=slot)
         # The finalizer runs on close() or when the state is garbage-collected; it holds no
-        # reference to the state itself.
-        state._release = weakref.finalize(state, self._release, slot)
+        # reference to the state itself, only to the release queue.
+        state._release = weakref.finalize(state, self._released.append, slot)
         return state
-
-    def _release(self, slot: int) -> None:
-        self._tables.close(slot)
-        self._free.append(slot)
 
     def scratch_state(self) -> DecoderState:
         """A state on the scratch row (never a stream's; its own few blocks): for padding rows of a batched call,
@@ -250,8 +261,8 @@ class StreamingDecoder:
         return sum(t.numel() * t.element_size() for s in self._stages.values() for t in s.k_pool + s.v_pool)
 
     def state_bytes(self, state: DecoderState) -> int:
-        """Bytes of K/V blocks ``state`` holds now (grows with its age up to :attr:`stream_bytes`)."""
-        return self._tables.held_bytes(state.slot)
+        """Bytes of K/V blocks ``state`` holds now (grows with its age up to :attr:`stream_bytes`; 0 once closed)."""
+        return 0 if state.closed else self._tables.held_bytes(state.slot)
 
     def rebuild(self, codes_prefix: np.ndarray | torch.Tensor, max_frames: int | None = None) -> DecoderState:
         """State after decoding frames ``[0, N)`` of ``codes_prefix`` ``[N, >=12]`` (exact; used for seek).
@@ -299,6 +310,7 @@ class StreamingDecoder:
             if s.closed:
                 raise ValueError("decode on a closed DecoderState")
         chunks = [self._as_codes(c) for c in codes]
+        self._drain()  # blocks of streams closed since the last call are free again
         # Every stream's blocks for the whole call first: a stream that outgrew its reservation fails the call
         # here, before any state advances.
         self._grow(states, [s.frames + c.shape[0] for s, c in zip(states, chunks, strict=True)])
@@ -430,10 +442,12 @@ class StreamingDecoder:
         scale = st.module.spec.head_dim**-0.5
         kernel = self._kernel_for(st)
         if not kernel:
-            # Ring entry j (position p with p % R == j) lives in block table[j // block], row j % block.
+            # Ring entry j (position p with p % R == j) lives in block table[j // block], row j % block; the
+            # three index tensors broadcast to [B, H, R], so the gather lands contiguous in [B, H, R, Dh].
             j = torch.arange(R, device=dev)
-            ring_blk = table[slots[:, None], (j // g.block)[None, :]].long()  # [B, R]
-            ring_row = (j % g.block)[None, :]
+            ring_blk = table[slots[:, None], (j // g.block)[None, :]].long()[:, None, :]  # [B, 1, R]
+            ring_row = (j % g.block)[None, None, :]
+            heads = torch.arange(H, device=dev)[None, :, None]
             # Position held by each ring entry once this chunk is written: the latest p <= last with p % R == j.
             last = (start + Tq - 1)[:, None]
             pos_j = last - (last - j[None, :]) % R  # [B, R]; negative = never written
@@ -453,8 +467,8 @@ class StreamingDecoder:
                     q, kp, vp, table, slots, offs, tokens_per_frame=g.tokens_per_frame, context=g.context,
                     block=g.block, ring_blocks=g.ring_blocks, scale=scale,
                 )
-            # Gather each stream's ring ([B, R, H, Dh] → [B, H, R, Dh]) out of the blocks.
-            kb, vb = kp[ring_blk, :, ring_row].transpose(1, 2), vp[ring_blk, :, ring_row].transpose(1, 2)
+            # Gather each stream's ring ([B, H, R, Dh]) out of the blocks.
+            kb, vb = kp[ring_blk, heads, ring_row], vp[ring_blk, heads, ring_row]
             if use_matmul:
                 scores = torch.matmul(q * scale, kb.transpose(-1, -2)) + mask  # [B, H, Tq, R]
                 return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(vb.dtype), vb)
