@@ -10,6 +10,14 @@
 
 Needs only torch + numpy + safetensors (no soundfile/soxr): the encode timing is the codec part of
 reference encoding; decoding/resampling the upload is CPU work not measured here.
+
+Streams by age (``--ages 1,5,12``): ``--age-streams`` streams (64) decoded to each age in turn, then calls of
+``--age-chunks`` frames (1 and 8) timed through CUDA graphs with the window-attention kernel and with
+``MOSS_RT_CODEC_KERNEL=0`` (masked SDPA over gathered rings), each stream reset to its age after every timed call;
+also the K/V bytes each stream holds at that age and how far the two attention paths' audio differ (bf16).
+The bounded run for the H200 (about 2-3 minutes)::
+
+    python bench/codec_bench.py --modes none --skip-whole --ages 1,5,12 --out codec_ages.json
 """
 
 from __future__ import annotations
@@ -205,6 +213,99 @@ def _bench_mode(
     return rows
 
 
+@torch.no_grad()
+def bench_ages(
+    codec: CodecModel, device: str, ages_s: list[float], n_streams: int, chunks: list[int], iters: int,
+    res: dict[str, object],
+) -> list[dict[str, object]]:
+    """ms per graphed call of ``n_streams`` streams x T frames at each age, kernel vs SDPA (see the docstring)."""
+    import os
+
+    from moss_rt.codec.paged_state import stream_state_bytes
+
+    rows: list[dict[str, object]] = []
+    rate = codec.config.frame_rate
+    ages = sorted({max(1, round(a * rate)) for a in ages_s})
+    rng = np.random.default_rng(5)
+    history = [rng.integers(0, 1024, (ages[-1], 12)) for _ in range(n_streams)]  # the same codes in both modes
+    probe = {t: [rng.integers(0, 1024, (t, 12)) for _ in range(n_streams)] for t in chunks}
+    audio: dict[tuple[str, int, int], torch.Tensor] = {}
+    saved = os.environ.get("MOSS_RT_CODEC_KERNEL")
+    try:
+        for mode in ("kernel", "sdpa"):
+            os.environ["MOSS_RT_CODEC_KERNEL"] = "1" if mode == "kernel" else "0"
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            dec = StreamingDecoder(codec, device=device, dtype=torch.bfloat16, max_streams=n_streams,
+                                   max_chunk_frames=max(8, *chunks), cuda_graphs=device == "cuda")
+            res[f"ages_{mode}_uses_window_kernel"] = all(dec._kernel_for(st) for st in dec._stages.values())
+            states = [dec.new_state() for _ in range(n_streams)]
+            t_cap = time.perf_counter()
+            dec.warmup([n_streams], sorted({*chunks, 8}))
+            res[f"ages_{mode}_capture_s"] = round(time.perf_counter() - t_cap, 2)
+            for age in ages:
+                while states[0].frames < age:  # decode every stream up to this age, 8 frames a call
+                    f = states[0].frames
+                    t = min(8, age - f)
+                    if t not in (8, *chunks):
+                        t = 1
+                    dec.decode_tensors(states, [h[f : f + t] for h in history])
+                held = [dec.state_bytes(st) for st in states]
+
+                for t in chunks:
+                    def call(
+                        t: int = t, age: int = age, dec: StreamingDecoder = dec, states: list = states
+                    ) -> torch.Tensor:
+                        out = dec.decode_tensors(states, probe[t])
+                        for st in states:
+                            st.frames = age  # the next call decodes the same positions again: the age holds
+                        return out[0]
+
+                    audio[(mode, age, t)] = torch.stack(dec.decode_tensors(states, probe[t])).float().cpu()
+                    for st in states:
+                        st.frames = age
+                    ms = timed(call, iters=iters, warm=2)
+                    row = {
+                        "attention": mode, "streams": n_streams, "chunk_frames": t, "age_s": round(age / rate, 2),
+                        "ms_per_call": round(ms, 2), "ms_per_frame_step": round(ms / t, 3),
+                        "MB_held_per_stream": round(sum(held) / len(held) / 1e6, 1),
+                        "MB_per_stream_by_formula": round(stream_state_bytes(codec, dec.max_chunk_frames,
+                                                                             torch.bfloat16, frames=age) / 1e6, 1),
+                        "MB_per_stream_at_most": round(dec.stream_bytes / 1e6, 1),
+                    }
+                    rows.append(row)
+                    log.info("%s", row)
+            res[f"ages_{mode}_pool_GB"] = round(dec.pool_bytes / 1e9, 2)
+            for st in states:
+                st.close()
+            del dec, states
+    finally:
+        if saved is None:
+            os.environ.pop("MOSS_RT_CODEC_KERNEL", None)
+        else:
+            os.environ["MOSS_RT_CODEC_KERNEL"] = saved
+    # kernel vs SDPA on the same codes from the same history: bf16 rounding only
+    diffs = {}
+    for (mode, age, t), a in audio.items():
+        if mode == "kernel" and ("sdpa", age, t) in audio:
+            b = audio[("sdpa", age, t)]
+            diffs[f"age{age}_T{t}"] = float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+    res["ages_kernel_vs_sdpa_rel_maxabs"] = diffs
+    return rows
+
+
+def whole_clip_timings(codec: CodecModel, device: str, rng: np.random.Generator, res: dict[str, object]) -> None:
+    try:
+        codes10 = torch.from_numpy(rng.integers(0, 1024, (1, 125, 12))).to(device)
+        res["whole_decode_10s_ms"] = round(timed(lambda: codec.decode(codes10), iters=3, warm=1), 1)
+        wav = (0.1 * torch.randn(1, 2, 480000, generator=torch.Generator().manual_seed(0))).to(device)
+        res["encode_10s_ms_bf16"] = round(timed(lambda: codec.encode(wav, 12), iters=3, warm=1), 1)
+        res["encode_10s_frames"] = int(codec.encode(wav, 12).shape[1])
+    except Exception as exc:
+        log.exception("whole-clip timings failed")
+        res["whole_error"] = repr(exc)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="codec_bench.json")
@@ -218,6 +319,11 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="dry run with the tiny config")
     ap.add_argument("--profile", action="store_true", help="write eager kernel profiles next to --out")
     ap.add_argument("--bf16-check", action="store_true", help="compare bf16 with fp32 on the same random weights")
+    ap.add_argument("--ages", default=None, help="stream ages in seconds for the by-age cases, e.g. 1,5,12")
+    ap.add_argument("--age-streams", type=int, default=64)
+    ap.add_argument("--age-chunks", default="1,8")
+    ap.add_argument("--age-iters", type=int, default=10)
+    ap.add_argument("--skip-whole", action="store_true", help="skip the whole-clip decode/encode timings")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     device = args.device
@@ -249,7 +355,7 @@ def main() -> None:
         cases = [(int(a), int(b)) for a, b in (c.split("x") for c in args.cases.split(","))]
     rng = np.random.default_rng(1)
     rows: list[dict[str, object]] = []
-    for mode in args.modes.split(","):
+    for mode in [m for m in args.modes.split(",") if m and m != "none"]:
         if device == "cuda":
             torch.cuda.empty_cache()
         try:
@@ -260,6 +366,14 @@ def main() -> None:
             res[f"{mode}_error"] = repr(exc)
         res["decode"] = rows
         out.write_text(json.dumps(res, indent=2) + "\n")  # partial results survive a later failure
+    if args.ages:
+        try:
+            res["ages"] = bench_ages(codec, device, [float(a) for a in args.ages.split(",")], args.age_streams,
+                                     [int(c) for c in args.age_chunks.split(",")], args.age_iters, res)
+        except Exception as exc:
+            log.exception("by-age cases failed")
+            res["ages_error"] = repr(exc)
+        out.write_text(json.dumps(res, indent=2) + "\n")
     if device == "cuda":
         res["peak_mem_GB"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     if args.bf16_check and not args.via_disk:
@@ -271,15 +385,8 @@ def main() -> None:
         res["bf16_vs_fp32_whole_decode_rel_maxabs"] = float((a16 - a32).abs().max() / a32.abs().max())
         res["bf16_finite"] = bool(torch.isfinite(a16).all())
         del ref
-    try:
-        codes10 = torch.from_numpy(rng.integers(0, 1024, (1, 125, 12))).to(device)
-        res["whole_decode_10s_ms"] = round(timed(lambda: codec.decode(codes10), iters=3, warm=1), 1)
-        wav = (0.1 * torch.randn(1, 2, 480000, generator=torch.Generator().manual_seed(0))).to(device)
-        res["encode_10s_ms_bf16"] = round(timed(lambda: codec.encode(wav, 12), iters=3, warm=1), 1)
-        res["encode_10s_frames"] = int(codec.encode(wav, 12).shape[1])
-    except Exception as exc:
-        log.exception("whole-clip timings failed")
-        res["whole_error"] = repr(exc)
+    if not args.skip_whole:
+        whole_clip_timings(codec, device, rng, res)
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))
 

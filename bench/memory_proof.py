@@ -190,7 +190,7 @@ async def _get_json(url: str) -> dict[str, Any]:
 
 
 def stream_bytes(codec_dir: Path, tiny: bool) -> dict[str, Any]:
-    """Codec state per stream, as the planner counts it."""
+    """Codec state per stream: the most it holds (what the planner reserves) and what it holds by age."""
     import torch
 
     from moss_rt.codec import load_codec
@@ -198,7 +198,11 @@ def stream_bytes(codec_dir: Path, tiny: bool) -> dict[str, Any]:
 
     dtype = torch.float32 if tiny else torch.bfloat16
     codec = load_codec(str(codec_dir), device="cpu", compute_dtype=dtype, decode_only=True)
-    return {f"chunk_headroom_{n}": stream_state_bytes(codec, n, dtype) for n in (25, 8)}
+    out: dict[str, Any] = {f"chunk_headroom_{n}": stream_state_bytes(codec, n, dtype) for n in (25, 8)}
+    # what a stream holds by its age (paged state), 8-frame chunks
+    rate = codec.config.frame_rate
+    out.update({f"after_{s}s": stream_state_bytes(codec, 8, dtype, frames=round(s * rate)) for s in (2, 10, 60)})
+    return out
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ around the GEMMs and the attention. Two Triton kernels replace them:
   or just the cast for ``output_proj`` after the last layer).
 - :func:`rope_store`: interleaved RoPE of q and k in fp32 from the in_proj output, q written out in the compute
   dtype, rotated k and plain v written straight into their K/V buffers (ring slots of the streaming pools, or
-  fresh whole-clip buffers) at ``[rows[b], :, ring_idx[b, t], :]``.
+  fresh whole-clip buffers) at ``[rows[b, t], :, ring_idx[b, t], :]``.
 
 The maths and dtypes are the plain path's (fp32 residual, LayerNorm, LayerScale and RoPE; K/V and GEMM inputs in
 the compute dtype); only rounding order differs (fused multiply-adds, the LayerNorm reduction order), ~1e-7
@@ -73,12 +73,11 @@ def _triton():
 
     @triton.jit
     def _rope_store(
-        QKV, COS, SIN, Q, KB, VB, ROWS, RIDX, T, s_row, s_head, s_ring,
+        QKV, COS, SIN, Q, KB, VB, ROWS, RIDX, s_row, s_head, s_ring,
         D: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
     ):
         # One program per token n = b * T + t; lanes over the D/2 (head, pair) pairs of the token.
         n = tl.program_id(0).to(tl.int64)
-        b = n // T
         p = tl.arange(0, BLOCK)
         m = p < D // 2
         head = p // HALF
@@ -97,7 +96,7 @@ def _triton():
         kb = tl.load(src + D + 1, mask=m, other=0.0).to(tl.float32)
         va = tl.load(src + 2 * D, mask=m, other=0.0)
         vb = tl.load(src + 2 * D + 1, mask=m, other=0.0)
-        slot = tl.load(ROWS + b)
+        slot = tl.load(ROWS + n)
         r = tl.load(RIDX + n)
         off = slot * s_row + head * s_head + r * s_ring + 2 * i
         tl.store(KB + off, (ka * c - kb * s).to(KB.dtype.element_ty), mask=m)
@@ -198,9 +197,9 @@ def rope_store(
     Args:
         qkv: ``[B, T, 3 * D]`` contiguous (q | k | v, heads inside each), any float dtype.
         cos, sin: ``[B, T, Dh / 2]`` fp32 contiguous (:func:`moss_rt.codec.modules.rope_angles`).
-        k_buf, v_buf: ``[S, H, R, Dh]`` with equal strides and unit stride on Dh: rotated k and v land at
-            ``[rows[b], :, ring_idx[b, t], :]``.
-        rows: ``[B]`` int64; ring_idx: ``[B, T]`` int64.
+        k_buf, v_buf: ``[N, H, R, Dh]`` with equal strides and unit stride on Dh: rotated k and v land at
+            ``[rows[b, t], :, ring_idx[b, t], :]`` (a K/V block and the row inside it, for the streaming pools).
+        rows: ``[B]`` (one buffer row per sequence) or ``[B, T]`` int64; ring_idx: ``[B, T]`` int64.
     Returns:
         rotated q ``[B, H, T, Dh]`` (a transposed view of ``[B, T, H, Dh]``) in ``k_buf``'s dtype.
     """
@@ -213,11 +212,12 @@ def rope_store(
     assert cos.is_contiguous() and sin.is_contiguous() and cos.shape == (B, T, Dh // 2)
     qkv = qkv.contiguous()
     ring_idx = ring_idx.expand(B, T).contiguous()
+    rows = (rows[:, None] if rows.dim() == 1 else rows).expand(B, T).contiguous()
     q = torch.empty(B, T, H, Dh, device=qkv.device, dtype=k_buf.dtype)
     if B * T:
         blk = _block(D // 2)
         kern[(B * T,)](
-            qkv, cos, sin, q, k_buf, v_buf, rows, ring_idx, T,
+            qkv, cos, sin, q, k_buf, v_buf, rows, ring_idx,
             k_buf.stride(0), k_buf.stride(1), k_buf.stride(2),
             D=D, HALF=Dh // 2, BLOCK=blk, num_warps=_warps(blk),
         )

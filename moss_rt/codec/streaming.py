@@ -4,20 +4,26 @@ Every decoder stage is causal with a finite window, and patch stages are reshape
 waveform of frame t depends only on codes <= t. A stream's state is, per attention layer, the
 keys/values of its recent tokens plus the number of frames decoded so far.
 
-Storage: one pool per attention layer, ``[max_streams, heads, ring, head_dim]``; a stream owns one
-slot (row). ``ring = context + max_chunk_frames * tokens_per_frame`` ("headroom"): a chunk's keys are
-written first and attention then runs over the whole ring with a position mask. Because the ring
-also holds the ``context`` keys before the chunk, every query sees exactly the keys the whole-clip
-decode gives it (upstream's ring of exactly ``context`` entries drops some for multi-frame chunks).
-Chunks longer than ``max_chunk_frames`` are split internally.
+Storage is paged (:mod:`.paged_state`): per stage and layer one pool of fixed-size K/V blocks shared by
+all streams, ``[blocks, heads, block, head_dim]``, and one block table per stage shared by its layers. A
+stream holds the blocks its age has reached, at most a ring of ``context + max_chunk_frames *
+tokens_per_frame - 1`` tokens or more ("headroom"): a chunk's keys are written first and attention then
+reads them with the ``context`` keys before it, so every query sees exactly the keys the whole-clip decode
+gives it (upstream's ring of exactly ``context`` entries drops some for multi-frame chunks). Opening a
+stream reserves the blocks it may hold, so a stream once opened never runs out. Chunks longer than
+``max_chunk_frames`` are split internally.
+
+Attention: on CUDA the Triton kernel of :mod:`.window_attention` reads, for each stream, only the keys
+its queries can see, in place through the block table (``attention="kernel"``, the default). Elsewhere
+(CPU, ``MOSS_RT_CODEC_KERNEL=0``, ``attention="sdpa"``) each layer's ring of every stream is gathered
+through the table and SDPA runs over it with a position mask.
 
 Batched calls: streams with the same chunk length T run in one forward; groups of different T run
-one after another (no padding, so padding can never advance a state). Slots that form a contiguous
-range are used as a view of the pool; otherwise they are gathered.
+one after another (no padding, so padding can never advance a state).
 
 On CUDA, ``cuda_graphs=True`` captures one graph per (batch, T) on first use (or in :meth:`warmup`):
-the step is pure device work with slots/offsets as input tensors, captured against a scratch pool row so
-capture never touches a live stream. Graph mode always gathers slots (the slot set is dynamic).
+the step is pure device work with slots/offsets as input tensors and the block table a persistent device
+tensor, captured against the scratch row (its own scratch blocks) so capture never touches a live stream.
 
 Not thread-safe: one worker thread owns a StreamingDecoder (as it owns the GPU).
 """
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -35,10 +41,26 @@ import torch
 import torch.nn.functional as F
 
 from . import fused
+from . import window_attention as wa
 from .model import DEFAULT_DECODE_LEVELS, CodecModel, Patch
 from .modules import ProjectedTransformer, acc_dtype, rope_rotation, rope_tables, run_layers_fused
+from .paged_state import (
+    BlockTables,
+    NoFreeBlocks,
+    StageGeometry,
+    geometries,
+    scratch_state_bytes,
+    stream_state_bytes,
+)
 
-__all__ = ["DecoderState", "NoFreeSlot", "StreamingDecoder", "stream_state_bytes"]
+__all__ = [
+    "DecoderState",
+    "NoFreeBlocks",
+    "NoFreeSlot",
+    "StreamingDecoder",
+    "scratch_state_bytes",
+    "stream_state_bytes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +71,9 @@ class NoFreeSlot(RuntimeError):
 
 @dataclass(eq=False)
 class DecoderState:
-    """Per-stream decoder state: a slot in the decoder's K/V pools and the frames decoded so far.
+    """Per-stream decoder state: a slot (a row of the block tables) and the frames decoded so far.
 
-    Close it (or drop every reference to it) to give the slot back.
+    Close it (or drop every reference to it) to give the slot and its K/V blocks back.
     """
 
     slot: int
@@ -82,30 +104,10 @@ class _Stage:
     """Streaming bookkeeping of one decoder transformer stage."""
 
     module: ProjectedTransformer
-    tokens_per_frame: int
-    context: int
-    ring: int
-    k_pool: list[torch.Tensor]  # per layer [S, H, ring, Dh]
+    geom: StageGeometry
+    col: int  # first column of this stage in the block table
+    k_pool: list[torch.Tensor]  # per layer [blocks, H, block, Dh]
     v_pool: list[torch.Tensor]
-
-
-def _ring_size(spec: object, frame_rate: float, max_chunk_frames: int) -> tuple[int, int]:
-    """(tokens per frame, ring entries) of one decoder stage: its window plus one chunk of headroom,
-    rounded up to 64 so the additive mask rows stay aligned for SDPA."""
-    tpf = int(round(spec.rate_hz / frame_rate))  # type: ignore[attr-defined]
-    return tpf, -(-(spec.context + max_chunk_frames * tpf) // 64) * 64  # type: ignore[attr-defined]
-
-
-def stream_state_bytes(codec: CodecModel, max_chunk_frames: int, dtype: torch.dtype) -> int:
-    """Bytes of one stream's K/V rings (what each pool row costs), without allocating anything."""
-    total = 0
-    itemsize = torch.tensor([], dtype=dtype).element_size()
-    for m in codec.decoder:
-        if isinstance(m, ProjectedTransformer):
-            spec = m.spec
-            _, ring = _ring_size(spec, codec.config.frame_rate, max_chunk_frames)
-            total += 2 * spec.num_layers * spec.num_heads * ring * spec.head_dim * itemsize
-    return total
 
 
 class StreamingDecoder:
@@ -116,15 +118,17 @@ class StreamingDecoder:
             linears set to ``dtype`` if they differ.
         device: compute device.
         dtype: compute dtype of the transformer linears and of the K/V pools (fp32 or bf16).
-        max_streams: number of pool slots (live states at once).
+        max_streams: number of slots (live states at once).
         max_chunk_frames: largest chunk decoded in one forward; sets the ring headroom.
         num_quantizers: codebooks used per frame (12 for MOSS-TTS).
         cuda_graphs: capture and replay one CUDA graph per (batch, T) (CUDA only).
-        attention: "sdpa" (fused kernel), "matmul" (two batched GEMMs + softmax; for short chunks over long
-            windows) or "auto" (matmul while the score tensor stays under ``matmul_max_scores`` elements).
-        contiguous_graphs: in graph mode, give a batch of >= 2 streams in adjacent ascending slots its own graph
-            that reads the pools as views (≈2x faster at 16 streams × 1 frame) at the cost of one capture per
-            start slot; False always uses the gather graphs. A single stream always uses the gather graph.
+        attention: "kernel" (the Triton varlen window kernel of :mod:`.window_attention`, reading each stream's
+            keys in place; SDPA where it cannot run: CPU, ``MOSS_RT_CODEC_KERNEL=0``), "sdpa" (masked SDPA over
+            the gathered ring), "matmul" (two batched GEMMs + softmax; for short chunks over long windows) or
+            "auto" (matmul while the score tensor stays under ``matmul_max_scores`` elements).
+        pool_streams: whole rings the block pools hold (None: ``max_streams``, so every slot can always grow
+            to its full window). Fewer admits streams only while their reservations fit (``new_state``).
+        block_frames: frames per block at every stage (None: 4..8, whichever wastes least per stage).
     """
 
     def __init__(
@@ -137,20 +141,20 @@ class StreamingDecoder:
         max_chunk_frames: int = 25,
         num_quantizers: int = DEFAULT_DECODE_LEVELS,
         cuda_graphs: bool = False,
-        attention: str = "sdpa",
+        attention: str = "kernel",
         matmul_max_scores: int = 1 << 26,
-        contiguous_graphs: bool = True,
+        pool_streams: int | None = None,
+        block_frames: int | None = None,
     ) -> None:
         self.device = torch.device(device)
-        if attention not in ("sdpa", "matmul", "auto"):
-            raise ValueError(f"attention must be sdpa, matmul or auto, got {attention!r}")
+        if attention not in ("kernel", "sdpa", "matmul", "auto"):
+            raise ValueError(f"attention must be kernel, sdpa, matmul or auto, got {attention!r}")
         self.attention = attention
         self.matmul_max_scores = int(matmul_max_scores)
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs needs a CUDA device")
         self.cuda_graphs = cuda_graphs
-        self.contiguous_graphs = contiguous_graphs
-        self._graphs: dict[tuple[int, int, int | None], _Graph] = {}
+        self._graphs: dict[tuple[int, int], _Graph] = {}
         self._graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.dtype = dtype
         if codec.device != self.device:
@@ -165,61 +169,109 @@ class StreamingDecoder:
         self.num_quantizers = int(num_quantizers)
         self.samples_per_frame = codec.config.samples_per_frame
         self._free: list[int] = list(range(self.max_streams - 1, -1, -1))
+        # Slots of closed or collected states, given back (with their blocks) by the owning thread: a finalizer
+        # may run in any thread that triggers garbage collection, and only deque.append is safe there.
+        self._released: deque[int] = deque()
+        geoms = geometries(codec, self.max_chunk_frames, dtype, block_frames)
+        self._tables = BlockTables(
+            list(geoms.values()), self.max_streams,
+            self.max_streams if pool_streams is None else int(pool_streams), self.device,
+        )
         self._stages: dict[int, _Stage] = {}
-        frame_rate = codec.config.frame_rate
-        for idx, m in enumerate(codec.decoder):
-            if isinstance(m, ProjectedTransformer):
-                spec = m.spec
-                tpf, ring = _ring_size(spec, frame_rate, self.max_chunk_frames)
-                # One extra row (index max_streams) is scratch: graph capture writes there, never to a stream.
-                shape = (self.max_streams + 1, spec.num_heads, ring, spec.head_dim)
-                self._stages[idx] = _Stage(
-                    module=m,
-                    tokens_per_frame=tpf,
-                    context=spec.context,
-                    ring=ring,
-                    k_pool=[torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)],
-                    v_pool=[torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)],
-                )
-        nbytes = sum(t.numel() * t.element_size() for s in self._stages.values() for t in s.k_pool + s.v_pool)
+        for (idx, g), col, n_blocks in zip(geoms.items(), self._tables.cols, self._tables.n_blocks, strict=True):
+            m = codec.decoder[idx]
+            assert isinstance(m, ProjectedTransformer)
+            spec = m.spec
+            shape = (n_blocks, spec.num_heads, g.block, spec.head_dim)
+            self._stages[idx] = _Stage(
+                module=m,
+                geom=g,
+                col=col,
+                k_pool=[torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)],
+                v_pool=[torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)],
+            )
         log.info(
-            "streaming decoder: %d slots, chunks <= %d frames, K/V pools %.1f MB on %s (%s)",
-            self.max_streams, self.max_chunk_frames, nbytes / 1e6, self.device, dtype,
+            "streaming decoder: %d slots, chunks <= %d frames, K/V block pools %.1f MB on %s (%s): "
+            "%.1f MB per stream at most, blocks of %s frames",
+            self.max_streams, self.max_chunk_frames, self.pool_bytes / 1e6, self.device, dtype,
+            self.stream_bytes / 1e6, "/".join(str(g.block // g.tokens_per_frame) for g in geoms.values()),
         )
 
     # ---------------------------------------------------------------- states
+    def _drain(self) -> None:
+        """Give back the slots and blocks of states closed or collected since the last call."""
+        while self._released:
+            slot = self._released.popleft()
+            self._tables.close(slot)
+            self._free.append(slot)
+
     @property
     def free_slots(self) -> int:
+        self._drain()
         return len(self._free)
 
-    def new_state(self) -> DecoderState:
-        """A fresh stream state (position 0). Raises NoFreeSlot when all slots are taken."""
+    @property
+    def free_blocks(self) -> list[int]:
+        """Pool blocks held by no stream, per stage (in decoder order)."""
+        self._drain()
+        return self._tables.free_blocks
+
+    @property
+    def unreserved_blocks(self) -> list[int]:
+        """Pool blocks neither held nor promised to an open stream, per stage."""
+        self._drain()
+        return self._tables.unreserved_blocks
+
+    def can_open(self, max_frames: int | None = None) -> bool:
+        """Whether :meth:`new_state` would succeed now for a stream of at most ``max_frames`` frames."""
+        self._drain()
+        return bool(self._free) and self._tables.can_open(max_frames)
+
+    def new_state(self, max_frames: int | None = None) -> DecoderState:
+        """A fresh stream state (position 0) with the K/V blocks it may hold reserved: its whole window, or what
+        ``max_frames`` frames need when the stream will decode no more (fewer for a short take).
+
+        Raises NoFreeSlot when all slots are taken, NoFreeBlocks when the pools cannot promise the blocks.
+        """
+        self._drain()
         if not self._free:
             raise NoFreeSlot(f"all {self.max_streams} codec decoder slots are in use")
-        slot = self._free.pop()
+        slot = self._free[-1]
+        self._tables.open(slot, max_frames)  # raises before the slot is taken
+        self._free.pop()
         state = DecoderState(slot=slot)
         # The finalizer runs on close() or when the state is garbage-collected; it holds no
-        # reference to the state itself, only to the free list.
-        state._release = weakref.finalize(state, self._free.append, slot)
+        # reference to the state itself, only to the release queue.
+        state._release = weakref.finalize(state, self._released.append, slot)
         return state
 
     def scratch_state(self) -> DecoderState:
-        """A state on the scratch pool row (never a stream's): for padding rows of a batched call, whose
-        output is thrown away. Any number of them may share the row; it is never given back."""
+        """A state on the scratch row (never a stream's; its own few blocks): for padding rows of a batched call,
+        whose output is thrown away. Any number of them may share the row; it is never given back."""
         return DecoderState(slot=self.max_streams)
 
     @property
     def stream_bytes(self) -> int:
-        """Bytes of one stream's K/V rings."""
-        return sum(t[0].numel() * t.element_size() for s in self._stages.values() for t in s.k_pool + s.v_pool)
+        """Bytes of K/V one stream holds at most (its whole ring at every stage): what the pools reserve for it."""
+        return sum(st.geom.ring_blocks * st.geom.block_bytes for st in self._stages.values())
 
-    def rebuild(self, codes_prefix: np.ndarray | torch.Tensor) -> DecoderState:
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes of every K/V block pool (streams' blocks and the scratch blocks)."""
+        return sum(t.numel() * t.element_size() for s in self._stages.values() for t in s.k_pool + s.v_pool)
+
+    def state_bytes(self, state: DecoderState) -> int:
+        """Bytes of K/V blocks ``state`` holds now (grows with its age up to :attr:`stream_bytes`; 0 once closed)."""
+        return 0 if state.closed else self._tables.held_bytes(state.slot)
+
+    def rebuild(self, codes_prefix: np.ndarray | torch.Tensor, max_frames: int | None = None) -> DecoderState:
         """State after decoding frames ``[0, N)`` of ``codes_prefix`` ``[N, >=12]`` (exact; used for seek).
 
         Decodes the prefix from scratch (the stacked windows make the state depend on far more than the
-        last window) in chunks of ``max_chunk_frames``, discarding the audio.
+        last window) in chunks of ``max_chunk_frames``, discarding the audio. ``max_frames``: as in
+        :meth:`new_state` (counting the prefix).
         """
-        state = self.new_state()
+        state = self.new_state(max_frames)
         try:
             codes = self._as_codes(codes_prefix, allow_empty=True)
             for s in range(0, codes.shape[0], self.max_chunk_frames):
@@ -258,6 +310,10 @@ class StreamingDecoder:
             if s.closed:
                 raise ValueError("decode on a closed DecoderState")
         chunks = [self._as_codes(c) for c in codes]
+        self._drain()  # blocks of streams closed since the last call are free again
+        # Every stream's blocks for the whole call first: a stream that outgrew its reservation fails the call
+        # here, before any state advances.
+        self._grow(states, [s.frames + c.shape[0] for s, c in zip(states, chunks, strict=True)])
         groups: dict[int, list[int]] = defaultdict(list)
         for i, c in enumerate(chunks):
             groups[c.shape[0]].append(i)
@@ -275,6 +331,12 @@ class StreamingDecoder:
                 out[i] = audio[j]
         return [a for a in out if a is not None]
 
+    def _grow(self, states: Sequence[DecoderState], frames: Sequence[int]) -> None:
+        """Blocks for each live state's tokens up to ``frames`` (the scratch row has its own)."""
+        wants = [(s.slot, f) for s, f in zip(states, frames, strict=True) if s.slot != self.max_streams]
+        if wants:
+            self._tables.grow(wants)
+
     def _as_codes(self, codes: np.ndarray | torch.Tensor, allow_empty: bool = False) -> torch.Tensor:
         t = torch.as_tensor(np.asarray(codes) if not isinstance(codes, torch.Tensor) else codes)
         if t.dim() != 2 or t.shape[1] < self.num_quantizers:
@@ -289,18 +351,20 @@ class StreamingDecoder:
         return t[:, : self.num_quantizers].to(device=self.device, dtype=torch.int64)
 
     # ---------------------------------------------------------------- forward
+    def _kernel_for(self, st: _Stage) -> bool:
+        """Whether stage ``st`` runs its attention through the window kernel (decided per call, so the
+        environment switch applies to eager calls and to graphs captured after it is set)."""
+        return self.attention == "kernel" and wa.available(self.device, self.dtype, st.module.spec.head_dim)
+
     def _run(self, states: Sequence[DecoderState], codes: torch.Tensor) -> torch.Tensor:
         """One forward of B streams, equal T <= max_chunk_frames. codes ``[B, T, nq]`` → audio ``[B, ch, T*spf]``."""
+        B, T = codes.shape[0], codes.shape[1]
+        self._grow(states, [s.frames + T for s in states])  # no-op after decode_tensors' own
+        self._tables.sync()
         slots_list = [s.slot for s in states]
         offs_list = [s.frames for s in states]
-        B, T = codes.shape[0], codes.shape[1]
-        contig = slots_list == list(range(slots_list[0], slots_list[0] + B))
-        start = slots_list[0] if contig else None
         if self.cuda_graphs:
-            # Contiguous slot ranges may get their own graph that reads the pools as views (no gather copy);
-            # not for one stream, where the gather is cheap and a graph per slot would be wasteful.
-            gstart = start if (self.contiguous_graphs and B >= 2) else None
-            g = self._graphs.get((B, T, gstart)) or self._capture(B, T, gstart)
+            g = self._graphs.get((B, T)) or self._capture(B, T)
             g.codes.copy_(codes)
             g.slots.copy_(torch.tensor(slots_list, dtype=torch.int64))
             g.offs.copy_(torch.tensor(offs_list, dtype=torch.int64))
@@ -309,101 +373,102 @@ class StreamingDecoder:
             return g.out.clone()
         slots = torch.tensor(slots_list, device=self.device, dtype=torch.int64)
         offs = torch.tensor(offs_list, device=self.device, dtype=torch.int64)
-        return self._forward(codes, slots, offs, start)
+        return self._forward(codes, slots, offs)
 
     @torch.no_grad()
-    def warmup(self, batch_sizes: Sequence[int], chunk_frames: Sequence[int], contiguous_from: int | None = 0) -> None:
-        """Capture CUDA graphs now instead of on first use (no-op without graphs): for each (batch, T), the
-        gather graph and, unless ``contiguous_from`` is None, the graph for slots ``contiguous_from..+batch-1``."""
+    def warmup(
+        self, batch_sizes: Sequence[int], chunk_frames: Sequence[int], contiguous_from: int | None = None
+    ) -> None:
+        """Capture CUDA graphs now instead of on first use (no-op without graphs), one per (batch, T).
+        ``contiguous_from`` is accepted for callers of the former per-slot-range graphs and ignored: every slot
+        set shares one graph now."""
         if not self.cuda_graphs:
             return
         for b in batch_sizes:
             for t in chunk_frames:
-                starts: list[int | None] = [None]
-                if (
-                    self.contiguous_graphs
-                    and b >= 2
-                    and contiguous_from is not None
-                    and contiguous_from + b <= self.max_streams
-                ):
-                    starts.append(contiguous_from)
-                for start in starts:
-                    if (b, t, start) not in self._graphs:
-                        self._capture(b, t, start)
+                if (b, t) not in self._graphs:
+                    self._capture(b, t)
 
-    def _capture(self, B: int, T: int, start: int | None) -> _Graph:
+    def _capture(self, B: int, T: int) -> _Graph:
         if B > self.max_streams or T > self.max_chunk_frames:
             raise ValueError(f"graph ({B}, {T}) exceeds max_streams/max_chunk_frames")
         dev = self.device
         codes = torch.zeros(B, T, self.num_quantizers, dtype=torch.int64, device=dev)
         scratch = torch.full((B,), self.max_streams, dtype=torch.int64, device=dev)
         offs = torch.zeros(B, dtype=torch.int64, device=dev)
+        self._tables.sync()
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
-            # Warm-up runs (allocator, cuBLAS/SDPA plans) outside the capture. Writes go to the scratch
-            # row; a contiguous graph only *reads* live rows here, so no stream state is touched.
+            # Warm-up runs (allocator, cuBLAS plans, Triton compiles) outside the capture; they write only the
+            # scratch row's blocks, so no stream state is touched.
             for _ in range(2):
-                self._forward(codes, scratch, offs, start)
+                self._forward(codes, scratch, offs)
         torch.cuda.current_stream(dev).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            out = self._forward(codes, scratch, offs, start)
+            out = self._forward(codes, scratch, offs)
         g = _Graph(codes=codes, slots=scratch, offs=offs, graph=graph, out=out)
-        self._graphs[(B, T, start)] = g
-        log.info("captured codec decode graph: batch %d, %d frames, slots %s", B, T,
-                 "gathered" if start is None else f"{start}..{start + B - 1}")
+        self._graphs[(B, T)] = g
+        log.info("captured codec decode graph: batch %d, %d frames", B, T)
         return g
 
-    def _forward(
-        self, codes: torch.Tensor, slots: torch.Tensor, offs: torch.Tensor, contig_start: int | None
-    ) -> torch.Tensor:
+    def _forward(self, codes: torch.Tensor, slots: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         """Device-only maths of one step (no host sync), so it can be captured in a CUDA graph.
 
         Args:
-            codes: ``[B, T, nq]`` int64. slots: ``[B]`` pool rows. offs: ``[B]`` frames already decoded.
-            contig_start: when the slots are ``contig_start .. contig_start+B-1``, pools are sliced, not gathered.
+            codes: ``[B, T, nq]`` int64. slots: ``[B]`` block-table rows. offs: ``[B]`` frames already decoded.
         """
-        B, T, _ = codes.shape
         x = self.codec.quantizer.decode(codes)
         for idx, m in enumerate(self.codec.decoder):
             if isinstance(m, Patch):
                 x = m(x)
             else:
-                x = self._stage(self._stages[idx], x, slots, offs, contig_start)
+                x = self._stage(self._stages[idx], x, slots, offs)
         return self.codec.deinterleave(x)
 
-    def _stage(
-        self, st: _Stage, x: torch.Tensor, slots: torch.Tensor, offs: torch.Tensor, contig_start: int | None
-    ) -> torch.Tensor:
+    def _stage(self, st: _Stage, x: torch.Tensor, slots: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         B, Tq, _ = x.shape
         dev = x.device
-        R = st.ring
-        start = offs * st.tokens_per_frame  # [B] first token position of this chunk
+        g = st.geom
+        R = g.ring
+        table = self._tables.table[:, st.col : st.col + g.ring_blocks]  # [rows, ring_blocks] of this stage
+        start = offs * g.tokens_per_frame  # [B] first token position of this chunk
         pos = start[:, None] + torch.arange(Tq, device=dev)  # [B, Tq]
-        ring_idx = pos % R
-        # Position held by each ring entry once this chunk is written: the latest p <= last with p % R == j.
-        last = (start + Tq - 1)[:, None]
-        j = torch.arange(R, device=dev)[None, :]
-        pos_j = last - (last - j) % R  # [B, R]; negative = never written
-        delta = pos[:, :, None] - pos_j[:, None, :]  # [B, Tq, R]
-        visible = ((pos_j >= 0)[:, None, :] & (delta >= 0) & (delta < st.context))[:, None]  # [B, 1, Tq, R]
-        # Additive mask made once per stage: a bool mask would be converted again in every layer.
-        mask = torch.zeros(visible.shape, device=dev, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
-        rows = slots[:, None]
+        # Where the chunk's keys go: the stream's block for each position, and the row inside it.
+        blk = table[slots[:, None], (pos // g.block) % g.ring_blocks].long()  # [B, Tq]
+        row = pos % g.block
         H = st.module.spec.num_heads
+        scale = st.module.spec.head_dim**-0.5
+        kernel = self._kernel_for(st)
+        if not kernel:
+            # Ring entry j (position p with p % R == j) lives in block table[j // block], row j % block; the
+            # three index tensors broadcast to [B, H, R], so the gather lands contiguous in [B, H, R, Dh].
+            j = torch.arange(R, device=dev)
+            ring_blk = table[slots[:, None], (j // g.block)[None, :]].long()[:, None, :]  # [B, 1, R]
+            ring_row = (j % g.block)[None, None, :]
+            heads = torch.arange(H, device=dev)[None, :, None]
+            # Position held by each ring entry once this chunk is written: the latest p <= last with p % R == j.
+            last = (start + Tq - 1)[:, None]
+            pos_j = last - (last - j[None, :]) % R  # [B, R]; negative = never written
+            delta = pos[:, :, None] - pos_j[:, None, :]  # [B, Tq, R]
+            visible = ((pos_j >= 0)[:, None, :] & (delta >= 0) & (delta < g.context))[:, None]  # [B, 1, Tq, R]
+            # Additive mask made once per stage: a bool mask would be converted again in every layer.
+            mask = torch.zeros(visible.shape, device=dev, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
         use_matmul = self.attention == "matmul" or (
             self.attention == "auto" and B * H * Tq * R <= self.matmul_max_scores
         )
-        scale = st.module.spec.head_dim**-0.5
 
         def attend(li: int, q: torch.Tensor) -> torch.Tensor:
-            """Attention of the chunk's queries over layer ``li``'s ring (the chunk's keys already written)."""
+            """Attention of the chunk's queries over layer ``li``'s keys (the chunk's keys already written)."""
             kp, vp = st.k_pool[li], st.v_pool[li]
-            if contig_start is not None:
-                kb, vb = kp[contig_start : contig_start + B], vp[contig_start : contig_start + B]
-            else:
-                kb, vb = kp.index_select(0, slots), vp.index_select(0, slots)
+            if kernel:
+                return wa.window_attention(
+                    q, kp, vp, table, slots, offs, tokens_per_frame=g.tokens_per_frame, context=g.context,
+                    block=g.block, ring_blocks=g.ring_blocks, scale=scale,
+                )
+            # Gather each stream's ring ([B, H, R, Dh]) out of the blocks.
+            kb, vb = kp[ring_blk, heads, ring_row], vp[ring_blk, heads, ring_row]
             if use_matmul:
                 scores = torch.matmul(q * scale, kb.transpose(-1, -2)) + mask  # [B, H, Tq, R]
                 return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(vb.dtype), vb)
@@ -412,18 +477,18 @@ class StreamingDecoder:
         h = st.module.project_in(x)
         layers = st.module.transformer.layers
         if fused.usable(h):
-            # Fused kernels (CUDA): RoPE + ring write in one kernel, residual + LayerNorm + cast in another.
+            # Fused kernels (CUDA): RoPE + K/V block write in one kernel, residual + LayerNorm + cast in another.
             cos, sin = rope_tables(pos, st.module.spec.head_dim, st.module.spec.max_period)
 
             def kv_dst(li: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-                return st.k_pool[li], st.v_pool[li], slots, ring_idx
+                return st.k_pool[li], st.v_pool[li], blk, row
 
             return st.module.project_out(run_layers_fused(layers, h, cos, sin, kv_dst, attend))
         rot = rope_rotation(pos, st.module.spec.head_dim, st.module.spec.max_period, acc_dtype(self.dtype))
         for li, layer in enumerate(layers):
             q, k, v = layer.qkv(h, rot)
-            # Advanced indices (rows, ring_idx) around a slice: target shape [B, Tq, H, Dh].
-            st.k_pool[li][rows, :, ring_idx] = k.transpose(1, 2)
-            st.v_pool[li][rows, :, ring_idx] = v.transpose(1, 2)
+            # Advanced indices (blk, row) around a slice: target shape [B, Tq, H, Dh].
+            st.k_pool[li][blk, :, row] = k.transpose(1, 2)
+            st.v_pool[li][blk, :, row] = v.transpose(1, 2)
             h = layer.finish(h, attend(li, q))
         return st.module.project_out(h)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from moss_rt.codec.model import CodecModel
-from moss_rt.codec.streaming import stream_state_bytes
+from moss_rt.codec.streaming import scratch_state_bytes, stream_state_bytes
 from moss_rt.engine.memory_plan import GIB, MIB, MemoryCosts
 from moss_rt.engine.scheduler import PREFILL_KEYS_PER_ROW
 from moss_rt.model.config import MossTTSConfig
@@ -39,8 +39,11 @@ def memory_costs(
     return MemoryCosts(
         bytes_per_position=per_position,
         slot_bytes=slot_bytes,
+        # The decoder's block pools hold one whole window per codec stream (StreamingDecoder's pool_streams
+        # default) plus the scratch row's blocks: exactly these figures.
         codec_bytes_per_stream=stream_state_bytes(codec, codec_chunk_frames, dtype),
-        codec_extra_streams=codec_extra_streams + 1,  # + the decoder's scratch row
+        codec_extra_streams=codec_extra_streams,
+        codec_fixed_bytes=scratch_state_bytes(codec, codec_chunk_frames, dtype),
         work_bytes=GRAPH_BASE_BYTES + scores + activations,
         work_bytes_per_slot=GRAPH_BYTES_PER_SLOT,
     )

@@ -5,7 +5,9 @@ Made once, after the model and codec weights are loaded, from what the device ha
 CUDA context already use is subtracted). The budget is split between
 
 - the backbone KV cache (keys, values and the per-position hidden state of every take),
-- the codec's streaming state (one K/V ring set per stream: slots, renders, warm-up),
+- the codec's streaming state (paged K/V blocks: the pools hold one whole window per codec stream, slots,
+  renders and warm-up, so every take admitted can grow to the full window; a stream holds only the blocks its
+  age has reached, the rest stay free for the streams that grow),
 - work memory (CUDA-graph pools, prefill scores and activations), and
 - a margin for the allocator's fragmentation and library workspaces.
 
@@ -25,7 +27,7 @@ DEFAULT_CPU_SLOTS = 64  # CPU (and settings-only) defaults when --max-slots / --
 DEFAULT_CPU_SEQ_LEN = 5120
 PLANNED_TAKE_POSITIONS = 1280  # sizing slots: each could hold a 400-row prompt + 70 s of audio at once
 MIN_SEQ_LEN = 512  # below this even one short take cannot run; the plan fails instead
-MAX_AUTO_SLOTS = 256  # the plan never goes beyond this many slots on its own (each preallocates a codec stream)
+MAX_AUTO_SLOTS = 256  # the plan never goes beyond this many slots on its own (each reserves a codec window)
 MARGIN_FRACTION = 0.03  # of the usable budget, at least MIN_MARGIN
 MIN_MARGIN = 512 * MIB
 # When --max-slots and --max-seq-len are both given, the pool holds every slot at its cap plus this
@@ -45,10 +47,11 @@ class MemoryCosts:
 
     bytes_per_position: int  # backbone cache: K + V over every layer + the hidden state, one take position
     slot_bytes: int  # fixed per-slot state (sampler state, repetition-penalty bitmap)
-    codec_bytes_per_stream: int  # the codec's streaming K/V rings of one stream
-    codec_extra_streams: int  # codec streams beyond one per slot (renders, warm-up, scratch)
+    codec_bytes_per_stream: int  # the codec's K/V blocks one stream may hold (its whole window): reserved per stream
+    codec_extra_streams: int  # codec streams beyond one per slot (renders, warm-up)
     work_bytes: int  # CUDA-graph pools, prefill scores and activations (independent of slots)
     work_bytes_per_slot: int = 0  # graph activations growing with the batch
+    codec_fixed_bytes: int = 0  # the codec's scratch blocks (graph capture, padding rows of batched calls)
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,7 @@ def plan_memory(
 
     def split(slots: int, blocks: int) -> tuple[int, int, int]:
         backbone = blocks * block_bytes + slots * costs.slot_bytes
-        codec = (slots + costs.codec_extra_streams) * costs.codec_bytes_per_stream
+        codec = (slots + costs.codec_extra_streams) * costs.codec_bytes_per_stream + costs.codec_fixed_bytes
         return backbone, codec, costs.work_bytes + slots * costs.work_bytes_per_slot
 
     if total_bytes is None or free_bytes is None:
@@ -207,7 +210,8 @@ def plan_memory(
     budget = int(utilization * total_bytes) - in_use
     margin = max(MIN_MARGIN, int(MARGIN_FRACTION * max(budget, 0)))
     # The scratch block, the extra codec streams, work memory and the margin come first.
-    fixed = block_bytes + costs.codec_extra_streams * costs.codec_bytes_per_stream + costs.work_bytes + margin
+    fixed = (block_bytes + costs.codec_extra_streams * costs.codec_bytes_per_stream + costs.codec_fixed_bytes
+             + costs.work_bytes + margin)
     room = budget - fixed
     if max_slots:
         slots = max_slots

@@ -20,9 +20,13 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "matmul"])
+@pytest.mark.parametrize("attention", ["kernel", "sdpa", "matmul"])
 def test_cuda_graph_streaming_equals_whole(attention: str) -> None:
     codec = load_codec(TINY, device="cuda")
+    if attention == "kernel":
+        from moss_rt.codec import window_attention
+
+        assert window_attention.available(torch.device("cuda"), torch.float32, 16), "window kernel not in use"
     codes = np.random.default_rng(0).integers(0, 1024, (40, 12))
     whole = codec.decode(torch.from_numpy(codes).cuda()[None])[0].cpu().numpy()
     dec = StreamingDecoder(codec, device="cuda", dtype=torch.float32, max_streams=3, max_chunk_frames=8,

@@ -152,3 +152,14 @@ def test_admission_refuses_beyond_the_planned_slots_and_queue(moss_server) -> No
             return [str(refused.code), *ends]
 
     assert run(scenario()) == ["busy", "max_frames", "max_frames"]
+
+
+def test_codec_scratch_blocks_are_planned() -> None:
+    import dataclasses
+
+    total = 80 * GIB
+    base = plan_memory(FULL, device="cuda:0", total_bytes=total, free_bytes=total - WEIGHTS, max_slots=32)
+    costs = dataclasses.replace(FULL, codec_fixed_bytes=40 * MIB)
+    plan = plan_memory(costs, device="cuda:0", total_bytes=total, free_bytes=total - WEIGHTS, max_slots=32)
+    assert plan.codec_state_bytes == base.codec_state_bytes + 40 * MIB
+    assert plan.planned_bytes <= plan.budget_bytes
