@@ -10,6 +10,11 @@ mean a capture per slot). The likeliest graphs are captured before ready and the
 is idle; until then a shape runs eagerly rather than stalling every stream for a capture, unless it keeps
 coming under steady load (EAGER_CALLS_BEFORE_CAPTURE). Shapes without a graph (an odd chunk length in a
 large batch, a long chunk) always run eagerly.
+
+With ``defer_captures`` (the engine, whose codec runs on a worker thread next to the model's), a shape that
+has come often enough is not captured inside ``decode`` but listed in ``wanted``: a capture must not run
+while another thread works on the device, so the scheduler captures it between rounds with ``capture_wanted``
+through the codec worker while it waits.
 """
 
 from __future__ import annotations
@@ -47,8 +52,10 @@ def graph_buckets(max_streams: int) -> tuple[int, ...]:
 
 
 class CodecBatcher:
-    def __init__(self, decoder: StreamingDecoder, max_streams: int) -> None:
+    def __init__(self, decoder: StreamingDecoder, max_streams: int, *, defer_captures: bool = False) -> None:
         self.decoder = decoder
+        self.defer_captures = defer_captures
+        self.wanted: list[tuple[int, int]] = []  # shapes due for capture (defer_captures)
         self.graphs = bool(getattr(decoder, "cuda_graphs", False))
         # One call decodes at most this many streams: its activations (and a graph's pool) stay bounded
         # whatever the slot count; more streams due together are decoded in several calls.
@@ -111,6 +118,19 @@ class CodecBatcher:
             if self.graphs:
                 self.decoder.cuda_graphs = saved
 
+    def _capture_under_load(self, bucket: int, t: int) -> None:
+        log.info("codec shape (batch %d, %d frames) keeps coming under load: capturing its graph", bucket, t)
+        self.decoder.warmup([bucket], [t], contiguous_from=None)  # writes only the scratch row
+        self._warm.add((bucket, t))
+
+    def capture_wanted(self) -> bool:
+        """Capture the shapes listed in ``wanted`` (defer_captures); False when there were none."""
+        wanted, self.wanted = self.wanted, []
+        for bucket, t in wanted:
+            if (bucket, t) not in self._warm:
+                self._capture_under_load(bucket, t)
+        return bool(wanted)
+
     def decode(self, states: Sequence[DecoderState], chunks: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Audio [2, 3840*T_i] float32 for each stream; streams with equal T share one call."""
         groups: dict[int, list[int]] = defaultdict(list)
@@ -131,9 +151,11 @@ class CodecBatcher:
         if self.graphs and bucket is not None and (bucket, t) not in self._warm:
             self._eager_calls[(bucket, t)] += 1
             if self._eager_calls[(bucket, t)] >= EAGER_CALLS_BEFORE_CAPTURE and (bucket, t) in self.shapes():
-                log.info("codec shape (batch %d, %d frames) keeps coming under load: capturing its graph", bucket, t)
-                self.decoder.warmup([bucket], [t], contiguous_from=None)  # writes only the scratch row
-                self._warm.add((bucket, t))
+                if self.defer_captures:
+                    if (bucket, t) not in self.wanted:
+                        self.wanted.append((bucket, t))
+                else:
+                    self._capture_under_load(bucket, t)
         if not self.graphs or bucket is None or (bucket, t) not in self._warm:
             with self.eager():
                 return self.decoder.decode(states, chunks)
