@@ -470,6 +470,9 @@ class Scheduler:
             return
         for chunk in chunks:
             chunk.take.flushed = chunk.take.frames
+        note_call = getattr(self.codec, "note_call", None)
+        if note_call is not None:
+            note_call([c.codes for c in chunks])  # counted here, on this thread: see codec_batch
         seq = self.worker.submit(lambda: self._decode_and_push(chunks))
         for chunk in chunks:
             chunk.take.codec_seq = seq
