@@ -222,6 +222,24 @@ class CodecWorker:
                 log.exception("dropping codec work failed")
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            # Normally after close(); if the thread died, nothing may wait on it forever: what it never ran is
+            # dropped, every sequence number counts as done and new work is refused (the scheduler then fails
+            # its takes through its error path).
+            with self._cond:
+                if not self._closed:
+                    log.error("codec worker thread ended unexpectedly")
+                self._closed = True
+                for item in self._queue:
+                    self._drop(item)
+                self._queue.clear()
+                self._running = False
+                self._done = self._issued
+                self._cond.notify_all()
+
+    def _serve(self) -> None:
         with self._device_context():
             while True:
                 with self._cond:
@@ -257,8 +275,13 @@ class CodecWorker:
             return
         import torch
 
-        torch.cuda.set_device(device)
-        stream = torch.cuda.Stream(device=device)
+        try:
+            torch.cuda.set_device(device)
+            stream = torch.cuda.Stream(device=device)
+        except Exception:  # pragma: no cover - the engine's device works, or loading failed before
+            log.exception("codec worker: no CUDA stream of its own; decoding on the default stream")
+            yield
+            return
         try:
             with torch.cuda.stream(stream):
                 yield

@@ -157,3 +157,60 @@ def drive(
         if not worked:
             engine._wake.wait(0.05)  # the codec worker wakes us when a call is done
     return out
+
+
+# ----------------------------------------------------------------------------- the overlap scenario
+
+
+def spec(take_id: str, seed: int, frames: int, chunk: int, **kw: Any) -> TakeSpec:
+    kw.setdefault("text", f"Line {take_id}: the rain had stopped an hour ago.")
+    kw.setdefault("sampling", GREEDY_STOP)
+    return TakeSpec(take_id, seed=seed, max_frames=frames, chunk_frames=chunk, **kw)
+
+
+def first_round() -> list[TakeSpec]:
+    """Chunk sizes: one-frame chunks throughout, shorter and longer than the 8-frame ramp; stereo and mono."""
+    return [
+        spec("a", 1, 14, 1),
+        spec("b", 2, 20, 3, channels=2),
+        spec("c", 3, 22, 8),
+        spec("d", 4, 25, 10),
+        spec("e", 5, 9, 4, sampling=SamplingParams()),  # a sampled stop head: it may end early (done)
+        spec("f", 6, 18, 8),
+    ]
+
+
+def overlap_scenario(data_dir: Path, *, overlap: bool, device: str = "cpu", all_graphs: bool = False,
+                     check: Any = None) -> dict[str, Any]:
+    """Six takes together, then two retakes of one of them (its cache shared; a changed prompt, re-prefilled),
+    each rebuilding its codec state through the worker. Returns each take's chunks and end, and some metrics.
+    ``check(engine)`` runs before the engine closes."""
+    out: dict[str, Any] = {}
+    with loaded_engine(engine_settings(data_dir, overlap=overlap, device=device), all_graphs=all_graphs) as engine:
+        worker = engine._codec_worker
+        assert worker is not None and worker.threaded is overlap
+        first = drive(engine, first_round())
+        n, text = 6, first_round()[2].text
+        prefix = first.channels["c"].codes[:n]
+        retakes = drive(engine, [
+            spec("c.share", 9, 12, 3, text=text, prefix_codes=prefix, parent_take="c"),
+            spec("c.new", 10, 12, 2, text=text, instruction="whisper it", prefix_codes=prefix, parent_take="c"),
+        ])
+        for driven in (first, retakes):
+            assert driven.most_pending <= worker.max_pending
+            for take_id, ch in driven.channels.items():
+                assert not ch.problems, (take_id, ch.problems)
+                end = ch.end
+                out[take_id] = {
+                    "chunks": [(c.first_frame, c.codes.tobytes(), c.pcm) for c in ch.chunks],
+                    "end": (end.reason, end.n_frames, end.error),
+                }
+        registry = engine.metrics.registry
+        out["_waits"] = registry.get_sample_value("moss_rt_codec_wait_seconds_count") or 0.0
+        seeks = ("share", "reprefill")
+        out["_seeks"] = {p: registry.get_sample_value("moss_rt_seeks_total", {"path": p}) for p in seeks}
+        decoder: Any = engine._decoder
+        out["_free"] = decoder.free_slots, decoder.max_streams
+        if check is not None:
+            check(engine)
+    return out

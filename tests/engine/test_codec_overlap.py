@@ -19,12 +19,11 @@ import numpy as np
 import pytest
 
 from moss_rt.client import DirectingClient
-from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeSpec
+from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.moss import MossEngine
-from moss_rt.generation import SamplingParams
 from moss_rt.protocol import FRAME_SAMPLES
-from tests.engine.harness import GREEDY_STOP, drive, engine_settings, loaded_engine
+from tests.engine.harness import drive, engine_settings, loaded_engine, overlap_scenario, spec
 from tests.engine.helpers import LONG, metrics, take_codes
 from tests.helpers import run, wait_until
 
@@ -65,63 +64,15 @@ def codec_watch(monkeypatch: pytest.MonkeyPatch) -> Iterator[CodecWatch]:
     yield watch
 
 
-def _spec(take_id: str, seed: int, frames: int, chunk: int, **kw: Any) -> TakeSpec:
-    kw.setdefault("text", f"Line {take_id}: the rain had stopped an hour ago.")
-    kw.setdefault("sampling", GREEDY_STOP)
-    return TakeSpec(take_id, seed=seed, max_frames=frames, chunk_frames=chunk, **kw)
-
-
-def _first_round() -> list[TakeSpec]:
-    # Chunk sizes: one-frame chunks throughout, shorter and longer than the 8-frame ramp, stereo, mono.
-    return [
-        _spec("a", 1, 14, 1),
-        _spec("b", 2, 20, 3, channels=2),
-        _spec("c", 3, 22, 8),
-        _spec("d", 4, 25, 10),
-        _spec("e", 5, 9, 4, sampling=SamplingParams()),  # a sampled stop head: it may end early (done)
-    ]
-
-
-def _run_overlap_scenario(data_dir: Any, watch: CodecWatch, *, overlap: bool, device: str = "cpu",
-                          all_graphs: bool = False) -> dict[str, Any]:
-    """Five takes together, then two retakes of one of them (cache shared; prompt changed: re-prefilled), each
-    retake rebuilding its codec state through the worker. Returns each take's chunks and end."""
-    out: dict[str, Any] = {}
-    with loaded_engine(engine_settings(data_dir, overlap=overlap, device=device), all_graphs=all_graphs) as engine:
-        assert engine._codec_worker is not None and engine._codec_worker.threaded is overlap
-        first = drive(engine, _first_round())
-        n, text = 6, _first_round()[2].text
-        prefix = first.channels["c"].codes[:n]
-        retakes = drive(engine, [
-            _spec("c.share", 9, 12, 3, text=text, prefix_codes=prefix, parent_take="c"),
-            _spec("c.new", 10, 12, 2, text=text, instruction="whisper it", prefix_codes=prefix, parent_take="c"),
-        ])
-        for driven in (first, retakes):
-            assert driven.most_pending <= engine._codec_worker.max_pending
-            for take_id, ch in driven.channels.items():
-                assert not ch.problems, (take_id, ch.problems)
-                end = ch.end
-                out[take_id] = {
-                    "chunks": [(c.first_frame, c.codes.tobytes(), c.pcm) for c in ch.chunks],
-                    "end": (end.reason, end.n_frames, end.error),
-                }
-        registry = engine.metrics.registry
-        out["_waits"] = registry.get_sample_value("moss_rt_codec_wait_seconds_count") or 0.0
-        seeks = ("share", "reprefill")
-        out["_seeks"] = {p: registry.get_sample_value("moss_rt_seeks_total", {"path": p}) for p in seeks}
-        out["_free"] = engine._decoder.free_slots, engine._decoder.max_streams  # type: ignore[attr-defined]
-    return out
-
-
 def test_overlapped_codec_gives_the_same_codes_and_pcm_as_inline(tiny_data_dir, codec_watch) -> None:
-    inline = _run_overlap_scenario(tiny_data_dir, codec_watch, overlap=False)
+    inline = overlap_scenario(tiny_data_dir, overlap=False)
     assert codec_watch.threads == {threading.current_thread().name}
     codec_watch.threads.clear()
     codec_watch.delay_s = 0.08  # slower than a step of the tiny model: the codec falls behind, the queue fills
-    overlapped = _run_overlap_scenario(tiny_data_dir, codec_watch, overlap=True)
+    overlapped = overlap_scenario(tiny_data_dir, overlap=True)
     assert codec_watch.threads == {CODEC_THREAD}  # every decode on the worker (warm-up's included)
     assert not codec_watch.violations
-    for take_id in ("a", "b", "c", "d", "e", "c.share", "c.new"):
+    for take_id in ("a", "b", "c", "d", "e", "f", "c.share", "c.new"):
         assert overlapped[take_id] == inline[take_id], take_id
     ends = {k: v["end"] for k, v in inline.items() if not k.startswith("_")}
     assert all(reason in (EndReason.MAX_FRAMES, EndReason.DONE) for reason, _, _ in ends.values()), ends
@@ -149,7 +100,7 @@ def test_a_codec_failure_fails_only_the_takes_of_that_call(tiny_data_dir, codec_
     codec_watch.fail_when = fail_when
     codec_watch.delay_s = 0.002
     with loaded_engine(engine_settings(tiny_data_dir, overlap=overlap)) as engine:
-        driven = drive(engine, [_spec("a", 1, 16, 2), _spec("b", 2, 20, 5)])
+        driven = drive(engine, [spec("a", 1, 16, 2), spec("b", 2, 20, 5)])
         a, b = driven.channels["a"], driven.channels["b"]
         assert failed == [1]
         assert a.end.reason is EndReason.ERROR and "codec decode failed" in (a.end.error or "")
@@ -157,7 +108,7 @@ def test_a_codec_failure_fails_only_the_takes_of_that_call(tiny_data_dir, codec_
         assert b.end.reason is EndReason.MAX_FRAMES and b.end.n_frames == 20
         assert sum(c.n_frames for c in b.chunks) == 20 and not a.problems and not b.problems
         # The engine itself goes on: a later take streams normally.
-        after = drive(engine, [_spec("later", 3, 10, 2)])
+        after = drive(engine, [spec("later", 3, 10, 2)])
         assert after.channels["later"].end.reason is EndReason.MAX_FRAMES
         assert sum(c.n_frames for c in after.channels["later"].chunks) == 10
         assert engine._decoder.free_slots == engine._decoder.max_streams  # type: ignore[attr-defined]
@@ -176,7 +127,7 @@ def test_cancel_while_its_chunk_is_decoded_ends_after_that_chunk(tiny_data_dir, 
                 take.channel.cancel()
 
     with loaded_engine(engine_settings(tiny_data_dir, overlap=overlap)) as engine:
-        driven = drive(engine, [_spec("x", 7, 200, 1), _spec("y", 8, 24, 4)], each_round=each_round)
+        driven = drive(engine, [spec("x", 7, 200, 1), spec("y", 8, 24, 4)], each_round=each_round)
         x, y = driven.channels["x"], driven.channels["y"]
         assert x.end.reason is EndReason.CANCELLED and x.end.n_frames < 200
         # Every frame made before the cancel reached the channel, in order, before the end.
@@ -185,7 +136,7 @@ def test_cancel_while_its_chunk_is_decoded_ends_after_that_chunk(tiny_data_dir, 
         assert engine._decoder.free_slots == engine._decoder.max_streams  # type: ignore[attr-defined]
         # The take's cache was kept: a retake of it from a frame it made shares it, with the same continuation.
         n = 4
-        retake = drive(engine, [_spec("x.2", 7, 8, 2, text=_spec("x", 7, 1, 1).text, prefix_codes=x.codes[:n],
+        retake = drive(engine, [spec("x.2", 7, 8, 2, text=spec("x", 7, 1, 1).text, prefix_codes=x.codes[:n],
                                       parent_take="x")]).channels["x.2"]
         assert retake.end.n_frames == n + 8
         made = min(x.end.n_frames, n + 8)
@@ -279,7 +230,7 @@ def test_shutdown_with_decodes_in_flight_ends_every_take_and_leaves_no_thread(ti
         await engine.start()
         worker = engine._codec_worker
         assert worker is not None and worker.alive and alive(CODEC_THREAD) == before[0] + 1
-        channels = [await engine.submit(_spec(f"s{i}", i, 600, 1)) for i in range(3)]
+        channels = [await engine.submit(spec(f"s{i}", i, 600, 1)) for i in range(3)]
         events: list[list[Any]] = [[] for _ in channels]
 
         async def consume(i: int) -> None:
