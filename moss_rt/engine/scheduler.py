@@ -454,8 +454,8 @@ class Scheduler:
         if take.codec_error is None or take.error is not None:
             return
         take.error = take.codec_error
-        if take.ending is None or take.channel.cancel_reason is None:
-            take.ending = EndReason.ERROR
+        cancelled = take.channel.cancel_reason
+        take.ending = (take.ending or cancelled) if cancelled is not None else EndReason.ERROR
         take.flushed = take.frames
 
     def _submit_chunks(self, takes: list[Take]) -> None:
