@@ -8,7 +8,10 @@ clients (``/api/ws``, wire protocol v1), one take per client, 400-row prompts, r
 It prints one JSON object: per concurrency the server-side ``gpu_first_ms`` and client-side TTFA
 (p50/p95), per-stream real-time factor (min/median), aggregate real-time factor, and the server's
 step-time split from ``/metrics`` (model step, codec decode, batched prefill passes and takes per pass,
-scheduling rest); then an eager, synchronised profile of one frame (backbone / local transformer /
+scheduling rest; with the codec overlapped (``codec_overlap``, the server's default) codec time runs next to
+the model steps and ``codec_wait_ms_per_step`` is what the scheduler still lost waiting for the codec);
+``--codec-overlap both`` first runs the same rounds on a server with the overlap off (keys
+``overlap_off_…``); then an eager, synchronised profile of one frame (backbone / local transformer /
 sampling) and of the codec.
 ``--tiny`` runs everything on the tiny model (CPU smoke test of this script).
 
@@ -124,6 +127,7 @@ def start_server(
     *,
     concurrency: list[int],
     replicas: int = 0,
+    codec_overlap: bool = True,
 ) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(
@@ -139,7 +143,7 @@ def start_server(
         sys.executable, "-m", "moss_rt", "serve", "--port", str(port), "--model", str(model), "--codec", str(codec),
         "--device", "cpu" if args.tiny else "cuda", "--max-slots", str(slots),
         "--max-queue", str(max(concurrency)), "--max-lead-sec", "0", "--data-dir", str(args.work / "data"),
-        "--log-level", "INFO",
+        "--log-level", "INFO", "--codec-overlap" if codec_overlap else "--no-codec-overlap",
     ]
     if replicas > 0:
         # Ray on loopback, no usage report; the replicas are CPU ones with --tiny.
@@ -251,7 +255,7 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
         before = await scrape(http, url)
         takes: list[dict] = []
         t0 = time.perf_counter()
-        aggregate = []
+        aggregate, walls = [], []
         for r in range(repeats):
             go = asyncio.Event()
             tasks = [
@@ -264,6 +268,7 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
             done = await asyncio.gather(*tasks)
             wall = time.perf_counter() - t_round
             aggregate.append(sum(d["audio_sec"] for d in done) / wall)
+            walls.append(wall)
             takes.extend(done)
         total = time.perf_counter() - t0
         await asyncio.sleep(settle_sec)  # a cluster front end shows replica metrics one poll late
@@ -296,6 +301,14 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
             "codec_calls": codec_calls,
             "codec_ms_mean_per_call": 1000.0 * delta("moss_rt_codec_seconds_sum") / max(1.0, codec_calls),
             "codec_ms_per_step": 1000.0 * delta("moss_rt_codec_seconds_sum") / max(1.0, steps),
+            # Overlap: 1 when the codec ran on its own thread/stream; the scheduler's waits for it (queue full,
+            # a take's last chunk, captures/rebuilds behind queued decodes), per step and per wait.
+            "codec_overlap": after.get("moss_rt_codec_overlap", float("nan")),
+            "codec_wait_ms_per_step": 1000.0 * delta("moss_rt_codec_wait_seconds_sum") / max(1.0, steps),
+            "codec_waits": delta("moss_rt_codec_wait_seconds_count"),
+            # Wall time per step as the streams saw it (prefill and waits included): with the codec overlapped
+            # it nears the model step; inline it is about model step + codec per step.
+            "wall_ms_per_step": 1000.0 * sum(walls) / max(1.0, steps),
             "prefill_ms_mean": 1000.0 * delta("moss_rt_prefill_seconds_sum")
             / max(1.0, delta("moss_rt_prefill_seconds_count")),
             # batched prefill: passes through the backbone, takes per pass, wall time of one pass
@@ -419,6 +432,8 @@ def main() -> None:
     p.add_argument("--deadline-sec", type=float, default=480.0, help="skip the optional sections past this")
     p.add_argument("--replicas", type=int, default=0, help="cluster mode: N engine replicas on a local Ray")
     p.add_argument("--baseline", type=int, default=0, help="with --replicas: one GPU, one process, at this concurrency")
+    p.add_argument("--codec-overlap", choices=("on", "off", "both"), default="on",
+                   help="the server's codec_overlap; both: the rounds with it off first (keys overlap_off_...)")
     args = p.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -434,7 +449,11 @@ def main() -> None:
     }
     if args.replicas > 0 and args.baseline > 0:
         serve_and_drive(args, model, codec, start, result, [args.baseline], replicas=0, prefix="baseline_")
-    serve_and_drive(args, model, codec, start, result, args.concurrency, replicas=args.replicas)
+    if args.codec_overlap == "both":
+        serve_and_drive(args, model, codec, start, result, args.concurrency, replicas=args.replicas,
+                        prefix="overlap_off_", codec_overlap=False)
+    serve_and_drive(args, model, codec, start, result, args.concurrency, replicas=args.replicas,
+                    codec_overlap=args.codec_overlap != "off")
     if args.replicas > 0 and args.baseline > 0:
         base = result.get(f"baseline_c{args.baseline}", {}).get("aggregate_rtf")
         top = result.get(f"c{max(args.concurrency)}", {}).get("aggregate_rtf")
@@ -464,12 +483,14 @@ def serve_and_drive(
     *,
     replicas: int,
     prefix: str = "",
+    codec_overlap: bool = True,
 ) -> None:
     """Start a server (single process, or the front end of ``replicas`` replicas) and run the rounds."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = args.server_log or (args.work / f"{prefix}server.log")
-    proc = start_server(args, model, codec, port, log_path, concurrency=concurrency, replicas=replicas)
+    proc = start_server(args, model, codec, port, log_path, concurrency=concurrency, replicas=replicas,
+                        codec_overlap=codec_overlap)
     try:
         result[f"{prefix}server_ready_sec"] = asyncio.run(wait_ready(url, proc, 900, replicas))
         if not args.cold:

@@ -68,6 +68,9 @@ class Settings:
     # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest); with the
     # scheduler's keys-per-row bound on rows x longest key window, it bounds the pass's memory and stall.
     prefill_max_rows: int = setting(8192, "padded prompt rows per batched prefill pass")
+    # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
+    # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
+    codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
     heard_audio_mb: int = setting(256, "streamed PCM kept for replays")
     # Takes' codes rendered again for downloads (their streamed PCM gone), held while read: one

@@ -10,6 +10,13 @@ mean a capture per slot). The likeliest graphs are captured before ready and the
 is idle; until then a shape runs eagerly rather than stalling every stream for a capture, unless it keeps
 coming under steady load (EAGER_CALLS_BEFORE_CAPTURE). Shapes without a graph (an odd chunk length in a
 large batch, a long chunk) always run eagerly.
+
+With ``defer_captures`` (the engine, whose codec runs on a worker thread next to the model's), calls are
+counted when the scheduler hands them over (``note_call``, on its thread) and a shape that has come often
+enough is listed in ``wanted`` instead of being captured inside ``decode``: a capture must not run while
+another thread works on the device, so the scheduler has it captured between rounds (``capture_wanted``
+through the codec worker, while it waits). Counting at hand-over keeps the point where a shape turns from
+eager to graphed the same whether the codec runs overlapped or inline.
 """
 
 from __future__ import annotations
@@ -47,8 +54,10 @@ def graph_buckets(max_streams: int) -> tuple[int, ...]:
 
 
 class CodecBatcher:
-    def __init__(self, decoder: StreamingDecoder, max_streams: int) -> None:
+    def __init__(self, decoder: StreamingDecoder, max_streams: int, *, defer_captures: bool = False) -> None:
         self.decoder = decoder
+        self.defer_captures = defer_captures
+        self.wanted: list[tuple[int, int]] = []  # shapes due for capture (defer_captures)
         self.graphs = bool(getattr(decoder, "cuda_graphs", False))
         # One call decodes at most this many streams: its activations (and a graph's pool) stay bounded
         # whatever the slot count; more streams due together are decoded in several calls.
@@ -111,29 +120,59 @@ class CodecBatcher:
             if self.graphs:
                 self.decoder.cuda_graphs = saved
 
+    def _capture_under_load(self, bucket: int, t: int) -> None:
+        log.info("codec shape (batch %d, %d frames) keeps coming under load: capturing its graph", bucket, t)
+        self.decoder.warmup([bucket], [t], contiguous_from=None)  # writes only the scratch row
+        self._warm.add((bucket, t))
+
+    def capture_wanted(self) -> bool:
+        """Capture the shapes listed in ``wanted`` (defer_captures); False when there were none."""
+        wanted, self.wanted = self.wanted, []
+        for bucket, t in wanted:
+            if (bucket, t) not in self._warm:
+                self._capture_under_load(bucket, t)
+        return bool(wanted)
+
+    def _groups(self, chunks: Sequence[np.ndarray]) -> list[tuple[int, list[int]]]:
+        """(T, stream indices) of each decoder call a ``decode`` makes: equal T together, max_batch at most."""
+        by_t: dict[int, list[int]] = defaultdict(list)
+        for i, chunk in enumerate(chunks):
+            by_t[int(chunk.shape[0])].append(i)
+        size = self.max_batch
+        return [(t, every[at : at + size]) for t, every in by_t.items() for at in range(0, len(every), size)]
+
+    def _bucket(self, n: int) -> int | None:
+        return next((b for b in self.buckets if b >= n + 1), None)
+
+    def note_call(self, chunks: Sequence[np.ndarray]) -> None:
+        """``defer_captures``: count the shapes of a ``decode`` of these chunks that is about to be handed over."""
+        for t, idxs in self._groups(chunks):
+            self._count_eager(self._bucket(len(idxs)), t)
+
+    def _count_eager(self, bucket: int | None, t: int) -> None:
+        if not self.graphs or bucket is None or (bucket, t) in self._warm:
+            return
+        self._eager_calls[(bucket, t)] += 1
+        if self._eager_calls[(bucket, t)] >= EAGER_CALLS_BEFORE_CAPTURE and (bucket, t) in self.shapes():
+            if not self.defer_captures:
+                self._capture_under_load(bucket, t)
+            elif (bucket, t) not in self.wanted:
+                self.wanted.append((bucket, t))
+
     def decode(self, states: Sequence[DecoderState], chunks: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Audio [2, 3840*T_i] float32 for each stream; streams with equal T share one call."""
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, chunk in enumerate(chunks):
-            groups[int(chunk.shape[0])].append(i)
         out: list[np.ndarray | None] = [None] * len(states)
-        for t, every in groups.items():
-            for at in range(0, len(every), self.max_batch):
-                idxs = every[at : at + self.max_batch]
-                audio = self._decode_group([states[i] for i in idxs], [chunks[i] for i in idxs], t)
-                for i, a in zip(idxs, audio, strict=True):
-                    out[i] = a
+        for t, idxs in self._groups(chunks):
+            audio = self._decode_group([states[i] for i in idxs], [chunks[i] for i in idxs], t)
+            for i, a in zip(idxs, audio, strict=True):
+                out[i] = a
         return [a for a in out if a is not None]
 
     def _decode_group(self, states: list[DecoderState], chunks: list[np.ndarray], t: int) -> list[np.ndarray]:
         n = len(states)
-        bucket = next((b for b in self.buckets if b >= n + 1), None)
-        if self.graphs and bucket is not None and (bucket, t) not in self._warm:
-            self._eager_calls[(bucket, t)] += 1
-            if self._eager_calls[(bucket, t)] >= EAGER_CALLS_BEFORE_CAPTURE and (bucket, t) in self.shapes():
-                log.info("codec shape (batch %d, %d frames) keeps coming under load: capturing its graph", bucket, t)
-                self.decoder.warmup([bucket], [t], contiguous_from=None)  # writes only the scratch row
-                self._warm.add((bucket, t))
+        bucket = self._bucket(n)
+        if not self.defer_captures:
+            self._count_eager(bucket, t)
         if not self.graphs or bucket is None or (bucket, t) not in self._warm:
             with self.eager():
                 return self.decoder.decode(states, chunks)

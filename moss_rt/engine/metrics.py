@@ -33,8 +33,22 @@ class EngineMetrics:
             buckets=STEP_BUCKETS, registry=r,
         )
         self.codec_time = Histogram(
-            "moss_rt_codec_seconds", "One batched streaming codec decode (slots whose chunk is due)",
+            "moss_rt_codec_seconds",
+            "One batched streaming codec decode (slots whose chunk is due), timed on the thread that runs it",
             buckets=STEP_BUCKETS, registry=r,
+        )
+        self.codec_wait = Histogram(
+            "moss_rt_codec_wait_seconds",
+            "Times the scheduler waited for the codec worker (its queue full, a take's last chunk, a graph capture "
+            "or a rebuild behind queued decodes); with the codec overlapped, the rest of codec time ran "
+            "alongside model steps",
+            buckets=STEP_BUCKETS, registry=r,
+        )
+        self.codec_pending = Gauge("moss_rt_codec_pending_calls", "Codec calls queued or running on the codec worker",
+                                   registry=r)
+        self.codec_overlap = Gauge(
+            "moss_rt_codec_overlap", "1 when codec calls run on their own thread (and CUDA stream) next to model steps",
+            registry=r,
         )
         self.prefill_time = Histogram(
             "moss_rt_prefill_seconds", "Prompt prefill of one take (all chunks)", buckets=TTFA_BUCKETS, registry=r

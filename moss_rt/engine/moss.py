@@ -1,9 +1,12 @@
 """The real engine: MOSS-TTS-Local v1.5 + MOSS-Audio-Tokenizer-v2 behind the engine seam.
 
 One worker thread owns the device: it loads the model and codec, warms them up, and then runs the
-:class:`~moss_rt.engine.scheduler.Scheduler` round after round. The event loop only enqueues (takes
-into a bounded inbox, renders and reference encodes into a bounded job queue) and awaits events
-through each take's :class:`~moss_rt.engine.channel.TakeChannel`; it never touches a tensor.
+:class:`~moss_rt.engine.scheduler.Scheduler` round after round. Its codec worker
+(:mod:`~moss_rt.engine.codec_worker`, started and stopped by it) runs every codec call on a thread and CUDA
+stream of its own, overlapped with the next model steps (``codec_overlap``; off: the same calls inline).
+The event loop only enqueues (takes into a bounded inbox, renders and reference encodes into a bounded job
+queue) and awaits events through each take's :class:`~moss_rt.engine.channel.TakeChannel`; it never touches
+a tensor.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 from moss_rt.config import Settings
 from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, EngineLoading, TakeSpec
 from moss_rt.engine.codec_batch import CodecBatcher
+from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
 from moss_rt.engine.metrics import EngineMetrics
@@ -61,6 +65,9 @@ SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU inference runs single-threade
 CODEC_CHUNK_FRAMES = 8
 WARM_CODEC_GRAPHS = 2  # codec graphs captured before ready (the first chunk and a full chunk of one stream)
 CODEC_EXTRA_STREAMS = 2  # codec decoder slots beyond one per take: a render and the warm-up stream
+# Codec calls queued or running before the scheduler waits for the codec: the codec's lead over the model
+# (and the audio it holds back) stays within this many calls.
+CODEC_MAX_PENDING = DEFAULT_MAX_PENDING
 
 
 class MossEngine(EngineLifecycle):
@@ -102,6 +109,7 @@ class MossEngine(EngineLifecycle):
         self._codec: object | None = None
         self._decoder: object | None = None
         self._batcher: CodecBatcher | None = None
+        self._codec_worker: CodecWorker | None = None
         self._runner: ModelRunner | None = None
         self._device = torch.device("cpu")
         self._graphs_done = False  # every CUDA graph captured (or nothing left to try)
@@ -221,6 +229,7 @@ class MossEngine(EngineLifecycle):
             self._warm_up()
         except BaseException as exc:
             log.exception("engine failed to load")
+            self._stop_codec_worker()
             self._set_status("failed")
             if not self._loaded.done():
                 self._loaded.set_exception(exc)
@@ -262,12 +271,13 @@ class MossEngine(EngineLifecycle):
 
     def _capture_idle(self) -> bool:
         """Capture one missing CUDA graph while nothing runs (a take arriving now waits for it, ~1 s)."""
-        runner, batcher = self._runner, self._batcher
-        if self._graphs_done:
+        runner, batcher, worker = self._runner, self._batcher, self._codec_worker
+        if self._graphs_done or worker is None:
             return False
         try:
+            worker.drain()  # nothing runs on the codec's side while the model captures (idle: nothing to wait for)
             captured = (runner is not None and runner.capture_next()) or (
-                batcher is not None and batcher.capture_next()
+                batcher is not None and bool(worker.call(batcher.capture_next))
             )
         except Exception:  # a failed capture must not stop serving: the eager path remains
             log.exception("graph capture while idle failed; leaving the remaining shapes eager/lazy")
@@ -328,13 +338,15 @@ class MossEngine(EngineLifecycle):
             except queue.Empty:
                 break
         worked = False
+        worker = self._codec_worker
+        assert worker is not None, "serving implies loaded"
         while self._jobs:
             job = self._jobs[0]
             if not job.begin():
                 self._jobs.popleft()
                 continue
             try:
-                done = job.advance()
+                done = worker.call(job.advance)  # renders and encodes use the codec: on its worker
             except Exception as exc:
                 done = True
                 job.fail(exc)
@@ -351,7 +363,13 @@ class MossEngine(EngineLifecycle):
         with self._admit_lock:
             self._in_system -= 1
 
+    def _stop_codec_worker(self) -> None:
+        """Codec calls not started are dropped, the running one finishes, its thread ends."""
+        if self._codec_worker is not None:
+            self._codec_worker.close(discard=True)
+
     def _shutdown(self) -> None:
+        self._stop_codec_worker()  # first: the takes' codec states are closed below
         if self._scheduler is not None:
             self._drain_inbox(self._scheduler)  # takes admitted at the last moment end too
             self._scheduler.shutdown()
@@ -422,7 +440,19 @@ class MossEngine(EngineLifecycle):
             max_chunk_frames=CODEC_CHUNK_FRAMES,
             **({"cuda_graphs": True} if graphs else {}),
         )
-        batcher = CodecBatcher(decoder, slots)
+        # Captures under load are deferred to the scheduler's rounds (see codec_batch), whether or not the
+        # codec overlaps: the same calls then get graphs at the same points either way.
+        batcher = CodecBatcher(decoder, slots, defer_captures=True)
+        worker = CodecWorker(
+            threaded=s.codec_overlap,
+            device=where.device,
+            max_pending=CODEC_MAX_PENDING,
+            on_done=self._wake.set,  # a take waiting for its last chunk ends on the next round
+            on_wait=self.metrics.codec_wait.observe,
+        )
+        worker.start()
+        self._codec_worker = worker
+        self.metrics.codec_overlap.set(1 if worker.threaded else 0)
         runner = ModelRunner(
             loaded.model,
             loaded.tokenizer,
@@ -451,6 +481,7 @@ class MossEngine(EngineLifecycle):
             ),
             on_take_done=self._take_done,
             sync=self._sync,
+            worker=worker,
         )
         demo = model_choice.demo or codec_choice.demo
         details = {
@@ -464,6 +495,7 @@ class MossEngine(EngineLifecycle):
             "max_seq_len": str(seq_len),
             "cuda_graphs": str(bool(runner.use_cuda_graphs)).lower(),
             "codec_cuda_graphs": str(batcher.graphs).lower(),
+            "codec_overlap": "on" if worker.threaded else "off",
             "voice_cloning": "on" if voice_cloning else "off (codec loaded without its encoder)",
             "load_sec": f"{time.perf_counter() - t0:.1f}",
         }
@@ -535,8 +567,10 @@ class MossEngine(EngineLifecycle):
         return plan
 
     def _sync(self) -> None:
+        """Wait for this thread's queued device work (host timings mean something); the codec's stream is not
+        waited for, so a prefill never stalls on a decode running next to it."""
         if self._device.type == "cuda":
-            torch.cuda.synchronize(self._device)
+            torch.cuda.current_stream(self._device).synchronize()
 
     def _warm_up(self) -> None:
         """Capture step graphs and run one short take through model and codec before ``ready``."""
@@ -555,21 +589,25 @@ class MossEngine(EngineLifecycle):
                 runner.step([slot])
         finally:
             runner.free_slot(slot)
-        batcher = self._batcher
-        assert batcher is not None
+        batcher, worker = self._batcher, self._codec_worker
+        assert batcher is not None and worker is not None
+        self._sync()
         t1 = time.perf_counter()
-        batcher.warm_up(limit=WARM_CODEC_GRAPHS)
+        worker.call(lambda: batcher.warm_up(limit=WARM_CODEC_GRAPHS))  # the codec only ever runs on its worker
         if batcher.graphs:
             log.info("codec graphs captured in %.1f s", time.perf_counter() - t1)
-        state = batcher.decoder.new_state()
-        try:
-            codes = np.zeros((1 + 8, N_CODEBOOKS), dtype=np.int64)
-            batcher.decode([state], [codes[:1]])
-            batcher.decode([state], [codes[1:]])
-            with batcher.eager():
-                batcher.decoder.decode([state], [codes[1:]])
-        finally:
-            state.close()
-        self._sync()
+
+        def first_chunks() -> None:
+            state = batcher.decoder.new_state()
+            try:
+                codes = np.zeros((1 + 8, N_CODEBOOKS), dtype=np.int64)
+                batcher.decode([state], [codes[:1]])
+                batcher.decode([state], [codes[1:]])
+                with batcher.eager():
+                    batcher.decoder.decode([state], [codes[1:]])
+            finally:
+                state.close()
+
+        worker.call(first_chunks)
         log.info("engine warm-up done in %.1f s", time.perf_counter() - t0)
         self._report_memory("after warm-up")

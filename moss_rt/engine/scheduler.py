@@ -10,9 +10,15 @@ One :meth:`Scheduler.iterate` is one scheduling round:
    prefill pass (at most ``prefill_max_rows`` padded rows, so a burst of arrivals stalls running
    streams by about a pass, a frame or two, instead of a prefill per take);
 4. every runnable slot (running, not paused) advances by one frame in ONE batched model step;
-5. slots whose chunk is due (first audio after one frame, then every ``chunk_frames``) are decoded
-   in one batched streaming codec call, converted to int16 and pushed to their channels;
-6. takes that drew the stop head or reached their frame budget end.
+5. slots whose chunk is due (first audio after one frame, then every ``chunk_frames``) are handed to the
+   codec worker as one batched streaming codec call (decoded, converted to int16 and pushed to their
+   channels on the worker's thread, overlapped with the next model steps; see codec_worker);
+6. takes that drew the stop head, reached their frame budget, were cancelled or failed end once the codec
+   call holding their last frames is done (their end always follows their audio, and their codec state is
+   never closed under a running decode).
+
+The scheduler's decisions (which takes step, which chunks are due, which takes share a codec call) never
+depend on when the codec finishes, so a take's codes and PCM are the same with the codec overlapped or inline.
 """
 
 from __future__ import annotations
@@ -29,13 +35,14 @@ import numpy as np
 from moss_rt.audio import to_int16_pcm
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
 from moss_rt.engine.codec_batch import CodecBatcher
+from moss_rt.engine.codec_worker import CodecWorker
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prompts import frames_room
 from moss_rt.engine.slots import Phase, Retained, RetainedCaches, Take
 from moss_rt.generation import N_CODEBOOKS
 
 if TYPE_CHECKING:
-    from moss_rt.codec.streaming import StreamingDecoder
+    from moss_rt.codec.streaming import DecoderState, StreamingDecoder
     from moss_rt.model.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -68,10 +75,14 @@ class Scheduler:
         *,
         on_take_done: Callable[[Take], None] = lambda take: None,
         sync: Callable[[], None] = lambda: None,
+        worker: CodecWorker | None = None,
     ) -> None:
         self.runner = runner
         self.codec = codec
         self.decoder: StreamingDecoder = codec.decoder
+        # Every use of the decoder goes through the worker (the decoder is not thread-safe); its owner (the
+        # engine) starts and stops it. Without one, codec calls run inline.
+        self.worker = worker or CodecWorker(threaded=False)
         self.metrics = metrics
         self.config = config
         self._on_done = on_take_done
@@ -110,6 +121,7 @@ class Scheduler:
             m.kv_blocks_total.set(blocks.num_blocks - 1)
             m.kv_blocks_promised.set(blocks.promised)
         m.retained_caches.set(len(self.retained))
+        m.codec_pending.set(self.worker.pending)
 
     # ------------------------------------------------------------------ one round
     def iterate(self) -> bool:
@@ -119,6 +131,7 @@ class Scheduler:
         worked |= self._prepare()
         worked |= self._step()
         worked |= self._flush_and_finish()
+        worked |= self._capture_wanted()
         self._update_gauges()
         return worked
 
@@ -128,12 +141,16 @@ class Scheduler:
             self.waiting.remove(take)
             self._finish(take, take.channel.cancel_reason or EndReason.CANCELLED)
             found = True
-        for group in (self.preparing, self.running):
-            for take in [t for t in group if t.channel.cancel_reason is not None]:
-                group.remove(take)
-                if take.phase is Phase.RUNNING:
-                    self._safe_flush([take])  # frames already generated still reach the client
-                self._finish(take, take.channel.cancel_reason or EndReason.CANCELLED)
+        for take in [t for t in self.preparing if t.channel.cancel_reason is not None]:
+            self.preparing.remove(take)
+            self._finish(take, take.channel.cancel_reason or EndReason.CANCELLED)
+            found = True
+        for take in self.running:
+            reason = take.channel.cancel_reason
+            if reason is not None and take.ending is None:
+                # It stops stepping now; the frames it already made still reach the client, and it ends
+                # (this round, or once the codec is done with its frames) in _flush_and_finish.
+                take.ending = reason
                 found = True
         return found
 
@@ -344,10 +361,14 @@ class Scheduler:
     def _rebuild_unit(self, take: Take) -> None:
         """The codec state at frame n is rebuilt exactly by decoding the kept frames (audio discarded)."""
         end = min(take.spec.start_frame, take.rebuilt + REBUILD_CHUNK_FRAMES)
-        try:
+        state, codes = take.decoder, take.codes_array(take.rebuilt, end)
+
+        def rebuild() -> None:
             with self.codec.eager():
-                self.decoder.decode_tensors([take.decoder], [take.codes_array(take.rebuilt, end)])
-            self._sync()
+                self.decoder.decode([state], [codes])  # to the host: the call ends when the device is done
+
+        try:
+            self.worker.call(rebuild)  # the take's own fresh state: no chunk of it is in flight
         except Exception as exc:
             log.exception("take %s failed while preparing", take.take_id)
             self._fail_preparing(take, f"codec rebuild failed: {exc}")
@@ -374,6 +395,7 @@ class Scheduler:
     def _step(self) -> bool:
         runnable = []
         for take in self.running:
+            self._absorb_codec_error(take)
             paused = take.channel.paused
             if paused and not take.paused:
                 self.metrics.pauses.inc()
@@ -382,14 +404,17 @@ class Scheduler:
                 runnable.append(take)
         if not runnable:
             return False
+        slots = [t.model_slot for t in runnable if t.model_slot is not None]
+        if step_may_capture(self.runner, slots):
+            # A CUDA graph capture forbids unsafe CUDA calls on other threads: let the codec finish first.
+            self.worker.drain()
         try:
-            result = self.runner.step([t.model_slot for t in runnable])
+            result = self.runner.step(slots)
         except Exception as exc:
             log.exception("model step failed for %d slots", len(runnable))
             for take in runnable:
-                self.running.remove(take)
-                self._release(take, keep=False)
-                self._finish(take, EndReason.ERROR, error=f"generation failed: {exc}")
+                take.ending, take.error = EndReason.ERROR, f"generation failed: {exc}"
+                take.flushed = take.frames  # frames not sent yet are dropped, as a failed step leaves them
             return True
         self.steps += 1
         self.metrics.step_time.observe(result.total_ms / 1000.0)
@@ -409,43 +434,88 @@ class Scheduler:
 
     # ------------------------------------------------------------------ audio out
     def _flush_and_finish(self) -> bool:
-        due = [t for t in self.running if t.chunk_due(self.steps) or (t.ending and t.pending > 0)]
+        due = [t for t in self.running if t.pending > 0 and (t.ending or t.chunk_due(self.steps))]
         worked = False
         if due:
-            self._safe_flush(due)
+            self._submit_chunks(due)
             worked = True
         for take in [t for t in self.running if t.ending]:
+            if not self.worker.done(take.codec_seq):
+                continue  # its last frames are still being decoded: it ends in a later round
+            self._absorb_codec_error(take)  # that decode may have failed
             self.running.remove(take)
             self._finish(take, take.ending or EndReason.DONE)
             worked = True
         return worked
 
-    def _safe_flush(self, takes: list[Take]) -> None:
-        takes = [t for t in takes if t.pending > 0 and t.decoder is not None]
-        if not takes:
+    def _absorb_codec_error(self, take: Take) -> None:
+        """A decode of the take failed on the codec worker: it ends with that error (unless it was cancelled,
+        then with the cancel's reason) and sends nothing more."""
+        if take.codec_error is None or take.error is not None:
+            return
+        take.error = take.codec_error
+        cancelled = take.channel.cancel_reason
+        take.ending = (take.ending or cancelled) if cancelled is not None else EndReason.ERROR
+        take.flushed = take.frames
+
+    def _submit_chunks(self, takes: list[Take]) -> None:
+        """Hand the due chunks to the codec worker as one batched call; returns without waiting for it
+        (unless the worker is max_pending calls behind)."""
+        chunks = [
+            _Chunk(t, t.decoder, t.flushed, t.codes_array(t.flushed, t.frames))
+            for t in takes
+            if t.pending > 0 and t.decoder is not None and t.codec_error is None
+        ]
+        if not chunks:
+            return
+        for chunk in chunks:
+            chunk.take.flushed = chunk.take.frames
+        note_call = getattr(self.codec, "note_call", None)
+        if note_call is not None:
+            note_call([c.codes for c in chunks])  # counted here, on this thread: see codec_batch
+        seq = self.worker.submit(lambda: self._decode_and_push(chunks))
+        for chunk in chunks:
+            chunk.take.codec_seq = seq
+
+    def _decode_and_push(self, chunks: list[_Chunk]) -> None:
+        """On the codec worker: one batched decode, then each take's PCM to its channel (first audio first).
+
+        A take whose earlier decode failed is left out (its state may be half advanced); a failing decode
+        fails every take of the call through ``codec_error``, which the scheduler turns into its end.
+        """
+        chunks = [c for c in chunks if c.take.codec_error is None]
+        if not chunks:
             return
         t0 = time.perf_counter()
         try:
-            chunks = [t.codes_array(t.flushed, t.frames) for t in takes]
-            audio = self.codec.decode([t.decoder for t in takes if t.decoder is not None], chunks)
+            audio = self.codec.decode([c.state for c in chunks], [c.codes for c in chunks])
         except Exception as exc:
-            log.exception("codec decode failed for %d takes", len(takes))
-            for take in takes:
-                take.ending = EndReason.ERROR
-                take.error = f"codec decode failed: {exc}"
-                take.flushed = take.frames  # nothing more to send
+            log.exception("codec decode failed for %d takes", len(chunks))
+            for c in chunks:
+                c.take.codec_error = f"codec decode failed: {exc}"
             return
         self.metrics.codec_time.observe(time.perf_counter() - t0)
         now = time.monotonic()
-        for take, codes, wave in zip(takes, chunks, audio, strict=True):
+        for c, wave in zip(chunks, audio, strict=True):
+            take = c.take
             if take.first_audio is None:
                 take.first_audio = now
                 first_ms = (now - take.admitted) * 1000.0
                 self.metrics.ttfa.observe(first_ms / 1000.0)
                 take.channel.push(TakeFirstAudio(first_ms))
             pcm = to_int16_pcm(wave, take.spec.channels)
-            take.channel.push(AudioChunk(take.flushed, codes, pcm))
-            take.flushed = take.frames
+            take.channel.push(AudioChunk(c.first_frame, c.codes, pcm))
+
+    def _capture_wanted(self) -> bool:
+        """Codec graphs for shapes that keep coming under load, captured on the worker while this thread
+        waits (a capture must not run next to a model step)."""
+        if not getattr(self.codec, "wanted", None):
+            return False
+        try:
+            self.worker.call(self.codec.capture_wanted)
+        except Exception:  # the eager path remains
+            log.exception("codec graph capture under load failed")
+        return True
 
     # ------------------------------------------------------------------ ending
     def _finish(self, take: Take, reason: EndReason, error: str | None = None) -> None:
@@ -485,6 +555,7 @@ class Scheduler:
 
     def fail_all(self, error: str) -> None:
         """End every take with an error and give back whatever it held (after an unexpected failure)."""
+        self.worker.drain()  # no codec state is closed under a running decode
         for take in [*self.waiting, *self.preparing, *self.running]:
             try:
                 self._finish(take, EndReason.ERROR, error=error)
@@ -496,7 +567,9 @@ class Scheduler:
         self._update_gauges()
 
     def shutdown(self) -> None:
-        """End every take (reason shutdown) and free all slots."""
+        """End every take (reason shutdown) and free all slots (the engine has stopped the codec worker, or
+        it runs inline: no decode is in flight)."""
+        self.worker.drain()
         for take in list(self.waiting):
             self._finish(take, EndReason.SHUTDOWN)
         self.waiting.clear()
@@ -507,3 +580,33 @@ class Scheduler:
         for ref in self.retained.clear():
             self.runner.drop(ref)
         self._update_gauges()
+
+
+@dataclass(eq=False)
+class _Chunk:
+    """Frames of one take handed to the codec: its state, where they start, the codes."""
+
+    take: Take
+    state: DecoderState | None
+    first_frame: int
+    codes: np.ndarray
+
+
+def step_may_capture(runner: object, slots: list[int]) -> bool:
+    """Whether ``runner.step(slots)`` may capture a CUDA graph first (its (batch, keys) graph is missing).
+
+    Reads the runner's bucket rules; if they are not there (another runner, or they changed), it answers
+    True whenever any graph is missing: the worker is then drained before such steps, which is slower but safe.
+    """
+    pending_graphs = getattr(runner, "pending_graphs", None)
+    pending = pending_graphs() if pending_graphs is not None else []
+    if not pending or not slots:
+        return False
+    try:
+        need = max(slots) + 1
+        batch = min(b for b in runner._batch_buckets() if b >= need)  # type: ignore[attr-defined]
+        lengths = runner._lengths  # type: ignore[attr-defined]
+        keys = runner._key_bucket(max(int(lengths[s]) for s in slots) + 1)  # type: ignore[attr-defined]
+    except Exception:
+        return True
+    return (batch, keys) in pending

@@ -57,8 +57,13 @@ class Take:
     frame_cap: int = 0  # total frames allowed (prefix + max_new_tokens, bounded by the cache)
     capped_by_cache: bool = False
     codes: list[np.ndarray] = field(default_factory=list)  # every frame [12] of the take, prefix included
-    flushed: int = 0  # frames already sent (the prefix counts as sent)
+    flushed: int = 0  # frames handed to the codec (the prefix counts as sent)
+    # The codec worker's call holding the take's latest frames: the take ends (its codec state closed, its end
+    # pushed) only once that call is done. Written by the scheduler only.
+    codec_seq: int = 0
+    # Written by the codec worker only: when its first PCM was ready, and why a decode of it failed.
     first_audio: float | None = None
+    codec_error: str | None = None
     prep_started: float | None = None
     prep_ms: float = 0.0
     paused: bool = False
@@ -82,11 +87,12 @@ class Take:
         Aligning chunks to the global step count (not to each take's own start) makes every take
         with the same ``chunk_frames`` flush on the same step, so one codec call serves them all;
         a take that joined mid-cycle sends one shorter chunk to get in phase.
+
+        It depends only on frames made and handed to the codec, never on when the codec finished them, so
+        chunks (and the codec's batches) are the same whether the codec runs overlapped or inline.
         """
         if self.pending <= 0:
             return False
-        if self.first_audio is None:
-            return True
         every = self.spec.chunk_frames
         return step % every == 0 or self.pending >= chunk_target(self.flushed - self.spec.start_frame, every)
 

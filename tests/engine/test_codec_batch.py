@@ -112,3 +112,28 @@ def test_a_shape_that_keeps_coming_under_load_is_captured_after_a_few_eager_call
     assert full == [False] * (EAGER_CALLS_BEFORE_CAPTURE - 1) + [True] * 3 and (48, 8) in dec.captured
     assert not any(odd) and (48, 5) not in dec.captured
     assert all(s.frames == (8 + 5) * (EAGER_CALLS_BEFORE_CAPTURE + 2) for s in streams)
+
+
+def test_deferred_captures_are_counted_at_hand_over_and_captured_between_calls() -> None:
+    """With the codec on a worker thread, the scheduler counts a call when it hands it over (note_call) and
+    has the wanted graphs captured between rounds: decode itself never captures (nor counts)."""
+    from moss_rt.engine.codec_batch import EAGER_CALLS_BEFORE_CAPTURE
+
+    dec = FakeDecoder()
+    batcher = CodecBatcher(dec, 64, defer_captures=True)  # type: ignore[arg-type]
+    batcher.warm_up(limit=1)
+    streams = [dec.new_state() for _ in range(40)]
+    full = [np.zeros((8, 12), np.int64)] * 40
+    for _ in range(3 * EAGER_CALLS_BEFORE_CAPTURE):
+        batcher.decode(streams, full)  # not handed over through note_call: never counted
+    assert batcher.wanted == [] and (48, 8) not in dec.captured
+    for i in range(EAGER_CALLS_BEFORE_CAPTURE):
+        batcher.note_call(full)
+        assert batcher.wanted == ([(48, 8)] if i == EAGER_CALLS_BEFORE_CAPTURE - 1 else [])
+        batcher.decode(streams, full)
+    assert (48, 8) not in dec.captured and not any(graphed for graphed, _, _ in dec.calls)
+    assert batcher.capture_wanted() and (48, 8) in dec.captured and batcher.wanted == []
+    assert not batcher.capture_wanted()
+    batcher.note_call(full)
+    batcher.decode(streams, full)
+    assert dec.calls[-1][0] and len(dec.calls[-1][1]) == 48 and batcher.wanted == []

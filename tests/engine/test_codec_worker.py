@@ -1,0 +1,135 @@
+"""CodecWorker on its own: order, the bounded queue, call results and errors, close with work in flight."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from moss_rt.engine.codec_worker import CodecWorker, CodecWorkerClosed
+
+
+def _threads(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == name]
+
+
+@pytest.fixture
+def worker() -> CodecWorker:
+    w = CodecWorker(threaded=True, max_pending=2, name="test-codec-worker")
+    w.start()
+    yield w
+    w.close()
+
+
+def test_work_runs_in_order_on_the_worker_thread(worker: CodecWorker) -> None:
+    ran: list[tuple[int, str]] = []
+    seqs = [worker.submit(lambda i=i: ran.append((i, threading.current_thread().name))) for i in range(20)]
+    worker.drain()
+    assert ran == [(i, "test-codec-worker") for i in range(20)]
+    assert seqs == sorted(seqs) and all(worker.done(s) for s in seqs)
+    assert worker.call(lambda: threading.current_thread().name) == "test-codec-worker"
+
+
+def test_the_bounded_queue_blocks_the_producer_instead_of_growing() -> None:
+    waits: list[float] = []
+    w = CodecWorker(threaded=True, max_pending=2, on_wait=waits.append, name="test-codec-worker")
+    w.start()
+    gate = threading.Event()
+    try:
+        first = w.submit(gate.wait)  # runs, blocked on the gate
+        second = w.submit(lambda: None)  # queued: two calls pending, the bound
+        assert w.pending == 2 and not w.done(first)
+        submitted = threading.Event()
+
+        def produce() -> None:
+            w.submit(lambda: None)
+            submitted.set()
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        assert not submitted.wait(0.3), "a third call must wait for room, not queue"
+        assert w.pending == 2
+        gate.set()
+        assert submitted.wait(5.0)
+        producer.join(5.0)
+        w.drain()
+        assert w.done(first) and w.done(second) and w.pending == 0
+        assert waits and max(waits) >= 0.25  # the producer's wait is reported
+    finally:
+        gate.set()
+        w.close()
+
+
+def test_call_returns_results_and_raises_errors_and_a_failing_submit_does_not_stop_it(worker: CodecWorker) -> None:
+    assert worker.call(lambda: 41 + 1) == 42
+    worker.submit(lambda: 1 / 0)  # logged; the worker keeps serving
+
+    def boom() -> None:
+        raise ValueError("bad codes")
+
+    with pytest.raises(ValueError, match="bad codes"):
+        worker.call(boom)
+    assert worker.call(lambda: "still here") == "still here"
+    assert worker.alive
+
+
+def test_wait_for_one_call_waits_for_every_earlier_one(worker: CodecWorker) -> None:
+    order: list[int] = []
+    gate = threading.Event()
+    a = worker.submit(lambda: (gate.wait(), order.append(1)))
+    b = worker.submit(lambda: order.append(2))
+    threading.Timer(0.1, gate.set).start()
+    worker.wait(b)
+    assert worker.done(a) and order == [1, 2]
+
+
+def test_close_finishes_the_running_call_drops_queued_ones_and_ends_the_thread() -> None:
+    before = len(_threads("test-codec-close"))
+    w = CodecWorker(threaded=True, max_pending=3, name="test-codec-close")
+    w.start()
+    assert len(_threads("test-codec-close")) == before + 1
+    started, ran = threading.Event(), []
+
+    def slow() -> None:
+        started.set()
+        time.sleep(0.2)
+        ran.append("slow")
+
+    seq = w.submit(slow)
+    queued = w.submit(lambda: ran.append("queued"))
+    assert started.wait(5.0)
+    result: list[BaseException] = []
+    caller = threading.Thread(target=lambda: _call_into(w, result))
+    caller.start()
+    time.sleep(0.05)
+    w.close()  # discards what has not started
+    caller.join(5.0)
+    assert ran == ["slow"]  # the running call finished, the queued one never ran
+    assert w.done(seq) and w.done(queued) and w.pending == 0
+    assert result and isinstance(result[0], CodecWorkerClosed)  # a dropped call tells its caller
+    assert len(_threads("test-codec-close")) == before and not w.alive
+    with pytest.raises(CodecWorkerClosed):
+        w.submit(lambda: None)
+    w.close()  # twice is fine
+
+
+def _call_into(w: CodecWorker, out: list[BaseException]) -> None:
+    try:
+        w.call(lambda: None)
+    except BaseException as exc:
+        out.append(exc)
+
+
+def test_inline_worker_runs_work_at_once_on_the_callers_thread() -> None:
+    w = CodecWorker(threaded=False)
+    w.start()
+    here = threading.current_thread().name
+    names: list[str] = []
+    seq = w.submit(lambda: names.append(threading.current_thread().name))
+    assert names == [here] and w.done(seq) and w.pending == 0
+    assert w.call(lambda: 7) == 7
+    w.drain()
+    w.close()
+    with pytest.raises(CodecWorkerClosed):
+        w.call(lambda: None)
