@@ -18,6 +18,8 @@ error and the rest still run):
 - ``phases``: per batch and sampler, device ms per phase (backbone, local transformer, sampling, bookkeeping)
   inside a graph of the step captured with timing events at the phase boundaries (external event-record nodes),
   and that graph's total (the events themselves add a little);
+- ``fused_backbone``: whether the backbone ran fused (fused_layers.py); ``MOSS_RT_FUSED_BACKBONE=0`` for the torch
+  one. Compare the two in two runs with ``--samplers fused`` (one sampler: no graph-table clearing);
 - ``draws``: one frame's 13 draws alone (stop head + 12 codebooks, penalty on), graphed, µs: the fused kernel
   (with 1/2/4/8 warps) vs the torch path.
 """
@@ -40,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moss_rt.generation import SamplingParams  # noqa: E402
-from moss_rt.model import ModelRunner, fused_sampling, load_model  # noqa: E402
+from moss_rt.model import ModelRunner, fused_layers, fused_sampling, load_model  # noqa: E402
 from moss_rt.model import step as step_mod  # noqa: E402
 from moss_rt.model.runner import PrefillRequest  # noqa: E402
 from moss_rt.model.sampling import apply_repetition_penalty, sample, token_keys, uniforms  # noqa: E402
@@ -323,13 +325,18 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warps", default="1,2,4,8", help="warps per row tried by the draws section")
     ap.add_argument("--sections", default="step,kernels,phases,draws")
+    ap.add_argument("--samplers", default="fused,torch",
+                    help="samplers to compare; one only avoids clearing the runner's graphs (PyTorch allocator assert)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA GPU is needed"
     batches = [int(b) for b in args.batches.split(",")]
     sections = set(args.sections.split(","))
+    samplers = args.samplers.split(",")
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "batches": batches, "context": args.context}
+                               "batches": batches, "context": args.context,
+                               # MOSS_RT_FUSED_BACKBONE (fused_layers.py): run once with it =0 to compare
+                               "fused_backbone": fused_layers.available(torch.zeros(1, device="cuda"))}
 
     def emit() -> None:
         text = json.dumps(results)
@@ -371,11 +378,13 @@ def main() -> int:
     def per_batch_and_sampler(fn: Callable[[int], Any]) -> Callable[[], dict[str, Any]]:
         def run() -> dict[str, Any]:
             out: dict[str, Any] = {}
-            for name in SAMPLERS:
-                use_sampler(runner, name)
+            for name in samplers:
+                if len(samplers) > 1:
+                    use_sampler(runner, name)
+                else:
+                    os.environ["MOSS_RT_FUSED_SAMPLER"] = SAMPLERS[name]
                 for b in batches:
                     out[f"{name}_b{b}"] = fn(b)
-            use_sampler(runner, "fused")
             return out
         return run
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from moss_rt.model.config import MossTTSConfig
+from moss_rt.model.fused_weights import fuse_projections
 from moss_rt.model.network import MossTTSLocalModel
 from moss_rt.model.prompt import load_tokenizer
 
@@ -211,6 +212,9 @@ def build_model(config: MossTTSConfig, device: torch.device, dtype: torch.dtype)
         model = MossTTSLocalModel(config).to(dtype)  # dtype change on meta costs nothing
     model = model.to_empty(device=device)
     model.tie_weights()
+    # q/k/v and gate/up weights as views into one tensor each (fused_weights.py): one GEMM each on the fused
+    # path, same memory and names. Before loading, so the loader writes straight through the views.
+    fuse_projections(model)
     return model.eval().requires_grad_(False)
 
 

@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moss_rt.model import paged_attention
+from moss_rt.model import fused_layers, paged_attention
 from moss_rt.model.config import BackboneConfig, LocalConfig, MossTTSConfig
+from moss_rt.model.fused_weights import fused_weight
 from moss_rt.model.layers import (
     RMSNorm,
     activation,
@@ -102,6 +103,40 @@ class Qwen3Attention(nn.Module):
         out = grouped_attention(q, keys, values, key_mask, self.scale)
         return self.o_proj(out)
 
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        index: PagedIndex,
+        key_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """``forward`` with one q/k/v GEMM and one kernel for q/k norms, RoPE and the cache writes (fused_layers)."""
+        batch, tq, hidden = x.shape
+        rows = batch * tq
+        projections = [self.q_proj, self.k_proj, self.v_proj]
+        fused = fused_weight(self, projections)
+        if fused is not None:
+            qkv = F.linear(x, fused[0], fused[1])
+        else:  # the views were replaced (module.to): the same values, three GEMMs
+            qkv = torch.cat([p(x) for p in projections], dim=-1)
+        q = fused_layers.qk_norm_rope_write(
+            qkv.view(rows, -1), cos.reshape(rows, -1), sin.reshape(rows, -1), self.q_norm.weight,
+            self.k_norm.weight, self.q_norm.eps, index.write.reshape(rows), k_cache, v_cache,
+            self.num_heads, self.num_kv_heads,
+        )
+        if tq == 1 and paged_attention.available(q):
+            out = paged_attention.paged_decode_attention(
+                q, k_cache, v_cache, index.positions, key_mask[:, 0], self.scale
+            )
+            return self.o_proj(out[:, None])
+        keys = k_cache.view(-1, self.head_dim)[index.read]
+        values = v_cache.view(-1, self.head_dim)[index.read]
+        out = grouped_attention(q.view(batch, tq, self.num_heads, self.head_dim), keys, values, key_mask, self.scale)
+        return self.o_proj(out)
+
 
 class Qwen3MLP(nn.Module):
     def __init__(self, cfg: BackboneConfig) -> None:
@@ -112,6 +147,15 @@ class Qwen3MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M,H]: one gate/up GEMM and one SiLU-mul kernel (fused_layers)."""
+        fused = fused_weight(self, [self.gate_proj, self.up_proj])
+        if fused is not None:
+            gate_up = F.linear(x, fused[0], fused[1])
+        else:
+            gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
+        return self.down_proj(fused_layers.silu_mul(gate_up))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -146,12 +190,41 @@ class Qwen3Backbone(nn.Module):
         """Run all layers on embedded rows x [B,T,H]; caches are the pool [L,positions,Hkv,D] (PagedIndex).
 
         Returns the hidden states after the final RMSNorm (what the local transformer reads).
+        On CUDA (unless MOSS_RT_FUSED_BACKBONE=0) the same maths runs through fused kernels (``_forward_fused``).
         """
+        if fused_layers.available(x):
+            return self._forward_fused(x, cos, sin, k_caches, v_caches, index, key_mask)
         for layer_index, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn(h, cos, sin, k_caches[layer_index], v_caches[layer_index], index, key_mask)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
+
+    def _forward_fused(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_caches: torch.Tensor,
+        v_caches: torch.Tensor,
+        index: PagedIndex,
+        key_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """``forward`` on fused kernels: each residual add is folded into the RMSNorm that follows it."""
+        batch, tq, hidden = x.shape
+        residual = x.reshape(batch * tq, hidden)
+        delta: torch.Tensor | None = None  # the block output still to be added (none before the first layer)
+        for layer_index, layer in enumerate(self.layers):
+            norm = layer.input_layernorm
+            residual, h = fused_layers.add_rmsnorm(residual, delta, norm.weight, norm.eps)
+            attn = layer.self_attn.forward_fused(
+                h.view(batch, tq, hidden), cos, sin, k_caches[layer_index], v_caches[layer_index], index, key_mask
+            )
+            norm = layer.post_attention_layernorm
+            residual, h = fused_layers.add_rmsnorm(residual, attn.view(batch * tq, hidden), norm.weight, norm.eps)
+            delta = layer.mlp.forward_fused(h)
+        _, out = fused_layers.add_rmsnorm(residual, delta, self.norm.weight, self.norm.eps)
+        return out.view(batch, tq, hidden)
 
 
 # --------------------------------------------------------------------------- local transformer
