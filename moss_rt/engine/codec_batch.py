@@ -2,11 +2,10 @@
 
 The full-size codec decoder is launch-bound when run eagerly (about 55 ms per call on an H200 whatever
 the batch), while a captured graph replays a small call in about 9 ms. Graphs are captured per exact
-(batch, T), so batches are padded up to a few bucket sizes with padding rows (states on the decoder's
-scratch pool row, whose output is thrown away and whose position is reset before every call), and the first entry of
-every graphed batch is a padding stream: the slot list is then never contiguous, so only the decoder's
-"gathered" graphs are ever used (its contiguous-range graphs are keyed by start slot too, which would
-mean a capture per slot). The likeliest graphs are captured before ready and the rest while the engine
+(batch, T) (the decoder reads every stream's state through its block table, so one graph serves any set
+of streams), so batches are padded up to a few bucket sizes with padding rows (states on the decoder's
+scratch blocks, whose output is thrown away and whose position is reset before every call; the first entry
+of every graphed batch is one). The likeliest graphs are captured before ready and the rest while the engine
 is idle; until then a shape runs eagerly rather than stalling every stream for a capture, unless it keeps
 coming under steady load (EAGER_CALLS_BEFORE_CAPTURE). Shapes without a graph (an odd chunk length in a
 large batch, a long chunk) always run eagerly.
@@ -122,7 +121,7 @@ class CodecBatcher:
 
     def _capture_under_load(self, bucket: int, t: int) -> None:
         log.info("codec shape (batch %d, %d frames) keeps coming under load: capturing its graph", bucket, t)
-        self.decoder.warmup([bucket], [t], contiguous_from=None)  # writes only the scratch row
+        self.decoder.warmup([bucket], [t], contiguous_from=None)  # writes only the scratch blocks
         self._warm.add((bucket, t))
 
     def capture_wanted(self) -> bool:
