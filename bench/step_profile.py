@@ -20,6 +20,8 @@ error and the rest still run):
   and that graph's total (the events themselves add a little);
 - ``fused_backbone``: whether the backbone ran fused (fused_layers.py); ``MOSS_RT_FUSED_BACKBONE=0`` for the torch
   one. Compare the two in two runs with ``--samplers fused`` (one sampler: no graph-table clearing);
+- ``fused_local``: whether the local transformer ran fused (fused_local.py); ``MOSS_RT_FUSED_LOCAL=0`` for the
+  torch one, compared the same way;
 - ``draws``: one frame's 13 draws alone (stop head + 12 codebooks, penalty on), graphed, µs: the fused kernel
   (with 1/2/4/8 warps) vs the torch path.
 """
@@ -42,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moss_rt.generation import SamplingParams  # noqa: E402
-from moss_rt.model import ModelRunner, fused_layers, fused_sampling, load_model  # noqa: E402
+from moss_rt.model import ModelRunner, fused_layers, fused_local, fused_sampling, load_model  # noqa: E402
 from moss_rt.model import step as step_mod  # noqa: E402
 from moss_rt.model.runner import PrefillRequest  # noqa: E402
 from moss_rt.model.sampling import apply_repetition_penalty, sample, token_keys, uniforms  # noqa: E402
@@ -336,7 +338,9 @@ def main() -> int:
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "batches": batches, "context": args.context,
                                # MOSS_RT_FUSED_BACKBONE (fused_layers.py): run once with it =0 to compare
-                               "fused_backbone": fused_layers.available(torch.zeros(1, device="cuda"))}
+                               "fused_backbone": fused_layers.available(torch.zeros(1, device="cuda")),
+                               # MOSS_RT_FUSED_LOCAL (fused_local.py), likewise
+                               "fused_local": fused_local.available(torch.zeros(1, device="cuda"))}
 
     def emit() -> None:
         text = json.dumps(results)

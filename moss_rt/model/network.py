@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moss_rt.model import fused_layers, paged_attention
+from moss_rt.model import fused_layers, fused_local, paged_attention
 from moss_rt.model.config import BackboneConfig, LocalConfig, MossTTSConfig
 from moss_rt.model.fused_weights import fused_weight
 from moss_rt.model.layers import (
@@ -297,12 +297,37 @@ class LocalTransformer(nn.Module):
     def step(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, buffers: list[torch.Tensor], pos: int
     ) -> torch.Tensor:
-        """Advance one local position: x [B,E] -> ln_f output [B,E]."""
+        """Advance one local position: x [B,E] -> ln_f output [B,E].
+
+        On CUDA (unless MOSS_RT_FUSED_LOCAL=0) the same maths runs through fused kernels (``_step_fused``).
+        """
+        if fused_local.available(x):
+            return self._step_fused(x, cos, sin, buffers, pos)
         h = x.unsqueeze(1)
         for index, block in enumerate(self.h):
             h = h + block.attn(block.ln_1(h), cos, sin, buffers[2 * index], buffers[2 * index + 1], pos)
             h = h + block.mlp(block.ln_2(h))
         return self.ln_f(h)[:, 0]
+
+    def _step_fused(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, buffers: list[torch.Tensor], pos: int
+    ) -> torch.Tensor:
+        """``step`` on fused kernels: each residual add is folded into the LayerNorm that follows it, RoPE, the
+        k/v writes and the attention are one kernel; the GEMMs and the activation are the torch path's."""
+        residual = x
+        delta: torch.Tensor | None = None  # the block output still to be added (none before the first block)
+        for index, block in enumerate(self.h):
+            attn = block.attn
+            residual, h = fused_local.add_layernorm(residual, delta, block.ln_1.weight, block.ln_1.bias, block.ln_1.eps)
+            heads = fused_local.rope_write_attention(
+                attn.c_attn(h), cos, sin, buffers[2 * index], buffers[2 * index + 1], pos, attn.num_heads, attn.scale
+            )
+            residual, h = fused_local.add_layernorm(
+                residual, attn.c_proj(heads), block.ln_2.weight, block.ln_2.bias, block.ln_2.eps
+            )
+            delta = block.mlp(h)
+        _, out = fused_local.add_layernorm(residual, delta, self.ln_f.weight, self.ln_f.bias, self.ln_f.eps)
+        return out
 
 
 # --------------------------------------------------------------------------- whole model
