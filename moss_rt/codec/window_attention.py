@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
+
+from moss_rt.kernel_switch import kernel_wanted
 
 __all__ = ["available", "window_attention"]
 
@@ -168,16 +169,10 @@ def _kernels():  # type: ignore[no-untyped-def]
     return _attend, _merge
 
 
-def _interpreting() -> bool:
-    return os.environ.get("MOSS_RT_CODEC_KERNEL") == "interpret" and os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether the kernel runs here: CUDA (or the interpreter in tests), Triton, a supported dtype and head size,
     and ``MOSS_RT_CODEC_KERNEL`` not ``0``."""
-    if os.environ.get("MOSS_RT_CODEC_KERNEL", "1") == "0":
-        return False
-    if not (device.type == "cuda" or _interpreting()):
+    if not kernel_wanted("MOSS_RT_CODEC_KERNEL", device.type == "cuda"):
         return False
     if dtype not in _DTYPES or head_dim < 16 or head_dim & (head_dim - 1):
         return False  # the head dimension is one tile: a power of two >= 16 (tl.arange, tl.dot)

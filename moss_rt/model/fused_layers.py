@@ -26,48 +26,37 @@ no value-dependent allocations: the same code runs eagerly and under CUDA-graph 
 
 from __future__ import annotations
 
-import functools
-import os
 from types import ModuleType
 
 import torch
+
+from moss_rt.kernel_switch import import_kernels, kernel_wanted
 
 __all__ = ["add_rmsnorm", "available", "qk_norm_rope_write", "silu_mul"]
 
 SILU_BLOCK = 1024
 
 
-@functools.cache
-def _kernels() -> ModuleType | None:
-    """The kernel module, imported on first use (so TRITON_INTERPRET is read then); None without Triton."""
-    try:
-        from moss_rt.model import fused_layers_kernels
-    except Exception:  # noqa: BLE001 - no Triton (CPU wheels): the torch path
-        return None
-    return fused_layers_kernels
+KERNELS = "moss_rt.model.fused_layers_kernels"
 
 
 def available(t: torch.Tensor) -> bool:
-    """Whether the fused layer runs for tensors like ``t``: CUDA (or the interpreter in tests), Triton, not off."""
-    mode = os.environ.get("MOSS_RT_FUSED_BACKBONE", "1")
-    if mode == "0":
-        return False
-    if not (t.is_cuda or (mode == "interpret" and os.environ.get("TRITON_INTERPRET") == "1")):
-        return False
-    return _kernels() is not None
+    """Whether the fused layer runs for tensors like ``t`` (``MOSS_RT_FUSED_BACKBONE``, see kernel_switch.py)."""
+    return kernel_wanted("MOSS_RT_FUSED_BACKBONE", t.is_cuda) and import_kernels(KERNELS) is not None
 
 
 def _k() -> ModuleType:
-    k = _kernels()
+    k = import_kernels(KERNELS)
     assert k is not None, "check available() first"
     return k
 
 
-def _block(n: int) -> int:
+def row_block(n: int) -> int:
+    """Tile of a kernel that holds one row of ``n`` values: the next power of two, at least 16."""
     return max(16, 1 << (n - 1).bit_length())
 
 
-def _warps(block: int) -> int:
+def row_warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
 
@@ -80,10 +69,10 @@ def add_rmsnorm(
     res = torch.empty_like(x) if delta is not None else x
     out = torch.empty_like(x)
     d = delta if delta is not None else x
-    block = _block(n)
+    block = row_block(n)
     _k().add_rmsnorm[(rows,)](
         x, d, res, out, weight, x.stride(0), d.stride(0), res.stride(0), out.stride(0), n, float(eps),
-        HAS_ADD=delta is not None, BLOCK=block, ACCURATE=x.is_cuda, num_warps=_warps(block),
+        HAS_ADD=delta is not None, BLOCK=block, ACCURATE=x.is_cuda, num_warps=row_warps(block),
     )
     return res, out
 
@@ -108,7 +97,7 @@ def qk_norm_rope_write(
     assert qkv.stride(1) == 1 and cos.stride(1) == 1 and sin.stride() == cos.stride()
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(2) == 1
     q = torch.empty((rows, heads, dim), dtype=qkv.dtype, device=qkv.device)
-    block = _block(dim)
+    block = row_block(dim)
     _k().qk_norm_rope_write[(rows, heads + kv_heads)](
         qkv, cos, sin, q_weight, k_weight, write, q, k_cache, v_cache,
         qkv.stride(0), cos.stride(0), q.stride(0), k_cache.stride(0), k_cache.stride(1), float(eps),
@@ -123,9 +112,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     n = width // 2
     assert gate_up.stride(1) == 1
     out = torch.empty((rows, n), dtype=gate_up.dtype, device=gate_up.device)
-    block = min(SILU_BLOCK, _block(n))
+    block = min(SILU_BLOCK, row_block(n))
     _k().silu_mul[(rows, -(-n // block))](
         gate_up, out, gate_up.stride(0), out.stride(0), n, BLOCK=block, ACCURATE=gate_up.is_cuda,
-        num_warps=_warps(block),
+        num_warps=row_warps(block),
     )
     return out

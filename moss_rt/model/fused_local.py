@@ -27,39 +27,26 @@ path): the same code runs eagerly and under CUDA-graph capture.
 
 from __future__ import annotations
 
-import functools
-import os
 from types import ModuleType
 
 import torch
 
-from moss_rt.model.fused_layers import _block, _warps
+from moss_rt.kernel_switch import import_kernels, kernel_wanted
+from moss_rt.model.fused_layers import row_block, row_warps
 
 __all__ = ["add_layernorm", "available", "rope_write_attention"]
 
 
-@functools.cache
-def _kernels() -> ModuleType | None:
-    """The kernel module, imported on first use (so TRITON_INTERPRET is read then); None without Triton."""
-    try:
-        from moss_rt.model import fused_local_kernels
-    except Exception:  # noqa: BLE001 - no Triton (CPU wheels): the torch path
-        return None
-    return fused_local_kernels
+KERNELS = "moss_rt.model.fused_local_kernels"
 
 
 def available(t: torch.Tensor) -> bool:
-    """Whether the fused local step runs for tensors like ``t``: CUDA (or the interpreter in tests), Triton, not off."""
-    mode = os.environ.get("MOSS_RT_FUSED_LOCAL", "1")
-    if mode == "0":
-        return False
-    if not (t.is_cuda or (mode == "interpret" and os.environ.get("TRITON_INTERPRET") == "1")):
-        return False
-    return _kernels() is not None
+    """Whether the fused local step runs for tensors like ``t`` (``MOSS_RT_FUSED_LOCAL``, see kernel_switch.py)."""
+    return kernel_wanted("MOSS_RT_FUSED_LOCAL", t.is_cuda) and import_kernels(KERNELS) is not None
 
 
 def _k() -> ModuleType:
-    k = _kernels()
+    k = import_kernels(KERNELS)
     assert k is not None, "check available() first"
     return k
 
@@ -73,10 +60,10 @@ def add_layernorm(
     res = torch.empty_like(x) if delta is not None else x
     out = torch.empty_like(x)
     d = delta if delta is not None else x
-    block = _block(n)
+    block = row_block(n)
     _k().add_layernorm[(rows,)](
         x, d, res, out, weight, bias, x.stride(0), d.stride(0), res.stride(0), out.stride(0), n, float(eps),
-        HAS_ADD=delta is not None, BLOCK=block, ACCURATE=x.is_cuda, num_warps=_warps(block),
+        HAS_ADD=delta is not None, BLOCK=block, ACCURATE=x.is_cuda, num_warps=row_warps(block),
     )
     return res, out
 
@@ -101,11 +88,11 @@ def rope_write_attention(
     assert qkv.stride(1) == 1 and cos.stride(0) == 1 and sin.stride(0) == 1
     assert k_buf.stride() == v_buf.stride() and k_buf.stride(3) == 1
     out = torch.empty((batch, embed), dtype=qkv.dtype, device=qkv.device)
-    block = _block(dim)
+    block = row_block(dim)
     _k().rope_write_attention[(batch, heads)](
         qkv, cos, sin, k_buf, v_buf, out, qkv.stride(0), out.stride(0), k_buf.stride(0), k_buf.stride(1),
         k_buf.stride(2), int(pos), float(scale),
-        E=embed, D=dim, BLOCK_D=block, BLOCK_S=_block(length), ACCURATE=qkv.is_cuda,
+        E=embed, D=dim, BLOCK_D=block, BLOCK_S=row_block(length), ACCURATE=qkv.is_cuda,
         num_warps=1 if block <= 128 else 2,
     )
     return out

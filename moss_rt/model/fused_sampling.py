@@ -40,9 +40,10 @@ through Triton's interpreter (tests only; slow).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from moss_rt.kernel_switch import import_kernels, kernel_wanted
 
 __all__ = ["available", "fused_draw", "fused_uniforms"]
 
@@ -53,21 +54,13 @@ NUM_WARPS = 4  # per row of a large vocab (1024: 8 keys a thread); a tiny vocab 
 @functools.cache
 def _kernels():  # type: ignore[no-untyped-def]
     """(draw, uniforms) jitted kernels, built on first use (so TRITON_INTERPRET is read then); None without Triton."""
-    try:
-        from moss_rt.model import fused_sampling_kernels as k
-    except Exception:  # noqa: BLE001 - no Triton (CPU wheels): the torch path
-        return None
-    return k.draw, k.uniforms
+    k = import_kernels("moss_rt.model.fused_sampling_kernels")
+    return None if k is None else (k.draw, k.uniforms)
 
 
 def available(t: torch.Tensor) -> bool:
     """Whether the kernel runs for tensors like ``t``: CUDA (or the interpreter in tests), Triton, not turned off."""
-    mode = os.environ.get("MOSS_RT_FUSED_SAMPLER", "1")
-    if mode == "0":
-        return False
-    if not (t.is_cuda or (mode == "interpret" and os.environ.get("TRITON_INTERPRET") == "1")):
-        return False
-    return _kernels() is not None
+    return kernel_wanted("MOSS_RT_FUSED_SAMPLER", t.is_cuda) and _kernels() is not None
 
 
 def _block(vocab: int) -> int:

@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from moss_rt.model.fused_layers_kernels import _exp  # libdevice exp on CUDA, as torch runs it
+
 
 @triton.jit
 def _fmix32(x):
@@ -44,14 +46,6 @@ def _log(x, ACCURATE: tl.constexpr):
         return libdevice.log(x)  # logf, what torch.log runs on CUDA (tl.log may lower to an approximation)
     else:
         return tl.log(x)
-
-
-@triton.jit
-def _exp(x, ACCURATE: tl.constexpr):
-    if ACCURATE:
-        return libdevice.exp(x)
-    else:
-        return tl.exp(x)
 
 
 @triton.jit

@@ -33,9 +33,10 @@ in fp32 there, since the interpreter of Triton 3.9 computes bf16 ``tl.dot`` wron
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from moss_rt.kernel_switch import kernel_wanted
 
 __all__ = ["available", "paged_decode_attention"]
 
@@ -138,10 +139,7 @@ def _kernel():  # type: ignore[no-untyped-def]
 
 def available(q: torch.Tensor) -> bool:
     """Whether the kernel runs for tensors like ``q``: CUDA (or the interpreter in tests), Triton, not turned off."""
-    mode = os.environ.get("MOSS_RT_DECODE_KERNEL", "1")
-    if mode == "0":
-        return False
-    if not (q.is_cuda or (mode == "interpret" and os.environ.get("TRITON_INTERPRET") == "1")):
+    if not kernel_wanted("MOSS_RT_DECODE_KERNEL", q.is_cuda):
         return False
     if q.shape[-1] & (q.shape[-1] - 1) or q.shape[-1] < 16:
         return False  # the head dimension is one tile: a power of two (tl.arange)
