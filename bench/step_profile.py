@@ -22,6 +22,8 @@ error and the rest still run):
   one. Compare the two in two runs with ``--samplers fused`` (one sampler: no graph-table clearing);
 - ``fused_local``: whether the local transformer ran fused (fused_local.py); ``MOSS_RT_FUSED_LOCAL=0`` for the
   torch one, compared the same way;
+- ``prefill`` (not run by default): one batched prefill pass of 1 / 4 / 16 / 20 fresh ``--prefill-rows`` prompts,
+  with SDPA chunk attention and ``MOSS_RT_CHUNK_SDPA=0``, ms and backbone TFLOP/s, and the pass's top kernels;
 - ``draws``: one frame's 13 draws alone (stop head + 12 codebooks, penalty on), graphed, µs: the fused kernel
   (with 1/2/4/8 warps) vs the torch path.
 """
@@ -110,6 +112,51 @@ def bench_step(runner: ModelRunner, slots: list[int], batch: int, context: int, 
         return {"step_ms": round(wall, 3), "replay_ms": round(timed.mean_ms(), 3)}
     finally:
         runner._graphs[key] = graph
+
+
+def prefill_bench(runner: ModelRunner, slots: list[int], rows: int, batches: list[int], reps: int) -> dict[str, Any]:
+    """One batched prefill pass of ``b`` fresh ``rows``-row prompts, ms (mean of ``reps`` after 2 untimed), with the
+    SDPA chunk attention and with MOSS_RT_CHUNK_SDPA=0; achieved backbone TFLOP/s (2 x non-embedding parameters x
+    rows); and the pass's top CUDA kernels by device time at the largest batch (SDPA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = runner.config.backbone
+    layer_params = sum(p.numel() for p in runner.model.transformer.layers.parameters())
+    rng = np.random.default_rng(1)
+    prompt = np.full((rows, runner.config.n_channels), runner.config.audio_pad_token_id, dtype=np.int64)
+    prompt[:, 0] = rng.integers(0, min(1000, cfg.vocab_size), rows)
+
+    def one_pass(b: int) -> None:
+        for s in slots[:b]:
+            runner.truncate(s, 1)
+        runner.prefill_batch([PrefillRequest(s, prompt) for s in slots[:b]])
+
+    out: dict[str, Any] = {}
+    for mode in ("1", "0"):
+        os.environ["MOSS_RT_CHUNK_SDPA"] = mode
+        for b in batches:
+            for _ in range(2):
+                one_pass(b)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                one_pass(b)
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t0) / reps * 1000.0
+            tflops = 2.0 * layer_params * rows * b / (ms / 1000.0) / 1e12
+            out[f"{'sdpa' if mode == '1' else 'plain'}_b{b}"] = {"ms": round(ms, 2), "tflops": round(tflops, 1)}
+    os.environ["MOSS_RT_CHUNK_SDPA"] = "1"
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        one_pass(max(batches))
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for e in cuda_events(prof):
+        totals[e.name[:90]] = totals.get(e.name[:90], 0.0) + e.device_time / 1000.0
+    out["top_kernels_ms"] = {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:14]}
+    out["kernel_ms_total"] = round(sum(totals.values()), 2)
+    for s in slots:  # back to the profile's context for the other sections
+        runner.truncate(s, 1)
+    return out
 
 
 def cuda_events(prof: Any) -> list[Any]:
@@ -329,6 +376,7 @@ def main() -> int:
     ap.add_argument("--sections", default="step,kernels,phases,draws")
     ap.add_argument("--samplers", default="fused,torch",
                     help="samplers to compare; one only avoids clearing the runner's graphs (PyTorch allocator assert)")
+    ap.add_argument("--prefill-rows", type=int, default=400, help="prompt rows per take in the prefill section")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA GPU is needed"
@@ -392,6 +440,10 @@ def main() -> int:
             return out
         return run
 
+    if "prefill" in sections:  # first: the other sections refill the slots to --context themselves
+        prefill_batches = [b for b in (1, 4, 16, 20) if b <= len(slots)]
+        section("prefill", lambda: prefill_bench(runner, slots, args.prefill_rows, prefill_batches, 5))
+        runner.prefill_batch(requests)
     if "step" in sections:
         section("step", per_batch_and_sampler(lambda b: bench_step(runner, slots, b, args.context, args.steps)))
     if "kernels" in sections:

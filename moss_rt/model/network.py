@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moss_rt.model import fused_layers, fused_local, paged_attention
+from moss_rt.model import chunk_attention, fused_layers, fused_local, paged_attention
 from moss_rt.model.config import BackboneConfig, LocalConfig, MossTTSConfig
 from moss_rt.model.fused_weights import fused_weight
 from moss_rt.model.layers import (
@@ -45,12 +45,17 @@ class PagedIndex:
     write: torch.Tensor
     read: torch.Tensor
     positions: torch.Tensor  # [B,S] the pool positions themselves (the decode kernel reads through them)
+    # Every row's chunk starts at position 0 and S == T: row t sees keys 0..t, the mask need not be read
+    # (a pass of fresh prompts; chunk_attention then runs causal flash attention).
+    causal: bool = False
 
     @classmethod
-    def build(cls, write: torch.Tensor, read_positions: torch.Tensor, kv_heads: int) -> PagedIndex:
+    def build(
+        cls, write: torch.Tensor, read_positions: torch.Tensor, kv_heads: int, causal: bool = False
+    ) -> PagedIndex:
         """From pool positions: ``read_positions`` [B,S] of the keys each row attends to."""
         heads = torch.arange(kv_heads, device=read_positions.device)
-        return cls(write, read_positions[:, None, :] * kv_heads + heads[None, :, None], read_positions)
+        return cls(write, read_positions[:, None, :] * kv_heads + heads[None, :, None], read_positions, causal)
 
 
 class Qwen3Attention(nn.Module):
@@ -100,7 +105,7 @@ class Qwen3Attention(nn.Module):
             return self.o_proj(out[:, None])
         keys = k_cache.view(-1, self.head_dim)[index.read]  # [B,Hkv,S,D], contiguous
         values = v_cache.view(-1, self.head_dim)[index.read]
-        out = grouped_attention(q, keys, values, key_mask, self.scale)
+        out = chunk_attention.chunk_attention(q, keys, values, key_mask, self.scale, index.causal)
         return self.o_proj(out)
 
     def forward_fused(
@@ -134,7 +139,8 @@ class Qwen3Attention(nn.Module):
             return self.o_proj(out[:, None])
         keys = k_cache.view(-1, self.head_dim)[index.read]
         values = v_cache.view(-1, self.head_dim)[index.read]
-        out = grouped_attention(q.view(batch, tq, self.num_heads, self.head_dim), keys, values, key_mask, self.scale)
+        q4 = q.view(batch, tq, self.num_heads, self.head_dim)
+        out = chunk_attention.chunk_attention(q4, keys, values, key_mask, self.scale, index.causal)
         return self.o_proj(out)
 
 

@@ -330,6 +330,7 @@ class ModelRunner:
             torch.tensor(starts, device=self.device),
             torch.tensor(counts, device=self.device),
             max(s + c for s, c in zip(starts, counts, strict=True)),
+            from_zero=not any(starts),
         )
 
     def _check_row_values(self, rows: torch.Tensor) -> None:

@@ -198,6 +198,7 @@ def prefill_batch_rows(
     starts: torch.Tensor,
     counts: torch.Tensor,
     key_len: int,
+    from_zero: bool = False,
 ) -> None:
     """Write prompt rows of several slots in ONE backbone pass (eager only).
 
@@ -209,7 +210,8 @@ def prefill_batch_rows(
     their keys, values and hidden state to the slot's scratch position (never read by a valid
     row): positions past a shorter chunk keep whatever they held, and the slot's length, not the
     cache, decides what later steps see. A padded query still sees the slot's own earlier keys,
-    so no attention row is fully masked (no NaN).
+    so no attention row is fully masked (no NaN). ``from_zero``: every start is 0 (the caller knows it on the
+    host), so the attention is plainly causal over the pass's own rows (see chunk_attention).
     """
     batch, width = int(rows.shape[0]), int(rows.shape[1])
     device = st.hidden.device
@@ -221,7 +223,8 @@ def prefill_batch_rows(
     write_at = torch.where(valid, st.pool_index(slots, rope_pos), torch.full_like(positions, st.scratch))
     keys = torch.arange(key_len, device=device)
     key_mask = keys[None, None, :] <= positions[:, :, None]
-    index = PagedIndex.build(write_at, st.pool_index(slots, keys[None, :].expand(batch, key_len)), kv_heads)
+    read_at = st.pool_index(slots, keys[None, :].expand(batch, key_len))
+    index = PagedIndex.build(write_at, read_at, kv_heads, causal=from_zero and key_len == width)
     out = model.transformer(
         model.embed_rows(rows),
         tables.cos[rope_pos],
