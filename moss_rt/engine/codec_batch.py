@@ -23,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -162,26 +162,43 @@ class CodecBatcher:
         """Audio [2, 3840*T_i] float32 for each stream; streams with equal T share one call."""
         out: list[np.ndarray | None] = [None] * len(states)
         for t, idxs in self._groups(chunks):
-            audio = self._decode_group([states[i] for i in idxs], [chunks[i] for i in idxs], t)
+            audio = self._decode_group([states[i] for i in idxs], [chunks[i] for i in idxs], t, self.decoder.decode)
             for i, a in zip(idxs, audio, strict=True):
                 out[i] = a
         return [a for a in out if a is not None]
 
-    def _decode_group(self, states: list[DecoderState], chunks: list[np.ndarray], t: int) -> list[np.ndarray]:
+    def decode_pcm(
+        self, states: Sequence[DecoderState], chunks: Sequence[np.ndarray], channels: Sequence[int]
+    ) -> list[bytes]:
+        """int16 PCM bytes per stream (``audio.to_int16_pcm`` of ``decode``'s audio, bit for bit), converted on the
+        decoder's device: one conversion and one copy to the host per call, padding rows never copied (codec/pcm)."""
+        from moss_rt.codec.pcm import int16_pcm  # here: importing the scheduler needs no torch
+
+        out: list[bytes] = [b""] * len(states)
+        for t, idxs in self._groups(chunks):
+            group = [states[i] for i in idxs]
+            audio = self._decode_group(group, [chunks[i] for i in idxs], t, self.decoder.decode_tensors)
+            for i, pcm in zip(idxs, int16_pcm(audio, [channels[i] for i in idxs]), strict=True):
+                out[i] = pcm
+        return out
+
+    def _decode_group(
+        self, states: list[DecoderState], chunks: list[np.ndarray], t: int, run: Callable[..., list[Any]]
+    ) -> list[Any]:
         n = len(states)
         bucket = self._bucket(n)
         if not self.defer_captures:
             self._count_eager(bucket, t)
         if not self.graphs or bucket is None or (bucket, t) not in self._warm:
             with self.eager():
-                return self.decoder.decode(states, chunks)
+                return run(states, chunks)
         pads = self._pads[: bucket - n]
         for pad in pads:
             pad.frames = 0  # padding output is discarded; keep its positions small and fixed
         silence = np.zeros((t, chunks[0].shape[1]), dtype=np.int64)
         batch_states = [pads[0], *states, *pads[1:]]
         batch_chunks = [silence, *chunks, *([silence] * (len(pads) - 1))]
-        audio = self.decoder.decode(batch_states, batch_chunks)
+        audio = run(batch_states, batch_chunks)
         return audio[1 : 1 + n]
 
     def close(self) -> None:

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moss_rt.audio import to_int16_pcm
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import CodecWorker
@@ -488,7 +487,9 @@ class Scheduler:
             return
         t0 = time.perf_counter()
         try:
-            audio = self.codec.decode([c.state for c in chunks], [c.codes for c in chunks])
+            pcms = self.codec.decode_pcm(
+                [c.state for c in chunks], [c.codes for c in chunks], [c.take.spec.channels for c in chunks]
+            )
         except Exception as exc:
             log.exception("codec decode failed for %d takes", len(chunks))
             for c in chunks:
@@ -496,14 +497,13 @@ class Scheduler:
             return
         self.metrics.codec_time.observe(time.perf_counter() - t0)
         now = time.monotonic()
-        for c, wave in zip(chunks, audio, strict=True):
+        for c, pcm in zip(chunks, pcms, strict=True):
             take = c.take
             if take.first_audio is None:
                 take.first_audio = now
                 first_ms = (now - take.admitted) * 1000.0
                 self.metrics.ttfa.observe(first_ms / 1000.0)
                 take.channel.push(TakeFirstAudio(first_ms))
-            pcm = to_int16_pcm(wave, take.spec.channels)
             take.channel.push(AudioChunk(c.first_frame, c.codes, pcm))
 
     def _capture_wanted(self) -> bool:

@@ -44,9 +44,11 @@ class CodecWatch:
 @pytest.fixture
 def codec_watch(monkeypatch: pytest.MonkeyPatch) -> Iterator[CodecWatch]:
     watch = CodecWatch()
-    real = CodecBatcher.decode
+    real = CodecBatcher.decode_pcm
 
-    def decode(self: CodecBatcher, states: list[Any], chunks: list[np.ndarray]) -> list[np.ndarray]:
+    def decode_pcm(
+        self: CodecBatcher, states: list[Any], chunks: list[np.ndarray], channels: list[int]
+    ) -> list[bytes]:
         watch.threads.add(threading.current_thread().name)
         watch.calls += 1
         if any(s.closed for s in states):
@@ -55,12 +57,12 @@ def codec_watch(monkeypatch: pytest.MonkeyPatch) -> Iterator[CodecWatch]:
             raise RuntimeError("injected codec failure")
         if watch.delay_s:
             time.sleep(watch.delay_s)  # a slow codec: the scheduler runs ahead, decodes are in flight
-        out = real(self, states, chunks)
+        out = real(self, states, chunks, channels)
         if any(s.closed for s in states):
             watch.violations.append("a state was closed while its decode ran")
         return out
 
-    monkeypatch.setattr(CodecBatcher, "decode", decode)
+    monkeypatch.setattr(CodecBatcher, "decode_pcm", decode_pcm)
     yield watch
 
 

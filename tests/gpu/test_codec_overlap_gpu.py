@@ -25,15 +25,17 @@ from tests.gpu.conftest import DEVICES
 def codec_streams(monkeypatch: pytest.MonkeyPatch) -> dict[str, set[int]]:
     """The CUDA stream every batched codec decode ran on, by thread name."""
     seen: dict[str, set[int]] = {}
-    real = CodecBatcher.decode
+    real = CodecBatcher.decode_pcm
 
-    def decode(self: CodecBatcher, states: list[Any], chunks: list[np.ndarray]) -> list[np.ndarray]:
+    def decode_pcm(
+        self: CodecBatcher, states: list[Any], chunks: list[np.ndarray], channels: list[int]
+    ) -> list[bytes]:
         if torch.cuda.is_available() and self.decoder.device.type == "cuda":
             stream = torch.cuda.current_stream(self.decoder.device).stream_id
             seen.setdefault(threading.current_thread().name, set()).add(stream)
-        return real(self, states, chunks)
+        return real(self, states, chunks, channels)
 
-    monkeypatch.setattr(CodecBatcher, "decode", decode)
+    monkeypatch.setattr(CodecBatcher, "decode_pcm", decode_pcm)
     return seen
 
 
