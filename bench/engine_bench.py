@@ -318,6 +318,15 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
             "prefill_pass_ms_mean": 1000.0 * delta("moss_rt_prefill_call_seconds_sum")
             / max(1.0, delta("moss_rt_prefill_call_seconds_count")),
             "frames": frames,
+            # A frame's wall time as running streams saw it (step start to step start, prefill passes between
+            # included): how far a burst of arrivals held them (issue 12: at most about one 80 ms frame).
+            "step_interval_ms_mean": 1000.0 * delta("moss_rt_step_interval_seconds_sum")
+            / max(1.0, delta("moss_rt_step_interval_seconds_count")),
+            "step_intervals": delta("moss_rt_step_interval_seconds_count"),
+            "step_intervals_over_80ms": delta('moss_rt_step_interval_seconds_bucket{le="+Inf"}')
+            - delta('moss_rt_step_interval_seconds_bucket{le="0.08"}'),
+            "step_intervals_over_120ms": delta('moss_rt_step_interval_seconds_bucket{le="+Inf"}')
+            - delta('moss_rt_step_interval_seconds_bucket{le="0.12"}'),
         },
     }
 

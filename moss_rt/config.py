@@ -64,7 +64,12 @@ class Settings:
     # fraction) and the memory plan budgets that instead of the whole device; 0: the whole device.
     gpu_memory_limit_gib: float = setting(0.0, "emulate a smaller GPU: hold at most this many GiB (0: all of it)")
     prefill_chunk: int = setting(512, "prompt rows per prefill call (longer prompts are prefilled in pieces)")
-    prefill_budget_ms: float = setting(40.0, "prefill work per scheduling round while other takes stream")
+    # A prefill pass while takes stream holds them for its whole length: 50 ms plus a step (15-25 ms under
+    # load on an H200) keeps a running stream's frame within its 80 ms of audio.
+    prefill_budget_ms: float = setting(50.0, "prefill work per scheduling round while other takes stream")
+    # Passes while takes stream hold at most this many padded rows (longer prompts go in as chunks between
+    # frames); 0: sized once at warm-up on a GPU to fit prefill_budget_ms, prefill_max_rows on the CPU.
+    prefill_stream_rows: int = setting(0, "padded prompt rows per prefill pass while takes stream (0: fit the budget)")
     # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest); with the
     # scheduler's keys-per-row bound on rows x longest key window, it bounds the pass's memory and stall.
     prefill_max_rows: int = setting(8192, "padded prompt rows per batched prefill pass")

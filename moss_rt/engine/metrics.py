@@ -62,6 +62,18 @@ class EngineMetrics:
             "moss_rt_prefill_call_seconds", "One batched prefill pass (every take in it, padded to the longest chunk)",
             buckets=STEP_BUCKETS, registry=r,
         )
+        self.prefill_stream_rows = Gauge(
+            "moss_rt_prefill_stream_rows",
+            "Padded prompt rows a prefill pass may hold while takes stream (sized at warm-up to prefill_budget_ms)",
+            registry=r,
+        )
+        self.step_interval = Histogram(
+            "moss_rt_step_interval_seconds",
+            "Start of one batched step to the next while takes keep running: a frame's wall time as running streams "
+            "see it (the step, prefill passes, codec waits and host work between steps); above 0.08 the streams fall "
+            "behind real time",
+            buckets=STEP_BUCKETS, registry=r,
+        )
         self.step_batch = Histogram(
             "moss_rt_step_batch_size", "Slots advanced per step", buckets=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128),
             registry=r,

@@ -33,6 +33,7 @@ from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
 from moss_rt.engine.metrics import EngineMetrics
+from moss_rt.engine.prefill_pace import measure_prefill_cost
 from moss_rt.engine.prompts import PromptTooLong, frames_room, prompt_rows
 from moss_rt.engine.resolve import (
     Choice,
@@ -478,6 +479,7 @@ class MossEngine(EngineLifecycle):
                 prep_budget_s=s.prefill_budget_ms / 1000.0,
                 retain_slots=slots,
                 prefill_max_rows=s.prefill_max_rows,
+                prefill_stream_rows=s.prefill_stream_rows,
             ),
             on_take_done=self._take_done,
             sync=self._sync,
@@ -572,6 +574,45 @@ class MossEngine(EngineLifecycle):
         if self._device.type == "cuda":
             torch.cuda.current_stream(self._device).synchronize()
 
+    def _size_stream_passes(self) -> None:
+        """How many padded rows a prefill pass may hold while takes stream (prefill_pace): the setting, or on a GPU
+        what fits ``prefill_budget_ms`` by timed passes of 4 and 16 fresh 512-row chunks; on the CPU passes run slot by
+        slot anyway (a take's chunk bounds the stall), so prefill_max_rows."""
+        from moss_rt.model.runner import PrefillRequest
+
+        s, runner, scheduler = self.settings, self._runner, self._scheduler
+        assert runner is not None and scheduler is not None
+        rows = s.prefill_stream_rows or s.prefill_max_rows
+        chunk = min(s.prefill_chunk, 512, runner.max_seq_len - 1)
+        # Passes of 4 and 16 chunks: past the sizes where a pass costs about the same whatever its rows; only as
+        # many as the KV pool holds at once (a small card's pool may not hold 16 prompts).
+        fits = runner.blocks.available // max(1, runner.blocks_needed(chunk))
+        large = min(16, runner.max_slots, s.prefill_max_rows // max(1, chunk), fits)
+        if not s.prefill_stream_rows and self._device.type == "cuda" and large >= 2:
+            prompt = runner.build_prompt(text="Warm-up.", instruction="")
+            rows_in = np.resize(prompt, (chunk, prompt.shape[1]))  # the prompt's rows repeated: valid rows
+            slots = [runner.alloc_slot() for _ in range(large)]
+
+            def one_pass(n: int) -> None:
+                runner.prefill_batch([PrefillRequest(slot, rows_in) for slot in slots[:n]])
+                self._sync()
+
+            try:
+                cost = measure_prefill_cost(one_pass, max(1, large // 4), large, chunk)
+            except Exception:  # sizing must never keep the service from starting: unpaced passes then
+                log.exception("could not time prefill passes; passes while takes stream stay unbounded")
+            else:
+                rows = cost.rows_within(s.prefill_budget_ms / 1000.0, s.prefill_max_rows)
+                log.info(
+                    "prefill passes while takes stream: at most %d padded rows (a pass: %.1f ms + %.1f us a row; "
+                    "budget %.0f ms)", rows, cost.fixed_s * 1e3, cost.per_row_s * 1e6, s.prefill_budget_ms,
+                )
+            finally:
+                for slot in slots:
+                    runner.free_slot(slot)
+        scheduler.stream_rows = min(rows, s.prefill_max_rows)
+        self.metrics.prefill_stream_rows.set(scheduler.stream_rows)
+
     def _warm_up(self) -> None:
         """Capture step graphs and run one short take through model and codec before ``ready``."""
         t0 = time.perf_counter()
@@ -609,5 +650,6 @@ class MossEngine(EngineLifecycle):
                 state.close()
 
         worker.call(first_chunks)
+        self._size_stream_passes()
         log.info("engine warm-up done in %.1f s", time.perf_counter() - t0)
         self._report_memory("after warm-up")

@@ -7,8 +7,9 @@ One :meth:`Scheduler.iterate` is one scheduling round:
 2. waiting takes get slots while slots are free;
 3. preparing takes advance their prompt prefill / codec rebuild, within a time budget while other
    takes are streaming: the next prompt chunks of all of them go through the backbone in ONE batched
-   prefill pass (at most ``prefill_max_rows`` padded rows, so a burst of arrivals stalls running
-   streams by about a pass, a frame or two, instead of a prefill per take);
+   prefill pass (at most ``prefill_max_rows`` padded rows; while takes stream, one pass per round of at
+   most ``stream_rows``, sized to the budget at warm-up (prefill_pace), so a burst of arrivals goes in
+   as chunks interleaved with frames and never holds a running stream for more than about one frame);
 4. every runnable slot (running, not paused) advances by one frame in ONE batched model step;
 5. slots whose chunk is due (first audio after one frame, then every ``chunk_frames``) are handed to the
    codec worker as one batched streaming codec call (decoded, converted to int16 and pushed to their
@@ -36,6 +37,7 @@ from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAu
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import CodecWorker
 from moss_rt.engine.metrics import EngineMetrics
+from moss_rt.engine.prefill_pace import MIN_ROWS_PER_PASS
 from moss_rt.engine.prompts import frames_room
 from moss_rt.engine.slots import Phase, Retained, RetainedCaches, Take
 from moss_rt.generation import N_CODEBOOKS
@@ -62,6 +64,7 @@ class SchedulerConfig:
     retain_slots: int  # finished takes whose cache blocks are kept for retakes (they hold no slot)
     prefill_max_rows: int = 8192  # padded rows per batched prefill pass (takes x longest chunk)
     prefill_keys_per_row: int = PREFILL_KEYS_PER_ROW  # with it, bounds padded rows x longest key window
+    prefill_stream_rows: int = 0  # padded rows per pass while takes stream (0: prefill_max_rows)
 
 
 class Scheduler:
@@ -91,6 +94,10 @@ class Scheduler:
         self.running: list[Take] = []
         self.retained = RetainedCaches(config.retain_slots)
         self.steps = 0
+        # Padded rows of a pass while takes stream; fixed for the engine's life (the engine may size it once at
+        # warm-up, see prefill_pace): pass composition must not follow timings, or codes would.
+        self.stream_rows = min(config.prefill_stream_rows or config.prefill_max_rows, config.prefill_max_rows)
+        self._last_step_at: float | None = None  # start of the previous step while takes ran
 
     # ------------------------------------------------------------------ bookkeeping
     @property
@@ -270,32 +277,36 @@ class Scheduler:
         # Alone on the device: prepare everything now (lowest first-audio latency). Once takes stream,
         # stop after the budget so they keep their pace; that includes takes this loop just made ready,
         # so a burst larger than one pass starts streaming pass by pass instead of all after the last.
-        # A batched prefill pass is one unit: never cut short; prefill_max_rows bounds its stall.
+        # A batched prefill pass is one unit: never cut short. While takes stream a round runs at most one
+        # (stream_rows bounds its stall: sized to the budget, a second one would overrun it).
         # Every round runs at least one unit: promoting a take that needed no work (a retake whose
         # parent's cache holds its whole prompt) is not one, or such takes could starve the rest.
         t0 = time.monotonic()
         promoted = self._promote_ready()
-        units = 0
+        units = passes = 0
         while self.preparing:
             if self.running and units and time.monotonic() - t0 >= self.config.prep_budget_s:
                 break
-            self._prepare_unit()
+            if self.running and passes and self._rows_left(self.preparing[0]):
+                break  # the next unit would be a second prefill pass
+            passes += self._prepare_unit()
             self._promote_ready()
             units += 1
         return promoted or units > 0
 
-    def _prepare_unit(self) -> None:
+    def _prepare_unit(self) -> int:
         """One bounded piece of preparation, chosen by the oldest preparing take's need.
 
         Its prompt is not fully prefilled: one batched prefill pass over it and every other take
         with prompt rows left. Otherwise: one chunk of its codec rebuild. Either way some take
-        advances or ends, so the caller's loop makes progress.
+        advances or ends, so the caller's loop makes progress. Returns the prefill passes run (0 or 1).
         """
         oldest = self.preparing[0]
         if self._rows_left(oldest):
             self._prefill(self._prefill_batch())
-        else:
-            self._rebuild_unit(oldest)
+            return 1
+        self._rebuild_unit(oldest)
+        return 0
 
     @staticmethod
     def _rows_left(take: Take) -> int:
@@ -305,9 +316,10 @@ class Scheduler:
     def _prefill_batch(self) -> list[tuple[Take, int]]:
         """(take, rows) for one pass: the next chunk of every take with rows left, oldest first,
         while the pass stays within prefill_max_rows padded rows (takes x longest chunk) and its
-        padded rows x longest key window within prefill_max_rows x prefill_keys_per_row."""
-        cap = self.config.prefill_max_rows
-        score_cap = cap * self.config.prefill_keys_per_row
+        padded rows x longest key window within prefill_max_rows x prefill_keys_per_row. While takes
+        stream, the pass holds at most stream_rows padded rows (longer prompts go in as chunks)."""
+        score_cap = self.config.prefill_max_rows * self.config.prefill_keys_per_row
+        cap = self.stream_rows if self.running else self.config.prefill_max_rows
         chosen: list[tuple[Take, int]] = []
         widest = keys = 0
         for take in self.preparing:
@@ -315,11 +327,18 @@ class Scheduler:
             if left <= 0:
                 continue
             count = min(left, self.config.prefill_chunk, cap)
+            members = len(chosen) + 1
+            if chosen and max(widest, count) * members > cap:
+                # A shorter chunk of it may still fill the pass (its next piece goes in a later pass), unless
+                # the pass's widest chunk is already too wide, or the piece would be a sliver.
+                fit = cap // members
+                if widest > fit or fit < min(left, MIN_ROWS_PER_PASS):
+                    continue
+                count = fit
             wider = max(widest, count)
             more_keys = max(keys, take.prefilled + count)  # its chunk's last position (prompt rows start at 0)
-            rows = wider * (len(chosen) + 1)
-            if chosen and (rows > cap or rows * more_keys > score_cap):
-                continue  # a shorter chunk (or window) further on may still fit
+            if chosen and wider * members * more_keys > score_cap:
+                continue  # a shorter window further on may still fit
             chosen.append((take, count))
             widest, keys = wider, more_keys
         return chosen
@@ -402,7 +421,12 @@ class Scheduler:
             if not paused and take.frames < take.frame_cap and not take.ending:
                 runnable.append(take)
         if not runnable:
+            self._last_step_at = None
             return False
+        now = time.perf_counter()
+        if self._last_step_at is not None:  # a frame's wall time for every stream that keeps running
+            self.metrics.step_interval.observe(now - self._last_step_at)
+        self._last_step_at = now
         slots = [t.model_slot for t in runnable if t.model_slot is not None]
         if step_may_capture(self.runner, slots):
             # A CUDA graph capture forbids unsafe CUDA calls on other threads: let the codec finish first.

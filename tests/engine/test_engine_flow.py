@@ -93,6 +93,10 @@ def test_metrics_exposed(moss_server) -> None:
         assert m["moss_rt_frames_total"] >= take.end["n_frames"] == 12
         assert m["moss_rt_gpu_first_seconds_count"] >= 1
         assert m["moss_rt_step_seconds_count"] >= 12
+        # one interval between each two consecutive steps of the running take
+        assert m["moss_rt_step_interval_seconds_count"] >= 11
+        # on the CPU prefill passes are not sized to a budget (they run slot by slot): prefill_max_rows
+        assert m["moss_rt_prefill_stream_rows"] == 8192
         assert m["moss_rt_codec_seconds_count"] >= 1
         assert m['moss_rt_takes_total{reason="max_frames"}'] >= 1
         for name in ("moss_rt_active_slots", "moss_rt_queued_takes", "moss_rt_frames_per_second",
@@ -184,5 +188,16 @@ def test_a_failing_step_ends_its_takes_and_the_engine_keeps_serving(moss_server)
             take = await client.speak("This one works.", max_new_tokens=5, **LONG)
             assert take.end["reason"] == "max_frames" and take.end["n_frames"] == 5
         assert srv.engine.active_count == 0
+
+    run(scenario())
+
+
+def test_prefill_passes_while_streaming_follow_the_setting(moss_server) -> None:
+    srv = moss_server(prefill_stream_rows=300)
+
+    async def scenario() -> None:
+        m = await metrics(srv)
+        assert m["moss_rt_prefill_stream_rows"] == 300
+        assert srv.engine._scheduler.stream_rows == 300
 
     run(scenario())

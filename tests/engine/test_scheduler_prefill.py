@@ -8,6 +8,7 @@ import numpy as np
 
 from moss_rt.engine.base import TakeSpec
 from moss_rt.engine.metrics import EngineMetrics
+from moss_rt.engine.prefill_pace import MIN_ROWS_PER_PASS, PrefillCost, measure_prefill_cost
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import Phase, Take
 from moss_rt.model.runner import PrefillRequest
@@ -54,6 +55,7 @@ def _ids(takes: list[Take]) -> list[str]:
 def test_all_prompts_share_passes_chunked_and_capped() -> None:
     sched, runner = _scheduler(budget_s=10.0, max_rows=1200, chunk=512)
     takes = _preparing(sched, [400, 700, 90, 300])
+    assert sched._prepare()  # one pass, then take 0 streams: one pass a round from now on
     assert sched._prepare()
     assert runner.passes == [
         # 3 chunks x 512 rows = 1536 > 1200: the 90- and 300-row prompts wait for the next pass
@@ -137,6 +139,7 @@ def test_a_deep_reprefill_does_not_give_fresh_prompts_its_key_window() -> None:
     sched = Scheduler(runner, NoCodec(), EngineMetrics(), config)  # type: ignore[arg-type]
     deep, *fresh = _preparing(sched, [2400, 300, 300, 300])
     deep.prefilled = 1536  # a retake re-prefilled deep into a long take: its next chunk ends at 2048
+    assert sched._prepare()  # two passes; then the deep take streams: one pass a round
     assert sched._prepare()
     assert runner.passes == [
         [(0, 512, 1536)],  # with one fresh prompt: 2 x 512 rows x 2048 keys = 2 M > 1 M, so they wait
@@ -144,3 +147,56 @@ def test_a_deep_reprefill_does_not_give_fresh_prompts_its_key_window() -> None:
         [(1, 300, 0), (2, 300, 0), (3, 300, 0)],  # 3 x 300 rows x 300 keys: together
     ]
     assert not sched.preparing and all(t.prefilled == len(t.prompt_rows) for t in [deep, *fresh])
+
+
+def test_prefill_cost_fits_a_line_and_sizes_passes_to_the_budget() -> None:
+    cost = PrefillCost(fixed_s=0.004, per_row_s=14e-6)
+    assert cost.rows_within(0.05, 8192) == 3285  # (50 - 4) ms / 14 us
+    assert cost.rows_within(10.0, 8192) == 8192  # never above the cap
+    assert cost.rows_within(0.001, 8192) == MIN_ROWS_PER_PASS  # never below a useful pass (the budget < fixed)
+    assert PrefillCost(0.01, 0.0).rows_within(0.05, 4096) == 4096  # size costs nothing measurable: no cap
+
+
+
+def test_prefill_cost_is_measured_past_first_use(monkeypatch) -> None:
+    """A pass of n chunks of 100 rows costs 5 ms + 1 ms a chunk (10 us a row); the first run of a size costs
+    three times that (first-use costs) and is left out."""
+    import moss_rt.engine.prefill_pace as pace
+
+    now, calls = [0.0], []
+
+    def run_pass(n: int) -> None:
+        calls.append(n)
+        now[0] += (0.005 + 0.001 * n) * (3.0 if calls.count(n) == 1 else 1.0)
+
+    monkeypatch.setattr(pace.time, "perf_counter", lambda: now[0])
+    cost = measure_prefill_cost(run_pass, 2, 4, rows_per_chunk=100)
+    assert calls == [2, 2, 2, 4, 4, 4]
+    assert abs(cost.per_row_s - 10e-6) < 1e-12 and abs(cost.fixed_s - 0.005) < 1e-12
+
+
+def test_a_burst_behind_running_streams_goes_in_as_chunks_one_pass_a_round() -> None:
+    """While takes stream, a round runs one pass of at most stream_rows padded rows: a burst's prompts are cut into
+    chunks interleaved with frames (a 400-row prompt in pieces from nonzero starts)."""
+    sched, runner = _scheduler(budget_s=10.0, chunk=512)  # a large budget: only stream_rows limits the round
+    sched.stream_rows = 300
+    takes = _preparing(sched, [400, 400, 400])
+    streaming = Take(TakeSpec("s", text="x", seed=9), channel=None)  # type: ignore[arg-type]
+    sched.running.append(streaming)
+    rounds = 0
+    while sched.preparing:
+        rounds += 1
+        assert sched._prepare()
+        assert len(runner.passes) == rounds  # one pass a round
+        assert rounds < 20
+    assert all(len(p) * max(n for _, n, _ in p) <= 300 for p in runner.passes)
+    # the second pass: take 0's last 100 rows, and take 1 cut to what fills the pass (2 x 150 rows)
+    assert runner.passes[:2] == [[(0, 300, 0)], [(0, 100, 300), (1, 150, 0)]]
+    assert all(t.prefilled == 400 for t in takes) and _ids(sched.running)[0] == "s"
+    # with nothing streaming the same burst goes in whole passes, all in one round
+    alone, alone_runner = _scheduler(budget_s=10.0, chunk=512)
+    alone.stream_rows = 300
+    _preparing(alone, [400, 400, 400])
+    assert alone._prepare()
+    assert alone_runner.passes == [[(0, 400, 0), (1, 400, 0), (2, 400, 0)]]
+    assert not alone.preparing

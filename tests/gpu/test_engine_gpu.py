@@ -65,6 +65,8 @@ def test_websocket_take_completes_with_audio_of_the_right_length(device, moss_se
 
         m = await metrics(srv)
         assert m["moss_rt_frames_total"] >= frames
+        # sized at warm-up on CUDA (timed passes), within [64, prefill_max_rows]; prefill_max_rows on the CPU
+        assert 64 <= m["moss_rt_prefill_stream_rows"] <= 8192
         assert m["moss_rt_step_seconds_count"] >= frames
         assert m["moss_rt_codec_seconds_count"] >= 1
         assert m["moss_rt_gpu_first_seconds_count"] >= 1
