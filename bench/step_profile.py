@@ -23,7 +23,8 @@ error and the rest still run):
 - ``fused_local``: whether the local transformer ran fused (fused_local.py); ``MOSS_RT_FUSED_LOCAL=0`` for the
   torch one, compared the same way;
 - ``prefill`` (not run by default): one batched prefill pass of 1 / 4 / 16 / 20 fresh ``--prefill-rows`` prompts,
-  with SDPA chunk attention and ``MOSS_RT_CHUNK_SDPA=0``, ms and backbone TFLOP/s, and the pass's top kernels;
+  with SDPA chunk attention and ``MOSS_RT_CHUNK_SDPA=0``, ms and backbone TFLOP/s, one prompt through its prefill
+  graph, and the pass's top kernels;
 - ``draws``: one frame's 13 draws alone (stop head + 12 codebooks, penalty on), graphed, µs: the fused kernel
   (with 1/2/4/8 warps) vs the torch path.
 """
@@ -146,6 +147,18 @@ def prefill_bench(runner: ModelRunner, slots: list[int], rows: int, batches: lis
             tflops = 2.0 * layer_params * rows * b / (ms / 1000.0) / 1e12
             out[f"{'sdpa' if mode == '1' else 'plain'}_b{b}"] = {"ms": round(ms, 2), "tflops": round(tflops, 1)}
     os.environ["MOSS_RT_CHUNK_SDPA"] = "1"
+    # A lone prompt through its prefill graph (the engine captures them at warm-up): padded to its row bucket.
+    runner.prefill_graphs.capture_all()
+    replays = runner.prefill_graphs.replays
+    for _ in range(2):
+        one_pass(1)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        one_pass(1)
+    torch.cuda.synchronize()
+    out["graph_b1"] = {"ms": round((time.perf_counter() - t0) / reps * 1000.0, 2),
+                       "graphed": runner.prefill_graphs.replays - replays == reps + 2}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         one_pass(max(batches))
         torch.cuda.synchronize()

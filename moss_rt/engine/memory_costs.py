@@ -10,7 +10,8 @@ from moss_rt.engine.memory_plan import GIB, MIB, MemoryCosts
 from moss_rt.engine.scheduler import PREFILL_KEYS_PER_ROW
 from moss_rt.model.config import MossTTSConfig
 
-# Graph pools (step graphs per batch/key bucket, codec graphs per batch/chunk bucket), cuBLAS/cuDNN
+# Graph pools (step graphs per batch/key bucket, codec graphs per batch/chunk bucket, the lone-prompt prefill
+# graphs: about 50 MB for the 512-row one at full size), cuBLAS/cuDNN
 # workspaces and the allocator's rounding, beyond the prefill pass below. Checked against the
 # device's peak after warm-up (bench/RESULTS.md); the margin covers the rest.
 GRAPH_BASE_BYTES = 1 * GIB

@@ -25,6 +25,7 @@ from moss_rt.generation import SamplingParams
 from moss_rt.model.blocks import BlockPool, BlockRef
 from moss_rt.model.config import MossTTSConfig
 from moss_rt.model.network import MossTTSLocalModel
+from moss_rt.model.prefill_graphs import PrefillGraphs
 from moss_rt.model.prompt import build_prompt_rows
 from moss_rt.model.sampling import split_seed
 from moss_rt.model.state import SlotState
@@ -111,6 +112,10 @@ class ModelRunner:
         self._allocated = np.zeros(self.max_slots, dtype=bool)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool: Any = None
+        # A lone fresh prompt's pass through a graph (prefill_graphs; captured by warmup).
+        self.prefill_graphs = PrefillGraphs(
+            model, self.state, self.tables, min(self.max_seq_len, self.prefill_max_rows), self._graph_pool
+        )
         self._active_host = torch.zeros(self.max_slots, dtype=torch.bool, pin_memory=cuda)
         logger.info(
             "model runner: %d slots, takes up to %d positions, paged KV cache of %d blocks x %d positions "
@@ -314,6 +319,10 @@ class ModelRunner:
             for piece in pieces:
                 self._prefill_pass([piece])
             return
+        if self.use_cuda_graphs and len(pieces) == 1 and pieces[0][2] == 0:
+            slot, rows, _ = pieces[0]
+            if self.prefill_graphs.run(slot, rows):  # False: no graph holds that many rows (or none yet)
+                return
         width = max(int(rows.shape[0]) for _, rows, _ in pieces)
         padded = torch.zeros((len(pieces), width, self.config.n_channels), dtype=torch.int64)  # ids 0 are valid
         for b, (_, rows, _) in enumerate(pieces):
@@ -477,8 +486,6 @@ class ModelRunner:
         st = self.state
         saved_active = st.active.clone()
         st.active.zero_()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -486,12 +493,18 @@ class ModelRunner:
                 frame_step(self.model, st, self.tables, 0, batch, key_len)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._graph_pool()):
             frame_step(self.model, st, self.tables, 0, batch, key_len)
         torch.cuda.synchronize(self.device)
         st.active.copy_(saved_active)
         logger.info("captured step graph batch=%d keys=%d in %.0f ms", batch, key_len, (time.perf_counter() - t0) * 1e3)
         return graph
+
+    def _graph_pool(self) -> Any:
+        """The memory pool every graph of this runner shares (they all run on one thread, one at a time)."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
 
     def pending_graphs(self) -> list[tuple[int, int]]:
         """(batch, keys) step graphs not captured yet, the likeliest first (small batches, short keys)."""
@@ -510,10 +523,15 @@ class ModelRunner:
         return True
 
     @torch.inference_mode()
-    def warmup(self, batch_sizes: list[int] | None = None, key_lengths: list[int] | None = None) -> None:
-        """Capture graphs ahead of serving (no-op without CUDA graphs)."""
+    def warmup(
+        self, batch_sizes: list[int] | None = None, key_lengths: list[int] | None = None, prefill: bool = True
+    ) -> None:
+        """Capture graphs ahead of serving (no-op without CUDA graphs): steps of these batch sizes and key lengths
+        (default: all), and with ``prefill`` the lone-prompt prefill graphs (prefill_graphs)."""
         if not self.use_cuda_graphs:
             return
+        if prefill:
+            self.prefill_graphs.capture_all()
         batches = sorted({_bucket(b, self._batch_buckets()) for b in (batch_sizes or self._batch_buckets())})
         keys = sorted({self._key_bucket(k) for k in (key_lengths or self.key_buckets())})
         for b in batches:

@@ -236,3 +236,29 @@ def test_fused_sampler_draws_the_torch_samplers_codes(device, make_runner, golde
     for s in fused:
         np.testing.assert_array_equal(fused[s], plain[s], err_msg=f"slot {s}")
     assert torch.equal(fused_presence, plain_presence)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lone_prompt_prefill_through_a_graph_equals_eager(device, make_runner, golden_cases) -> None:
+    """A fresh prompt alone is prefilled through a prefill graph (padded to its 256-row bucket) once warmup has
+    captured them: the cache equals the eager pass's to float rounding and the sampled codes that follow are the
+    same. The CPU has no graphs: both runs are eager there (the body's own logic still runs)."""
+    runs = []
+    for graphs in (True, False):
+        options = {"use_cuda_graphs": graphs} if device == "cuda" else {}
+        runner = make_runner(device, max_slots=2, max_seq_len=320, **options)
+        runner.warmup(batch_sizes=[1], key_lengths=[256])
+        prompt = _directed(runner, golden_cases, LONG_TEXT)
+        assert 128 < len(prompt) <= 256
+        slot = runner.alloc_slot()
+        runner.prefill(slot, prompt)
+        assert runner.prefill_graphs.replays == (1 if graphs and device == "cuda" else 0)
+        assert runner.slot_length(slot) == len(prompt)
+        runner.set_sampling(slot, PENALTY, seed=5)
+        cache = runner.slot_cache(slot, len(prompt))
+        codes = np.stack([runner.step([slot]).codes[0] for _ in range(16)])
+        runs.append((cache, codes))
+    (graph_cache, graph_codes), (eager_cache, eager_codes) = runs
+    for x, y in zip(graph_cache, eager_cache, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(graph_codes, eager_codes)
