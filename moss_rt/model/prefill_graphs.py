@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,11 +48,11 @@ class PrefillGraphs:
         state: SlotState,
         tables: Tables,
         max_rows: int,
-        pool: Callable[[], Any],
+        pool: Any,
     ) -> None:
         self.model, self.state, self.tables = model, state, tables
         self.buckets = [b for b in PREFILL_GRAPH_ROWS if b <= max_rows]
-        self._pool = pool  # the runner's graph memory pool (created on first use)
+        self._pool = pool  # the runner's graph memory pool handle
         self._graphs: dict[int, _PrefillGraph] = {}
         self.replays = 0  # passes that ran through a graph
 
@@ -108,7 +107,7 @@ class PrefillGraphs:
                 self._pass(g, width)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool()):
+        with torch.cuda.graph(graph, pool=self._pool):
             self._pass(g, width)
         torch.cuda.synchronize(device)
         g.graph = graph

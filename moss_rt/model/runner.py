@@ -111,10 +111,13 @@ class ModelRunner:
         self._frames = np.zeros(self.max_slots, dtype=np.int64)
         self._allocated = np.zeros(self.max_slots, dtype=bool)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._pool: Any = None
+        # The memory pool every graph of this runner shares (they all run on this thread, one at a time). A handle,
+        # not a callback into the runner: a reference cycle would leave a closed runner's graphs to the cyclic
+        # garbage collector, which may then destroy them in the middle of another graph's capture (an abort).
+        self._pool: Any = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
         # A lone fresh prompt's pass through a graph (prefill_graphs; captured by warmup).
         self.prefill_graphs = PrefillGraphs(
-            model, self.state, self.tables, min(self.max_seq_len, self.prefill_max_rows), self._graph_pool
+            model, self.state, self.tables, min(self.max_seq_len, self.prefill_max_rows), self._pool
         )
         self._active_host = torch.zeros(self.max_slots, dtype=torch.bool, pin_memory=cuda)
         logger.info(
@@ -493,18 +496,12 @@ class ModelRunner:
                 frame_step(self.model, st, self.tables, 0, batch, key_len)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool()):
+        with torch.cuda.graph(graph, pool=self._pool):
             frame_step(self.model, st, self.tables, 0, batch, key_len)
         torch.cuda.synchronize(self.device)
         st.active.copy_(saved_active)
         logger.info("captured step graph batch=%d keys=%d in %.0f ms", batch, key_len, (time.perf_counter() - t0) * 1e3)
         return graph
-
-    def _graph_pool(self) -> Any:
-        """The memory pool every graph of this runner shares (they all run on one thread, one at a time)."""
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        return self._pool
 
     def pending_graphs(self) -> list[tuple[int, int]]:
         """(batch, keys) step graphs not captured yet, the likeliest first (small batches, short keys)."""
