@@ -89,10 +89,11 @@ class CodecBatcher:
     def pending(self) -> list[tuple[int, int]]:
         return [] if not self.graphs else [bt for bt in self.shapes() if bt not in self._warm]
 
-    def capture_next(self) -> bool:
-        """Capture the likeliest missing graph (the engine calls this while idle); False: none left.
-        Until a shape has its graph, calls of that shape run eagerly (same numbers, slower)."""
-        pending = self.pending()
+    def capture_next(self, main_only: bool = False) -> bool:
+        """Capture the likeliest missing graph (the engine calls this while idle); False: none left (with
+        ``main_only``: no first-chunk or full-chunk shape left, T in LARGE_T). Until a shape has its graph, calls
+        of that shape run eagerly (same numbers, slower)."""
+        pending = [bt for bt in self.pending() if bt[1] in LARGE_T] if main_only else self.pending()
         if not pending:
             return False
         b, t = pending[0]

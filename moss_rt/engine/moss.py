@@ -271,14 +271,21 @@ class MossEngine(EngineLifecycle):
                 self._wake.wait(PAUSED_POLL_S if sched.has_paused or sched.preparing else IDLE_WAIT_S)
 
     def _capture_idle(self) -> bool:
-        """Capture one missing CUDA graph while nothing runs (a take arriving now waits for it, ~1 s)."""
+        """Capture one missing CUDA graph while nothing runs (a take arriving now waits for it, ~1 s).
+
+        The codec's first- and full-chunk shapes come first: a burst that meets one uncaptured decodes eagerly
+        (about 55 ms a call) and then has it captured under load, stalling every stream (up to ~2 s while Triton's
+        cache is cold: 16 streams right after ready waited 1.85 s for first audio). A missing step graph costs one
+        capture on first use (~0.1 s). Then the step graphs, then the codec's odd chunk lengths."""
         runner, batcher, worker = self._runner, self._batcher, self._codec_worker
         if self._graphs_done or worker is None:
             return False
         try:
             worker.drain()  # nothing runs on the codec's side while the model captures (idle: nothing to wait for)
-            captured = (runner is not None and runner.capture_next()) or (
-                batcher is not None and bool(worker.call(batcher.capture_next))
+            captured = (
+                (batcher is not None and bool(worker.call(lambda: batcher.capture_next(main_only=True))))
+                or (runner is not None and runner.capture_next())
+                or (batcher is not None and bool(worker.call(batcher.capture_next)))
             )
         except Exception:  # a failed capture must not stop serving: the eager path remains
             log.exception("graph capture while idle failed; leaving the remaining shapes eager/lazy")

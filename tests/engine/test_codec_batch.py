@@ -137,3 +137,14 @@ def test_deferred_captures_are_counted_at_hand_over_and_captured_between_calls()
     batcher.note_call(full)
     batcher.decode(streams, full)
     assert dec.calls[-1][0] and len(dec.calls[-1][1]) == 48 and batcher.wanted == []
+
+
+def test_main_shapes_can_be_captured_before_the_odd_chunk_lengths() -> None:
+    dec = FakeDecoder()
+    batcher = CodecBatcher(dec, 64)  # type: ignore[arg-type]
+    while batcher.capture_next(main_only=True):
+        pass
+    # first chunks (T=1) and full chunks (T=8) of every batch bucket, nothing else yet
+    assert sorted(dec.captured) == sorted((b, t) for b in graph_buckets(64) for t in (1, 8))
+    assert batcher.pending() and all(t not in (1, 8) for _, t in batcher.pending())
+    assert batcher.capture_next() and dec.captured[-1][1] not in (1, 8)
