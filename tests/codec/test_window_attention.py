@@ -9,13 +9,12 @@ and must not leak into the session).
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+
+from tests.kernels import needs_interpreter, run_interpreted
 
 # (tokens per frame, window in tokens, block tokens, ring blocks) geometries: the second has windows longer than
 # one key tile (several tiles and splits) and blocks that do not divide the tile.
@@ -101,14 +100,9 @@ print("ok", max(f32), max(bf16))
 """
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
-    reason="needs Triton (interpreter) and no GPU",
-)
+@needs_interpreter
 def test_kernel_equals_masked_sdpa_through_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", MOSS_RT_CODEC_KERNEL="interpret", PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    run_interpreted(_SCRIPT, "MOSS_RT_CODEC_KERNEL")
 
 
 _STREAMING = r"""
@@ -146,10 +140,7 @@ print("ok", worst)
 """
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
-    reason="needs Triton (interpreter) and no GPU",
-)
+@needs_interpreter
 def test_streaming_through_the_kernel_equals_whole_clip() -> None:
     """The tiny codec streamed through the kernel, interpreted on CPU (the fused elementwise kernels are off: their
     interpreted per-token programs would take minutes): chunks of 1, 5 and 8
@@ -157,8 +148,4 @@ def test_streaming_through_the_kernel_equals_whole_clip() -> None:
     from pathlib import Path
 
     tiny = Path(__file__).resolve().parent.parent / "fixtures" / "codec" / "tiny"
-    env = dict(os.environ, TRITON_INTERPRET="1", MOSS_RT_CODEC_KERNEL="interpret", MOSS_RT_CODEC_FUSED="0",
-               PYTHONPATH=os.pathsep.join(sys.path))
-    script = f"TINY = {str(tiny)!r}\n" + _STREAMING
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    run_interpreted(f"TINY = {str(tiny)!r}\n" + _STREAMING, "MOSS_RT_CODEC_KERNEL", MOSS_RT_CODEC_FUSED="0")

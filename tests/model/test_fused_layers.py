@@ -9,12 +9,7 @@ read when the kernels are built and must not leak into the session). Without eit
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -23,6 +18,7 @@ import torch.nn.functional as F
 
 from moss_rt.generation import SamplingParams
 from moss_rt.model.layers import RMSNorm, rotate_half_split
+from tests.kernels import HAS_TRITON, kernel_switch, needs_interpreter, run_interpreted
 
 GREEDY = SamplingParams(audio_temperature=0.0, text_temperature=0.0)
 FRAMES = 24
@@ -92,19 +88,6 @@ def kernel_errors(device: str, dtype: torch.dtype, dims: tuple[int, ...] = (24, 
     return errors
 
 
-@contextmanager
-def backbone_mode(mode: str) -> Iterator[None]:
-    old = os.environ.get("MOSS_RT_FUSED_BACKBONE")
-    os.environ["MOSS_RT_FUSED_BACKBONE"] = mode
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["MOSS_RT_FUSED_BACKBONE"]
-        else:
-            os.environ["MOSS_RT_FUSED_BACKBONE"] = old
-
-
 def model_run(device: str, mode: str, frames: int = FRAMES, **options: object) -> dict[str, object]:
     """Tiny checkpoint fp32: a batched prefill of two prompts (one pass, T > 1), then ``frames`` greedy steps of
     both slots (T == 1). Returns codes [2,frames,12] and each slot's cache (keys, values, hidden)."""
@@ -113,7 +96,7 @@ def model_run(device: str, mode: str, frames: int = FRAMES, **options: object) -
     from tests.model.conftest import TINY
 
     loaded = load_model(TINY, device=device, dtype=torch.float32)
-    with backbone_mode(mode):
+    with kernel_switch("MOSS_RT_FUSED_BACKBONE", mode):
         assert fused_layers.available(torch.zeros(1, device=device)) == (mode != "0")
         runner = ModelRunner(
             loaded.model, loaded.tokenizer, loaded.config, max_slots=2, max_seq_len=192, device=device,
@@ -148,7 +131,6 @@ def model_errors(fused: dict[str, object], plain: dict[str, object]) -> float:
     return err
 
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 GPU = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -190,12 +172,9 @@ print("ok", f32, bf16, err)
 """
 
 
-@pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(), reason="needs Triton (interpreter) and no GPU")
+@needs_interpreter
 def test_fused_kernels_and_model_equal_the_torch_path_through_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", MOSS_RT_FUSED_BACKBONE="interpret",
-               PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    run_interpreted(_SCRIPT, "MOSS_RT_FUSED_BACKBONE")
 
 
 def test_the_cpu_and_the_switch_keep_the_torch_path() -> None:
@@ -204,5 +183,5 @@ def test_the_cpu_and_the_switch_keep_the_torch_path() -> None:
     if os.environ.get("MOSS_RT_FUSED_BACKBONE") == "interpret":
         pytest.skip("the interpreter mode runs the kernels on CPU on purpose")
     assert not fused_layers.available(torch.zeros(1))
-    with backbone_mode("0"):
+    with kernel_switch("MOSS_RT_FUSED_BACKBONE", "0"):
         assert not fused_layers.available(torch.zeros(1))

@@ -10,10 +10,6 @@ when the kernels are built and must not leak into the session).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -21,22 +17,10 @@ from torch import nn
 
 from moss_rt.model.config import LocalConfig
 from moss_rt.model.layers import grouped_attention, rope_tables_interleaved, rotate_interleaved
-from tests.model.test_fused_layers import HAS_TRITON, _rel, model_errors, model_run
+from tests.kernels import HAS_TRITON, kernel_switch, needs_interpreter, run_interpreted
+from tests.model.test_fused_layers import _rel, model_errors, model_run
 
 N_VQ = 12
-
-
-@contextmanager
-def local_mode(mode: str) -> Iterator[None]:
-    old = os.environ.get("MOSS_RT_FUSED_LOCAL")
-    os.environ["MOSS_RT_FUSED_LOCAL"] = mode
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["MOSS_RT_FUSED_LOCAL"]
-        else:
-            os.environ["MOSS_RT_FUSED_LOCAL"] = old
 
 
 def _randomise(module: nn.Module, gen: torch.Generator) -> None:
@@ -107,7 +91,8 @@ def kernel_errors(device: str, dtype: torch.dtype, dims: tuple[int, ...] = (16, 
             x = rand(2, cfg.n_embd, scale=2)
             outs = {}
             for m in ("1", "0"):
-                with local_mode(os.environ.get("MOSS_RT_FUSED_LOCAL", "1") if m == "1" else "0"):
+                mode = os.environ.get("MOSS_RT_FUSED_LOCAL", "1") if m == "1" else "0"
+                with kernel_switch("MOSS_RT_FUSED_LOCAL", mode):
                     assert fused_local.available(x) == (m == "1")
                     outs[m] = local.step(x, cos_t[pos], sin_t[pos], bufs[m], pos)
             note("step", _rel(outs["1"], outs["0"]))
@@ -120,10 +105,10 @@ def local_model_errors(device: str, fused_mode: str, **options: object) -> float
     """The tiny checkpoint's prefill + greedy frames with the fused local step vs the torch one (backbone: torch)."""
     from moss_rt.model import fused_local
 
-    with local_mode(fused_mode):
+    with kernel_switch("MOSS_RT_FUSED_LOCAL", fused_mode):
         assert fused_local.available(torch.zeros(1, device=device))
         fused = model_run(device, "0", **options)
-    with local_mode("0"):
+    with kernel_switch("MOSS_RT_FUSED_LOCAL", "0"):
         plain = model_run(device, "0", use_cuda_graphs=False) if device == "cuda" else model_run(device, "0")
     return model_errors(fused, plain)
 
@@ -160,11 +145,9 @@ print("ok", f32, bf16, err)
 """
 
 
-@pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(), reason="needs Triton (interpreter) and no GPU")
+@needs_interpreter
 def test_fused_local_kernels_and_model_equal_the_torch_path_through_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", MOSS_RT_FUSED_LOCAL="interpret", PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    run_interpreted(_SCRIPT, "MOSS_RT_FUSED_LOCAL")
 
 
 def test_the_cpu_and_the_switch_keep_the_torch_local_path() -> None:
@@ -173,6 +156,6 @@ def test_the_cpu_and_the_switch_keep_the_torch_local_path() -> None:
     if os.environ.get("MOSS_RT_FUSED_LOCAL") == "interpret":
         pytest.skip("the interpreter mode runs the kernels on CPU on purpose")
     assert not fused_local.available(torch.zeros(1))
-    with local_mode("0"):
+    with kernel_switch("MOSS_RT_FUSED_LOCAL", "0"):
         assert not fused_local.available(torch.zeros(1))
 

@@ -14,11 +14,8 @@ without top-p, the uniforms, the presence marks and batch invariance must match 
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -33,6 +30,7 @@ from moss_rt.model.sampling import (
     token_keys,
     uniforms,
 )
+from tests.kernels import HAS_TRITON, needs_interpreter, run_interpreted
 
 TOP_P_TOL = 1e-5  # well above the ~1e-6 by which float32 sums of 1024 probabilities in two orders differ
 CTR_MUL, CTR_ADD = 13, 7  # the step's counter: frame * (n_vq + 1) + draw
@@ -279,7 +277,6 @@ def check_steps_equal_the_torch_path(frames: int = 6) -> None:
     assert torch.equal(presence, ref_presence)
 
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 @pytest.mark.gpu
@@ -307,12 +304,9 @@ print("ok", summary)
 """
 
 
-@pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(), reason="needs Triton (interpreter) and no GPU")
+@needs_interpreter
 def test_fused_sampler_equals_the_torch_path_through_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", MOSS_RT_FUSED_SAMPLER="interpret",
-               PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    run_interpreted(_SCRIPT, "MOSS_RT_FUSED_SAMPLER")
 
 
 def test_the_cpu_keeps_the_torch_path() -> None:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from moss_rt.model.layers import grouped_attention
+from tests.kernels import needs_interpreter, run_interpreted
 
 
 def _cases(device: str, dtype: torch.dtype, shapes: list[tuple[int, int]]) -> list[float]:
@@ -75,15 +74,9 @@ print("ok", f32, bf16)
 """
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
-    reason="needs Triton (interpreter) and no GPU",
-)
+@needs_interpreter
 def test_kernel_equals_the_gather_path_through_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", MOSS_RT_DECODE_KERNEL="interpret",
-               PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    run_interpreted(_SCRIPT, "MOSS_RT_DECODE_KERNEL", timeout=600)
 
 
 def test_the_cpu_keeps_the_gather_path() -> None:
