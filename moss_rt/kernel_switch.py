@@ -23,6 +23,13 @@ def kernel_wanted(switch: str, on_cuda: bool) -> bool:
     return on_cuda or (mode == "interpret" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
+def loaded_kernels(module: str) -> ModuleType:
+    """The kernel module, for callers whose ``available()`` already said yes (Triton imports)."""
+    kernels = import_kernels(module)
+    assert kernels is not None, "check available() first"
+    return kernels
+
+
 @functools.cache
 def import_kernels(module: str) -> ModuleType | None:
     """The kernel module, imported on first use (so TRITON_INTERPRET is read then); None without Triton (the CPU

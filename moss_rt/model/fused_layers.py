@@ -26,11 +26,9 @@ no value-dependent allocations: the same code runs eagerly and under CUDA-graph 
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 
-from moss_rt.kernel_switch import import_kernels, kernel_wanted
+from moss_rt.kernel_switch import import_kernels, kernel_wanted, loaded_kernels
 
 __all__ = ["add_rmsnorm", "available", "qk_norm_rope_write", "silu_mul"]
 
@@ -43,12 +41,6 @@ KERNELS = "moss_rt.model.fused_layers_kernels"
 def available(t: torch.Tensor) -> bool:
     """Whether the fused layer runs for tensors like ``t`` (``MOSS_RT_FUSED_BACKBONE``, see kernel_switch.py)."""
     return kernel_wanted("MOSS_RT_FUSED_BACKBONE", t.is_cuda) and import_kernels(KERNELS) is not None
-
-
-def _k() -> ModuleType:
-    k = import_kernels(KERNELS)
-    assert k is not None, "check available() first"
-    return k
 
 
 def row_block(n: int) -> int:
@@ -70,7 +62,7 @@ def add_rmsnorm(
     out = torch.empty_like(x)
     d = delta if delta is not None else x
     block = row_block(n)
-    _k().add_rmsnorm[(rows,)](
+    loaded_kernels(KERNELS).add_rmsnorm[(rows,)](
         x, d, res, out, weight, x.stride(0), d.stride(0), res.stride(0), out.stride(0), n, float(eps),
         HAS_ADD=delta is not None, BLOCK=block, ACCURATE=x.is_cuda, num_warps=row_warps(block),
     )
@@ -98,7 +90,7 @@ def qk_norm_rope_write(
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(2) == 1
     q = torch.empty((rows, heads, dim), dtype=qkv.dtype, device=qkv.device)
     block = row_block(dim)
-    _k().qk_norm_rope_write[(rows, heads + kv_heads)](
+    loaded_kernels(KERNELS).qk_norm_rope_write[(rows, heads + kv_heads)](
         qkv, cos, sin, q_weight, k_weight, write, q, k_cache, v_cache,
         qkv.stride(0), cos.stride(0), q.stride(0), k_cache.stride(0), k_cache.stride(1), float(eps),
         HQ=heads, HKV=kv_heads, D=dim, BLOCK_D=block, ACCURATE=qkv.is_cuda, num_warps=1 if block <= 128 else 2,
@@ -113,7 +105,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     assert gate_up.stride(1) == 1
     out = torch.empty((rows, n), dtype=gate_up.dtype, device=gate_up.device)
     block = min(SILU_BLOCK, row_block(n))
-    _k().silu_mul[(rows, -(-n // block))](
+    loaded_kernels(KERNELS).silu_mul[(rows, -(-n // block))](
         gate_up, out, gate_up.stride(0), out.stride(0), n, BLOCK=block, ACCURATE=gate_up.is_cuda,
         num_warps=row_warps(block),
     )

@@ -27,11 +27,9 @@ path): the same code runs eagerly and under CUDA-graph capture.
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 
-from moss_rt.kernel_switch import import_kernels, kernel_wanted
+from moss_rt.kernel_switch import import_kernels, kernel_wanted, loaded_kernels
 from moss_rt.model.fused_layers import row_block, row_warps
 
 __all__ = ["add_layernorm", "available", "rope_write_attention"]
@@ -45,12 +43,6 @@ def available(t: torch.Tensor) -> bool:
     return kernel_wanted("MOSS_RT_FUSED_LOCAL", t.is_cuda) and import_kernels(KERNELS) is not None
 
 
-def _k() -> ModuleType:
-    k = import_kernels(KERNELS)
-    assert k is not None, "check available() first"
-    return k
-
-
 def add_layernorm(
     x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +53,7 @@ def add_layernorm(
     out = torch.empty_like(x)
     d = delta if delta is not None else x
     block = row_block(n)
-    _k().add_layernorm[(rows,)](
+    loaded_kernels(KERNELS).add_layernorm[(rows,)](
         x, d, res, out, weight, bias, x.stride(0), d.stride(0), res.stride(0), out.stride(0), n, float(eps),
         HAS_ADD=delta is not None, BLOCK=block, ACCURATE=x.is_cuda, num_warps=row_warps(block),
     )
@@ -89,7 +81,7 @@ def rope_write_attention(
     assert k_buf.stride() == v_buf.stride() and k_buf.stride(3) == 1
     out = torch.empty((batch, embed), dtype=qkv.dtype, device=qkv.device)
     block = row_block(dim)
-    _k().rope_write_attention[(batch, heads)](
+    loaded_kernels(KERNELS).rope_write_attention[(batch, heads)](
         qkv, cos, sin, k_buf, v_buf, out, qkv.stride(0), out.stride(0), k_buf.stride(0), k_buf.stride(1),
         k_buf.stride(2), int(pos), float(scale),
         E=embed, D=dim, BLOCK_D=block, BLOCK_S=row_block(length), ACCURATE=qkv.is_cuda,
