@@ -486,7 +486,6 @@ class MossEngine(EngineLifecycle):
                 prep_budget_s=s.prefill_budget_ms / 1000.0,
                 retain_slots=slots,
                 prefill_max_rows=s.prefill_max_rows,
-                prefill_stream_rows=s.prefill_stream_rows,
             ),
             on_take_done=self._take_done,
             sync=self._sync,
@@ -595,7 +594,7 @@ class MossEngine(EngineLifecycle):
         # many as the KV pool holds at once (a small card's pool may not hold 16 prompts).
         fits = runner.blocks.available // max(1, runner.blocks_needed(chunk))
         large = min(16, runner.max_slots, s.prefill_max_rows // max(1, chunk), fits)
-        if not s.prefill_stream_rows and self._device.type == "cuda" and large >= 2:
+        if not s.prefill_stream_rows and self._device.type == "cuda" and large >= 2:  # else: the setting or max
             prompt = runner.build_prompt(text="Warm-up.", instruction="")
             rows_in = np.resize(prompt, (chunk, prompt.shape[1]))  # the prompt's rows repeated: valid rows
             slots = [runner.alloc_slot() for _ in range(large)]

@@ -15,12 +15,9 @@ earliest first audio.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-log = logging.getLogger(__name__)
 
 # Below this a pass is mostly fixed cost (36 layers' launches); a 64-row chunk of one take always fits.
 MIN_ROWS_PER_PASS = 64

@@ -64,7 +64,6 @@ class SchedulerConfig:
     retain_slots: int  # finished takes whose cache blocks are kept for retakes (they hold no slot)
     prefill_max_rows: int = 8192  # padded rows per batched prefill pass (takes x longest chunk)
     prefill_keys_per_row: int = PREFILL_KEYS_PER_ROW  # with it, bounds padded rows x longest key window
-    prefill_stream_rows: int = 0  # padded rows per pass while takes stream (0: prefill_max_rows)
 
 
 class Scheduler:
@@ -94,9 +93,9 @@ class Scheduler:
         self.running: list[Take] = []
         self.retained = RetainedCaches(config.retain_slots)
         self.steps = 0
-        # Padded rows of a pass while takes stream; fixed for the engine's life (the engine may size it once at
-        # warm-up, see prefill_pace): pass composition must not follow timings, or codes would.
-        self.stream_rows = min(config.prefill_stream_rows or config.prefill_max_rows, config.prefill_max_rows)
+        # Padded rows of a pass while takes stream (at most prefill_max_rows); the engine sets it once at warm-up
+        # (prefill_pace) and it stays fixed: pass composition must not follow timings, or codes would.
+        self.stream_rows = config.prefill_max_rows
         self._last_step_at: float | None = None  # start of the previous step while takes ran
 
     # ------------------------------------------------------------------ bookkeeping

@@ -53,7 +53,7 @@ def chunk_attention(
     batch, tq, hq, dim = q.shape
     qh = q.transpose(1, 2)  # [B,Hq,T,D]
     with sdpa_kernel(BACKENDS):
-        if causal and k.shape[2] == tq:
+        if causal:
             out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
             groups = hq // k.shape[1]

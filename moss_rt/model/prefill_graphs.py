@@ -59,10 +59,6 @@ class PrefillGraphs:
     def bucket(self, rows: int) -> int | None:
         return next((b for b in self.buckets if b >= rows), None)
 
-    @property
-    def captured(self) -> list[int]:
-        return sorted(self._graphs)
-
     def run(self, slot: int, rows: torch.Tensor) -> bool:
         """Prefill ``rows`` [T, channels] at positions 0..T-1 of ``slot`` through a graph; False (nothing done) when
         no captured graph fits them. The slot's blocks must already be writable (the runner's prefill_batch)."""

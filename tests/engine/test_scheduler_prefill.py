@@ -157,7 +157,6 @@ def test_prefill_cost_fits_a_line_and_sizes_passes_to_the_budget() -> None:
     assert PrefillCost(0.01, 0.0).rows_within(0.05, 4096) == 4096  # size costs nothing measurable: no cap
 
 
-
 def test_prefill_cost_is_measured_past_first_use(monkeypatch) -> None:
     """A pass of n chunks of 100 rows costs 5 ms + 1 ms a chunk (10 us a row); the first run of a size costs
     three times that (first-use costs) and is left out."""
