@@ -73,6 +73,9 @@ class Settings:
     # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest); with the
     # scheduler's keys-per-row bound on rows x longest key window, it bounds the pass's memory and stall.
     prefill_max_rows: int = setting(8192, "padded prompt rows per batched prefill pass")
+    # Prompt blocks stay in the KV pool after their take until the room is needed, so later takes whose
+    # prompts open with the same rows (one voice, one direction) share them instead of prefilling them.
+    prompt_cache: bool = setting(True, "keep prompt blocks for later takes whose prompts open the same way")
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")

@@ -95,6 +95,16 @@ class EngineMetrics:
             "moss_rt_kv_blocks_promised", "Free KV blocks promised to running takes (their remaining budget)",
             registry=r,
         )
+        self.prompt_cache_blocks = Gauge(
+            "moss_rt_prompt_cache_blocks",
+            "KV blocks kept for later takes whose prompts open with the same rows (given back when room is needed)",
+            registry=r,
+        )
+        self.prompt_rows = Counter(
+            "moss_rt_prompt_rows_total",
+            "Prompt rows that entered takes' caches, by source: prefill (computed) or cache (shared from kept blocks)",
+            ["source"], registry=r,
+        )
         self.retained_caches = Gauge("moss_rt_retained_caches", "Finished takes whose cache is kept for retakes",
                                      registry=r)
         self.plan_bytes = Gauge(

@@ -486,6 +486,7 @@ class MossEngine(EngineLifecycle):
                 prep_budget_s=s.prefill_budget_ms / 1000.0,
                 retain_slots=slots,
                 prefill_max_rows=s.prefill_max_rows,
+                prompt_cache=s.prompt_cache,
             ),
             on_take_done=self._take_done,
             sync=self._sync,

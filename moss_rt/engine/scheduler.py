@@ -6,7 +6,9 @@ One :meth:`Scheduler.iterate` is one scheduling round:
 1. takes whose channel was cancelled end now (a running one first sends the frames it already made);
 2. waiting takes get slots while slots are free;
 3. preparing takes advance their prompt prefill / codec rebuild, within a time budget while other
-   takes are streaming: the next prompt chunks of all of them go through the backbone in ONE batched
+   takes are streaming. Prompt rows kept in the cache from earlier takes (prompt_cache) are shared, not
+   prefilled, and a take waits for rows another take is computing; the next prompt chunks of all the others
+   go through the backbone in ONE batched
    prefill pass (at most ``prefill_max_rows`` padded rows; while takes stream, one pass per round of at
    most ``stream_rows``, sized to the budget at warm-up (prefill_pace), so a burst of arrivals goes in
    as chunks interleaved with frames and never holds a running stream for more than about one frame);
@@ -38,6 +40,7 @@ from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import CodecWorker
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prefill_pace import MIN_ROWS_PER_PASS
+from moss_rt.engine.prompt_cache import Match, PromptCache
 from moss_rt.engine.prompts import frames_room
 from moss_rt.engine.slots import Phase, Retained, RetainedCaches, Take
 from moss_rt.generation import N_CODEBOOKS
@@ -64,6 +67,7 @@ class SchedulerConfig:
     retain_slots: int  # finished takes whose cache blocks are kept for retakes (they hold no slot)
     prefill_max_rows: int = 8192  # padded rows per batched prefill pass (takes x longest chunk)
     prefill_keys_per_row: int = PREFILL_KEYS_PER_ROW  # with it, bounds padded rows x longest key window
+    prompt_cache: bool = True  # keep prompt blocks for later takes that open with the same rows
 
 
 class Scheduler:
@@ -92,6 +96,8 @@ class Scheduler:
         self.preparing: list[Take] = []
         self.running: list[Take] = []
         self.retained = RetainedCaches(config.retain_slots)
+        pool = getattr(runner, "blocks", None)  # test stand-ins without a pool keep no prompts
+        self.prompts = PromptCache(pool, enabled=config.prompt_cache and pool is not None)
         self.steps = 0
         # Padded rows of a pass while takes stream (at most prefill_max_rows); the engine sets it once at warm-up
         # (prefill_pace) and it stays fixed: pass composition must not follow timings, or codes would.
@@ -126,6 +132,7 @@ class Scheduler:
             m.kv_blocks_total.set(blocks.num_blocks - 1)
             m.kv_blocks_promised.set(blocks.promised)
         m.retained_caches.set(len(self.retained))
+        m.prompt_cache_blocks.set(len(self.prompts))
         m.codec_pending.set(self.worker.pending)
 
     # ------------------------------------------------------------------ one round
@@ -182,10 +189,13 @@ class Scheduler:
             admitted = True
         return admitted
 
-    def _room_for(self, need: int, keep: str | None) -> bool:
-        """Make ``need`` blocks available, evicting kept caches (oldest first, never ``keep``)."""
+    def _room_for(self, need: int, keep: str | None, spare: frozenset[int] = frozenset()) -> bool:
+        """Make ``need`` blocks available: kept prompt blocks go first (least recently used, never those in
+        ``spare``), then kept caches of finished takes (oldest first, never ``keep``)."""
         runner = self.runner
         while runner.blocks.available < need:
+            if self.prompts.evict(need, spare):
+                continue  # dropping a finished take's cache may have left more prompt blocks to the cache alone
             ref = self.retained.evict_oldest(keep=keep)
             if ref is None:
                 return False
@@ -209,11 +219,25 @@ class Scheduler:
         frame_cap = min(n + spec.max_frames, room)
         kept = self.retained.get(spec.parent_take) if spec.parent_take else None
         share = kept is not None and self._can_truncate(kept, prompt, prefix)
-        shared = len(prompt) + n if share else 0
+        if share:
+            rows, keys, shared, match = prompt, None, len(prompt) + n, None
+        else:
+            rows = prompt
+            if n:
+                # Kept frames enter the cache as the model's own assistant rows (slot token + codes).
+                frame_rows = np.empty((n, N_CODEBOOKS + 1), dtype=np.int64)
+                frame_rows[:, 0] = runner.config.audio_assistant_slot_token_id
+                frame_rows[:, 1:] = prefix
+                rows = np.concatenate([prompt, frame_rows], axis=0)
+            keys = self.prompts.keys(rows)
+            match = self.prompts.match(keys)
+            shared = match.length
         # Every position the take may write (prompt, kept frames, new frames): promised up front,
         # allocated block by block as it grows; a shared prefix costs nothing (its branch block one copy).
-        need = runner.blocks_needed(len(prompt) + frame_cap + 1, shared)
-        if not self._room_for(need, keep=spec.parent_take if share else None):
+        positions = len(prompt) + frame_cap + 1
+        need = runner.blocks_needed(positions, shared)
+        spare = frozenset(match.blocks) if match is not None else frozenset()
+        if not self._room_for(need, keep=spec.parent_take if share else None, spare=spare):
             if not self.active_count:
                 raise ValueError(
                     f"the take needs {need} KV cache blocks but the pool has {runner.blocks.available} "
@@ -228,26 +252,24 @@ class Scheduler:
         take.frames = take.flushed = n
         take.codes = list(prefix)
         take.model_slot = runner.alloc_slot()
+        take.prompt_rows = rows
         if share:
             assert kept is not None
             # The parent's cache holds prompt + its frames: share its blocks up to frame n.
             runner.attach(take.model_slot, kept.blocks, shared)
-            take.prompt_rows = prompt
             take.prefilled = len(prompt)
             take.reuse_path = "share"
+            if not runner.reserve(take.model_slot, positions, shared):  # pragma: no cover
+                raise RuntimeError("the KV pool could not keep its promise")  # _room_for checked it
         else:
-            if n:
-                # Kept frames enter the cache as the model's own assistant rows (slot token + codes).
-                rows = np.empty((n, N_CODEBOOKS + 1), dtype=np.int64)
-                rows[:, 0] = runner.config.audio_assistant_slot_token_id
-                rows[:, 1:] = prefix
-                take.prompt_rows = np.concatenate([prompt, rows], axis=0)
-                take.reuse_path = "reprefill"
-            else:
-                take.prompt_rows = prompt
-            take.prefilled = 0
-        if not runner.reserve(take.model_slot, len(prompt) + frame_cap + 1, shared):  # pragma: no cover
-            raise RuntimeError("the KV pool could not keep its promise")  # _room_for checked it
+            take.reuse_path = "reprefill" if n else "fresh"
+            take.prompt_keys = keys
+            take.positions = positions
+            assert match is not None
+            # _room_for made the room this needs (PoolExhausted here would be a bookkeeping bug).
+            self._share_kept(take, match)
+            if take.prefilled < len(rows):
+                self._claim_or_wait(take)
         take.retain_key = prompt
         # Repetition penalty keeps the kept frames as history; the RNG counter continues at frame n.
         runner.set_sampling(
@@ -270,6 +292,48 @@ class Scheduler:
         )
 
     # ------------------------------------------------------------------ prefill / rebuild
+    # ------------------------------------------------------------------ kept prompt blocks
+    def _share_kept(self, take: Take, match: Match) -> None:
+        """The take (nothing prefilled beyond what it shares) continues from the kept blocks of ``match``."""
+        assert take.model_slot is not None
+        if match.length == 0:
+            if not self.runner.reserve(take.model_slot, take.positions):  # pragma: no cover
+                raise RuntimeError("the KV pool could not keep its promise")  # _room_for checked it
+            return
+        self.runner.share_prefix(take.model_slot, match.blocks, match.length, take.positions)
+        self.metrics.prompt_rows.labels("cache").inc(match.length - take.prefilled)
+        take.cached_rows = take.prefilled = match.length
+
+    def _claim_or_wait(self, take: Take) -> None:
+        """The take's next prompt block: computed by another preparing take right now (wait for it to be
+        kept, then share it), or by this take (claimed, so later takes wait for it)."""
+        if take.prompt_keys is None:
+            return
+        block = take.prefilled // self.runner.blocks.block_size
+        other = self.prompts.claimant(take.prompt_keys, block)
+        if other is not None and other != take.take_id:
+            take.waits_for = other
+        else:
+            take.waits_for = None
+            self.prompts.claim(take.take_id, take.prompt_keys, block)
+
+    def _catch_up(self) -> None:
+        """Waiting takes whose awaited block is no longer being computed share what is kept now and go on."""
+        if not self.prompts.enabled:
+            return
+        bs = self.runner.blocks.block_size
+        for take in self.preparing:
+            if take.waits_for is None:
+                continue
+            if self.prompts.claimant(take.prompt_keys, take.prefilled // bs) == take.waits_for:
+                continue  # still being computed
+            match = self.prompts.match(take.prompt_keys)
+            if match.length > take.prefilled:
+                self._share_kept(take, match)  # its reservation only shrinks
+            take.waits_for = None
+            if self._rows_left(take):
+                self._claim_or_wait(take)
+
     def _prepare(self) -> bool:
         if not self.preparing:
             return False
@@ -281,26 +345,28 @@ class Scheduler:
         # Every round runs at least one unit: promoting a take that needed no work (a retake whose
         # parent's cache holds its whole prompt) is not one, or such takes could starve the rest.
         t0 = time.monotonic()
+        self._catch_up()
         promoted = self._promote_ready()
         units = passes = 0
-        while self.preparing:
+        # Takes waiting for prompt blocks another take computes have no unit of their own (_catch_up moves them).
+        while (oldest := next((t for t in self.preparing if t.waits_for is None), None)) is not None:
             if self.running and units and time.monotonic() - t0 >= self.config.prep_budget_s:
                 break
-            if self.running and passes and self._rows_left(self.preparing[0]):
+            if self.running and passes and self._rows_left(oldest):
                 break  # the next unit would be a second prefill pass
-            passes += self._prepare_unit()
+            passes += self._prepare_unit(oldest)
+            self._catch_up()
             self._promote_ready()
             units += 1
         return promoted or units > 0
 
-    def _prepare_unit(self) -> int:
-        """One bounded piece of preparation, chosen by the oldest preparing take's need.
+    def _prepare_unit(self, oldest: Take) -> int:
+        """One bounded piece of preparation, chosen by the oldest preparing take's need (of those not waiting).
 
         Its prompt is not fully prefilled: one batched prefill pass over it and every other take
         with prompt rows left. Otherwise: one chunk of its codec rebuild. Either way some take
         advances or ends, so the caller's loop makes progress. Returns the prefill passes run (0 or 1).
         """
-        oldest = self.preparing[0]
         if self._rows_left(oldest):
             self._prefill(self._prefill_batch())
             return 1
@@ -323,7 +389,7 @@ class Scheduler:
         widest = keys = 0
         for take in self.preparing:
             left = self._rows_left(take)
-            if left <= 0:
+            if left <= 0 or take.waits_for is not None:
                 continue
             count = min(left, self.config.prefill_chunk, cap)
             members = len(chosen) + 1
@@ -374,6 +440,18 @@ class Scheduler:
         self.metrics.prefill_batch.observe(len(batch))
         for take, count in batch:
             take.prefilled += count
+            self.metrics.prompt_rows.labels("prefill").inc(count)
+            self._keep_prompt(take)
+
+    def _keep_prompt(self, take: Take) -> None:
+        """Keep the blocks of the take's prompt rows computed so far for later takes. The block holding a
+        whole prompt's last rows is kept only if the take can be promised the copy its first frame's write
+        into that (then shared) block needs."""
+        keys, slot = take.prompt_keys, take.model_slot
+        if keys is None or slot is None:
+            return
+        with_whole = self.prompts.wants_whole(keys, take.prefilled) and self.runner.blocks.reserve(slot, 1)
+        self.prompts.keep(keys, self.runner.blocks.slot_blocks(slot), take.prefilled, with_whole=with_whole)
 
     def _rebuild_unit(self, take: Take) -> None:
         """The codec state at frame n is rebuilt exactly by decoding the kept frames (audio discarded)."""
@@ -402,6 +480,7 @@ class Scheduler:
         ready = [t for t in self.preparing if not self._rows_left(t) and t.rebuilt >= t.spec.start_frame]
         for take in ready:
             self.preparing.remove(take)
+            self.prompts.unclaim(take.take_id)
             take.phase = Phase.RUNNING
             take.prep_ms = (time.monotonic() - (take.prep_started or take.admitted)) * 1000.0
             self.metrics.prefill_time.observe(take.prep_ms / 1000.0)
@@ -565,6 +644,7 @@ class Scheduler:
         if take.decoder is not None:
             take.decoder.close()
             take.decoder = None
+        self.prompts.unclaim(take.take_id)
         slot, take.model_slot = take.model_slot, None
         if slot is None:
             return
@@ -587,6 +667,7 @@ class Scheduler:
         self.waiting.clear()
         self.preparing.clear()
         self.running.clear()
+        self.prompts.clear()  # after an unexpected failure the device's copies are not to be trusted
         self._update_gauges()
 
     def shutdown(self) -> None:
@@ -602,6 +683,7 @@ class Scheduler:
             group.clear()
         for ref in self.retained.clear():
             self.runner.drop(ref)
+        self.prompts.clear()
         self._update_gauges()
 
 

@@ -17,6 +17,7 @@ from moss_rt.generation import N_CODEBOOKS
 
 if TYPE_CHECKING:
     from moss_rt.codec.streaming import DecoderState
+    from moss_rt.engine.prompt_cache import PromptKeys
     from moss_rt.model.blocks import BlockRef
 
 
@@ -52,6 +53,10 @@ class Take:
     prompt_rows: np.ndarray | None = None  # rows to prefill from position 0 (may add prefix frames as assistant rows)
     prompt_len: int = 0  # rows of the prompt proper (without prefix frames)
     prefilled: int = 0  # rows of prompt_rows already in the cache
+    prompt_keys: PromptKeys | None = None  # what the prompt cache names prompt_rows' blocks by (None: not used)
+    cached_rows: int = 0  # rows of prompt_rows shared from the prompt cache instead of prefilled
+    waits_for: str | None = None  # the preparing take computing this take's next prompt block right now
+    positions: int = 0  # cache positions the take may fill (its reservation's aim)
     rebuilt: int = 0  # prefix frames already fed to the codec state
     frames: int = 0  # frames of the take so far (the next frame's index)
     frame_cap: int = 0  # total frames allowed (prefix + max_new_tokens, bounded by the cache)

@@ -182,6 +182,16 @@ class BlockPool:
         st.blocks = list(shared)
         return len(shared)
 
+    def hold(self, block: int) -> None:
+        """One more reference to an allocated block (a cache of prompt prefixes keeps it)."""
+        if block == SCRATCH_BLOCK or self.refcount[block] < 1:
+            raise ValueError(f"block {block} is not allocated")
+        self.refcount[block] += 1
+
+    def drop_ref(self, block: int) -> None:
+        """Give back one reference taken with :meth:`hold` (the block is free once nobody holds it)."""
+        self._decref(block)
+
     def drop(self, ref: BlockRef) -> None:
         if not ref.dropped:
             ref.dropped = True

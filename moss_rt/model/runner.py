@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from moss_rt.generation import SamplingParams
-from moss_rt.model.blocks import BlockPool, BlockRef
+from moss_rt.model.blocks import BlockPool, BlockRef, PoolExhausted
 from moss_rt.model.config import MossTTSConfig
 from moss_rt.model.network import MossTTSLocalModel
 from moss_rt.model.prefill_graphs import PrefillGraphs
@@ -215,6 +215,17 @@ class ModelRunner:
         self._push_tables()
         self._lengths[slot] = int(length)
         self._sync_length(slot)
+
+    def share_prefix(self, slot: int, blocks: Sequence[int], length: int, positions: int) -> None:
+        """The slot, empty or holding only blocks it shares, continues from ``blocks`` holding its first
+        ``length`` positions (kept prompt blocks); its reservation becomes what reaching ``positions``
+        from there needs. Raises PoolExhausted when that is not available (a caller's bookkeeping bug)."""
+        self._check_slot(slot)
+        self.blocks.release(slot)  # a shorter prefix it shared before, and the reservation made for it
+        self._lengths[slot] = 0
+        self.attach(slot, BlockRef(list(blocks), length), length)
+        if not self.reserve(slot, positions, length):
+            raise PoolExhausted(f"slot {slot} cannot reserve the blocks to reach {positions} positions")
 
     def drop(self, ref: BlockRef) -> None:
         self.blocks.drop(ref)

@@ -26,9 +26,10 @@ async def _settled(srv: RunningServer, name: str) -> float:
 
 
 def _kept_blocks(srv: RunningServer) -> int:
-    """Distinct blocks held by finished takes kept for retakes (read while the engine is idle)."""
+    """Distinct blocks held by finished takes kept for retakes and by the prompt cache (read while the engine
+    is idle)."""
     sched = srv.engine._scheduler  # type: ignore[attr-defined]
-    return len({b for ref in sched.retained.refs() for b in ref.blocks})
+    return len({b for ref in sched.retained.refs() for b in ref.blocks} | set(sched.prompts.blocks()))
 
 
 def test_a_retake_uses_blocks_for_its_new_frames_only(moss_server) -> None:  # type: ignore[no-untyped-def]
@@ -90,6 +91,6 @@ def test_every_block_comes_back_after_100_random_takes(moss_server) -> None:  # 
         return start, end
 
     start, end = run(scenario(), timeout=600)
-    # What is not free is held by finished takes kept for retakes, and nothing else.
+    # What is not free is held by finished takes kept for retakes and kept prompt blocks, and nothing else.
     assert end + _kept_blocks(srv) == start
     assert run(_settled(srv, "moss_rt_kv_blocks_promised")) == 0

@@ -55,8 +55,9 @@ async def _first_then_queued(srv: RunningServer, texts: list[str], seed: Callabl
 
 def test_takes_waiting_together_are_prefilled_in_one_batched_pass(moss_server) -> None:
     """Four takes queued behind a running one are prefilled in ONE pass (visible in /metrics), and a take
-    prefilled in that batch has the same codes as the same take prefilled alone."""
-    srv = moss_server()
+    prefilled in that batch has the same codes as the same take prefilled alone. (Without the prompt cache:
+    with it, the queued takes would share the first one's prompt blocks instead; see test_prompt_cache.py.)"""
+    srv = moss_server(prompt_cache=False)
 
     async def scenario() -> None:
         texts = ["Hi.", FIRST, "A third, rather longer line of text, said slowly.", "No."]
@@ -96,7 +97,8 @@ def test_a_failing_batched_pass_falls_back_to_one_take_at_a_time(moss_server) ->
 
 
 def test_passes_are_capped_by_prefill_max_rows(moss_server) -> None:
-    srv = moss_server(prefill_max_rows=400)  # each prompt here is 100-200 rows: two takes per pass
+    # Each prompt here is 100-200 rows: two takes per pass (no prompt cache: most of their rows are the first's).
+    srv = moss_server(prefill_max_rows=400, prompt_cache=False)
     runner = srv.engine._runner
     texts = ["One.", "Two.", "Three.", "Four."]
     assert all(100 < len(runner.build_prompt(text=t)) <= 200 for t in texts)

@@ -129,6 +129,34 @@ def test_retake_keeps_the_first_frames_codes_and_pcm_bit_identical(device, moss_
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_take_of_a_kept_prompt_repeats_its_first_run_bit_for_bit(device, moss_server) -> None:
+    """The same line and seed again: the second take shares every prompt block the first one computed (the
+    partial last one too), prefills nothing, and its codes and PCM equal the first run's bit for bit. Another
+    line of the same direction shares the opening rows only, and runs to its end."""
+    srv = moss_server(**_settings(device))
+    line = {"seed": 11, "max_new_tokens": 24, "chunk_frames": 4, "instruction": "Slow, close to the mic."}
+
+    async def scenario() -> None:
+        async with DirectingClient.connect(srv.ws_url) as client:
+            first = await client.speak("Once more, with feeling.", **line, **LONG)
+            before = await metrics(srv)
+            again = await client.speak("Once more, with feeling.", **line, **LONG)
+            after = await metrics(srv)
+            other = await client.speak("Then the lights went out.", **line, **LONG)
+            last = await metrics(srv)
+        source = 'moss_rt_prompt_rows_total{{source="{}"}}'
+        assert after[source.format("prefill")] == before[source.format("prefill")]
+        assert after[source.format("cache")] > before.get(source.format("cache"), 0.0)
+        assert last[source.format("prefill")] > after[source.format("prefill")]  # its own text
+        assert last[source.format("cache")] > after[source.format("cache")]  # the shared opening
+        np.testing.assert_array_equal(take_codes(srv, again.take_id), take_codes(srv, first.take_id))
+        assert bytes(again.pcm) == bytes(first.pcm)
+        assert other.end["n_frames"] == 24
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_eight_concurrent_takes_complete(device, moss_server) -> None:
     srv = moss_server(**_settings(device))
     frames = 16
