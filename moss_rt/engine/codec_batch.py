@@ -101,11 +101,11 @@ class CodecBatcher:
         self._warm.add((b, t))
         return True
 
-    def warm_up(self, limit: int | None = None) -> None:
-        """Capture graphs now (all, or the ``limit`` likeliest): a shape without one runs eagerly, never
-        captures in the middle of streaming."""
+    def warm_up(self, limit: int | None = None, main_only: bool = False) -> None:
+        """Capture graphs now (all, the ``limit`` likeliest, or with ``main_only`` every first-chunk and
+        full-chunk shape): a shape without one runs eagerly, never captures in the middle of streaming."""
         n = 0
-        while (limit is None or n < limit) and self.capture_next():
+        while (limit is None or n < limit) and self.capture_next(main_only):
             n += 1
 
     @contextlib.contextmanager

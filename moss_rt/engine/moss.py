@@ -64,7 +64,6 @@ SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU inference runs single-threade
 # Largest chunk the streaming decoder runs in one forward (longer ones are split). It sets each stream's
 # ring headroom: 8 (the default chunk) instead of 25 cuts the codec state per stream by about 11 %.
 CODEC_CHUNK_FRAMES = 8
-WARM_CODEC_GRAPHS = 2  # codec graphs captured before ready (the first chunk and a full chunk of one stream)
 CODEC_EXTRA_STREAMS = 2  # codec decoder slots beyond one per take: a render and the warm-up stream
 # Codec calls queued or running before the scheduler waits for the codec: the codec's lead over the model
 # (and the audio it holds back) stays within this many calls.
@@ -271,12 +270,11 @@ class MossEngine(EngineLifecycle):
                 self._wake.wait(PAUSED_POLL_S if sched.has_paused or sched.preparing else IDLE_WAIT_S)
 
     def _capture_idle(self) -> bool:
-        """Capture one missing CUDA graph while nothing runs (a take arriving now waits for it, ~1 s).
+        """Capture one missing CUDA graph while nothing runs (a take arriving now waits for it, 0.1-0.3 s).
 
-        The codec's first- and full-chunk shapes come first: a burst that meets one uncaptured decodes eagerly
-        (about 55 ms a call) and then has it captured under load, stalling every stream (up to ~2 s while Triton's
-        cache is cold: 16 streams right after ready waited 1.85 s for first audio). A missing step graph costs one
-        capture on first use (~0.1 s). Then the step graphs, then the codec's odd chunk lengths."""
+        The step graphs, then the codec's odd chunk lengths. The codec's first- and full-chunk shapes are captured
+        before ready (_warm_up); one still missing (a capture there failed) comes first: a burst meeting it
+        uncaptured decodes eagerly (about 55 ms a call) and then has it captured under load, stalling every stream."""
         runner, batcher, worker = self._runner, self._batcher, self._codec_worker
         if self._graphs_done or worker is None:
             return False
@@ -625,9 +623,12 @@ class MossEngine(EngineLifecycle):
         t0 = time.perf_counter()
         runner = self._runner
         assert runner is not None
-        # Only the graphs a first take needs are captured before ready (start-to-ready stays short); the
-        # rest are captured while the engine is idle, likeliest first (_capture_idle), and a step shape
-        # met before its turn is captured on first use, a codec shape runs eagerly until then.
+        # Before ready: the step graph a first take needs, and the codec's first-chunk and full-chunk graphs of
+        # every batch bucket. Those codec captures are the slow ones (each shape compiles Triton kernels of its
+        # own: 1-4 s each on a machine whose Triton cache is cold, 0.3 s warm), and a take arriving while one
+        # ran at idle time waited for it (first audio 0.7-2.2 s in the first rounds after ready). The other
+        # graphs are captured while the engine is idle, likeliest first (_capture_idle); a step shape met
+        # before its turn is captured on first use (0.1-0.3 s), a codec shape runs eagerly until then.
         runner.warmup(batch_sizes=[1], key_lengths=[runner.key_buckets()[0]])
         slot = runner.alloc_slot()
         try:
@@ -641,7 +642,7 @@ class MossEngine(EngineLifecycle):
         assert batcher is not None and worker is not None
         self._sync()
         t1 = time.perf_counter()
-        worker.call(lambda: batcher.warm_up(limit=WARM_CODEC_GRAPHS))  # the codec only ever runs on its worker
+        worker.call(lambda: batcher.warm_up(main_only=True))  # the codec only ever runs on its worker
         if batcher.graphs:
             log.info("codec graphs captured in %.1f s", time.perf_counter() - t1)
 
