@@ -79,15 +79,17 @@ def write_checkpoints(work: Path, tiny: bool) -> tuple[Path, Path]:
     return model, codec
 
 
-def text_for_rows(model_dir: Path, rows: int) -> tuple[str, str]:
-    """A directed line whose prompt is exactly ``rows`` rows with this checkpoint's tokenizer."""
+def text_for_rows(model_dir: Path, rows: int, line: int | None = None) -> tuple[str, str]:
+    """A directed line whose prompt is exactly ``rows`` rows with this checkpoint's tokenizer. With ``line``:
+    that line of a script, each one different from its first word on (one voice and direction throughout)."""
     from moss_rt.model.config import MossTTSConfig
     from moss_rt.model.prompt import build_prompt_rows, load_tokenizer
 
     tok, cfg = load_tokenizer(model_dir), MossTTSConfig.from_file(model_dir / "config.json")
     instruction = "Tired, slow, a little hoarse; pauses between the sentences."
     base = "It was late, and the house was quiet. The rain had stopped an hour ago. "
-    words = (base * 200).split(" ")
+    opening = "" if line is None else f"Line {line}: "
+    words = (opening + base * 200).split(" ")
 
     def count(n: int) -> int:
         return len(build_prompt_rows(tok, cfg, text=" ".join(words[:n]), instruction=instruction))
@@ -145,6 +147,8 @@ def start_server(
         "--max-queue", str(max(concurrency)), "--max-lead-sec", "0", "--data-dir", str(args.work / "data"),
         "--log-level", "INFO", "--codec-overlap" if codec_overlap else "--no-codec-overlap",
     ]
+    if getattr(args, "no_prompt_cache", False):
+        cmd.append("--no-prompt-cache")
     if replicas > 0:
         # Ray on loopback, no usage report; the replicas are CPU ones with --tiny.
         env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
@@ -247,7 +251,10 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else float("nan")
 
 
-async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, Any], settle_sec: float = 0.0) -> dict:
+async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, Any], settle_sec: float = 0.0,
+                    line_for: Any = None) -> dict:
+    """``repeats`` rounds of ``concurrency`` takes started together; ``line_for(seed)``: each take's own text
+    (default: every take speaks ``start``'s)."""
     ws_url = url.replace("http", "ws") + "/api/ws"
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     # limit=0: aiohttp's default connector holds at most 100 connections, which would cap concurrency.
@@ -258,10 +265,9 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
         aggregate, walls = [], []
         for r in range(repeats):
             go = asyncio.Event()
-            tasks = [
-                asyncio.create_task(one_take(http, ws_url, {**start, "seed": 1000 * r + i}, go))
-                for i in range(concurrency)
-            ]
+            seeds = [1000 * r + i for i in range(concurrency)]
+            starts = [{**start, "seed": seed} | ({"text": line_for(seed)} if line_for else {}) for seed in seeds]
+            tasks = [asyncio.create_task(one_take(http, ws_url, msg, go)) for msg in starts]
             await asyncio.sleep(0.2)  # every client connected and holding its hello
             go.set()
             t_round = time.perf_counter()
@@ -318,6 +324,9 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
             "prefill_pass_ms_mean": 1000.0 * delta("moss_rt_prefill_call_seconds_sum")
             / max(1.0, delta("moss_rt_prefill_call_seconds_count")),
             "frames": frames,
+            # Prompt rows computed by prefill passes vs shared from blocks kept by earlier takes (prompt cache).
+            "prompt_rows_prefilled": delta('moss_rt_prompt_rows_total{source="prefill"}'),
+            "prompt_rows_cached": delta('moss_rt_prompt_rows_total{source="cache"}'),
             # A frame's wall time as running streams saw it (step start to step start, prefill passes between
             # included): how far a burst of arrivals held them (issue 12: at most about one 80 ms frame).
             "step_interval_ms_mean": 1000.0 * delta("moss_rt_step_interval_seconds_sum")
@@ -432,6 +441,10 @@ def main() -> None:
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--chunk-frames", type=int, default=8)
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--prompts", choices=("same", "lines"), default="same",
+                   help="same: every take speaks one line (a burst of one prompt); lines: each take its own line "
+                        "of the same length, one voice and direction (the prompt cache can share only the opening)")
+    p.add_argument("--no-prompt-cache", action="store_true", help="start the server with --no-prompt-cache")
     p.add_argument("--cold", action="store_true",
                    help="start the rounds as soon as the server is ready, before its idle-time graph captures "
                         "(what the first users after a restart see); by default wait for them (steady state)")
@@ -509,7 +522,8 @@ def serve_and_drive(
                 repeats = args.single_repeats if c == 1 else args.repeats
                 frames = args.frames if c > 1 else max(50, args.frames * 2 // 3)
                 settle = 1.5 if replicas > 0 else 0.0
-                r = asyncio.run(run_round(url, c, repeats, {**start, "max_new_tokens": frames}, settle))
+                r = asyncio.run(run_round(url, c, repeats, {**start, "max_new_tokens": frames}, settle,
+                                          line_for=line_for(args, model)))
                 result[f"{prefix}c{c}"] = r
                 save(result, args.out)
                 log.info("%sconcurrency %d: %s", prefix, c, json.dumps(r))
@@ -525,6 +539,20 @@ def serve_and_drive(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
     save(result, args.out)
+
+
+def line_for(args: argparse.Namespace, model: Path) -> Any:
+    """With ``--prompts lines``: seed -> that take's own line (prompt rows exactly --prompt-rows); else None."""
+    if getattr(args, "prompts", "same") != "lines":
+        return None
+    cache: dict[int, str] = {}
+
+    def text(seed: int) -> str:
+        if seed not in cache:
+            cache[seed] = text_for_rows(model, args.prompt_rows, line=seed)[0]
+        return cache[seed]
+
+    return text
 
 
 def save(result: dict[str, Any], path: Path | None) -> None:
