@@ -136,9 +136,11 @@ def test_idle_websocket_is_closed_but_not_while_a_take_plays(fast_server) -> Non
     srv = fast_server(ws_idle_timeout_sec=0.5, frame_ms=20.0)
 
     async def scenario() -> None:
+        # The server's idle clock starts when the socket opens, so ours does too (a hello held up by a slow event
+        # loop would otherwise shorten the idle time this test sees).
+        t0 = time.monotonic()
         async with websockets.connect(srv.ws_url) as ws:
             await hello(ws)
-            t0 = time.monotonic()
             try:
                 await asyncio.wait_for(ws.recv(), 5)
             except websockets.ConnectionClosed:
