@@ -57,6 +57,11 @@ REBUILD_CHUNK_FRAMES = 25  # prefix frames fed to a rebuilt codec state per unit
 # its window. A pass keeps rows x keys within prefill_max_rows x this many keys (8192 x 1024 x 32
 # heads of fp32 scores: 1 GiB at the defaults); one chunk of one take always fits on its own.
 PREFILL_KEYS_PER_ROW = 1024
+# On CUDA a pass whose chunks do not all start at position 0 runs SDPA's masked kernel, which takes the keys and
+# values repeated to the query heads: 4 bytes x query heads x head_dim per key of each member, as much as head_dim
+# (128) rows of the plain path's fp32 scores. In that bound a pass's rows count as at least this many, so short
+# chunks over long windows (prompt-cache tails, retake frames) stay within the same memory either way.
+SCORE_BOUND_MIN_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -402,7 +407,7 @@ class Scheduler:
                 count = fit
             wider = max(widest, count)
             more_keys = max(keys, take.prefilled + count)  # its chunk's last position (prompt rows start at 0)
-            if chosen and wider * members * more_keys > score_cap:
+            if chosen and max(wider, SCORE_BOUND_MIN_ROWS) * members * more_keys > score_cap:
                 continue  # a shorter window further on may still fit
             chosen.append((take, count))
             widest, keys = wider, more_keys

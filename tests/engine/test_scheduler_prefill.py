@@ -149,6 +149,23 @@ def test_a_deep_reprefill_does_not_give_fresh_prompts_its_key_window() -> None:
     assert not sched.preparing and all(t.prefilled == len(t.prompt_rows) for t in [deep, *fresh])
 
 
+def test_short_chunks_over_long_windows_count_as_head_dim_rows() -> None:
+    """Eight 10-row tails after 2,000 shared positions (prompt-cache tails): the masked SDPA path repeats every
+    member's keys to the query heads, so the score bound counts each pass as at least 128 rows wide."""
+    runner = RecordingRunner()
+    config = SchedulerConfig(
+        max_slots=8, prefill_chunk=512, prep_budget_s=10.0, retain_slots=0, prefill_max_rows=2048,
+        prefill_keys_per_row=512,  # 1 M cells: 128 rows x 4 members x 2,010 keys fit, 5 members do not
+    )
+    sched = Scheduler(runner, NoCodec(), EngineMetrics(), config)  # type: ignore[arg-type]
+    takes = _preparing(sched, [2010] * 8)
+    for take in takes:
+        take.prefilled = 2000
+    assert sched._prepare()  # one pass; its takes stream then: one pass a round
+    assert sched._prepare()
+    assert runner.passes == [[(s, 10, 2000) for s in range(4)], [(s, 10, 2000) for s in range(4, 8)]]
+
+
 def test_prefill_cost_fits_a_line_and_sizes_passes_to_the_budget() -> None:
     cost = PrefillCost(fixed_s=0.004, per_row_s=14e-6)
     assert cost.rows_within(0.05, 8192) == 3285  # (50 - 4) ms / 14 us
