@@ -296,7 +296,6 @@ class Scheduler:
             and bool(np.array_equal(kept.codes[:n], prefix))
         )
 
-    # ------------------------------------------------------------------ prefill / rebuild
     # ------------------------------------------------------------------ kept prompt blocks
     def _share_kept(self, take: Take, match: Match) -> None:
         """The take (nothing prefilled beyond what it shares) continues from the kept blocks of ``match``."""
@@ -339,6 +338,7 @@ class Scheduler:
             if self._rows_left(take):
                 self._claim_or_wait(take)
 
+    # ------------------------------------------------------------------ prefill / rebuild
     def _prepare(self) -> bool:
         if not self.preparing:
             return False
