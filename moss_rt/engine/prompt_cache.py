@@ -162,9 +162,6 @@ class PromptCache:
                 freed += 1
         return freed
 
-    def evictable(self) -> int:
-        return sum(1 for block in self._kept.values() if self.pool.refcount[block] == 1)
-
     def clear(self) -> None:
         for block in self._kept.values():
             self.pool.drop_ref(block)

@@ -7,11 +7,11 @@ One :meth:`Scheduler.iterate` is one scheduling round:
 2. waiting takes get slots while slots are free;
 3. preparing takes advance their prompt prefill / codec rebuild, within a time budget while other
    takes are streaming. Prompt rows kept in the cache from earlier takes (prompt_cache) are shared, not
-   prefilled, and a take waits for rows another take is computing; the next prompt chunks of all the others
-   go through the backbone in ONE batched
-   prefill pass (at most ``prefill_max_rows`` padded rows; while takes stream, one pass per round of at
-   most ``stream_rows``, sized to the budget at warm-up (prefill_pace), so a burst of arrivals goes in
-   as chunks interleaved with frames and never holds a running stream for more than about one frame);
+   prefilled, and a take waits for rows another take is computing; the next prompt chunks of all the
+   others go through the backbone in ONE batched prefill pass (at most ``prefill_max_rows`` padded rows;
+   while takes stream, one pass per round of at most ``stream_rows``, sized to the budget at warm-up
+   (prefill_pace), so a burst of arrivals goes in as chunks interleaved with frames and never holds a
+   running stream for more than about one frame);
 4. every runnable slot (running, not paused) advances by one frame in ONE batched model step;
 5. slots whose chunk is due (first audio after one frame, then every ``chunk_frames``) are handed to the
    codec worker as one batched streaming codec call (decoded, converted to int16 and pushed to their
@@ -237,10 +237,11 @@ class Scheduler:
             keys = self.prompts.keys(rows)
             match = self.prompts.match(keys)
             shared = match.length
+        take.frame_cap = frame_cap
+        take.prompt_len = len(prompt)
         # Every position the take may write (prompt, kept frames, new frames): promised up front,
         # allocated block by block as it grows; a shared prefix costs nothing (its branch block one copy).
-        positions = len(prompt) + frame_cap + 1
-        need = runner.blocks_needed(positions, shared)
+        need = runner.blocks_needed(take.positions, shared)
         spare = frozenset(match.blocks) if match is not None else frozenset()
         if not self._room_for(need, keep=spec.parent_take if share else None, spare=spare):
             if not self.active_count:
@@ -251,9 +252,7 @@ class Scheduler:
             return False
         take.phase = Phase.PREPARING
         take.prep_started = time.monotonic()
-        take.frame_cap = frame_cap
         take.capped_by_cache = n + spec.max_frames > room
-        take.prompt_len = len(prompt)
         take.frames = take.flushed = n
         take.codes = list(prefix)
         take.model_slot = runner.alloc_slot()
@@ -264,12 +263,11 @@ class Scheduler:
             runner.attach(take.model_slot, kept.blocks, shared)
             take.prefilled = len(prompt)
             take.reuse_path = "share"
-            if not runner.reserve(take.model_slot, positions, shared):  # pragma: no cover
+            if not runner.reserve(take.model_slot, take.positions, shared):  # pragma: no cover
                 raise RuntimeError("the KV pool could not keep its promise")  # _room_for checked it
         else:
             take.reuse_path = "reprefill" if n else "fresh"
             take.prompt_keys = keys
-            take.positions = positions
             assert match is not None
             # _room_for made the room this needs (PoolExhausted here would be a bookkeeping bug).
             self._share_kept(take, match)
@@ -300,13 +298,9 @@ class Scheduler:
     def _share_kept(self, take: Take, match: Match) -> None:
         """The take (nothing prefilled beyond what it shares) continues from the kept blocks of ``match``."""
         assert take.model_slot is not None
-        if match.length == 0:
-            if not self.runner.reserve(take.model_slot, take.positions):  # pragma: no cover
-                raise RuntimeError("the KV pool could not keep its promise")  # _room_for checked it
-            return
         self.runner.share_prefix(take.model_slot, match.blocks, match.length, take.positions)
         self.metrics.prompt_rows.labels("cache").inc(match.length - take.prefilled)
-        take.cached_rows = take.prefilled = match.length
+        take.prefilled = match.length
 
     def _claim_or_wait(self, take: Take) -> None:
         """The take's next prompt block: computed by another preparing take right now (wait for it to be

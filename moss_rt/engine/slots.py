@@ -54,9 +54,7 @@ class Take:
     prompt_len: int = 0  # rows of the prompt proper (without prefix frames)
     prefilled: int = 0  # rows of prompt_rows already in the cache
     prompt_keys: PromptKeys | None = None  # what the prompt cache names prompt_rows' blocks by (None: not used)
-    cached_rows: int = 0  # rows of prompt_rows shared from the prompt cache instead of prefilled
     waits_for: str | None = None  # the preparing take computing this take's next prompt block right now
-    positions: int = 0  # cache positions the take may fill (its reservation's aim)
     rebuilt: int = 0  # prefix frames already fed to the codec state
     frames: int = 0  # frames of the take so far (the next frame's index)
     frame_cap: int = 0  # total frames allowed (prefix + max_new_tokens, bounded by the cache)
@@ -80,6 +78,12 @@ class Take:
     @property
     def take_id(self) -> str:
         return self.spec.take_id
+
+    @property
+    def positions(self) -> int:
+        """Cache positions the take may fill: its prompt, kept and new frames, and the position a step writes past
+        the last frame (what its block reservation covers)."""
+        return self.prompt_len + self.frame_cap + 1
 
     @property
     def pending(self) -> int:

@@ -218,12 +218,15 @@ class ModelRunner:
 
     def share_prefix(self, slot: int, blocks: Sequence[int], length: int, positions: int) -> None:
         """The slot, empty or holding only blocks it shares, continues from ``blocks`` holding its first
-        ``length`` positions (kept prompt blocks); its reservation becomes what reaching ``positions``
-        from there needs. Raises PoolExhausted when that is not available (a caller's bookkeeping bug)."""
+        ``length`` positions (kept prompt blocks; none with length 0); its reservation becomes what reaching
+        ``positions`` from there needs. Raises PoolExhausted when that is not available (a caller's
+        bookkeeping bug: the scheduler made the room first)."""
         self._check_slot(slot)
         self.blocks.release(slot)  # a shorter prefix it shared before, and the reservation made for it
         self._lengths[slot] = 0
-        self.attach(slot, BlockRef(list(blocks), length), length)
+        self._sync_length(slot)
+        if length:
+            self.attach(slot, BlockRef(list(blocks), length), length)
         if not self.reserve(slot, positions, length):
             raise PoolExhausted(f"slot {slot} cannot reserve the blocks to reach {positions} positions")
 

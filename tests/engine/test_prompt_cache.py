@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moss_rt.engine.prompt_cache import PromptCache, prompt_keys
+from moss_rt.engine.prompt_cache import PromptCache, PromptKeys, prompt_keys
 from moss_rt.model.blocks import BlockPool
 
 BS = 4
@@ -26,6 +26,14 @@ def _filled(pool: BlockPool, slot: int, rows: int) -> list[int]:
     return pool.slot_blocks(slot)
 
 
+def _one_prompt(n: int) -> tuple[BlockPool, PromptCache, np.ndarray, list[int], PromptKeys | None]:
+    """A cache on a fresh pool, and an ``n``-row prompt written into slot 0 (not kept yet)."""
+    pool = _pool()
+    cache = PromptCache(pool)
+    rows = _rows(n)
+    return pool, cache, rows, _filled(pool, 0, n), cache.keys(rows)
+
+
 def test_keys_name_every_row_up_to_each_block_end() -> None:
     a = _rows(10)
     b = a.copy()
@@ -40,11 +48,7 @@ def test_keys_name_every_row_up_to_each_block_end() -> None:
 
 
 def test_a_kept_prompt_is_matched_whole_and_by_its_opening_blocks() -> None:
-    pool = _pool()
-    cache = PromptCache(pool)
-    rows = _rows(10)
-    blocks = _filled(pool, 0, 10)
-    keys = cache.keys(rows)
+    pool, cache, rows, blocks, keys = _one_prompt(10)
     assert cache.match(keys).length == 0
     assert cache.wants_whole(keys, 10)
     cache.keep(keys, blocks, 10, with_whole=True)
@@ -60,11 +64,7 @@ def test_a_kept_prompt_is_matched_whole_and_by_its_opening_blocks() -> None:
 
 
 def test_only_computed_blocks_are_kept_and_the_partial_one_only_when_asked() -> None:
-    pool = _pool()
-    cache = PromptCache(pool)
-    rows = _rows(10)
-    blocks = _filled(pool, 0, 10)
-    keys = cache.keys(rows)
+    pool, cache, rows, blocks, keys = _one_prompt(10)
     cache.keep(keys, blocks, 5, with_whole=True)  # a first chunk of 5 rows: one full block computed
     assert cache.match(keys).length == 4
     cache.keep(keys, blocks, 10, with_whole=False)
