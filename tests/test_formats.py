@@ -111,3 +111,37 @@ def test_encoder_refuses_bad_input() -> None:
 
 def test_decode_slack_covers_every_format() -> None:
     assert set(DECODE_SLACK) == set(FORMATS)
+
+
+def test_async_encoder_close_waits_for_the_call_in_flight() -> None:
+    """A cancelled encode's thread keeps the container until it returns; close() releases it after that."""
+    import asyncio
+    import threading
+
+    from moss_rt.formats.async_encoder import AsyncEncoder, EncoderClosed
+
+    async def scenario() -> None:
+        encoder = AsyncEncoder(AudioFormat("mp3", 48000), 1)
+        inside = threading.Event()
+        release = threading.Event()
+        real_encode = encoder._encoder.encode
+
+        def slow_encode(pcm: bytes) -> bytes:
+            inside.set()
+            release.wait(5)
+            return real_encode(pcm)
+
+        encoder._encoder.encode = slow_encode  # type: ignore[method-assign]
+        task = asyncio.create_task(encoder.encode(b"\0\0" * FRAME_SAMPLES))
+        await asyncio.to_thread(inside.wait, 5)
+        task.cancel()  # the awaiting task goes; the thread is still inside FFmpeg
+        encoder.close()
+        await asyncio.sleep(0.05)
+        assert not encoder.closed, "the container was released under a running encode"
+        release.set()
+        await asyncio.wait_for(encoder.wait_closed(), 5)
+        assert encoder.closed
+        with pytest.raises(EncoderClosed):
+            await encoder.encode(b"\0\0" * FRAME_SAMPLES)
+
+    asyncio.run(scenario())

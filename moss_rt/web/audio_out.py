@@ -11,7 +11,7 @@ complete (:class:`~moss_rt.session.FinishAudio`), right before the take's ``end`
 from __future__ import annotations
 
 from moss_rt.formats import AudioFormat
-from moss_rt.formats.async_encoder import AsyncEncoder
+from moss_rt.formats.async_encoder import AsyncEncoder, EncoderClosed
 from moss_rt.protocol import StartTake, encode_audio_frame, encode_pcm_frame
 from moss_rt.session import TakeRecord
 
@@ -30,12 +30,19 @@ class AudioOut:
         self._encoder = AsyncEncoder(fmt, channels)
 
     async def frames(self, pcm: bytes) -> list[bytes]:
-        data = await self._encoder.encode(pcm)
+        """The next bytes of the file; none once it was closed (its connection is going away)."""
+        try:
+            data = await self._encoder.encode(pcm)
+        except EncoderClosed:
+            return []
         return [encode_audio_frame(data)] if data else []
 
     async def finish(self) -> list[bytes]:
         """The rest of the file (codec and container flushed)."""
-        data = await self._encoder.finish()
+        try:
+            data = await self._encoder.finish()
+        except EncoderClosed:
+            return []
         return [encode_audio_frame(data)] if data else []
 
     def close(self) -> None:
@@ -54,6 +61,7 @@ class AudioOuts:
     def __init__(self) -> None:
         self._runs: dict[int, tuple[str, TakeRecord]] = {}  # live run → (file key, take)
         self._files: dict[str, AudioOut] = {}
+        self._closed = False  # the connection is going away: no new files
 
     @staticmethod
     def _key(take: TakeRecord, run: int, replay: bool) -> str:
@@ -76,6 +84,8 @@ class AudioOuts:
         key, take = entry
         out = self._files.get(key)
         if out is None:
+            if self._closed:
+                return []
             out = self._files[key] = AudioOut(fmt, take.request.channels)
         return await out.frames(pcm)
 
@@ -90,6 +100,8 @@ class AudioOuts:
             out.close()
 
     def close(self) -> None:
+        """Close every open file; each is released once its encoder call in flight returns."""
+        self._closed = True
         for out in self._files.values():
             out.close()
         self._files.clear()
