@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from enum import IntEnum
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
 
@@ -62,6 +63,18 @@ class EngineLoading(EngineBusy):
         self.args = ("the engine is still loading, retry shortly",)
 
 
+class TakePriority(IntEnum):
+    """Which work a round serves first (DESIGN.md, wave 3): lower values first.
+
+    ``INTERACTIVE`` is a director's take, retake or continuation, or an API request someone waits on;
+    ``BATCH`` is work nobody listens to as it is made (script renders): it fills what interactive takes
+    leave free and never delays their first audio.
+    """
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+
 @dataclass(frozen=True)
 class TakeSpec:
     """One take to generate, fully resolved: the engine's own request type.
@@ -85,6 +98,7 @@ class TakeSpec:
     reference_codes: np.ndarray | None = None  # [T, 12] int64 voice-clone reference
     prefix_codes: np.ndarray | None = None  # [N, 12] int64
     parent_take: str | None = None
+    priority: TakePriority = TakePriority.INTERACTIVE
 
     @property
     def start_frame(self) -> int:
