@@ -1,9 +1,13 @@
-"""The studio's static files as a browser fetches them: module scripts need a JavaScript MIME type (or
-the browser refuses to run them), they are revalidated on every load, and need no credentials."""
+"""The studio's static files: the page is markup plus ES modules whose import graph is one-way; and as a
+browser fetches them: module scripts need a JavaScript MIME type (or the browser refuses to run them), they
+are revalidated on every load, and need no credentials. That they load and run: tests/browser/test_studio_modules.py.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
@@ -17,11 +21,43 @@ STATIC = Path(__file__).resolve().parents[2] / "static"
 MODULES = sorted(p.relative_to(STATIC).as_posix() for p in (STATIC / "js").glob("*.js"))
 
 
-def test_the_studio_is_modules() -> None:
-    assert "js/main.js" in MODULES and "js/audio-worklet.js" in MODULES
+ENTRY_POINTS = ("main.js", "audio-worklet.js")  # the page's, and the AudioWorklet's (audioWorklet.addModule)
+IMPORT = re.compile(r"^import\s.*?\sfrom\s+'\./([\w-]+\.js)';", re.MULTILINE | re.DOTALL)
+
+
+def imports() -> dict[str, set[str]]:
+    """Each module of static/js and the modules it imports (relative static imports, the only kind it uses)."""
+    return {p.name: set(IMPORT.findall(p.read_text())) for p in (STATIC / "js").glob("*.js")}
+
+
+def test_the_studio_is_markup_styles_and_modules() -> None:
     page = (STATIC / "index.html").read_text()
     assert '<script type="module" src="/static/js/main.js">' in page
-    assert "<style>" not in page and len(page.splitlines()) < 400
+    assert "<style" not in page and "<script>" not in page and len(page.splitlines()) < 400
+    assert (STATIC / "studio.css").is_file() and (STATIC / "README.md").is_file()
+
+
+def test_the_module_graph_is_one_way_and_whole() -> None:
+    graph = imports()
+    for name, deps in graph.items():
+        assert deps <= graph.keys(), f"{name} imports a module that does not exist: {sorted(deps - graph.keys())}"
+    try:
+        order = list(TopologicalSorter(graph).static_order())
+    except CycleError as exc:
+        raise AssertionError(f"import cycle among the studio's modules: {exc.args[1]}") from None
+    assert len(order) == len(graph)
+    reachable, todo = set(), list(ENTRY_POINTS)
+    while todo:
+        name = todo.pop()
+        if name not in reachable:
+            reachable.add(name)
+            todo += graph[name]
+    assert reachable == graph.keys(), f"modules nothing imports: {sorted(graph.keys() - reachable)}"
+    # The page asks for every module it imports at once (modulepreload), not level by level.
+    page = (STATIC / "index.html").read_text()
+    preloaded = set(re.findall(r'<link rel="modulepreload" href="/static/js/([\w-]+\.js)">', page))
+    page_modules = reachable - {"audio-worklet.js"} - {"main.js"}
+    assert preloaded == page_modules, (sorted(page_modules - preloaded), sorted(preloaded - page_modules))
 
 
 def test_modules_and_styles_are_served_with_their_types_and_revalidated(server: RunningServer) -> None:
