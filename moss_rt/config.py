@@ -45,6 +45,16 @@ class Settings:
     # Directing sessions kept in data_dir/sessions (resume on the WebSocket, /api/sessions); off: takes live only
     # as long as their connection (a bounded history of limits.max_takes_kept).
     sessions: bool = setting(True, "keep directing sessions on disk (resume)")
+    # Stored sessions are bounded on disk: a session nobody used for this long is deleted by a background sweep,
+    # and takes or imports that would take the sessions past these budgets are refused with 507.
+    session_retention_days: float = setting(30.0, "delete sessions unused for this many days (0: keep until deleted)")
+    session_storage_mb: int = setting(20480, "MB all stored sessions may take in the data dir; past it: 507")
+    session_storage_per_client_mb: int = setting(
+        4096, "MB the sessions one client address created may take; past it: 507 (0: no cap)"
+    )
+    # Session imports and exports unpack, check and pack whole takes on worker threads: at most this many at once
+    # (one per client), so they cannot crowd out the threads others' requests need. More: 503 busy / 429.
+    max_concurrent_archives: int = setting(2, "session imports and exports at once (one per client)")
     voices_dir: Path = setting(Path("voices"), "built-in voices (audio files)")
     # The studio page: moss_rt/static links to the repository's static/ and is a real folder once installed.
     static_dir: Path = (Path(__file__).resolve().parent / "static").resolve()

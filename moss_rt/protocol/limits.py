@@ -20,6 +20,13 @@ class Limits:
     max_takes_kept: int = 32  # take history per WebSocket connection (one without a session)
     max_session_takes: int = 200  # takes a directing session keeps on disk until the director deletes them
     max_session_archive_bytes: int = 1024 * 1024 * 1024  # one imported session archive (zip)
+    # What one import may unpack to (audio + codes), counted while it is read: a small zip of silence cannot
+    # become more than this on disk, whatever its headers say.
+    max_session_archive_unpacked_bytes: int = 2 * 1024 * 1024 * 1024
+    max_session_json_bytes: int = 8 * 1024 * 1024  # an archive's session.json (records of up to 200 takes)
+    max_json_depth: int = 32  # nesting of a stored JSON document (session.json, notes); the records need 5
+    max_sessions: int = 10_000  # directing sessions kept on disk, all clients together
+    max_sessions_per_client: int = 100  # sessions one client (address) may have created and still keep; 0: no cap
     max_upload_bytes: int = 20 * 1024 * 1024
     max_upload_seconds: float = 60.0
     min_upload_seconds: float = 0.5
@@ -52,6 +59,11 @@ LIMIT_HELP: dict[str, str] = {
     "max_takes_kept": "take history kept per WebSocket connection without a session",
     "max_session_takes": "takes one directing session keeps on disk until deleted (resume)",
     "max_session_archive_bytes": "largest session archive accepted by POST /api/sessions/import",
+    "max_session_archive_unpacked_bytes": "bytes one imported archive may unpack to (audio and codes)",
+    "max_session_json_bytes": "bytes of an imported archive's session.json",
+    "max_json_depth": "nesting depth of an imported session.json",
+    "max_sessions": "directing sessions kept on disk in all",
+    "max_sessions_per_client": "directing sessions one client address may keep (0: no cap)",
     "max_upload_bytes": "bytes of one uploaded reference voice",
     "max_upload_seconds": "seconds of one uploaded reference voice",
     "min_upload_seconds": "shortest uploaded reference voice, in seconds",
