@@ -30,6 +30,7 @@ import io
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import struct
@@ -125,6 +126,8 @@ def write_archive(
 # --------------------------------------------------------------------------- reading
 
 
+_REPR = re.compile(r"<[^<>]*\bat 0x[0-9a-fA-F]+>")
+
 # What reading a damaged or hostile zip raises, member by member (decoders, headers, truncation, CRC).
 _READ_ERRORS: tuple[type[BaseException], ...] = (
     zipfile.BadZipFile,
@@ -149,7 +152,8 @@ def _reading(what: str) -> Iterator[None]:
     except ProtocolError:
         raise
     except _READ_ERRORS as exc:
-        raise bad(f"{what} is missing or damaged ({type(exc).__name__}: {str(exc)[:120]})") from None
+        detail = _REPR.sub("…", str(exc))[:120]  # said for a person: no object reprs from parsers
+        raise bad(f"{what} is missing or damaged ({type(exc).__name__}: {detail})") from None
 
 
 class _Budget:

@@ -219,8 +219,8 @@ class SessionStore:
     """Sessions and their takes under ``root`` (created if missing).
 
     ``limits`` bounds what imports may hold (their JSON, their takes' requests); ``budget`` what the sessions may
-    take on disk. Owner arguments are optional: ``None`` skips the owner check (the store's own callers, tests);
-    the web layer always passes the request's identity.
+    take on disk. Owners are only checked by :meth:`check_access`, which the web layer calls with the request's
+    identity before anything else; the other methods trust their caller.
     """
 
     def __init__(
@@ -270,7 +270,8 @@ class SessionStore:
             raise _no_session()
 
     def check_access(self, session_id: str, owner: str | None, *, share: str | None = None) -> None:
-        """Let ``owner`` (or the holder of the session's ``share`` token) at the session, else ``not_found``.
+        """Let ``owner`` (or the holder of the session's ``share`` token) at the session, else ``not_found``;
+        ``owner`` None is a caller with no identity, who owns nothing.
 
         Another identity is told the session does not exist, as for an unknown id. A session stored before sessions
         had owners is adopted by the first identity that opens it (its id was the capability until then).
@@ -281,7 +282,7 @@ class SessionStore:
             row = self._db.execute("SELECT owner FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 raise _no_session()
-            if owner is None or row["owner"] == owner:
+            if owner is not None and row["owner"] == owner:
                 return
             if share is not None:
                 shared = self._db.execute(
@@ -289,7 +290,7 @@ class SessionStore:
                 ).fetchone()
                 if shared is not None:
                     return
-            if row["owner"] is None:
+            if row["owner"] is None and owner is not None:
                 self._db.execute("UPDATE sessions SET owner = ? WHERE id = ? AND owner IS NULL", (owner, session_id))
                 log.info("session %s: adopted by its first owner", short_id(session_id))
                 return

@@ -186,8 +186,10 @@ class OwnerJar:
         self.keep(r.headers)
         return r
 
-    async def connect(self, ws_url: str, **kwargs: Any) -> websockets.ClientConnection:
-        ws = await websockets.connect(ws_url, additional_headers=self.headers(), **kwargs)
+    async def connect(
+        self, ws_url: str, *, headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> websockets.ClientConnection:
+        ws = await websockets.connect(ws_url, additional_headers=self.headers(headers), **kwargs)
         if ws.response is not None:
             self.keep(ws.response.headers)
         return ws
