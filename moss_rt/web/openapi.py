@@ -227,6 +227,7 @@ def _common_errors(*statuses: int) -> dict[str, Any]:
         422: "a field is out of range or of the wrong type (invalid_field)",
         429: "too many takes or requests from this client, or the voice store is full (rate_limited); see Retry-After",
         503: "at capacity or shutting down (busy), or the model is still loading (loading); see Retry-After",
+        507: "the data dir's budget for sessions (or the disk) cannot keep it (insufficient_storage)",
     }
     return {str(s): _error(text[s]) for s in statuses}
 
@@ -267,6 +268,13 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         "in": "path",
         "required": True,
         "schema": {"type": "string", "pattern": "^s_[A-Za-z0-9_-]{16,64}$"},
+    }
+    share = {
+        "name": "share",
+        "in": "query",
+        "required": False,
+        "description": "the session's share token (read-only access for its holder, until the owner revokes it)",
+        "schema": {"type": "string", "maxLength": 80},
     }
     session_body = {
         "type": "object",
@@ -356,31 +364,88 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         },
         "/api/sessions": {
             "post": {
-                "summary": "a new directing session (the WebSocket binds to one with resume)",
-                "responses": {"200": _ok("the new session", session_body), **_common_errors(401, 404)},
-            }
+                "summary": "a new directing session owned by the caller (the WebSocket binds to one with resume)",
+                "description": "A keyless server sets the owner cookie (moss_rt_owner) on a client that has none.",
+                "responses": {"200": _ok("the new session", session_body), **_common_errors(401, 404, 429, 507)},
+            },
+            "get": {
+                "summary": "the caller's sessions, most recently used first",
+                "responses": {
+                    "200": _ok(
+                        "the sessions",
+                        {
+                            "type": "object",
+                            "required": ["sessions"],
+                            "properties": {"sessions": {"type": "array", "items": {"type": "object"}}},
+                        },
+                    ),
+                    **_common_errors(401, 404),
+                },
+            },
         },
         "/api/sessions/import": {
             "post": {
-                "summary": "a new session from an exported archive (zip body)",
-                "description": f"At most {limits.max_session_archive_bytes} bytes. Take ids are issued anew.",
-                "responses": {"200": _ok("the imported session", session_body), **_common_errors(401, 404, 413, 422)},
+                "summary": "a new session from an exported archive (zip body), owned by the caller",
+                "description": (
+                    f"At most {limits.max_session_archive_bytes} bytes, unpacking to at most "
+                    f"{limits.max_session_archive_unpacked_bytes}. Checked whole before anything is kept; take ids "
+                    "are issued anew."
+                ),
+                "requestBody": {  # a zip; any Content-Type is accepted
+                    "required": True,
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                },
+                "responses": {
+                    "200": _ok("the imported session", session_body),
+                    **_common_errors(401, 404, 408, 413, 422, 429, 503, 507),
+                },
             }
         },
         "/api/sessions/{session_id}": {
             "get": {
-                "summary": "a session's stored takes, oldest first",
-                "parameters": [session_id],
+                "summary": "a session's stored takes, oldest first (its owner, or a share token's holder)",
+                "parameters": [session_id, share],
                 "responses": {"200": _ok("the session", session_body), **_common_errors(401, 404)},
-            }
+            },
+            "delete": {
+                "summary": "delete the session: its records, then its takes' files",
+                "parameters": [session_id],
+                "responses": {"200": _ok("deleted", {"type": "object"}), **_common_errors(401, 404, 429)},
+            },
+        },
+        "/api/sessions/{session_id}/share": {
+            "post": {
+                "summary": "a read-only share token for the session (the same one until revoked)",
+                "parameters": [session_id],
+                "responses": {
+                    "200": _ok(
+                        "the token",
+                        {
+                            "type": "object",
+                            "required": ["session", "share", "path"],
+                            "properties": {
+                                "session": {"type": "string"},
+                                "share": {"type": "string"},
+                                "path": {"type": "string"},
+                            },
+                        },
+                    ),
+                    **_common_errors(401, 404, 429),
+                },
+            },
+            "delete": {
+                "summary": "revoke the session's share token",
+                "parameters": [session_id],
+                "responses": {"200": _ok("revoked", {"type": "object"}), **_common_errors(401, 404, 429)},
+            },
         },
         "/api/sessions/{session_id}/archive": {
             "get": {
                 "summary": "the session as one zip: session.json + takes/<id>.wav + takes/<id>.codes.npy",
-                "parameters": [session_id],
+                "parameters": [session_id, share],
                 "responses": {
                     "200": _ok("zip archive", {"type": "string", "format": "binary"}, "application/zip"),
-                    **_common_errors(401, 404),
+                    **_common_errors(401, 404, 429, 503),
                 },
             }
         },
@@ -388,24 +453,40 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
             "patch": {
                 "summary": "the director's notes on a stored take: title, starred, note, markers",
                 "parameters": [session_id, take_id],
+                "requestBody": {
+                    "content": {
+                        JSON: {
+                            "schema": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "title": {"type": "string", "maxLength": 80},
+                                    "starred": {"type": "boolean"},
+                                    "note": {"type": "string", "maxLength": 2000},
+                                    "markers": {"type": "array", "maxItems": 200, "items": {"type": "object"}},
+                                },
+                            }
+                        }
+                    }
+                },
                 "responses": {
                     "200": _ok("the take's record", {"type": "object"}),
-                    **_common_errors(400, 401, 404, 422),
+                    **_common_errors(400, 401, 404, 413, 415, 422, 429),
                 },
             },
             "delete": {
                 "summary": "delete a stored take (record, audio, codes)",
                 "parameters": [session_id, take_id],
-                "responses": {"200": _ok("deleted", {"type": "object"}), **_common_errors(401, 404)},
+                "responses": {"200": _ok("deleted", {"type": "object"}), **_common_errors(401, 404, 429)},
             },
         },
         "/api/sessions/{session_id}/takes/{take_id}.wav": {
             "get": {
-                "summary": "a stored take's audio as it was heard",
-                "parameters": [session_id, take_id],
+                "summary": "a stored take's audio as it was heard, streamed from its file",
+                "parameters": [session_id, take_id, share],
                 "responses": {
                     "200": _ok("WAV audio", {"type": "string", "format": "binary"}, "audio/wav"),
-                    **_common_errors(401, 404),
+                    **_common_errors(401, 404, 429),
                 },
             }
         },
