@@ -495,7 +495,7 @@ class SessionStore:
     def codes(self, session_id: str, take_id: str) -> np.ndarray:
         """The take's codes, [n_frames, 12] int64 (ValueError when the file is damaged)."""
         take = self.get_take(session_id, take_id)
-        codes = np.load(self._codes_path(session_id, take_id), allow_pickle=False)
+        codes: np.ndarray = np.load(self._codes_path(session_id, take_id), allow_pickle=False)
         if codes.dtype.kind not in "iu" or codes.shape != (take.n_frames, N_CODEBOOKS):
             raise ValueError(f"take {take_id}: stored codes {codes.dtype}{list(codes.shape)} are damaged")
         return codes.astype(np.int64, copy=False)

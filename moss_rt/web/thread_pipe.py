@@ -16,7 +16,7 @@ import contextlib
 import io
 import threading
 from collections.abc import Awaitable, Callable
-from typing import IO
+from typing import IO, cast
 
 PIECE_SIZE = 256 * 1024
 MAX_PIECES = 4
@@ -97,7 +97,7 @@ async def stream_from_thread(
 
     def run() -> None:
         try:
-            produce(pipe)
+            produce(cast(IO[bytes], pipe))  # a writable binary stream (RawIOBase), which is all produce writes to
         finally:
             pipe.finish()
 
