@@ -139,9 +139,11 @@ class TakeStore:
     """App-wide, bounded store of recent takes (by id), shared by every connection.
 
     Past ``max_takes`` a take is evicted from the client that holds the most (its oldest that is not running;
-    a running take is never evicted). So a client that adds takes in bulk (many resumed sessions, a burst of
-    requests) pushes out its own, never another client's while it holds more than that client: eviction is
-    per client, and a victim's download cannot be made to vanish by somebody else's traffic.
+    a running take is never evicted), and never from a client holding fewer takes than the one adding. So a
+    client that adds takes in bulk (many resumed sessions, a burst of requests) pushes out its own, never the
+    takes of a client that holds fewer: eviction is per client, and a victim's download cannot be made to
+    vanish by somebody else's traffic. (When only running takes are left to evict, the store stays over its
+    cap by them until they end.)
     """
 
     def __init__(self, max_takes: int = 1024) -> None:
@@ -162,7 +164,7 @@ class TakeStore:
         owner = client or ""
         self._client_of[take.take_id] = owner
         self._counts[owner] += 1
-        self._evict()
+        self._evict(owner)
 
     def get(self, take_id: str) -> TakeRecord | None:
         return self._takes.get(take_id)
@@ -183,9 +185,12 @@ class TakeStore:
             if self._counts[owner] <= 0:
                 del self._counts[owner]
 
-    def _evict(self) -> None:
+    def _evict(self, adder: str) -> None:
         while len(self._takes) > self._max:
-            for owner, _ in self._counts.most_common():
+            floor = self._counts.get(adder, 0)
+            for owner, held in self._counts.most_common():
+                if held < floor:
+                    return  # everyone left holds fewer takes than the adder: not theirs to give up
                 victim = next(
                     (
                         take_id

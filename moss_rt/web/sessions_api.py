@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 
 SID = r"{session_id:s_[A-Za-z0-9_-]{16,64}}"
+SPOOL_CHECK_BYTES = 16 * 1024 * 1024  # how often an import's spooled body looks at the data dir's room
 TID = r"{take_id:[A-Za-z0-9_-]{1,64}}"
 
 
@@ -272,9 +273,15 @@ async def import_archive(request: web.Request) -> web.Response:
         try:
             spool = await asyncio.to_thread(open, staging / "upload.zip", "w+b")
             try:
+                spooled = [0, 0]  # bytes written, bytes at the last look at the disk
 
                 async def write(chunk: bytes) -> None:
                     await asyncio.to_thread(spool.write, chunk)
+                    spooled[0] += len(chunk)
+                    if spooled[0] - spooled[1] >= SPOOL_CHECK_BYTES:  # a body without Content-Length, or a full disk
+                        spooled[1] = spooled[0]
+                        if await asyncio.to_thread(store.room, client) < 0:
+                            raise ProtocolError(ErrorCode.INSUFFICIENT_STORAGE, "not enough storage for this archive")
 
                 await read_body_into(request, limit, write)
                 await asyncio.to_thread(spool.seek, 0)

@@ -341,6 +341,8 @@ class Connection:
             raise ProtocolError(ErrorCode.NOT_FOUND, "this service keeps no sessions", field="session")
         if self.session_id is not None and msg.session != self.session_id:
             raise ProtocolError(ErrorCode.INVALID_FIELD, "this connection is bound to another session", field="session")
+        if self.owner is None:  # no identity to own a session (not reached past the auth checks)
+            raise ProtocolError(ErrorCode.NOT_FOUND, "no such session (it may have been deleted)", field="session")
         resumed = msg.session is not None
         if msg.session is not None:
             # Another owner's session answers not_found, exactly as an unknown id does.

@@ -42,6 +42,13 @@ def test_the_store_evicts_from_the_client_that_holds_the_most() -> None:
     for i in range(20):
         store.add(ended(f"t_more{i}"), "attacker")
     assert store.get("t_running") is not None and store.held_by("victim") == 3
+    # A client whose takes all run (it cannot give any up) still never evicts one that holds fewer.
+    busy = TakeStore(max_takes=4)
+    for i in range(2):
+        busy.add(ended(f"t_victim{i}"), "victim")
+    for i in range(5):
+        busy.add(TakeRecord(f"t_run{i}", StartTake(text="x", seed=1)), "attacker")
+    assert busy.held_by("victim") == 2 and len(busy) == 7
 
 
 def test_renders_have_a_per_client_share() -> None:
