@@ -23,7 +23,7 @@ def test_within_bounds_parses() -> None:
     ("data", "code"),
     [
         (b"[" * 5 + b"]" * 5, ErrorCode.BAD_JSON),  # too deep, refused before parsing
-        (b"[" * 100_000, ErrorCode.BAD_JSON),  # never parsed: no RecursionError
+        (b"[" * 9_000, ErrorCode.BAD_JSON),  # never parsed: no RecursionError
         (b"[" + b"0," * 60 + b"0]", ErrorCode.TOO_LARGE),  # too many values
         (b" " * 10_001, ErrorCode.TOO_LARGE),
         (b'{"a": NaN}', ErrorCode.BAD_JSON),
