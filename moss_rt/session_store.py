@@ -531,7 +531,7 @@ class SessionStore:
         out = []
         for t in self.takes(session_id):
             pcm_ok = self._file_size(self._pcm_path(session_id, t.take_id)) == pcm_bytes(t)
-            if pcm_ok and self._codes_path(session_id, t.take_id).is_file():
+            if pcm_ok and _codes_file_ok(self._codes_path(session_id, t.take_id), t.n_frames):
                 out.append(t)
             else:
                 log.warning("session %s: take %s is damaged; left out of the export", short_id(session_id), t.take_id)
@@ -786,6 +786,20 @@ class SessionStore:
 def pcm_bytes(take: StoredTake) -> int:
     """Bytes of a take's stored audio: int16 samples, FRAME_SAMPLES per frame per channel."""
     return take.n_frames * FRAME_SAMPLES * take.channels * 2
+
+
+def _codes_file_ok(path: Path, n_frames: int) -> bool:
+    """The codes file is a .npy of [n_frames, 12] integers, as far as its header says (read without the data)."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                return False
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+        return bool(dtype.kind in "iu" and tuple(shape) == (n_frames, N_CODEBOOKS))
+    except (OSError, ValueError):
+        return False
 
 
 def _no_session() -> ProtocolError:

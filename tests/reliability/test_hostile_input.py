@@ -10,7 +10,9 @@ acknowledged its seek and then sent nothing).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import zipfile
 
 import numpy as np
 import requests
@@ -103,3 +105,36 @@ def test_a_download_that_must_render_codes_outside_the_codebook_is_a_4xx(fast_se
         r = requests.get(f"{srv.url}/api/takes/t_forged.wav", params=params, timeout=10)
         assert r.status_code == 422 and error_of(r)["code"] == "invalid_field", r.text
         assert "codebook" in error_of(r)["message"]
+
+
+def test_damaged_stored_files_are_a_404_or_left_out_never_a_500(fast_server) -> None:
+    srv = fast_server()
+    jar = OwnerJar()
+    body = jar.request("POST", f"{srv.url}/api/sessions/import", data=valid_archive(3, 2)).json()
+    sid, (a, b, c) = body["session"], [t["take_id"] for t in body["takes"]]
+    folder = srv.state.settings.data_dir / "sessions" / sid
+    (folder / f"{a}.pcm").write_bytes(b"\0" * 100)  # shorter than its record says
+    (folder / f"{b}.pcm").unlink()
+    (folder / f"{c}.codes.npy").write_bytes(b"not numpy")
+    base = f"{srv.url}/api/sessions/{sid}"
+    for take in (a, b):
+        r = jar.request("GET", f"{base}/takes/{take}.wav")
+        assert r.status_code == 404 and "missing or damaged" in error_of(r)["message"], r.text
+    archive = jar.request("GET", f"{base}/archive")
+    assert archive.status_code == 200
+    with zipfile.ZipFile(io.BytesIO(archive.content)) as z:
+        kept = json.loads(z.read("session.json"))["takes"]
+    assert [t["take_id"] for t in kept] == []  # every take here is damaged: none is exported half
+
+    async def resume() -> dict[str, object]:
+        ws = await jar.connect(srv.ws_url)
+        try:
+            await ws.send(json.dumps({"type": "resume", "session": sid}))
+            while True:
+                msg = json.loads((await ws.recv())[5:])
+                if msg["type"] in ("session", "error"):
+                    return msg
+        finally:
+            await ws.close()
+
+    assert asyncio.run(resume())["type"] == "session"  # the damaged takes are listed, the socket works
