@@ -52,9 +52,10 @@ class Settings:
     session_storage_per_client_mb: int = setting(
         4096, "MB the sessions one client address created may take; past it: 507 (0: no cap)"
     )
-    # Session imports and exports unpack, check and pack whole takes on worker threads: at most this many at once
-    # (one per client), so they cannot crowd out the threads others' requests need. More: 503 busy / 429.
-    max_concurrent_archives: int = setting(2, "session imports and exports at once (one per client)")
+    # Session imports unpack and check whole takes on worker threads: at most this many at once (one per client),
+    # so they cannot crowd out the threads others' requests need; exports (packed at their reader's pace) may be
+    # four times as many. More: 503 busy / 429.
+    max_concurrent_archives: int = setting(2, "session imports at once, one per client (exports: 4x as many)")
     voices_dir: Path = setting(Path("voices"), "built-in voices (audio files)")
     # The studio page: moss_rt/static links to the repository's static/ and is a real folder once installed.
     static_dir: Path = (Path(__file__).resolve().parent / "static").resolve()

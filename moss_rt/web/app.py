@@ -79,6 +79,7 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
         sessions=sessions,
         owner_cookies=OwnerCookies.load(settings.data_dir) if sessions is not None else None,
         archive_slots=ArchiveSlots(settings.max_concurrent_archives),
+        export_slots=ArchiveSlots(4 * settings.max_concurrent_archives),
         heard=HeardAudio(settings.heard_audio_mb * 1024 * 1024),
         renders=SharedRenders(settings.render_buffer_mb * 1024 * 1024),
         client_takes=ClientTakes(settings.max_takes_per_client),

@@ -143,7 +143,7 @@ class ClientConnections:
 
 
 class ArchiveSlots:
-    """Session imports and exports in progress: at most ``limit`` at once, one per client address.
+    """Session imports (or exports) in progress: at most ``limit`` at once, one per client address.
 
     Each unpacks or packs whole takes on a worker thread; unbounded, a burst of them would hold every thread
     the event loop hands blocking work to (and the disk) while other clients wait. Refused at once rather than

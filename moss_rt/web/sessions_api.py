@@ -220,7 +220,7 @@ async def export_archive(request: web.Request) -> web.StreamResponse:
     thread while it is sent: a few pieces in flight, whatever the session's size."""
     state = request.app[STATE]
     store, session_id = await _owned(request, read_only=True)
-    with state.archive_slots.hold(_client(request)):
+    with state.export_slots.hold(_client(request)):
         takes = await asyncio.to_thread(store.exportable_takes, session_id)
         stamp = time.strftime("%Y%m%d-%H%M")
         response = web.StreamResponse(

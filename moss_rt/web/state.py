@@ -33,7 +33,10 @@ class ServiceState:
     renders: SharedRenders = field(default_factory=lambda: SharedRenders(0))  # renders of codes in progress (downloads)
     sessions: SessionStore | None = None  # directing sessions on disk (data dir); None: not kept
     owner_cookies: OwnerCookies | None = None  # signs the owner cookies of keyless servers (moss_rt/web/owners.py)
-    archive_slots: ArchiveSlots = field(default_factory=lambda: ArchiveSlots(2))  # session imports/exports at once
+    archive_slots: ArchiveSlots = field(default_factory=lambda: ArchiveSlots(2))  # session imports at once
+    # Session exports at once: packed at the pace their reader reads, so a slow reader must not hold an import's
+    # slot; they have their own, more of them (one per client all the same).
+    export_slots: ArchiveSlots = field(default_factory=lambda: ArchiveSlots(8))
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
     shutting_down: bool = False
     # Reliability bookkeeping (issue 7): open directing connections (ws.Connection objects, kept
