@@ -15,6 +15,7 @@ a few at a time (``max_concurrent_archives``, one per client).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -286,10 +287,18 @@ async def import_archive(request: web.Request) -> web.Response:
                 await read_body_into(request, limit, write)
                 await asyncio.to_thread(spool.seek, 0)
                 codebook = state.engine.info.codebook_size
+                work = asyncio.ensure_future(
+                    asyncio.to_thread(store.import_archive, spool, owner=owner, client=client, codebook_size=codebook)
+                )
                 try:
-                    session_id = await asyncio.to_thread(
-                        store.import_archive, spool, owner=owner, client=client, codebook_size=codebook
-                    )
+                    session_id = await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    # The client left. The thread cannot be stopped: wait for it (its slot stays taken meanwhile)
+                    # and delete what it made, a session nobody was told about.
+                    with contextlib.suppress(Exception):
+                        orphan = await work
+                        await asyncio.to_thread(store.delete_session, orphan)
+                    raise
                 except MemoryError:  # not expected within the bounds; never a 500 if it happens anyway
                     raise ProtocolError(ErrorCode.TOO_LARGE, "the archive is too large to import") from None
             finally:

@@ -3,11 +3,12 @@ after a restart, the whole session or nothing, and no files behind.
 
 The crash points are hit exactly by an importing child process that kills itself there (SIGKILL: no cleanup
 runs): while takes are being unpacked, between the folder's rename and the records' transaction, and inside
-that transaction. Then a real server is killed while an import is in flight.
+that transaction. Then a real server is killed while an import is in flight, and a client leaves one.
 """
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -120,3 +121,32 @@ def test_kill_9_of_the_server_mid_import_leaves_the_whole_session_or_none(server
     assert not staging.exists()
     on_disk = [p.name for p in (data_dir / "sessions").iterdir() if p.is_dir()]
     assert sorted(on_disk) == sorted(s["session"] for s in sessions)
+
+
+def test_a_client_that_leaves_mid_import_leaves_no_session_and_frees_its_slot(fast_server) -> None:
+    srv = fast_server()
+    data = valid_archive(N_TAKES, 40)  # unpacking takes a while; the client is gone long before it ends
+    jar = OwnerJar()
+    jar.request("POST", f"{srv.url}/api/sessions")  # an owner cookie, and one session to tell apart
+    port = int(srv.url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    head = (
+        f"POST /api/sessions/import HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(data)}\r\n"
+        f"Cookie: moss_rt_owner={jar.cookie}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + data)
+    staging = srv.state.settings.data_dir / "sessions" / ".staging"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not list(staging.glob("*/session/*.pcm")):
+        time.sleep(0.005)  # unpacking has begun
+    sock.close()
+
+    def busy() -> bool:  # the import's slot still held, or its unpacking thread still at work
+        return bool(len(srv.state.archive_slots)) or (staging.exists() and any(staging.iterdir()))
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and busy():
+        time.sleep(0.02)
+    assert not busy()
+    sessions = jar.request("GET", f"{srv.url}/api/sessions").json()["sessions"]
+    assert [s["takes"] for s in sessions] == [0]  # only the empty one: the import nobody waited for is gone
