@@ -188,7 +188,11 @@ def costs_work(request: web.Request) -> bool:
     if request.method in ("POST", "DELETE"):
         return True
     path = request.path
-    return request.method == "GET" and (path == "/api/ws" or (path.startswith("/api/takes/") and path.endswith(".wav")))
+    return request.method == "GET" and (
+        path == "/api/ws"
+        or (path.startswith("/api/takes/") and path.endswith(".wav"))
+        or (path.startswith("/api/scripts/") and path.endswith(".zip"))
+    )
 
 
 @web.middleware

@@ -20,6 +20,8 @@ from moss_rt.web.renders import SharedRenders
 if TYPE_CHECKING:
     from ipaddress import IPv4Network, IPv6Network
 
+    from moss_rt.scripts.service import ScriptService
+
 
 @dataclass
 class ServiceState:
@@ -30,6 +32,7 @@ class ServiceState:
     heard: HeardAudio = field(default_factory=lambda: HeardAudio(0))  # the PCM takes streamed
     renders: SharedRenders = field(default_factory=lambda: SharedRenders(0))  # renders of codes in progress (downloads)
     sessions: SessionStore | None = None  # directing sessions on disk (data dir); None: not kept
+    scripts: ScriptService | None = None  # script renders (their state beside the sessions); None: no sessions
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
     shutting_down: bool = False
     # Reliability bookkeeping (issue 7): open directing connections (ws.Connection objects, kept
