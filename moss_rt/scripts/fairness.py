@@ -2,8 +2,9 @@
 
 A render fills free capacity with many lines at once, but never all of it: all script renders together hold at
 most ``total`` engine slots (the rest, and the engine's queue, stay for interactive takes, which the scheduler
-serves first), and one client's renders at most ``per_client``. When a place frees, the clients waiting for one
-are served round-robin, so a client with one short script is not stuck behind another's 500 lines.
+serves first), and one client's renders at most ``per_client``. A free place goes to the waiting client that holds
+the fewest, so a client with one short script is not stuck behind another's 500 lines, and renders side by side
+split the places evenly.
 
 Only the event loop touches it (no lock). ``acquire`` is cancel-safe: a waiter cancelled before its grant leaves
 the queue; one cancelled right after it gives the place back.
@@ -66,25 +67,24 @@ class FairShare:
         self._dispatch()
 
     def _dispatch(self) -> None:
-        """Grant free places to waiting clients in turn (each grant sends its client to the back)."""
-        progress = True
-        while progress and self.in_use < self.total:
-            progress = False
-            for client in list(self._waiting):
-                if self.in_use >= self.total:
-                    return
-                queue = self._waiting[client]
+        """Grant free places, each to the waiting client that holds the fewest (the longest waiting among equals),
+        so clients rendering side by side converge to equal shares."""
+        while self.in_use < self.total:
+            best: str | None = None
+            for client, queue in list(self._waiting.items()):
                 while queue and queue[0].done():  # cancelled waiters
                     queue.popleft()
                 if not queue:
                     del self._waiting[client]
                     continue
-                if self._held.get(client, 0) >= self.per_client:
-                    continue
-                queue.popleft().set_result(None)
-                self._held[client] = self._held.get(client, 0) + 1
-                if queue:
-                    self._waiting.move_to_end(client)
-                else:
-                    del self._waiting[client]
-                progress = True
+                held = self._held.get(client, 0)
+                if held < self.per_client and (best is None or held < self._held.get(best, 0)):
+                    best = client
+            if best is None:
+                return
+            queue = self._waiting[best]
+            queue.popleft().set_result(None)
+            self._held[best] = self._held.get(best, 0) + 1
+            del self._waiting[best]
+            if queue:
+                self._waiting[best] = queue  # to the back of the line

@@ -531,7 +531,7 @@ def _number(where: str, value: Any, default: float | None, maximum: float, *, po
             raise ScriptError(where, "a number of seconds is required")
         return default
     try:
-        seconds = float(coerce(where, Field("float", None, 0.0, maximum), value))
+        seconds = float(coerce(where.rsplit(".", 1)[-1], Field("float", None, 0.0, maximum), value))
     except ProtocolError as err:
         raise ScriptError(where, f"seconds from 0 to {maximum:g} ({err.message})") from None
     if positive and seconds <= 0:
@@ -543,7 +543,7 @@ def _json_int(where: str, value: Any, minimum: int, maximum: int) -> int | None:
     if value is None:
         return None
     try:
-        return int(coerce(where, Field("int", None, minimum, maximum), value))
+        return int(coerce(where.rsplit(".", 1)[-1], Field("int", None, minimum, maximum), value))
     except ProtocolError as err:
         raise ScriptError(where, err.message) from None
 

@@ -60,6 +60,7 @@ class Job:
     tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)  # a render running per line
     runner: asyncio.Task[None] | None = None  # the batch render of the lines that need one
     announced_done: bool = False
+    _last_progress: dict[str, Any] | None = None
 
     @classmethod
     def of_row(cls, row: ScriptRow) -> Job:
@@ -149,6 +150,13 @@ class Job:
                 sum(line.row.n_frames for line in self.lines.values() if line.row.take_id) / FRAME_RATE, 3
             ),
         }
+
+    def emit_progress(self) -> None:
+        """A ``progress`` event, unless nothing changed since the last one."""
+        progress = self.progress()
+        if progress != self._last_progress:
+            self._last_progress = progress
+            self.log.emit("progress", progress)
 
     def view(self) -> dict[str, Any]:
         return {

@@ -206,7 +206,7 @@ class ScriptService:
     async def _render_all(self, job: Job) -> None:
         try:
             await self._engine_ready()
-            job.log.emit("progress", job.progress())
+            job.emit_progress()
             async with asyncio.TaskGroup() as group:
                 for number in sorted(job.lines):
                     if not self._wanted(job, number):
@@ -257,7 +257,7 @@ class ScriptService:
             line.row.attempts += 1
             job.announced_done = False
             job.log.emit("line", job.line_view(number))
-            job.log.emit("progress", job.progress())
+            job.emit_progress()
             try:
                 done = await render_line(
                     self.state, self.sessions, job.session_id, job.script, line.cue, render, priority
@@ -313,7 +313,7 @@ class ScriptService:
         """Progress after a line ended; ``done`` once nothing is left to render or rendering."""
         if job.failure is not None or self._jobs.get(job.script_id) is not job:
             return
-        job.log.emit("progress", job.progress())
+        job.emit_progress()
         if not job.tasks and job.runner is None and not job.pending_work and not job.announced_done:
             job.announced_done = True
             body = job.progress()

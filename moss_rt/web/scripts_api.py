@@ -162,7 +162,14 @@ async def create_script(request: web.Request) -> web.Response:
         raise ProtocolError(ErrorCode.NOT_FOUND, "no such session (it may have been deleted)", field="session")
     _check_voices(request, script)
     job = await service.create(script, session, request.remote or "unknown")
-    body_out = {"script": job.script_id, "lines": len(job.lines), "session": job.session_id, "state": job.state}
+    body_out = {
+        "script": job.script_id,
+        "lines": len(job.lines),
+        "session": job.session_id,
+        "state": job.state,
+        # Nothing has been announced yet: a listener that sends this as Last-Event-ID gets every event.
+        "event_id": job.log.last_id,
+    }
     return web.json_response(body_out, status=201, headers={"Location": f"/api/scripts/{job.script_id}"})
 
 
@@ -305,7 +312,9 @@ async def retake_line(request: web.Request) -> web.Response:
         _script_id(request), number, client=request.remote or "unknown", text=text, instruction=instruction,
         seed=values["seed"], frame=min(frame or 0, limits.max_new_tokens),
     )  # fmt: skip
-    return web.json_response({"script": job.script_id, "line": job.line_view(number)}, status=202)
+    # Last-Event-ID for a listener that wants every event of this retake.
+    body = {"script": job.script_id, "line": job.line_view(number), "event_id": job.log.last_id}
+    return web.json_response(body, status=202)
 
 
 @routes.post(f"/api/scripts/{SCRIPT}/lines/{LINE}/accept", expect_handler=expect_within_limit)
