@@ -126,7 +126,7 @@ class Settings:
     script_total_share: float = setting(0.75, "share of the engine's slots all script renders together may fill")
     script_client_share: float = setting(0.5, "share of the engine's slots one client's script renders may fill")
     max_scripts_per_client: int = setting(4, "scripts one client may have waiting or rendering (0: no cap)")
-    max_script_exports: int = setting(4, "script zip exports streaming at once; past it: 503 busy")
+    max_script_exports: int = setting(4, "script zip exports streaming at once; past it: 503 busy (0: no cap)")
     limits: Limits = field(default_factory=Limits)
     log_level: str = setting("INFO", "DEBUG | INFO | WARNING | ERROR")
     # Cluster mode (docs/cluster.md): "" runs the engine in this process; "auto" or a Ray address

@@ -86,8 +86,13 @@ class ScriptService:
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
         return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("script task %s failed", task.get_name(), exc_info=task.exception())
 
     def _share_of(self, slots: int) -> tuple[int, int]:
         settings = self.state.settings
@@ -385,6 +390,10 @@ class ScriptService:
             await self._render(job, number, TakePriority.INTERACTIVE)
         except SessionGone as gone:
             await self._session_gone(job, str(gone))
+        except Exception:  # a bug must not leave the line rendering forever
+            log.exception("script %s line %d: retake failed", job.script_id, number)
+            with contextlib.suppress(SessionGone):
+                await self._line_failed(job, number, "internal error")
         finally:
             self.state.client_takes.release(client)
             if job.tasks.get(number) is asyncio.current_task():

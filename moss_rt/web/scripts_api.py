@@ -245,6 +245,8 @@ async def export_script(request: web.Request) -> web.StreamResponse:
         if fmt.name == "wav" and fmt.sample_rate == 48000:
             fmt = None  # the default: exact WAV headers
     partial = request.query.get("partial", "").lower() in ("1", "true", "yes")
+    if job.failure is not None:
+        raise ProtocolError(ErrorCode.NOT_FOUND, f"the script failed ({job.failure})", field="script")
     if job.state != "done" and not partial:
         progress = job.progress()
         return error_response(
@@ -253,7 +255,7 @@ async def export_script(request: web.Request) -> web.StreamResponse:
             " once it is done, or ask for ?partial=true to get the lines done so far",
             headers={"Retry-After": "2"},
         )
-    if service.exports_running >= state.settings.max_script_exports:
+    if 0 < state.settings.max_script_exports <= service.exports_running:
         return busy_response(2.0)
     service.exports_running += 1
     try:

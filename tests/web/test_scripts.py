@@ -304,6 +304,34 @@ def test_an_unfinished_script_exports_only_when_asked_for_a_partial_zip(tmp_path
         thread.stop()
 
 
+def test_exports_at_once_are_bounded(tmp_path: Path) -> None:
+    from tests.reliability.conftest import raw_http, read_head
+
+    thread = start_server(tmp_path, max_script_exports=1)
+    try:
+        assert thread.server is not None
+        url, port = thread.server.url, thread.settings.port
+        # About 13 MB of zip: far more than socket buffers hold.
+        script_id = post(url, "".join(f"A: line {n} " + "and more words " * 8 + "\n" for n in range(8))).json()[
+            "script"
+        ]
+        wait_done(url, script_id)
+        # A client that asks for the zip and never reads it holds the one export place (a small window).
+        stalled = raw_http(port, f"GET /api/scripts/{script_id}.zip HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", rcvbuf=4096)
+        assert read_head(stalled)[0] == 200
+        deadline = time.monotonic() + 10
+        while (r := requests.get(f"{url}/api/scripts/{script_id}.zip", timeout=10)).status_code == 200:
+            assert time.monotonic() < deadline  # the stalled export may still be starting
+        assert r.status_code == 503 and error_of(r)["code"] == "busy" and r.headers["Retry-After"]
+        stalled.close()
+        deadline = time.monotonic() + 30  # the stalled one ends (its write fails) and frees the place
+        while requests.get(f"{url}/api/scripts/{script_id}.zip", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        thread.stop()
+
+
 # --------------------------------------------------------------------------- directing a line
 
 
