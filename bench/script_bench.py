@@ -223,8 +223,9 @@ def main() -> None:
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--max-slots", type=int, default=0, help="0: the memory plan's")
     p.add_argument("--max-queue", type=int, default=0, help="0: the server's default")
-    p.add_argument("--total-share", type=float, default=0.75, help="--script-total-share of the server")
-    p.add_argument("--client-share", type=float, default=0.5, help="--script-client-share of the server")
+    p.add_argument("--total-share", type=float, default=0.5, help="--script-total-share of the server")
+    p.add_argument("--client-share", type=float, default=0.5,
+                   help="--script-client-share of the server (one client renders here: all it may hold)")
     p.add_argument("--target-render-sec", type=float, default=10.0)
     p.add_argument("--target-ratio", type=float, default=1.5)
     p.add_argument("--cold", action="store_true", help="do not wait for the idle-time graph captures")

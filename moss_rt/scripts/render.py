@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,12 +77,14 @@ async def render_line(
     cue: Cue,
     render: dict[str, Any],
     priority: TakePriority,
+    generated: Callable[[], None] | None = None,
 ) -> Rendered:
     """Generate ``render`` (take id, seed, text, instruction, parent, frame) and store it in the session.
 
     A take already stored under the render's id (the server stopped between storing it and recording the line)
-    is adopted, not rendered again. Raises :class:`LineFailed`, :class:`LineInterrupted` or
-    :class:`SessionGone`; cancelling it cancels the engine's take.
+    is adopted, not rendered again. ``generated`` is called once the engine is done with the take (before it is
+    stored), so the caller can give its engine place to the next line. Raises :class:`LineFailed`,
+    :class:`LineInterrupted` or :class:`SessionGone`; cancelling it cancels the engine's take.
     """
     take_id = render["take"]
     existing = await _stored(sessions, session_id, take_id)
@@ -98,6 +101,8 @@ async def render_line(
         raise LineFailed(err.message) from None
     spec = dataclasses.replace(record.engine_spec(reference_codes=ref, prefix_codes=prefix_codes), priority=priority)
     codes, pcm, finished = await _generate(state, spec)
+    if generated is not None:
+        generated()
     if finished.reason is EndReason.ERROR:
         raise LineFailed(finished.error or "generation failed")
     if finished.reason in (EndReason.CANCELLED, EndReason.SHUTDOWN, EndReason.REPLACED):

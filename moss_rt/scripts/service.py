@@ -45,6 +45,26 @@ CLOSE_TIMEOUT_SEC = 10.0
 DEFAULT_ENGINE_SLOTS = 64  # what the memory plan gives a CPU, when the engine does not say
 
 
+class _Place:
+    """A line's place in the fair share: given back as soon as the engine is done with its take (storing it
+    needs no engine place), taken again for a second attempt."""
+
+    def __init__(self, share: FairShare, client: str) -> None:
+        self._share = share
+        self._client = client
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._share.release(self._client)
+
+    async def again(self) -> None:
+        if not self._held:
+            await self._share.acquire(self._client)
+            self._held = True
+
+
 class ScriptService:
     def __init__(self, state: ServiceState, sessions: SessionStore, store: ScriptStore) -> None:
         self.state = state
@@ -220,7 +240,8 @@ class ScriptService:
                     if not self._wanted(job, number):  # a retake took it while this waited
                         self.share.release(job.owner)
                         continue
-                    job.tasks[number] = group.create_task(self._batch_line(job, number), name=f"line-{number}")
+                    place = _Place(self.share, job.owner)
+                    job.tasks[number] = group.create_task(self._batch_line(job, number, place), name=f"line-{number}")
         except* SessionGone as gone:
             await self._session_gone(job, str(gone.exceptions[0]))
         finally:
@@ -231,22 +252,23 @@ class ScriptService:
     def _wanted(job: Job, number: int) -> bool:
         return number not in job.tasks and job.lines[number].needs_render and job.failure is None
 
-    async def _batch_line(self, job: Job, number: int) -> None:
+    async def _batch_line(self, job: Job, number: int, place: _Place) -> None:
         try:
-            await self._render(job, number, TakePriority.BATCH)
+            await self._render(job, number, TakePriority.BATCH, place)
         except (SessionGone, asyncio.CancelledError):
             raise
         except Exception:  # a bug must cost one line, not the whole batch
             log.exception("script %s line %d: render failed", job.script_id, number)
             await self._line_failed(job, number, "internal error")
         finally:
-            self.share.release(job.owner)
+            place.release()
             if job.tasks.get(number) is asyncio.current_task():
                 del job.tasks[number]
             self._after_line(job)
 
-    async def _render(self, job: Job, number: int, priority: TakePriority) -> None:
-        """Render the line's queued render (or its first one), trying once more after a failure."""
+    async def _render(self, job: Job, number: int, priority: TakePriority, place: _Place | None = None) -> None:
+        """Render the line's queued render (or its first one), trying once more after a failure; a batch line
+        holds its ``place`` while the engine makes its take."""
         line = job.lines[number]
         render = line.row.render or {
             "take": new_take_id(),
@@ -257,6 +279,8 @@ class ScriptService:
             "frame": 0,
         }
         for attempt in range(1, ATTEMPTS + 1):
+            if place is not None:
+                await place.again()
             await self._recorded(self.store.start_render, job.script_id, number, render)
             line.row.render = render
             line.row.attempts += 1
@@ -265,7 +289,14 @@ class ScriptService:
             job.emit_progress()
             try:
                 done = await render_line(
-                    self.state, self.sessions, job.session_id, job.script, line.cue, render, priority
+                    self.state,
+                    self.sessions,
+                    job.session_id,
+                    job.script,
+                    line.cue,
+                    render,
+                    priority,
+                    None if place is None else place.release,
                 )
             except LineInterrupted:
                 log.info("script %s line %d: interrupted (%s); it stays queued", job.script_id, number, render["take"])

