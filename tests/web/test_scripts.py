@@ -425,6 +425,30 @@ def test_delete_stops_the_render_and_keeps_the_takes(tmp_path: Path) -> None:
         thread.stop()
 
 
+def test_deleting_its_session_ends_a_render_with_an_error_event(tmp_path: Path) -> None:
+    thread = start_server(tmp_path, frame_ms=20.0, max_slots=2)
+    try:
+        assert thread.server is not None
+        url = thread.server.url
+        body = post(url, "".join(f"A: line number {n}\n" for n in range(8))).json()
+        deadline = time.monotonic() + 20
+        while requests.get(f"{url}/api/scripts/{body['script']}", timeout=10).json()["lines_done"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        store = thread.server.state.sessions
+        assert store is not None
+        with requests.get(f"{url}/api/scripts/{body['script']}/events", stream=True, timeout=30) as r:
+            assert r.status_code == 200  # listening before the session goes
+            store.delete_session(body["session"])  # as the director's delete (or retention) would
+            lines = [line for line in r.iter_lines(decode_unicode=True) if line]  # the stream ends after it
+        assert lines[-2] == "event: error" and json.loads(lines[-1][6:])["code"] == "not_found"
+        assert "session" in json.loads(lines[-1][6:])["message"]
+        assert requests.get(f"{url}/api/scripts/{body['script']}", timeout=10).status_code == 404
+        assert thread.server.state.scripts is not None and thread.server.state.scripts.share.in_use == 0
+    finally:
+        thread.stop()
+
+
 # --------------------------------------------------------------------------- failures
 
 
