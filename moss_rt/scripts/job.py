@@ -61,6 +61,10 @@ class Job:
     runner: asyncio.Task[None] | None = None  # the batch render of the lines that need one
     announced_done: bool = False
     _last_progress: dict[str, Any] | None = None
+    _scenes: dict[int, int] = field(default_factory=dict)  # line → scene (the script never changes)
+
+    def __post_init__(self) -> None:
+        self._scenes = self.script.scene_of()
 
     @classmethod
     def of_row(cls, row: ScriptRow) -> Job:
@@ -124,7 +128,7 @@ class Job:
         row = line.row
         return {
             "line": number,
-            "scene": self.script.scene_of().get(number, 1),
+            "scene": self._scenes.get(number, 1),
             "who": line.cue.who,
             "text": self.text_of(number),
             "instruction": self.instruction_of(number),
