@@ -195,7 +195,8 @@ async def _follow(http: aiohttp.ClientSession, base: str, script_id: str, bar: P
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
                 failures += 1
                 if failures > MAX_RECONNECTS:
-                    raise RenderError(f"lost the service ({exc}); follow it again with --script-id {script_id}") from exc
+                    hint = f"follow it again with --script-id {script_id}"
+                    raise RenderError(f"lost the service ({exc}); {hint}") from exc
                 log.info("event stream dropped (%s); reconnecting", exc)
             await asyncio.sleep(RECONNECT_SEC)
     finally:
