@@ -132,6 +132,14 @@ class Settings:
     )
     cors_origins: tuple[str, ...] = setting((), "origins that get CORS headers")
     token_ttl_sec: float = setting(600.0, "lifetime of browser tokens from POST /api/token")
+    # Script renders (docs/scripts.md): their lines run at batch priority, as many at once as these shares of the
+    # engine's slots allow; the rest of the slots (and the engine's queue) stay for interactive takes.
+    # The total matches the scheduler's share for batch work, so lines wait here (fairly, per client) rather than
+    # in the engine's queue, where they would hold places interactive takes may need.
+    script_total_share: float = setting(0.5, "share of the engine's slots all script renders together may fill")
+    script_client_share: float = setting(0.375, "share of the engine's slots one client's script renders may fill")
+    max_scripts_per_client: int = setting(4, "scripts one client may have waiting or rendering (0: no cap)")
+    max_script_exports: int = setting(4, "script zip exports streaming at once; past it: 503 busy (0: no cap)")
     limits: Limits = field(default_factory=Limits)
     log_level: str = setting("INFO", "DEBUG | INFO | WARNING | ERROR")
     # Cluster mode (docs/cluster.md): "" runs the engine in this process; "auto" or a Ray address

@@ -42,6 +42,11 @@ class Limits:
     # WebSocket control messages per connection: a token bucket refilled at this rate.
     ws_messages_per_sec: float = 20.0
     ws_message_burst: int = 40
+    # Scripts (docs/scripts.md): cues of one script, its body, the longest pause and gap in its mix.
+    max_script_lines: int = 500
+    max_script_bytes: int = 1024 * 1024
+    max_pause_sec: float = 60.0
+    max_gap_sec: float = 10.0
 
     def to_dict(self) -> dict[str, int | float]:
         return asdict(self)
@@ -75,4 +80,8 @@ LIMIT_HELP: dict[str, str] = {
     "max_voices_per_owner": "uploaded voices one client may keep (0: no cap)",
     "ws_messages_per_sec": "WebSocket control messages per second per connection",
     "ws_message_burst": "burst of WebSocket control messages above that rate",
+    "max_script_lines": "spoken lines (cues) of one script",
+    "max_script_bytes": "bytes of one POST /api/scripts body",
+    "max_pause_sec": "longest [pause] of a script, in seconds",
+    "max_gap_sec": "longest gap between a script's lines (gap_sec, scene_gap_sec), in seconds",
 }

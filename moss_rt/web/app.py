@@ -27,6 +27,7 @@ from moss_rt.web.openai_api import routes as openai_routes
 from moss_rt.web.owners import OwnerCookies
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
 from moss_rt.web.renders import SharedRenders
+from moss_rt.web.scripts_api import routes as script_routes
 from moss_rt.web.security import (
     auth_middleware,
     client_connections_middleware,
@@ -93,13 +94,17 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
     app.add_routes(voice_routes)
     app.add_routes(openai_routes)
     app.add_routes(session_routes)
+    app.add_routes(script_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():
         app.router.add_static("/static/", settings.static_dir, show_index=False)
     app.cleanup_ctx.append(_engine_lifecycle)
     app.cleanup_ctx.append(session_retention)
+    # After the engine's: its clean-up runs first, so renders stop while the engine still runs.
+    app.cleanup_ctx.append(_scripts_lifecycle)
     app.on_shutdown.append(_close_websockets)
+    app.on_shutdown.append(_end_script_streams)
     app.on_cleanup.append(_close_sessions)
     return app
 
@@ -120,6 +125,32 @@ def session_store(settings: Settings) -> SessionStore:
     return SessionStore(
         settings.data_dir / "sessions", max_takes=limits.max_session_takes, limits=limits, budget=budget
     )
+
+
+async def _scripts_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Script renders (moss_rt/scripts): their tables beside the sessions; unfinished ones resume once the engine
+    is ready; every render stops (its state kept) before the engine does."""
+    state = app[STATE]
+    if state.sessions is None:
+        yield
+        return
+    from moss_rt.scripts.service import ScriptService
+    from moss_rt.scripts.store import ScriptStore
+
+    store = await asyncio.to_thread(ScriptStore, state.sessions.root / "sessions.sqlite3")
+    state.scripts = ScriptService(state, state.sessions, store)
+    state.scripts.start()
+    try:
+        yield
+    finally:
+        await state.scripts.close()
+        await asyncio.to_thread(store.close)
+
+
+async def _end_script_streams(app: web.Application) -> None:
+    scripts = app[STATE].scripts
+    if scripts is not None:
+        scripts.end_streams()
 
 
 async def _close_sessions(app: web.Application) -> None:

@@ -101,6 +101,8 @@ def _body_limit_for(request: web.Request) -> int:
     limits = request.app[STATE].settings.limits
     if request.path == "/api/sessions/import":
         return limits.max_session_archive_bytes
+    if request.path == "/api/scripts":
+        return limits.max_script_bytes
     return limits.max_upload_bytes if request.path == "/api/upload_ref" else limits.max_request_bytes
 
 

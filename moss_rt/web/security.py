@@ -206,6 +206,8 @@ def costs_work(request: web.Request) -> bool:
         return False
     if path == "/api/ws" or (path.startswith("/api/takes/") and path.endswith(".wav")):
         return True
+    if path.startswith("/api/scripts/") and path.endswith(".zip"):
+        return True
     return path.startswith("/api/sessions/") and (path.endswith(".wav") or path.endswith("/archive"))
 
 

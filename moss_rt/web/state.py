@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ipaddress import IPv4Network, IPv6Network
 
     from moss_rt.web.owners import OwnerCookies
+    from moss_rt.scripts.service import ScriptService
 
 
 @dataclass
@@ -37,6 +38,7 @@ class ServiceState:
     # Session exports at once: packed at the pace their reader reads, so a slow reader must not hold an import's
     # slot; they have their own, more of them (one per client all the same).
     export_slots: ArchiveSlots = field(default_factory=lambda: ArchiveSlots(8))
+    scripts: ScriptService | None = None  # script renders (their state beside the sessions); None: no sessions
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
     shutting_down: bool = False
     # Reliability bookkeeping (issue 7): open directing connections (ws.Connection objects, kept
