@@ -20,8 +20,8 @@ from moss_rt.web.renders import SharedRenders
 if TYPE_CHECKING:
     from ipaddress import IPv4Network, IPv6Network
 
-    from moss_rt.web.owners import OwnerCookies
     from moss_rt.scripts.service import ScriptService
+    from moss_rt.web.owners import OwnerCookies
 
 
 @dataclass
