@@ -1,9 +1,16 @@
-/* The takes this page holds, in order, numbered as the service accepts them ("Take 3"). A take is a plain
- * record: {key (page-local), id (the service's), n, name, req, seed, status, pcm (PcmStore), conn (connection
- * serial), parent (a key), spliceSample, spliceFrame, title, starred, note, markers, end, local, stored, ...};
- * the modules that own a part of it write that part and tell the others through takeEvents:
- *   'added' (take), 'trimmed' (take dropped to bound memory), 'removed' (take), 'listed' (the list changed),
- *   'updated' (take: status, audio or service state changed), 'notes' (take: name, star, note or markers changed). */
+/* The takes this page holds, in order, numbered as the service accepts them ("Take 3"). A take is a plain record,
+ * shared; each part of it has one writer:
+ *   takes.js     key, n, name (and the id index: setTakeId)
+ *   director.js  id, req, seed, model, status, pcm while it streams, conn, end, parent, spliceSample/Frame,
+ *                isRetake, tailSplice, muted, cancelling, dropped, stored, mismatch, and its timings
+ *                (sentAt, startAt, firstPcmAt, ttfaClient, lastPcmAt, endAt, gpuFirstMs)
+ *   sessions.js  the same for takes that come back from the session (and their audio when it loads)
+ *   playback.js  what the director heard of it: heardMs, heardSamples, underruns
+ *   editor.js    the director's notes: title, starred, note, markers (then notesChanged)
+ *   director.js (region splices) and comp.js (comps) make local takes whole, through addLocalTake
+ * Writers tell the others through takeEvents:
+ *   'added' (take), 'trimmed' (take dropped to bound memory), 'removed' (take, {renumbered}), 'listed' (the list
+ *   changed), 'updated' (take: status, audio or service state changed), 'notes' (take: its notes changed). */
 import { createEmitter } from './events.js';
 import { conn } from './connection.js';
 import { current as currentPlay, stopPlayback } from './playback.js';
