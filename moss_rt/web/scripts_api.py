@@ -156,6 +156,14 @@ async def _job(request: web.Request, *, read_only: bool = False) -> Job:
     return await _service(request).job_for(_script_id(request), request_owner(request), share=share)
 
 
+async def _still_reaches(service: ScriptService, job: Job, owner: str | None, share: str) -> bool:
+    try:
+        await asyncio.to_thread(service.sessions.check_access, job.session_id, owner, share=share)
+    except ProtocolError:
+        return False
+    return True
+
+
 def _line(request: web.Request) -> int:
     return int(request.match_info["line"])
 
@@ -226,9 +234,13 @@ async def delete_script(request: web.Request) -> web.Response:
 @_errors
 async def script_events(request: web.Request) -> web.StreamResponse:
     """Server-sent events, in order: first ``state`` (or what a ``Last-Event-ID`` missed), then ``progress``,
-    ``line``, ``done`` and ``error`` as they happen, until the client leaves or the script is deleted."""
+    ``line``, ``done`` and ``error`` as they happen, until the client leaves or the script is deleted. A stream
+    opened with the session's share token ends within ``KEEPALIVE_SEC`` of the token being revoked."""
     service = _service(request)
     job = await _job(request, read_only=True)
+    owner, share = request_owner(request), request.query.get("share")
+    loop = asyncio.get_running_loop()
+    next_check = loop.time() + KEEPALIVE_SEC
     last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
     listener, first = service.listen(job, last)
     response = web.StreamResponse(
@@ -241,6 +253,10 @@ async def script_events(request: web.Request) -> web.StreamResponse:
             await write_or_drop(request, response, event.encode())
         while True:
             event = await listener.next(KEEPALIVE_SEC)
+            if share is not None and loop.time() >= next_check:
+                next_check = loop.time() + KEEPALIVE_SEC
+                if not await _still_reaches(service, job, owner, share):
+                    break  # the share was revoked (or the session deleted): its holder hears no more
             if event is None:
                 if listener.ended:
                     break

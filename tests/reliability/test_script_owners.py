@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -144,6 +145,36 @@ def test_the_sessions_share_token_reads_its_scripts_and_changes_nothing(rendered
     assert reader.request("GET", f"{srv.url}/api/scripts/{script_id}", params=q).status_code == 404
     assert first_event(srv.url, reader, script_id, share=share)[0] == 404
     assert reader.request("GET", f"{srv.url}/api/scripts/{script_id}.zip", params=q).status_code == 404
+
+
+def test_an_event_stream_opened_with_a_share_ends_once_it_is_revoked(rendered, monkeypatch) -> None:
+    from moss_rt.web import scripts_api
+
+    monkeypatch.setattr(scripts_api, "KEEPALIVE_SEC", 0.1)  # how often an open stream looks at its share again
+    srv, director, state = rendered
+    script_id, session_id = state["script"], state["session"]
+    share = director.request("POST", f"{srv.url}/api/sessions/{session_id}/share").json()["share"]
+    with requests.get(f"{srv.url}/api/scripts/{script_id}/events", params={"share": share}, stream=True,
+                      timeout=10) as r:  # fmt: skip
+        assert r.status_code == 200
+        lines = r.iter_lines(decode_unicode=True)
+        assert next(line for line in lines if line.startswith("event: ")) == "event: state"
+        assert next(line for line in lines if line.startswith(":")) == ": keep-alive"  # open, and quiet
+        director.request("DELETE", f"{srv.url}/api/sessions/{session_id}/share")
+        deadline, rest, ended = time.monotonic() + 10, [], True
+        for line in lines:  # keep-alives come every 0.1 s while it stays open
+            rest.append(line)
+            if time.monotonic() > deadline:
+                ended = False
+                break
+    assert ended, "the stream stayed open after its share was revoked"
+    assert not any(line.startswith("event: ") for line in rest), rest
+    # The owner's own stream is not the share's: it stays open.
+    with requests.get(f"{srv.url}/api/scripts/{script_id}/events", headers=director.headers(), stream=True,
+                      timeout=10) as r:  # fmt: skip
+        lines = r.iter_lines(decode_unicode=True)
+        keep_alives = (line for line in lines if line == ": keep-alive")
+        assert [next(keep_alives) for _ in range(3)] == [": keep-alive"] * 3
 
 
 def test_under_an_api_key_the_keys_principal_owns_scripts(fast_server) -> None:
