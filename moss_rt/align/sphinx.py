@@ -1,0 +1,139 @@
+"""The offline aligner: PocketSphinx's forced alignment with the US English acoustic model its wheel ships.
+
+Nothing to download and no GPU: it runs on a CPU core, about 0.2 s of CPU per 10 s of speech. The text's words are
+looked up in the CMU pronouncing dictionary that comes with the model; a word it lacks is spelled letter by letter
+when it looks like an acronym (``GPU``, ``MP``), else it is left unplaced (the caller interpolates it). Only English
+is modelled: other languages leave most words unplaced.
+
+Silence between words is made likely (``silprob`` 0.5, PocketSphinx's default is 0.005): without it the aligner
+stretches a word over the pause next to it, and a word's start can land half a second early. Measured on
+espeak-ng speech with known boundaries: see docs/words.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from moss_rt.align.base import AlignJob, AlignResult, Span
+
+log = logging.getLogger(__name__)
+
+FRAME_RATE = 100  # PocketSphinx feature frames per second
+SILENCE_PROB = 0.5
+PAUSE_FRAMES = 10  # 0.1 s of silence after a word: the speaker has moved on
+MIN_SAMPLES = 1600  # 0.1 s: shorter audio holds no word it could place
+_ALT_PRON = re.compile(r"\(\d+\)$")
+_LETTERS = re.compile(r"^[a-z]{1,6}$")
+
+
+class PocketsphinxAligner:
+    """Forced alignment with PocketSphinx; one decoder per worker thread (a decoder is not thread-safe)."""
+
+    name = "pocketsphinx"
+    sample_rate = 16000
+    device = "cpu"
+    max_batch = 1
+    demo = False
+
+    def __init__(self, *, workers: int = 2) -> None:
+        self.workers = workers
+        self._local = threading.local()
+
+    def load(self) -> None:
+        self._decoder()  # fails here, at start, if the package or its model is missing
+
+    def _decoder(self) -> Any:
+        decoder = getattr(self._local, "decoder", None)
+        if decoder is None:
+            from pocketsphinx import Decoder
+
+            decoder = Decoder(lm=None, loglevel="ERROR", silprob=SILENCE_PROB)
+            self._local.decoder = decoder
+        return decoder
+
+    def align_batch(self, jobs: Sequence[AlignJob]) -> list[AlignResult]:
+        return [self._align(job) for job in jobs]
+
+    def _dictionary_words(self, decoder: Any, words: Sequence[str]) -> list[tuple[int, str]]:
+        """(index of the take's word, dictionary word) for every word PocketSphinx can look for."""
+        out: list[tuple[int, str]] = []
+        for i, word in enumerate(words):
+            if decoder.lookup_word(word) is not None:
+                out.append((i, word))
+            elif _LETTERS.match(word) and all(decoder.lookup_word(c) is not None for c in word):
+                out += [(i, c) for c in word]  # an acronym: said letter by letter
+        return out
+
+    def _align(self, job: AlignJob) -> AlignResult:
+        n = len(job.words)
+        nothing = AlignResult([] if job.free_end else [None] * n)
+        if n == 0 or len(job.audio) < MIN_SAMPLES:
+            return nothing
+        decoder = self._decoder()
+        entries = self._dictionary_words(decoder, job.words)
+        if not entries:
+            return nothing
+        pcm = (np.clip(job.audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+        try:
+            decoder.set_align_text(" ".join(word for _, word in entries))
+            decoder.start_utt()
+            decoder.process_raw(pcm, full_utt=True)
+            if job.free_end:
+                # A partial result: the best path so far, ending wherever the audio ends.
+                segments = _segments(decoder)
+                decoder.end_utt()
+            else:
+                decoder.end_utt()
+                segments = _segments(decoder)
+        except RuntimeError as exc:  # a text PocketSphinx refuses, a search that found nothing
+            log.debug("pocketsphinx could not align: %s", exc)
+            return nothing
+        if segments is None:
+            return nothing
+        words, pause_after = segments
+        spans = _spans(entries, words, n, free_end=job.free_end)
+        settled = None
+        if job.free_end and pause_after and spans:
+            settled = len(spans)  # the path is in a pause after the last word reached: that word is over
+        return AlignResult(spans, settled)
+
+
+def _segments(decoder: Any) -> tuple[list[tuple[str, float, float]], bool] | None:
+    """The words on the decoder's best path (fillers left out), and whether the path ends in a pause
+    (at least ``PAUSE_FRAMES`` of silence or filler after the last word)."""
+    if decoder.hyp() is None:
+        return None
+    out = []
+    pause = 0
+    for seg in decoder.seg():
+        word = _ALT_PRON.sub("", seg.word)
+        if word.startswith(("<", "[", "+")):  # <sil>, <s>, </s>, [NOISE], +filler+
+            pause += seg.end_frame + 1 - seg.start_frame
+            continue
+        out.append((word, seg.start_frame / FRAME_RATE, (seg.end_frame + 1) / FRAME_RATE))
+        pause = 0
+    return out, pause >= PAUSE_FRAMES
+
+
+def _spans(
+    entries: list[tuple[int, str]], segments: list[tuple[str, float, float]], n: int, *, free_end: bool
+) -> list[Span]:
+    """Per take word: from the first to the last of its dictionary words' segments (in order)."""
+    spans: list[Span] = [None] * n
+    reached = -1
+    for (index, word), (seg_word, start, end) in zip(entries, segments, strict=False):
+        if seg_word != word:
+            break  # the decoder's path and the text disagree from here: trust nothing after it
+        held = spans[index]
+        spans[index] = (start, end) if held is None else (held[0], end)
+        reached = index
+    if free_end:
+        # Words after the last one reached are not in the audio yet; unplaced ones before it are gaps.
+        return spans[: reached + 1]
+    return spans
