@@ -86,6 +86,20 @@ CREATE TABLE IF NOT EXISTS takes (
 """
 
 
+# Word timings of stored takes (moss_rt.align), added after the first release: a table of its own, created when an
+# older database is opened, so old databases keep working and a take without a row is aligned on demand.
+_WORDS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS take_words (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    take_id TEXT NOT NULL,
+    aligner TEXT NOT NULL,
+    words TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (session_id, take_id)
+);
+"""
+
+
 def new_session_id() -> str:
     return "s_" + secrets.token_urlsafe(18)
 
@@ -173,6 +187,7 @@ class SessionStore:
         self._db.execute("PRAGMA synchronous=FULL")  # a committed take survives a power cut
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
+        self._db.executescript(_WORDS_SCHEMA)
         self._sweep_orphans()
 
     def close(self) -> None:
@@ -288,6 +303,7 @@ class SessionStore:
         self.get_take(session_id, take_id)
         with self._tx() as db:
             db.execute("DELETE FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take_id))
+            db.execute("DELETE FROM take_words WHERE session_id = ? AND take_id = ?", (session_id, take_id))
         self._pcm_path(session_id, take_id).unlink(missing_ok=True)
         self._codes_path(session_id, take_id).unlink(missing_ok=True)
 
@@ -298,6 +314,29 @@ class SessionStore:
     def pcm(self, session_id: str, take_id: str) -> bytes:
         self.get_take(session_id, take_id)
         return self._pcm_path(session_id, take_id).read_bytes()
+
+    # ------------------------------------------------------------------ word timings
+    def put_words(self, session_id: str, take_id: str, words: list[dict[str, Any]], aligner: str) -> None:
+        """Keep a stored take's word timings (``WordTime.to_record`` dicts), replacing earlier ones."""
+        self.get_take(session_id, take_id)
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO take_words (session_id, take_id, aligner, words, created)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (session_id, take_id, aligner, json.dumps(words), time.time()),
+            )
+
+    def words(self, session_id: str, take_id: str) -> list[dict[str, Any]] | None:
+        """A stored take's word timings, or None when they were never stored."""
+        self.get_take(session_id, take_id)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT words FROM take_words WHERE session_id = ? AND take_id = ?", (session_id, take_id)
+            ).fetchone()
+        if row is None:
+            return None
+        words = json.loads(row["words"])
+        return words if isinstance(words, list) else None
 
     # ------------------------------------------------------------------ archives
     def export_archive(self, session_id: str) -> bytes:

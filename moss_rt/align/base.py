@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from moss_rt.align.normalize import tokenize
+
 # A word whose time is estimated from its neighbours (the aligner could not place it).
 INTERPOLATED = "interpolated"
 
@@ -103,3 +105,14 @@ class Aligner(Protocol):
 
     def align_batch(self, jobs: Sequence[AlignJob]) -> list[AlignResult]:
         """Align several jobs (blocking). Must not raise for anything in the audio or the words."""
+
+
+def kept_words(words: Sequence[WordTime], text: str, branch_sec: float) -> list[WordTime]:
+    """The parent's words a retake from ``branch_sec`` keeps: those that end before the branch point and are the
+    same words at the same place in the retake's ``text`` (a retake may change the text after them)."""
+    kept: list[WordTime] = []
+    for word, token in zip(words, tokenize(text), strict=False):
+        if word.end > branch_sec or word.chars != (token.start, token.end) or (word.text or word.word) != token.written:
+            break
+        kept.append(word)
+    return kept

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 FRAME_RATE = 100  # PocketSphinx feature frames per second
 SILENCE_PROB = 0.5
 PAUSE_FRAMES = 10  # 0.1 s of silence after a word: the speaker has moved on
-MIN_SAMPLES = 1600  # 0.1 s: shorter audio holds no word it could place
+MIN_SAMPLES = 1600
+NOISE_FLOOR = 3e-4  # 0.1 s: shorter audio holds no word it could place
 _ALT_PRON = re.compile(r"\(\d+\)$")
 _LETTERS = re.compile(r"^[a-z]{1,6}$")
 
@@ -53,7 +54,8 @@ class PocketsphinxAligner:
         if decoder is None:
             from pocketsphinx import Decoder
 
-            decoder = Decoder(lm=None, loglevel="ERROR", silprob=SILENCE_PROB)
+            # loglevel FATAL: a failed search logs an ERROR line per call; it is handled (interpolation) here.
+            decoder = Decoder(lm=None, loglevel="FATAL", silprob=SILENCE_PROB)
             self._local.decoder = decoder
         return decoder
 
@@ -79,21 +81,14 @@ class PocketsphinxAligner:
         entries = self._dictionary_words(decoder, job.words)
         if not entries:
             return nothing
-        pcm = (np.clip(job.audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-        try:
-            decoder.set_align_text(" ".join(word for _, word in entries))
-            decoder.start_utt()
-            decoder.process_raw(pcm, full_utt=True)
-            if job.free_end:
-                # A partial result: the best path so far, ending wherever the audio ends.
-                segments = _segments(decoder)
-                decoder.end_utt()
-            else:
-                decoder.end_utt()
-                segments = _segments(decoder)
-        except RuntimeError as exc:  # a text PocketSphinx refuses, a search that found nothing
-            log.debug("pocketsphinx could not align: %s", exc)
-            return nothing
+        # A floor of faint noise (-70 dBFS, fixed seed): digital silence (exact zeros, as synthetic speech has between
+        # words) makes PocketSphinx's features degenerate and its search lose the path.
+        floor = np.random.default_rng(0).normal(0.0, NOISE_FLOOR, len(job.audio)).astype(np.float32)
+        pcm = (np.clip(job.audio + floor, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+        segments = self._decode(decoder, entries, pcm, free_end=job.free_end)
+        if segments is None and not job.free_end:
+            # No path through all the words to the end: keep what a free end places (the rest is interpolated).
+            segments = self._decode(decoder, entries, pcm, free_end=True)
         if segments is None:
             return nothing
         words, pause_after = segments
@@ -102,6 +97,26 @@ class PocketsphinxAligner:
         if job.free_end and pause_after and spans:
             settled = len(spans)  # the path is in a pause after the last word reached: that word is over
         return AlignResult(spans, settled)
+
+    @staticmethod
+    def _decode(
+        decoder: Any, entries: list[tuple[int, str]], pcm: bytes, *, free_end: bool
+    ) -> tuple[list[tuple[str, float, float]], bool] | None:
+        try:
+            decoder.set_align_text(" ".join(word for _, word in entries))
+            decoder.start_utt()
+            decoder.process_raw(pcm, full_utt=True)
+            if free_end:
+                # A partial result: the best path so far, ending wherever the audio ends.
+                segments = _segments(decoder)
+                decoder.end_utt()
+            else:
+                decoder.end_utt()
+                segments = _segments(decoder)
+        except RuntimeError as exc:  # a text PocketSphinx refuses, a search that found nothing
+            log.debug("pocketsphinx could not align: %s", exc)
+            return None
+        return segments
 
 
 def _segments(decoder: Any) -> tuple[list[tuple[str, float, float]], bool] | None:

@@ -57,17 +57,6 @@ def _weight(token: Token) -> int:
     return sum(len(w) for w in token.spoken) + 1
 
 
-def kept_words(words: Sequence[WordTime], text: str, branch_sec: float) -> list[WordTime]:
-    """The parent's words a retake from ``branch_sec`` keeps: those that end before the branch point and are the
-    same words at the same place in the retake's ``text`` (a retake may change the text after them)."""
-    kept: list[WordTime] = []
-    for word, token in zip(words, tokenize(text), strict=False):
-        if word.end > branch_sec or word.chars != (token.start, token.end) or (word.text or word.word) != token.written:
-            break
-        kept.append(word)
-    return kept
-
-
 class WordTrack:
     """One take's words: feed its audio (:meth:`add_pcm`) and text (:meth:`set_text`); run the jobs
     :meth:`next_job` hands out on an aligner and give the results to :meth:`apply`, which answers the words it

@@ -86,6 +86,8 @@ async def read_json_request(request: web.Request) -> dict[str, Any]:
 
 def _body_limit_for(request: web.Request) -> int:
     limits = request.app[STATE].settings.limits
+    if request.path == "/api/align":
+        return limits.max_align_bytes
     return limits.max_upload_bytes if request.path == "/api/upload_ref" else limits.max_request_bytes
 
 
