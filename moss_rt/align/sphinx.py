@@ -5,9 +5,10 @@ looked up in the CMU pronouncing dictionary that comes with the model; a word it
 when it looks like an acronym (``GPU``, ``MP``), else it is left unplaced (the caller interpolates it). Only English
 is modelled: other languages leave most words unplaced.
 
-Silence between words is made likely (``silprob`` 0.5, PocketSphinx's default is 0.005): without it the aligner
-stretches a word over the pause next to it, and a word's start can land half a second early. Measured on
-espeak-ng speech with known boundaries: see docs/words.md.
+Silence between words is made likely (``silprob`` 1.0, PocketSphinx's default is 0.005): without it the aligner
+stretches a word over the pause next to it, and a word's start can land half a second early; a phone insertion
+penalty (``pip`` 0.5) keeps a short word from being squeezed into the breath after a long one. Both were chosen on
+espeak-ng speech with known boundaries and checked on sentences held out from that choice: see docs/words.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from moss_rt.align.base import AlignJob, AlignResult, Span
 log = logging.getLogger(__name__)
 
 FRAME_RATE = 100  # PocketSphinx feature frames per second
-SILENCE_PROB = 0.5
+SILENCE_PROB = 1.0
+PHONE_PENALTY = 0.5
 PAUSE_FRAMES = 10  # 0.1 s of silence after a word: the speaker has moved on
 MIN_SAMPLES = 1600
 NOISE_FLOOR = 3e-4  # 0.1 s: shorter audio holds no word it could place
@@ -55,7 +57,7 @@ class PocketsphinxAligner:
             from pocketsphinx import Decoder
 
             # loglevel FATAL: a failed search logs an ERROR line per call; it is handled (interpolation) here.
-            decoder = Decoder(lm=None, loglevel="FATAL", silprob=SILENCE_PROB)
+            decoder = Decoder(lm=None, loglevel="FATAL", silprob=SILENCE_PROB, pip=PHONE_PENALTY)
             self._local.decoder = decoder
         return decoder
 

@@ -39,6 +39,9 @@ CHARS_PER_SEC = 14.0  # speaking rate of the estimate (letters and word gaps of 
 VOICED_RMS = 0.01  # a 20 ms frame louder than this (-40 dBFS) is voiced
 FRAME_SEC = 0.02
 MIN_WORD_SEC = 0.02
+TAIL_DB = -30.0  # the end of a word: its last 10 ms within this of its loudest
+TAIL_FLOOR = 10 ** (-55 / 20)
+ONSET_SEC = 0.15
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,11 @@ class WordTrack:
             return committed
         # Streaming: settle the words the aligner moved past that end safely behind the edge.
         limit = pending.end - SAFE_MARGIN_SEC
-        candidates = max(0, reached - 1) if result.settled is None else min(reached, result.settled)
+        candidates = max(0, reached - 1)
+        if result.settled is not None and result.settled >= reached > 0 and self._audible(spans[reached - 1]):
+            # The aligner is in a pause after the last word it reached: that word is over too. Only for a word
+            # that is clearly sound: a free end likes to put the next word into the breath before the edge.
+            candidates = reached
         last_placed = max((i for i, s in enumerate(spans[:candidates]) if s is not None), default=-1)
         times = self._filled(pending, spans, last_placed + 1)
         count = 0
@@ -223,11 +230,51 @@ class WordTrack:
             mine = [s for s in got[at : at + n] if s is not None]
             if at < len(got):
                 reached += 1
-            spans.append(
-                (pending.offset + min(s[0] for s in mine), pending.offset + max(s[1] for s in mine)) if mine else None
-            )
+            span = (pending.offset + min(s[0] for s in mine), pending.offset + max(s[1] for s in mine)) if mine else None
+            spans.append(None if span is None else self._tightened(span))
             at += n
         return spans, reached
+
+    def _audible(self, span: Span) -> bool:
+        if span is None:
+            return False
+        first = max(0, int(round((span[0] - self._origin) * self.sample_rate)))
+        last = int(round((span[1] - self._origin) * self.sample_rate))
+        hop = self.sample_rate // 100
+        n = (last - first) // hop
+        if n < 1:
+            return False
+        frames = self._audio[first : first + n * hop].reshape(n, hop)
+        return float(np.sqrt(np.mean(frames**2, axis=1)).max()) >= VOICED_RMS
+
+    def _tightened(self, span: tuple[float, float]) -> tuple[float, float]:
+        """A placed word's end pulled back to its last audible 10 ms: an aligner's word often runs on into the
+        breath or room noise after it (``TAIL_DB`` below the word's loudest part), which no caption should show.
+        At most half the word goes."""
+        start, end = span
+        hop = self.sample_rate // 100
+        first = int(round((start - self._origin) * self.sample_rate))
+        last = int(round((end - self._origin) * self.sample_rate))
+        n = (last - max(first, 0)) // hop
+        if first < 0 or n < 2:
+            return span
+        frames = self._audio[first : first + n * hop].reshape(n, hop)
+        rms = np.sqrt(np.mean(frames**2, axis=1))
+        floor = max(float(rms.max()) * 10 ** (TAIL_DB / 20), TAIL_FLOOR)
+        audible = np.flatnonzero(rms >= floor)
+        if len(audible) == 0:
+            return span
+        kept = max(int(audible[-1]) + 1, (n + 1) // 2)
+        end = min(end, start + kept * hop / self.sample_rate)
+        # Its start pulled back over audible audio just before it (a soft onset the aligner took for silence),
+        # never before the last settled word's end nor more than ONSET_SEC.
+        earliest = max(self._anchor, self._origin, start - ONSET_SEC)
+        while start - hop / self.sample_rate >= earliest - 1e-9:
+            at = int(round((start - self._origin) * self.sample_rate)) - hop
+            if at < 0 or float(np.sqrt(np.mean(self._audio[at : at + hop] ** 2))) < floor:
+                break
+            start -= hop / self.sample_rate
+        return start, end
 
     def _filled(
         self, pending: Pending, spans: Sequence[Span], count: int, hi: float | None = None
