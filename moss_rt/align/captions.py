@@ -56,8 +56,8 @@ def group_cues(words: Sequence[WordTime]) -> list[Cue]:
     current: list[WordTime] = []
     for word in words:
         if current:
-            length = len(" ".join(_text(w) for w in [*current, word]))
-            too_long = length > MAX_LINE_CHARS * MAX_LINES or word.end - current[0].start > MAX_CUE_SEC
+            lines = _lines([_text(w) for w in [*current, word]])
+            too_long = any(len(line) > MAX_LINE_CHARS for line in lines) or word.end - current[0].start > MAX_CUE_SEC
             pause = word.start - current[-1].end >= PAUSE_SEC
             after_clause = _ends(current[-1], CLAUSE_END) and len(" ".join(_text(w) for w in current)) >= MAX_LINE_CHARS
             if too_long or pause or after_clause or _ends(current[-1], SENTENCE_END):

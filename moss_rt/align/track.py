@@ -126,6 +126,13 @@ class WordTrack:
         self._received += int(round(len(samples) * self._input_rate / self.sample_rate))
         self._audio = np.concatenate([self._audio, np.asarray(samples, dtype=np.float32)])
 
+    def _flush_resampler(self) -> None:
+        """The resampler's last few ms (its filter holds them back until told the audio ended)."""
+        for stream in self._resamplers.values():
+            tail = stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+            self._audio = np.concatenate([self._audio, tail.astype(np.float32, copy=False)])
+        self._resamplers.clear()
+
     def checkpoint(self) -> None:
         """The text set so far is all said in the audio received so far (a continuation of a fed take ended)."""
         self._checkpoints.append((self.edge, len(self._text)))
@@ -148,6 +155,8 @@ class WordTrack:
         said its whole text); call until it answers None, then the track is done."""
         if self._finished:
             return None
+        if final:
+            self._flush_resampler()
         if self._checkpoints:
             edge, chars = self._checkpoints[0]
             tokens = self._pending_tokens(chars)
@@ -230,8 +239,11 @@ class WordTrack:
             mine = [s for s in got[at : at + n] if s is not None]
             if at < len(got):
                 reached += 1
-            span = (pending.offset + min(s[0] for s in mine), pending.offset + max(s[1] for s in mine)) if mine else None
-            spans.append(None if span is None else self._tightened(span))
+            if mine:
+                span = (pending.offset + min(s[0] for s in mine), pending.offset + max(s[1] for s in mine))
+                spans.append(self._tightened(span))
+            else:
+                spans.append(None)
             at += n
         return spans, reached
 
