@@ -260,9 +260,9 @@ class WordTrack:
         return float(np.sqrt(np.mean(frames**2, axis=1)).max()) >= VOICED_RMS
 
     def _tightened(self, span: tuple[float, float]) -> tuple[float, float]:
-        """A placed word's end pulled back to its last audible 10 ms: an aligner's word often runs on into the
-        breath or room noise after it (``TAIL_DB`` below the word's loudest part), which no caption should show.
-        At most half the word goes."""
+        """A placed word trimmed to where it is audible: an aligner's word often runs on into the breath, room noise
+        or pause beside it (``TAIL_DB`` below the word's loudest part), which no caption should show. At most half
+        the word goes at either end."""
         start, end = span
         hop = self.sample_rate // 100
         first = int(round((start - self._origin) * self.sample_rate))
@@ -278,6 +278,9 @@ class WordTrack:
             return span
         kept = max(int(audible[-1]) + 1, (n + 1) // 2)
         end = min(end, start + kept * hop / self.sample_rate)
+        # Its start moved up to its first audible 10 ms (the pause before it is not the word either).
+        lead = min(int(audible[0]), n // 2)
+        start += lead * hop / self.sample_rate
         # Its start pulled back over audible audio just before it (a soft onset the aligner took for silence),
         # never before the last settled word's end nor more than ONSET_SEC.
         earliest = max(self._anchor, self._origin, start - ONSET_SEC)

@@ -103,6 +103,7 @@ class TakeWords:
         self._sent = 0  # words sent so far
         self._audio_started = False
         self._wake = asyncio.Event()
+        self._sending = asyncio.Lock()  # a batch is never cut in half by finish() cancelling the task
         self._task = asyncio.create_task(self._run(), name=f"words-{take.take_id}")
 
     # -- what the connection reports ------------------------------------------------------
@@ -140,7 +141,8 @@ class TakeWords:
     # -- the task -----------------------------------------------------------------------
 
     async def _stop_task(self) -> None:
-        self._task.cancel()
+        async with self._sending:
+            self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
 
@@ -199,11 +201,13 @@ class TakeWords:
         self._queued.clear()
 
     async def _flush(self, *, final: bool) -> None:
-        words = self._track.words[self._sent :]
-        if not words and not final:
-            return
-        message = Words(
-            take=self.take.take_id, words=[w.to_dict() for w in words], index=self._sent, final=True if final else UNSET
-        )
-        self._sent += len(words)
-        await self._send(encode_json_frame(message.to_dict()))
+        async with self._sending:
+            words = self._track.words[self._sent :]
+            if not words and not final:
+                return
+            message = Words(
+                take=self.take.take_id, words=[w.to_dict() for w in words], index=self._sent,
+                final=True if final else UNSET,
+            )  # fmt: skip
+            await self._send(encode_json_frame(message.to_dict()))
+            self._sent += len(words)
