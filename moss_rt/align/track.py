@@ -87,6 +87,7 @@ class WordTrack:
         self._checkpoints: list[tuple[float, int]] = []  # (edge, text length) at each one
         self._last_job_edge = self._anchor
         self._finished = False
+        self._lost = False  # the aligner reaches no word in this audio: words are estimated as it streams
 
     # ------------------------------------------------------------------ inputs
 
@@ -224,8 +225,12 @@ class WordTrack:
         while count < len(times) and times[count][1] <= limit:
             count += 1
         committed = self._commit(pending.tokens[:count], times[:count], spans)
-        if not committed and reached == 0:
-            committed = self._estimate(pending.tokens, pending, upto=limit, lost_only=True)
+        if reached:
+            self._lost = False
+        elif not committed:
+            # Nothing reached: lost once LOST_SEC of voiced audio says so, and then until the aligner finds a word.
+            committed = self._estimate(pending.tokens, pending, upto=limit, lost_only=not self._lost)
+            self._lost = self._lost or bool(committed)
         return committed
 
     def _token_spans(self, pending: Pending, result: AlignResult) -> tuple[list[Span], int]:
