@@ -106,6 +106,9 @@ class Aligner(Protocol):
     def align_batch(self, jobs: Sequence[AlignJob]) -> list[AlignResult]:
         """Align several jobs (blocking). Must not raise for anything in the audio or the words."""
 
+    def close(self) -> None:
+        """Release what ``load`` started (worker processes); the service calls it once at shutdown."""
+
 
 def kept_words(words: Sequence[WordTime], text: str, branch_sec: float) -> list[WordTime]:
     """The parent's words a retake from ``branch_sec`` keeps: those that end before the branch point and are the

@@ -142,6 +142,9 @@ class CtcAligner:
             time.perf_counter() - t0, " (RANDOM WEIGHTS: its times mean nothing)" if self.demo else "",
         )  # fmt: skip
 
+    def close(self) -> None:
+        self._model = None  # its memory goes back with the last reference
+
     # ------------------------------------------------------------------ text
 
     def _spell(self, words: Sequence[str]) -> _Spelling:

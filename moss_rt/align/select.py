@@ -44,7 +44,7 @@ def build_aligner(spec: str, *, device: str = "auto") -> Aligner | None:
     if spec == "pocketsphinx":
         from moss_rt.align.sphinx import PocketsphinxAligner
 
-        return PocketsphinxAligner()
+        return PocketsphinxAligner(processes=True)  # decoding holds the GIL: off the server's process
     if spec.startswith("ctc:") and len(spec) > 4:
         from moss_rt.align.ctc import CtcAligner
 

@@ -87,9 +87,16 @@ class AlignService:
             return await future
 
     def close(self) -> None:
-        """Stop the workers after the jobs queued (non-blocking; they are daemon threads)."""
+        """Stop the workers after the jobs queued (non-blocking; they are daemon threads) and the aligner's
+        own workers (processes)."""
         for _ in self._threads:
             self._queue.put(_STOP)
+        close = getattr(self.aligner, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:  # shutting down: nothing to do about it but say so
+                log.exception("aligner %s did not close cleanly", self.aligner.name)
 
     # ------------------------------------------------------------------ worker threads
 

@@ -13,10 +13,14 @@ espeak-ng speech with known boundaries and checked on sentences held out from th
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import multiprocessing
 import re
 import threading
 from collections.abc import Sequence
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +40,12 @@ _LETTERS = re.compile(r"^[a-z]{1,6}$")
 
 
 class PocketsphinxAligner:
-    """Forced alignment with PocketSphinx; one decoder per worker thread (a decoder is not thread-safe)."""
+    """Forced alignment with PocketSphinx; one decoder per worker (a decoder is not thread-safe).
+
+    PocketSphinx holds Python's GIL while it decodes, so in the service (``processes=True``) each worker's
+    decoding runs in a process of its own: the event loop and the engine's thread keep running meanwhile.
+    ``processes=False`` decodes in the calling thread (tests, benchmarks, tools).
+    """
 
     name = "pocketsphinx"
     sample_rate = 16000
@@ -44,12 +53,39 @@ class PocketsphinxAligner:
     max_batch = 1
     demo = False
 
-    def __init__(self, *, workers: int = 2) -> None:
+    def __init__(self, *, workers: int = 2, processes: bool = False) -> None:
         self.workers = workers
         self._local = threading.local()
+        self._processes = processes
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     def load(self) -> None:
-        self._decoder()  # fails here, at start, if the package or its model is missing
+        if not self._processes:
+            self._decoder()  # fails here, at start, if the package or its model is missing
+            return
+        # The worker processes start with the first alignment (a server that is never asked for words spends
+        # nothing on them); here only that the package and its model are there.
+        import pocketsphinx
+
+        model = Path(pocketsphinx.get_model_path()) / "en-us"
+        missing = [n for n in ("en-us", "cmudict-en-us.dict") if not (model / n).exists()]
+        if missing:
+            raise FileNotFoundError(f"pocketsphinx's English model lacks {missing} in {model}")
+
+    def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                # spawn, not fork: the server has threads (the engine's, the loop's) a fork would copy mid-flight.
+                context = multiprocessing.get_context("spawn")
+                self._pool = concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=context)
+            return self._pool
+
+    def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _decoder(self) -> Any:
         decoder = getattr(self._local, "decoder", None)
@@ -62,7 +98,15 @@ class PocketsphinxAligner:
         return decoder
 
     def align_batch(self, jobs: Sequence[AlignJob]) -> list[AlignResult]:
-        return [self._align(job) for job in jobs]
+        if not self._processes:
+            return [self._align(job) for job in jobs]
+        try:
+            return self._new_pool().submit(_align_in_worker, list(jobs)).result()
+        except BrokenProcessPool:  # a worker died (killed, out of memory): a new pool for the next jobs
+            log.error("a pocketsphinx worker process died; starting new ones")
+            with self._pool_lock:
+                self._pool = None
+            return [AlignResult([] if job.free_end else [None] * len(job.words)) for job in jobs]
 
     def _dictionary_words(self, decoder: Any, words: Sequence[str]) -> list[tuple[int, str]]:
         """(index of the take's word, dictionary word) for every word PocketSphinx can look for."""
@@ -119,6 +163,21 @@ class PocketsphinxAligner:
             log.debug("pocketsphinx could not align: %s", exc)
             return None
         return segments
+
+
+_WORKER: PocketsphinxAligner | None = None  # the aligner of this worker process (its own decoder)
+
+
+def _worker_aligner() -> PocketsphinxAligner:
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = PocketsphinxAligner(workers=1)
+        _WORKER.load()
+    return _WORKER
+
+
+def _align_in_worker(jobs: list[AlignJob]) -> list[AlignResult]:
+    return _worker_aligner().align_batch(jobs)
 
 
 def _segments(decoder: Any) -> tuple[list[tuple[str, float, float]], bool] | None:
