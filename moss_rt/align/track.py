@@ -34,7 +34,7 @@ from moss_rt.align.normalize import Token, tokenize
 SAFE_MARGIN_SEC = 0.15  # a word settles once it ends this far behind the audio edge (and the aligner moved on)
 MIN_STEP_SEC = 0.3  # new audio before the next streaming job
 STEP_FRACTION = 0.25  # … or this share of the uncommitted window, when that is longer (bounds the work)
-LOST_SEC = 0.5  # voiced audio with no word reached before the words are placed by estimate
+LOST_SEC = 0.3  # voiced audio with no word reached before the words are placed by estimate
 CHARS_PER_SEC = 14.0  # speaking rate of the estimate (letters and word gaps of conversational English)
 VOICED_RMS = 0.01  # a 20 ms frame louder than this (-40 dBFS) is voiced
 FRAME_SEC = 0.02
