@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 FRAME_RATE = 100  # PocketSphinx feature frames per second
 SILENCE_PROB = 1.0
 PHONE_PENALTY = 0.5
-PAUSE_FRAMES = 10  # 0.1 s of silence after a word: the speaker has moved on
+PAUSE_FRAMES = 35  # 0.35 s of silence after a word: the speaker has moved on (a shorter pause may be a breath the
+# free end took for the next word; that word then moves to its real place once the audio reaches it)
 MIN_SAMPLES = 1600
 NOISE_FLOOR = 3e-4  # 0.1 s: shorter audio holds no word it could place
 _ALT_PRON = re.compile(r"\(\d+\)$")
