@@ -25,7 +25,7 @@ from moss_rt.engine.base import EngineBusy
 from moss_rt.protocol import FRAME_RATE, SAMPLE_RATE, UNSET, ErrorCode, ProtocolError, Words, encode_json_frame
 from moss_rt.session import TakeRecord, TakeStatus, bytes_per_frame
 from moss_rt.web.state import ServiceState
-from moss_rt.web.takes import take_audio
+from moss_rt.web.takes import held_take_audio
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,6 @@ async def run_final(service: AlignService, track: WordTrack, *, complete: bool) 
 async def align_take(state: ServiceState, take: TakeRecord) -> list[WordTime]:
     """The words of a take that has ended, aligned now from its audio (as heard, else rendered from its codes)."""
     service = require_aligner(state)
-    pcm = await take_audio(state, take)
     parent = state.takes.get(take.parent) if take.parent else None
     kept = (
         kept_words(parent.words, take.request.text, take.branch_frame / FRAME_RATE)
@@ -65,7 +64,8 @@ async def align_take(state: ServiceState, take: TakeRecord) -> list[WordTime]:
     track = WordTrack(
         take.request.text, sample_rate=service.aligner.sample_rate, input_rate=SAMPLE_RATE, kept=kept
     )
-    track.add_pcm(pcm, take.request.channels)
+    async with held_take_audio(state, take) as pcm:  # a render, when needed, within the renders' budget
+        track.add_pcm(pcm, take.request.channels)
     await run_final(service, track, complete=take.reason == "done")
     return track.words
 
@@ -186,7 +186,8 @@ class TakeWords:
         pcm = b""
         if parent is not None:
             try:
-                pcm = (await take_audio(self._state, parent))[:prefix_bytes]
+                async with held_take_audio(self._state, parent) as held:
+                    pcm = held[:prefix_bytes]
             except (EngineBusy, ProtocolError):
                 log.warning("words of retake %s: its kept audio is unavailable; estimating", self.take.take_id)
         self._track.add_pcm(pcm.ljust(prefix_bytes, b"\0"), self.take.request.channels)
