@@ -232,7 +232,9 @@ def _common_errors(*statuses: int) -> dict[str, Any]:
     return {str(s): _error(text[s]) for s in statuses}
 
 
-def _words_paths(take_id: dict[str, Any], session_id: dict[str, Any], max_text_chars: int) -> dict[str, Any]:
+def _words_paths(
+    take_id: dict[str, Any], session_id: dict[str, Any], share: dict[str, Any], max_text_chars: int
+) -> dict[str, Any]:
     """Word timing (docs/words.md): a take's words and captions, and POST /api/align."""
     word = {
         "type": "object",
@@ -260,7 +262,7 @@ def _words_paths(take_id: dict[str, Any], session_id: dict[str, Any], max_text_c
     def get(summary: str, params: list[dict[str, Any]], ok: dict[str, Any]) -> dict[str, Any]:
         return {"get": {"summary": summary, "parameters": params, "responses": {"200": ok, **errors}}}
 
-    stored = [session_id, take_id]
+    stored = [session_id, take_id, share]
     align_result = {
         "type": "object",
         "required": ["words", "aligner", "duration"],
@@ -983,7 +985,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
             "get": {"summary": "this document", "security": [], "responses": {"200": _ok("OpenAPI 3", obj)}}
         },
     }
-    paths.update(_words_paths(take_id, session_id, limits.max_text_chars))
+    paths.update(_words_paths(take_id, session_id, share, limits.max_text_chars))
     if any(getattr(r, "canonical", None) == "/v1/audio/speech" for r in app.router.resources()):
         paths.update(_v1_paths(app))
     if any(getattr(r, "canonical", None) == "/api/scripts" for r in app.router.resources()):

@@ -31,6 +31,7 @@ from moss_rt.session import TakeRecord, TakeStatus
 from moss_rt.voices import InvalidUpload, probe_audio
 from moss_rt.web.errors import busy_response, error_response, protocol_error_response
 from moss_rt.web.http_api import expect_within_limit, read_body_limited
+from moss_rt.web.owners import request_owner
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.words import require_aligner, take_words
 
@@ -123,6 +124,12 @@ async def _session_words(request: web.Request, fmt: str) -> web.StreamResponse:
     state = request.app[STATE]
     session_id, take_id = request.match_info["session_id"], request.match_info["take_id"]
     try:
+        store = state.sessions
+        if store is None:
+            raise ProtocolError(ErrorCode.NOT_FOUND, "this service keeps no sessions", field="session")
+        # As the session's other reads: its owner, or whoever holds its share token (anyone else: not_found).
+        share = request.query.get("share")
+        await asyncio.to_thread(store.check_access, session_id, request_owner(request), share=share)
         take = await _stored_take(state, session_id, take_id)
         had_words = take.words is not None
         words = await take_words(state, take)

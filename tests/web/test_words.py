@@ -23,7 +23,7 @@ import websockets
 from moss_rt.config import Settings
 from moss_rt.engine.moss import MossEngine
 from moss_rt.protocol import FRAME_RATE, Limits, frame_at_time
-from tests.helpers import RunningServer, ServerThread, decode, error_of, free_port
+from tests.helpers import OwnerJar, RunningServer, ServerThread, decode, error_of, free_port
 
 pytest.importorskip("pocketsphinx")
 
@@ -187,8 +187,10 @@ def test_streamed_text_gets_words_before_its_end(server: RunningServer) -> None:
 
 
 def test_words_stored_with_the_session_take_and_restored(server: RunningServer) -> None:
+    jar = OwnerJar()  # stored sessions belong to the owner cookie the first connection gets
+
     async def scenario() -> tuple[str, str, list[dict[str, Any]]]:
-        async with websockets.connect(server.ws_url, max_size=None) as ws:
+        async with await jar.connect(server.ws_url, max_size=None) as ws:
             await ws.recv()
             await ws.send(json.dumps({"type": "resume"}))
             session = (await frames(ws, "session"))[-1][1]["session"]
@@ -203,7 +205,7 @@ def test_words_stored_with_the_session_take_and_restored(server: RunningServer) 
     assert [{k: v for k, v in w.items() if k not in ("text", "chars")} for w in stored] == words
 
     async def resume() -> None:
-        async with websockets.connect(server.ws_url, max_size=None) as ws:
+        async with await jar.connect(server.ws_url, max_size=None) as ws:
             await ws.recv()
             await ws.send(json.dumps({"type": "resume", "session": session}))
             await frames(ws, "session")
@@ -213,10 +215,13 @@ def test_words_stored_with_the_session_take_and_restored(server: RunningServer) 
             await frames(ws)
 
     run(resume())
-    r = requests.get(f"{server.url}/api/sessions/{session}/takes/{take}/words", timeout=30)
+    r = jar.request("GET", f"{server.url}/api/sessions/{session}/takes/{take}/words", timeout=30)
     assert r.status_code == 200 and r.json()["words"] == words
-    r = requests.get(f"{server.url}/api/sessions/{session}/takes/{take}.vtt", timeout=30)
+    r = jar.request("GET", f"{server.url}/api/sessions/{session}/takes/{take}.vtt", timeout=30)
     assert r.status_code == 200 and r.text.startswith("WEBVTT")
+    # Someone else (no owner cookie, no share token) gets nothing, like the session's other reads.
+    r = requests.get(f"{server.url}/api/sessions/{session}/takes/{take}/words", timeout=30)
+    assert r.status_code == 404 and error_of(r)["code"] == "not_found"
 
 
 def flac(audio: np.ndarray, rate: int = 16000) -> bytes:
