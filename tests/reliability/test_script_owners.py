@@ -199,20 +199,24 @@ def test_under_an_api_key_the_keys_principal_owns_scripts(fast_server) -> None:
 def test_no_script_id_in_the_access_log(rendered, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="aiohttp.access")
     srv, director, state = rendered
-    script_id = state["script"]
-    director.request("GET", f"{srv.url}/api/scripts/{script_id}.zip", headers={"Referer": f"{srv.url}/?s={script_id}"})
-    director.request("GET", f"{srv.url}/api/scripts/{script_id}")
-    first_event(srv.url, director, script_id)
-    zip_line = f"/api/scripts/{script_id[:7]}….zip"
+    script_id, other = state["script"], "sc_" + "Zq9" * 8  # a script that does not exist
+    director.request("GET", f"{srv.url}/api/scripts/{script_id}", headers={"Referer": f"{srv.url}/?s={script_id}"})
+    director.request("GET", f"{srv.url}/api/scripts/{other}.zip", params={"share": "sh_" + "x" * 24})  # 404
+    director.request("POST", f"{srv.url}/api/scripts/{script_id}/lines/9/retake", json={})  # 404 (no line 9)
+    wanted = (
+        f"GET /api/scripts/{script_id[:7]}… ",
+        f"GET /api/scripts/{other[:7]}….zip?share=… ",
+        f"POST /api/scripts/{script_id[:7]}…/lines/9/retake ",
+    )
 
     def lines() -> list[str]:
         return [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
 
-    # A streamed answer is logged once its handler has returned, which may be after the client has it all.
-    run(wait_until(lambda: any(zip_line in line for line in lines()), within=10))
+    # Answers that are not streamed are logged as soon as they are sent (a streamed one may never be: aiohttp
+    # cancels its handler when the client closes the connection right after the last byte).
+    run(wait_until(lambda: all(any(want in line for line in lines()) for want in wanted), within=10))
     logged = lines()
-    assert any(f"/api/scripts/{script_id[:7]}… " in line for line in logged), logged
-    for secret in (script_id, script_id[3:12]):
+    for secret in (script_id, script_id[3:12], other, "xxxxxxxx"):
         assert not any(secret in line for line in logged), (secret, logged)
 
 
