@@ -208,8 +208,8 @@ async def list_scripts(request: web.Request) -> web.Response:
     if not SESSION_ID.match(session):
         raise ProtocolError(ErrorCode.INVALID_FIELD, "give ?session= (a session id)", field="session")
     service = _service(request)
-    sessions = service.sessions
-    await asyncio.to_thread(sessions.check_access, session, request_owner(request), share=request.query.get("share"))
+    owner, share = request_owner(request), request.query.get("share")
+    await asyncio.to_thread(service.sessions.check_access, session, owner, share=share)  # not_found for others
     scripts = await service.of_session(session)
     return web.json_response({"session": session, "scripts": scripts})
 
