@@ -24,6 +24,8 @@ from prometheus_client import generate_latest
 
 from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine, EngineBusy, EngineInfo, TakeEvent, TakeHandle, TakeSpec
+from moss_rt.engine.kept_digests import DigestDelta, KeptDigests
+from moss_rt.engine.prompt_names import PromptRecipe
 from moss_rt.protocol import ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,8 @@ class ReplicaStatus:
     info: EngineInfo | None = None
     error: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    # The prompt blocks its engine keeps, as changes since the poller's cursor (None: the engine keeps none).
+    prompt_blocks: DigestDelta | None = None
 
     @property
     def free(self) -> int:
@@ -133,9 +137,11 @@ class EngineReplica:
         await asyncio.shield(self._ensure_started())
         return await self.status()
 
-    async def status(self) -> ReplicaStatus:
+    async def status(self, since: tuple[str, int] | None = None) -> ReplicaStatus:
+        """State for routing; with ``since`` (a router's cursor) also the prompt blocks kept or given back."""
         self._ensure_started()
         engine = self._engine
+        kept: KeptDigests | None = getattr(engine, "kept_prompts", None)
         info = engine.info if engine is not None else None
         ready = info is not None and info.ready
         s = self._settings
@@ -154,7 +160,15 @@ class EngineReplica:
             # Without the registry: it stays here (metrics_text renders it) and does not pickle.
             info=dataclasses.replace(info, metrics=None) if info is not None else None,
             error=self._error,
+            prompt_blocks=kept.since(*since) if kept is not None and since is not None else None,
         )
+
+    async def prompt_recipe(self) -> PromptRecipe | None:
+        """What a front end needs to name prompt blocks as this engine keeps them (None: no prompt cache)."""
+        engine = await self._ready_engine()
+        recipe = getattr(engine, "prompt_recipe", None)
+        # A real tokenizer's JSON takes a while to write: not on the loop that streams takes.
+        return None if recipe is None else await asyncio.to_thread(recipe)
 
     async def close(self) -> None:
         if self._engine is not None:
