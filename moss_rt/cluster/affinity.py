@@ -48,15 +48,25 @@ class HeldPrompts:
             self._expected.pop(key, None)
         self.epoch, self.seq = delta.epoch, delta.seq
 
-    def expect(self, keys: PromptKeys, now: float | None = None) -> None:
-        """A take with these prompt keys was just sent here."""
+    def expect(self, keys: PromptKeys, now: float | None = None) -> list[bytes]:
+        """A take with these prompt keys is being sent here (counted from before its admission, so the next
+        line of a burst follows it). Returns the keys this made expected, for :meth:`unexpect`."""
         until = (time.monotonic() if now is None else now) + EXPECT_SEC
+        added = []
         for key in (*keys.full, *((keys.whole,) if keys.whole is not None else ())):
             if key not in self.reported:
+                if key not in self._expected:
+                    added.append(key)
                 self._expected[key] = until
                 self._expected.move_to_end(key)
         while len(self._expected) > MAX_EXPECTED:
             self._expected.popitem(last=False)
+        return added
+
+    def unexpect(self, keys: list[bytes]) -> None:
+        """The take :meth:`expect` was told of did not go here after all (refused, or the replica was lost)."""
+        for key in keys:
+            self._expected.pop(key, None)
 
     def forget(self) -> None:
         """The replica restarted: its cache is empty, and its journal has a new epoch."""

@@ -30,6 +30,10 @@ from moss_rt.protocol import ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
 
+# Audio one stream item may carry: items below Ray's inline limit (100 KiB, max_direct_call_object_size)
+# travel inside the reply; larger ones would go through the object store. One chunk always goes.
+RELAY_BATCH_BYTES = 80 * 1024
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -80,6 +84,7 @@ class ReplicaStatus:
     extra: dict[str, str] = field(default_factory=dict)
     # The prompt blocks its engine keeps, as changes since the poller's cursor (None: the engine keeps none).
     prompt_blocks: DigestDelta | None = None
+    slots: int = 0  # takes it generates at once (0: unknown)
 
     @property
     def free(self) -> int:
@@ -146,6 +151,9 @@ class EngineReplica:
         ready = info is not None and info.ready
         s = self._settings
         state = "failed" if self._error else ("ready" if ready else "loading")
+        # The engine's memory plan decides its slots when --max-slots is 0 (the default).
+        plan = getattr(engine, "memory_plan", None)
+        slots = plan.max_slots if plan is not None else s.max_slots
         return ReplicaStatus(
             name=self._name,
             incarnation=self._incarnation,
@@ -153,14 +161,14 @@ class EngineReplica:
             status=state,
             active=int(getattr(engine, "active_count", 0)),
             queued=int(getattr(engine, "queued_count", 0)),
-            # The engine's memory plan decides its slots when --max-slots is 0 (the default).
-            capacity=(plan.max_slots if (plan := getattr(engine, "memory_plan", None)) else s.max_slots) + s.max_queue,
+            capacity=slots + s.max_queue,
             pid=os.getpid(),
             node=socket.gethostname(),
             # Without the registry: it stays here (metrics_text renders it) and does not pickle.
             info=dataclasses.replace(info, metrics=None) if info is not None else None,
             error=self._error,
             prompt_blocks=kept.since(*since) if kept is not None and since is not None else None,
+            slots=slots,
         )
 
     async def prompt_recipe(self) -> PromptRecipe | None:
@@ -176,8 +184,9 @@ class EngineReplica:
 
     # -- takes --------------------------------------------------------------------------
 
-    async def run_take(self, spec: TakeSpec) -> AsyncIterator[Admitted | Refusal | TakeEvent]:
-        """Stream one take: ``Admitted`` (or a ``Refusal`` and nothing else), then its events.
+    async def run_take(self, spec: TakeSpec) -> AsyncIterator[Admitted | Refusal | tuple[TakeEvent, ...]]:
+        """Stream one take: ``Admitted`` (or a ``Refusal`` and nothing else), then its events in order, in
+        tuples of one or more (what was queued when the front end took the previous item).
 
         Called as a Ray streaming generator with backpressure: while the front end has not read
         its chunks, this generator does not read the engine's channel, so the engine pauses the
@@ -196,8 +205,15 @@ class EngineReplica:
             yield Admitted(spec.take_id)
             # If the front end goes away (or cancels this stream), this iteration is abandoned and
             # the handle cancels its take: it never runs for nobody.
-            async for event in handle:
-                yield event
+            batches = getattr(handle, "batches", None)
+            if batches is None:
+                async for event in handle:
+                    yield (event,)
+            else:
+                # Events that piled up while the front end had not asked for more travel as one item:
+                # every item costs the front end the same, whatever it carries (docs/cluster.md).
+                async for batch in batches(RELAY_BATCH_BYTES):
+                    yield tuple(batch)
         finally:
             self._takes.pop(spec.take_id, None)
 

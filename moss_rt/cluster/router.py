@@ -75,7 +75,8 @@ class ReplicaView:
         s = self.status
         free = 0 if s is None else s.free - self.pending
         load = self.pending + (0 if s is None else s.active + s.queued)
-        return Candidate(self.name, self.incarnation, self.routable, free, load)
+        idle = s.slots - load if s is not None and s.slots > 0 else None
+        return Candidate(self.name, self.incarnation, self.routable, free, load, idle)
 
     def public(self) -> dict[str, object]:
         s = self.status
@@ -125,6 +126,15 @@ class ClusterEngine(EngineLifecycle):
             "moss_rt_cluster_prompt_rows_routed",
             "Prompt rows (beyond the generic opening) the replica was known to hold when a take went there",
             ["replica"], registry=self._metrics,
+        )
+        self._relay_items = Counter(
+            "moss_rt_cluster_relay_items", "Stream items received from replicas (one relay hop each)",
+            registry=self._metrics,
+        )
+        self._relay_chunks = Counter(
+            "moss_rt_cluster_relay_chunks",
+            "Audio chunks those items carried (more than one per item: events that piled up travelled together)",
+            registry=self._metrics,
         )
         # Cache-aware routing: set once a ready replica handed over its prompt recipe (None: it has none).
         self._namer: PromptNamer | None = None
@@ -233,7 +243,15 @@ class ClusterEngine(EngineLifecycle):
         by_name = {r.name: r for r in self._replicas}
         for route in routes:
             replica = by_name[route.name]
-            handle = await self._try_submit(replica, spec, route.rebuilt)
+            # Expected there from now on, not from its admission: the next line of a burst follows it.
+            sticky = spec.parent_take is not None and not route.rebuilt  # to its parent's cache, not by prompt
+            expected = replica.prompts.expect(named.keys, now) if named is not None and not sticky else []
+            handle: RemoteTake | Exception | None = None
+            try:
+                handle = await self._try_submit(replica, spec, route.rebuilt)
+            finally:
+                if not isinstance(handle, RemoteTake):
+                    replica.prompts.unexpect(expected)  # not there after all (refused, lost, or cancelled)
             if isinstance(handle, RemoteTake):
                 self._turn = (self._replicas.index(replica) + 1) % len(self._replicas)
                 kind = "new" if spec.parent_take is None else ("rebuilt" if route.rebuilt else "sticky")
@@ -241,7 +259,6 @@ class ClusterEngine(EngineLifecycle):
                 self._remember(spec.take_id, replica)
                 if named is not None and kind != "sticky":
                     self._count_prompt_route(replica, route, cached)
-                    replica.prompts.expect(named.keys, now)
                 return handle
             if handle is not None:
                 refusal = handle
@@ -259,6 +276,11 @@ class ClusterEngine(EngineLifecycle):
         except Exception as exc:  # bad input is the replica's to refuse, with its own message
             log.debug("take %s: prompt not named (%r); routed by load", spec.take_id, exc)
             return None
+
+    def _relayed(self, chunks: int) -> None:
+        self._relay_items.inc()
+        if chunks:
+            self._relay_chunks.inc(chunks)
 
     def _count_prompt_route(self, replica: ReplicaView, route: Route, cached: dict[str, int]) -> None:
         best = max(cached.values(), default=0)
@@ -301,6 +323,7 @@ class ClusterEngine(EngineLifecycle):
             start_frame=spec.start_frame,
             rebuilt=rebuilt,
             on_lost=lambda: self._take_lost(replica, incarnation),
+            on_item=self._relayed,
         )
 
     @staticmethod

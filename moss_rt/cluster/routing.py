@@ -2,9 +2,9 @@
 
 - A new take goes to the routable replica with the most free places (slots + queue, minus what
   this front end sent it since its last report); ties go round the replicas in turn.
-- **Cache-aware** (``cached`` and ``margin`` given): among the replicas whose load (active + queued +
-  sent since the last report) is at most ``margin`` above the least loaded one, a new take goes to the
-  one holding the longest run of its prompt blocks (rows beyond the opening every prompt shares; see
+- **Cache-aware** (``cached`` and ``margin`` given): among the replicas with a slot free whose load
+  (active + queued + sent since the last report) is at most ``margin`` above the least loaded one, a new
+  take goes to the one holding the longest run of its prompt blocks (rows beyond the opening every prompt shares; see
   engine/prompt_names.py), when any holds some. A hot replica thus keeps the lines of its voices until
   it is ``margin`` takes busier than the least loaded one; then they spill over (and the other replica
   starts keeping them too).
@@ -27,6 +27,7 @@ class Candidate:
     routable: bool  # answered its last status poll, engine ready, not known dead
     free: int  # places left (may be stale by one poll)
     load: int = 0  # takes active, queued and sent since the last poll
+    idle: int | None = None  # slots free to start a take now (None: unknown, ``free`` counts)
 
 
 @dataclass(frozen=True)
@@ -72,12 +73,17 @@ def plan_routes(
 
 
 def prefer_cached(order: list[Candidate], cached: Mapping[str, int], margin: int) -> list[Candidate]:
-    """``order`` (best by load first) with the replica holding the most of the prompt moved to the front,
-    if it has room and its load is within ``margin`` of the least loaded; unchanged when none qualifies."""
+    """``order`` (best by load first) with the replica holding the most of the prompt moved to the front, if
+    it has a slot free (a take queued behind others would lose more time than the prefill it saves) and its
+    load is within ``margin`` of the least loaded; unchanged when none qualifies."""
     if not order:
         return order
     least = min(c.load for c in order)
-    eligible = [c for c in order if c.free > 0 and c.load - least <= margin and cached.get(c.name, 0) > 0]
+    eligible = [
+        c
+        for c in order
+        if (c.free if c.idle is None else c.idle) > 0 and c.load - least <= margin and cached.get(c.name, 0) > 0
+    ]
     if not eligible:
         return order
     # The longest run; among equal runs the first in load order (max keeps the first of equals).

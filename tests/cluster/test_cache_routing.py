@@ -53,14 +53,16 @@ class _Ref:
 
 
 class _Stream:
-    """A take's stream that admits it and then stays open (the take keeps running)."""
+    """A take's stream that admits it (a round trip later, as a replica would) and then stays open (the take keeps
+    running)."""
 
     def __init__(self, take_id: str) -> None:
-        self._first = Admitted(take_id)
+        self._first: Admitted | None = Admitted(take_id)
 
     async def __anext__(self) -> _Ref:
         if self._first is None:
             await asyncio.Event().wait()
+        await asyncio.sleep(0.01)
         first, self._first = self._first, None
         return _Ref(first)
 
@@ -94,7 +96,7 @@ def recording_router(margin: int, replicas: int = 2) -> tuple[ClusterEngine, dic
     actors = {f"replica-{i}": RecordingReplica() for i in range(replicas)}
     for name, actor in actors.items():
         view = ReplicaView(name, actor, answering=True)
-        view.status = ReplicaStatus(name, f"{name}-1", True, "ready", 0, 0, 16, 1, "node")
+        view.status = ReplicaStatus(name, f"{name}-1", True, "ready", 0, 0, 16, 1, "node", slots=8)
         view.prompts.apply(KeptDigests().since())  # each reported an empty cache
         router._replicas.append(view)
     config = tiny_config()
@@ -153,6 +155,23 @@ def test_lines_of_one_voice_and_direction_land_together() -> None:
 
     by_load, _ = asyncio.run(run(margin=-1))
     assert len(by_load[TIRED]) == 2 and len(by_load[BRIGHT]) == 2, by_load
+
+
+def test_a_burst_of_one_directions_lines_lands_together() -> None:
+    """Lines of one direction arriving at once (each admission still on its way when the next is routed) follow
+    the first one, up to the margin; a burst of another direction, at the same time, goes to the other replica."""
+
+    async def run() -> None:
+        router, actors = recording_router(margin=3)
+        tired = [line(TIRED, i) for i in range(4)]
+        bright = [line(BRIGHT, i) for i in range(4)]
+        mixed = [tired[0], tired[1], tired[2], bright[0], bright[1], tired[3], bright[2], bright[3]]
+        await asyncio.gather(*(router.submit(spec) for spec in mixed))
+        assert len({placed(actors, s.take_id) for s in tired}) == 1
+        assert len({placed(actors, s.take_id) for s in bright}) == 1
+        assert placed(actors, tired[0].take_id) != placed(actors, bright[0].take_id)
+
+    asyncio.run(run())
 
 
 def test_a_hot_replica_spills_over_past_the_margin() -> None:

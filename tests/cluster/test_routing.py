@@ -59,11 +59,14 @@ def test_a_new_take_goes_to_the_replica_holding_most_of_its_prompt_unless_it_is_
     assert plan_routes(c, cached={}, margin=8)[0].name == "r1"
 
 
-def test_equal_runs_go_to_the_less_loaded_and_a_full_holder_is_passed_over() -> None:
+def test_equal_runs_go_to_the_less_loaded_and_a_holder_without_a_free_slot_is_passed_over() -> None:
     c = [Candidate("r0", "i", True, 2, load=6), Candidate("r1", "i", True, 5, load=3)]
     assert plan_routes(c, cached={"r0": 48, "r1": 48}, margin=8)[0].name == "r1"
     full = [Candidate("r0", "i", True, 0, load=8), Candidate("r1", "i", True, 5, load=3)]
     assert plan_routes(full, cached={"r0": 48}, margin=8)[0].name == "r1"
+    # Queue places left but no slot: the take would wait behind others there, longer than its prefill takes.
+    queued = [Candidate("r0", "i", True, 4, load=4, idle=0), Candidate("r1", "i", True, 8, load=0, idle=4)]
+    assert plan_routes(queued, cached={"r0": 48}, margin=8)[0].name == "r1"
 
 
 def test_a_rebuilt_retake_also_prefers_the_replica_holding_its_prompt() -> None:
