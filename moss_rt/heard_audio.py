@@ -92,14 +92,18 @@ class HeardAudio:
     def get(self, take_id: str, n_frames: int, bytes_per_frame: int) -> bytes | None:
         """The first ``n_frames`` frames as heard, or None when they are not all held."""
         held = self.buffer(take_id, n_frames, bytes_per_frame)
-        return None if held is None else bytes(held[: n_frames * bytes_per_frame])
+        if held is None:
+            return None
+        with memoryview(held) as view:  # one copy out (a slice of a bytearray then bytes() would be two)
+            return bytes(view[: n_frames * bytes_per_frame])
 
     def buffer(self, take_id: str, n_frames: int, bytes_per_frame: int) -> bytearray | None:
         """The held buffer itself (no copy) when its first ``n_frames`` frames are all there.
 
         For readers that copy it out piece by piece (downloads): many at once share one buffer.
-        They must only slice it (never export a memoryview: the buffer may still grow) and only
-        up to ``n_frames``; evicting the take drops it from here while they finish with it.
+        They must only slice it (not keep a memoryview of it) and only up to ``n_frames``; chunks
+        streamed later go into a new buffer, and evicting the take drops it from here while they
+        finish with it.
         """
         heard = self._takes.get(take_id)
         if heard is None or heard.bytes_per_frame != bytes_per_frame or heard.frames < n_frames:

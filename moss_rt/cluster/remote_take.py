@@ -60,16 +60,18 @@ class RemoteTake:
     def __aiter__(self) -> AsyncIterator[TakeEvent]:
         return self._events()
 
-    async def _next(self) -> object:
+    async def _next(self) -> tuple[TakeEvent, ...]:
+        """The next stream item: a tuple of events (``EngineReplica.run_take``)."""
         ref = await self._stream.__anext__()
-        return await ref
+        items: tuple[TakeEvent, ...] = await ref
+        return items
 
     async def _events(self) -> AsyncIterator[TakeEvent]:
         from ray.exceptions import RayActorError, RayTaskError
 
         # The replica's loss interrupts the read in progress (one waiter for the take's whole life, not one
         # per item: every item is a hop of a relayed stream, and this runs for each).
-        reading: asyncio.Future[object] | None = None
+        reading: asyncio.Future[tuple[TakeEvent, ...]] | None = None
         lost_wait = asyncio.ensure_future(self._lost.wait())
         lost_wait.add_done_callback(lambda _: reading.cancel() if reading is not None else None)
         try:
@@ -100,8 +102,8 @@ class RemoteTake:
                 finally:
                     reading = None
                 if self._on_item is not None:
-                    self._on_item(sum(1 for e in items if isinstance(e, AudioChunk)))  # type: ignore[attr-defined]
-                for event in items:  # type: ignore[attr-defined]  # a tuple of events (replica.run_take)
+                    self._on_item(sum(1 for e in items if isinstance(e, AudioChunk)))
+                for event in items:
                     if isinstance(event, AudioChunk):
                         self._n_frames = event.first_frame + event.n_frames
                     if isinstance(event, TakeFinished):
