@@ -42,13 +42,14 @@ from moss_rt.protocol import (
     hello,
 )
 from moss_rt.session import Action, Admit, Keep, Replay, SendAudio, Stop, TakeRecord
-from moss_rt.session_store import StoredTake
+from moss_rt.session_store import StoredTake, short_id
 from moss_rt.web.audio_out import AudioOuts
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
+from moss_rt.web.owners import owner_or_mint, set_owner_cookie
 from moss_rt.web.security import forbidden_origin, websocket_origin_allowed
 from moss_rt.web.state import STATE, ServiceState
-from moss_rt.web.takes import Pacer, admit, busy_error, new_session, pump_events, send_action, take_audio
+from moss_rt.web.takes import Pacer, admit, busy_error, held_take_audio, new_session, pump_events, send_action
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class Connection:
         self.client = request.remote or "unknown"
         self._transport = request.transport
         limits = state.settings.limits
-        self.session = new_session(state, max_takes=limits.max_takes_kept)
+        self.session = new_session(state, max_takes=limits.max_takes_kept, client=self.client)
         self._bucket = TokenBucket(limits.ws_messages_per_sec, limits.ws_message_burst)
         self._refused_in_row = 0
         self._send_lock = asyncio.Lock()
@@ -88,6 +89,7 @@ class Connection:
         self._take_pacer: tuple[str, Pacer] | None = None  # the pacer of the last take admitted
         self._dead = False  # set once the client is known gone or dropped: no more sends
         self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
+        self.owner: str | None = None  # who the connection acts as for stored sessions (moss_rt/web/owners.py)
 
     # -- sending ------------------------------------------------------------------------
 
@@ -236,13 +238,19 @@ class Connection:
         try:
             # A replay streams (and renders) like a take, so it counts toward the client's take cap.
             with self.state.client_takes.hold(self.client):
-                pcm = await take_audio(self.state, action.take)
-                await self._perform(self.session.replay_audio(run, pcm))
-                await self._perform(self.session.replay_finished(run))
+                async with held_take_audio(self.state, action.take, client=self.client) as pcm:
+                    await self._perform(self.session.replay_audio(run, pcm))
+                    await self._perform(self.session.replay_finished(run))
         except ProtocolError as err:
             await self._perform(self.session.replay_failed(run, err))
         except EngineBusy as busy:
             await self._perform(self.session.replay_failed(run, busy_error(busy)))
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception:  # a replay acknowledged must end (error, then end), whatever its audio did
+            log.exception("replay of take %s failed", action.take.take_id)
+            failed = ProtocolError(ErrorCode.INTERNAL, "the take's audio could not be replayed")
+            await self._perform(self.session.replay_failed(run, failed))
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -335,21 +343,32 @@ class Connection:
             raise ProtocolError(ErrorCode.NOT_FOUND, "this service keeps no sessions", field="session")
         if self.session_id is not None and msg.session != self.session_id:
             raise ProtocolError(ErrorCode.INVALID_FIELD, "this connection is bound to another session", field="session")
+        if self.owner is None:  # no identity to own a session (not reached past the auth checks)
+            raise ProtocolError(ErrorCode.NOT_FOUND, "no such session (it may have been deleted)", field="session")
         resumed = msg.session is not None
-        session_id = msg.session if msg.session is not None else await asyncio.to_thread(store.create)
+        if msg.session is not None:
+            # Another owner's session answers not_found, exactly as an unknown id does.
+            await asyncio.to_thread(store.check_access, msg.session, self.owner)
+            session_id = msg.session
+            await asyncio.to_thread(store.touch, session_id)  # in use: retention counts from now
+        else:
+            session_id = await asyncio.to_thread(store.create, owner=self.owner, client=self.client)
         stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
+        codebook = self.state.engine.info.codebook_size
         held = {t.take_id for t in self.session.history.takes}
         for record in stored:
             if record.take_id in held:
                 continue
             try:
                 codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
+                if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= codebook):
+                    raise ValueError(f"codes outside the codebook [0, {codebook})")
                 # The take's one seed rides on its request (stored with it; the record's is the same).
                 request = dataclasses.replace(
                     StartTake.parse(record.request, self.state.settings.limits), seed=record.seed
                 )
             except (OSError, ValueError, ProtocolError) as exc:  # damaged, or the limits tightened since
-                log.warning("session %s: take %s cannot be resumed: %s", session_id, record.take_id, exc)
+                log.warning("session %s: take %s cannot be resumed: %s", short_id(session_id), record.take_id, exc)
                 continue
             take = TakeRecord(
                 record.take_id, request, parent=record.parent, branch_frame=record.branch_frame,
@@ -381,12 +400,12 @@ class Connection:
             stats={k: v for k, v in take.stats.items() if isinstance(v, int | float)},
         )  # fmt: skip
         try:
-            pcm = await take_audio(self.state, take)
-            await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
-        except ProtocolError as err:  # the session is full, or was deleted meanwhile
+            async with held_take_audio(self.state, take, client=self.client) as pcm:
+                await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
+        except ProtocolError as err:  # the session is full, out of storage, or was deleted meanwhile
             await self.send_error(err, take=take.take_id)
         except (OSError, ValueError, EngineBusy):
-            log.exception("could not keep take %s in session %s", take.take_id, session_id)
+            log.exception("could not keep take %s in session %s", take.take_id, short_id(session_id))
             await self.send_error(ProtocolError(ErrorCode.INTERNAL, "the take could not be stored"), take=take.take_id)
 
     async def _refuse_rate(self) -> None:
@@ -455,8 +474,13 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             # absurd ones are cut off by aiohttp itself (close 1009) before being buffered whole.
             max_msg_size=4 * settings.limits.max_message_bytes,
         )
+        # Who the connection acts as for stored sessions; a keyless client without an owner cookie gets one
+        # with the upgrade (a browser that loaded the studio page has it already).
+        owner, cookie = owner_or_mint(request)
+        set_owner_cookie(ws, request, cookie)
         await ws.prepare(request)
         connection = Connection(state, ws, request)
+        connection.owner = owner
         state.websockets.add(ws)
         state.connections.add(connection)
         try:
