@@ -138,7 +138,7 @@ class ClusterEngine(EngineLifecycle):
         )
         # Cache-aware routing: set once a ready replica handed over its prompt recipe (None: it has none).
         self._namer: PromptNamer | None = None
-        self._recipe_asked = False
+        self._recipe_task: asyncio.Task[None] | None = None  # asking a replica for it (one at a time)
         self._front_end = f"{socket.gethostname()}:{os.getpid()}"
         self._metrics.register(ReplicaCollector(lambda: self._replicas))
 
@@ -211,11 +211,12 @@ class ClusterEngine(EngineLifecycle):
     async def close(self) -> None:
         """Stop watching. Replicas stay up for other front ends; a Ray instance this process
         started itself goes down with it (and its replicas with it)."""
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-            self._watch = None
+        for task in (self._watch, self._recipe_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._watch = self._recipe_task = None
         for r in self._replicas:
             r.lost.set()  # any take still streaming ends now instead of waiting on a gone cluster
         if self._owns_ray:
@@ -387,13 +388,13 @@ class ClusterEngine(EngineLifecycle):
 
     # ------------------------------------------------------------------ polling
     async def _ask_recipe(self, replica: ReplicaView) -> None:
-        """Get the prompt recipe from the first ready replica (all run the same model); asked once."""
-        self._recipe_asked = True
+        """Get the prompt recipe from a ready replica (all run the same model). Asked until one answers;
+        an answer of None (no prompt cache there) is final: the task stays, done, and nobody asks again."""
         try:
             recipe: PromptRecipe | None = await asyncio.wait_for(replica.actor.prompt_recipe.remote(), 60.0)
             self._namer = None if recipe is None else await asyncio.to_thread(PromptNamer, recipe)
-        except Exception as exc:  # this replica died or timed out meanwhile: ask the next ready one
-            self._recipe_asked = False
+        except Exception as exc:  # this replica died or timed out meanwhile: the next poll asks a ready one
+            self._recipe_task = None
             log.warning("no prompt recipe from replica %s yet: %r", replica.name, exc)
             return
         if self._namer is None:
@@ -446,8 +447,9 @@ class ClusterEngine(EngineLifecycle):
         replica.pending = 0
         if status.prompt_blocks is not None:
             replica.prompts.apply(status.prompt_blocks)
-        if status.ready and not self._recipe_asked:
-            await self._ask_recipe(replica)
+        if status.ready and self._namer is None and self._recipe_task is None:
+            # Its own task: a slow answer must not hold up this replica's polls.
+            self._recipe_task = asyncio.create_task(self._ask_recipe(replica), name="cluster-prompt-recipe")
         if status.ready:
             with contextlib.suppress(Exception):
                 budget = max(0.5, STATUS_TIMEOUT_SEC - (time.monotonic() - t0))
