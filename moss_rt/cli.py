@@ -113,6 +113,9 @@ def add_say(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=None,
         help="file to write (default out.wav); .mp3 .opus .aac .flac .pcm write that format, anything else WAV",
     )
+    p.add_argument("--words", type=Path, default=None, help="write the take's word timings here (JSON)")
+    p.add_argument("--srt", type=Path, default=None, help="write the take's captions here (SubRip)")
+    p.add_argument("--vtt", type=Path, default=None, help="write the take's captions here (WebVTT)")
     p.add_argument("--url", default="http://127.0.0.1:8770", help="the service (default %(default)s)")
     p.add_argument(
         "--transport",
@@ -166,9 +169,12 @@ def run_say(args: argparse.Namespace) -> int:
         from moss_rt.model.commands import say_codes_command
 
         return say_codes_command(args)
-    from moss_rt.client import DirectingClient, ServerError, http_stream
+    from moss_rt.client import DirectingClient, ServerError, fetch_words, http_stream
 
     fields = _say_fields(args)
+    want_words = args.words is not None or args.srt is not None or args.vtt is not None
+    if want_words and args.transport == "ws":
+        fields["words"] = True  # streamed with the take (the HTTP transport fetches them afterwards)
 
     async def _ws() -> object:
         url = args.url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + "/api/ws"
@@ -186,9 +192,26 @@ def run_say(args: argparse.Namespace) -> int:
         return 1
     output = args.output or Path("out.wav")
     write_audio(output, bytes(take.pcm), take.channels)  # type: ignore[attr-defined]
+    try:
+        _write_words(args, take, fetch_words)
+    except (ServerError, OSError) as exc:
+        print(f"error: the take's words: {exc}", file=sys.stderr)
+        return 1
     end = take.end  # type: ignore[attr-defined]
     print(f"wrote {output}: {take.duration_sec:.2f} s, take {take.take_id}, end {end.get('reason')}")  # type: ignore[attr-defined]
     return 0
+
+
+def _write_words(args: argparse.Namespace, take: Any, fetch: Any) -> None:
+    """``--words``/``--srt``/``--vtt``: the take's word timings as JSON, and its captions from the server."""
+    import json
+
+    if args.words is not None:
+        words = take.words if take.words or args.transport == "ws" else asyncio.run(fetch(args.url, take.take_id))
+        args.words.write_text(json.dumps({"take": take.take_id, "words": words}, indent=1) + "\n", encoding="utf-8")
+    for path, fmt in ((args.srt, "srt"), (args.vtt, "vtt")):
+        if path is not None:
+            path.write_text(asyncio.run(fetch(args.url, take.take_id, fmt)), encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- render

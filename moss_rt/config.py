@@ -90,6 +90,12 @@ class Settings:
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")
+    # Word timing (docs/words.md): the aligner behind ``words``, captions and seek by word.
+    aligner: str = setting(
+        "auto", "word aligner: auto | pocketsphinx | ctc:<hub id or folder> | none (docs/words.md)"
+    )
+    # Alignment jobs waiting for the aligner's workers, all takes together; a streaming take skips a step past it.
+    aligner_queue: int = setting(256, "word alignment jobs waiting at most (bounds the aligner's queue)")
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
     heard_audio_mb: int = setting(256, "streamed PCM kept for replays")
     # Takes' codes rendered again for downloads (their streamed PCM gone), held while read: one
