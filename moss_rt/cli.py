@@ -81,6 +81,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print=None,
         handler_cancellation=True,
         shutdown_timeout=settings.shutdown_grace_sec,
+        reuse_port=settings.reuse_port or None,
     )
     failure = app[STATE].engine_failure
     if failure is not None:

@@ -157,6 +157,16 @@ class Settings:
     )
     replicas: int = setting(0, "with --cluster: engine replicas to find or create; 0: one per GPU")
     replica_cpus: float = setting(1.0, "with --cluster: CPUs Ray reserves for each replica")
+    # Cache-aware routing (docs/cluster.md): a new take goes to the replica that keeps the longest run of its
+    # prompt blocks, unless that replica has more than this many takes (active + queued) above the least
+    # loaded one; -1 routes by load alone.
+    route_cache_margin: int = setting(
+        8, "with --cluster: takes a replica holding a new take's prompt may be above the least loaded one and "
+        "still get it (-1: route by load alone)"
+    )
+    # SO_REUSEPORT: several front-end processes (or servers) listen on one port; the kernel spreads
+    # connections over them (docs/cluster.md).
+    reuse_port: bool = setting(False, "listen with SO_REUSEPORT, so several processes share the port")
 
     @property
     def voices_store_dir(self) -> Path:

@@ -120,7 +120,9 @@ class Connection:
             if self._dead or self.ws.closed:
                 raise ConnectionResetError("the connection is closed")
             try:
-                await asyncio.wait_for(self.ws.send_bytes(frame), self.state.settings.send_stall_timeout_sec)
+                # A timeout scope, not wait_for: no task per frame (a relaying front end sends hundreds a second).
+                async with asyncio.timeout(self.state.settings.send_stall_timeout_sec):
+                    await self.ws.send_bytes(frame)
             except TimeoutError:
                 log.warning(
                     "client %s stopped reading for %.1f s; dropping it",
