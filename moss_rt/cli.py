@@ -81,6 +81,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print=None,
         handler_cancellation=True,
         shutdown_timeout=settings.shutdown_grace_sec,
+        reuse_port=settings.reuse_port or None,
     )
     failure = app[STATE].engine_failure
     if failure is not None:
@@ -112,6 +113,9 @@ def add_say(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=None,
         help="file to write (default out.wav); .mp3 .opus .aac .flac .pcm write that format, anything else WAV",
     )
+    p.add_argument("--words", type=Path, default=None, help="write the take's word timings here (JSON)")
+    p.add_argument("--srt", type=Path, default=None, help="write the take's captions here (SubRip)")
+    p.add_argument("--vtt", type=Path, default=None, help="write the take's captions here (WebVTT)")
     p.add_argument("--url", default="http://127.0.0.1:8770", help="the service (default %(default)s)")
     p.add_argument(
         "--transport",
@@ -165,9 +169,12 @@ def run_say(args: argparse.Namespace) -> int:
         from moss_rt.model.commands import say_codes_command
 
         return say_codes_command(args)
-    from moss_rt.client import DirectingClient, ServerError, http_stream
+    from moss_rt.client import DirectingClient, ServerError, fetch_words, http_stream
 
     fields = _say_fields(args)
+    want_words = args.words is not None or args.srt is not None or args.vtt is not None
+    if want_words and args.transport == "ws":
+        fields["words"] = True  # streamed with the take (the HTTP transport fetches them afterwards)
 
     async def _ws() -> object:
         url = args.url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + "/api/ws"
@@ -185,9 +192,26 @@ def run_say(args: argparse.Namespace) -> int:
         return 1
     output = args.output or Path("out.wav")
     write_audio(output, bytes(take.pcm), take.channels)  # type: ignore[attr-defined]
+    try:
+        _write_words(args, take, fetch_words)
+    except (ServerError, OSError) as exc:
+        print(f"error: the take's words: {exc}", file=sys.stderr)
+        return 1
     end = take.end  # type: ignore[attr-defined]
     print(f"wrote {output}: {take.duration_sec:.2f} s, take {take.take_id}, end {end.get('reason')}")  # type: ignore[attr-defined]
     return 0
+
+
+def _write_words(args: argparse.Namespace, take: Any, fetch: Any) -> None:
+    """``--words``/``--srt``/``--vtt``: the take's word timings as JSON, and its captions from the server."""
+    import json
+
+    if args.words is not None:
+        words = take.words if take.words or args.transport == "ws" else asyncio.run(fetch(args.url, take.take_id))
+        args.words.write_text(json.dumps({"take": take.take_id, "words": words}, indent=1) + "\n", encoding="utf-8")
+    for path, fmt in ((args.srt, "srt"), (args.vtt, "vtt")):
+        if path is not None:
+            path.write_text(asyncio.run(fetch(args.url, take.take_id, fmt)), encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- render
@@ -217,6 +241,9 @@ def add_render(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--device", default=None, help="with --local: auto | cpu | cuda | cuda:N")
     p.add_argument("--data-dir", type=Path, default=None, help="with --local: data folder (sessions, voices)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--owner-file", type=Path, default=None, help="where the owner cookies of keyless servers are "
+                   "kept, so that a later run (--script-id, --session) acts as the same owner (default "
+                   "$XDG_STATE_HOME/moss_rt/owners.json, i.e. ~/.local/state/moss_rt/owners.json)")
     p.set_defaults(func=run_render)
 
 
@@ -224,7 +251,7 @@ def run_render(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from moss_rt.scripts.client import RenderError, render_script, serve_in_process
+    from moss_rt.scripts.client import OwnerFile, RenderError, default_owner_file, render_script, serve_in_process
 
     setup_logging("WARNING")
     if args.script is None and args.script_id is None:
@@ -238,17 +265,22 @@ def run_render(args: argparse.Namespace) -> int:
             print(f"error: --cast {args.cast}: {exc}", file=sys.stderr)
             return 1
 
+    owners = OwnerFile(args.owner_file or default_owner_file())
+
     async def _render() -> object:
-        url, runner = args.url, None
+        url, runner, owners_key = args.url, None, None
         if args.local:
             overrides = {k: getattr(args, k) for k in ("engine", "model", "codec", "device", "data_dir")}
             settings = settings_from_env().replace(**{k: v for k, v in overrides.items() if v is not None})
             url, runner = await serve_in_process(settings)
+            # A new port every run: the owner is the data dir's (its secret signs the cookie).
+            owners_key = f"local:{settings.data_dir.resolve()}"
         try:
             return await render_script(
                 url, args.output, script_path=args.script, script_id=args.script_id, cast=cast,
                 session=args.session, fmt=args.format, sample_rate=args.sample_rate,
-                api_key=os.environ.get("MOSS_RT_API_KEY"), progress=not args.no_progress,
+                api_key=os.environ.get("MOSS_RT_API_KEY"), progress=not args.no_progress, owners=owners,
+                owners_key=owners_key,
             )  # fmt: skip
         finally:
             if runner is not None:

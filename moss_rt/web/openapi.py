@@ -232,6 +232,94 @@ def _common_errors(*statuses: int) -> dict[str, Any]:
     return {str(s): _error(text[s]) for s in statuses}
 
 
+def _words_paths(
+    take_id: dict[str, Any], session_id: dict[str, Any], share: dict[str, Any], max_text_chars: int
+) -> dict[str, Any]:
+    """Word timing (docs/words.md): a take's words and captions, and POST /api/align."""
+    word = {
+        "type": "object",
+        "required": ["word", "start", "end"],
+        "properties": {
+            "word": {"type": "string", "description": "as written in the text, without surrounding punctuation"},
+            "start": {"type": "number", "description": "seconds from the take's (or the audio's) first sample"},
+            "end": {"type": "number"},
+            "flags": {"type": "array", "items": {"type": "string", "enum": ["interpolated"]}},
+        },
+    }
+    take_words = {
+        "type": "object",
+        "required": ["take", "complete", "words"],
+        "properties": {
+            "take": {"type": "string"},
+            "complete": {"type": "boolean", "description": "false while the take still runs (the words so far)"},
+            "words": {"type": "array", "items": word},
+        },
+    }
+    srt = {"description": "captions", "content": {"application/x-subrip": {"schema": {"type": "string"}}}}
+    vtt = {"description": "captions", "content": {"text/vtt": {"schema": {"type": "string"}}}}
+    errors = _common_errors(401, 404, 503)
+
+    def get(summary: str, params: list[dict[str, Any]], ok: dict[str, Any]) -> dict[str, Any]:
+        return {"get": {"summary": summary, "parameters": params, "responses": {"200": ok, **errors}}}
+
+    stored = [session_id, take_id, share]
+    align_result = {
+        "type": "object",
+        "required": ["words", "aligner", "duration"],
+        "properties": {
+            "words": {"type": "array", "items": word},
+            "aligner": {"type": "string"},
+            "duration": {"type": "number"},
+        },
+    }
+    binary = {"type": "string", "format": "binary"}
+    return {
+        "/api/takes/{take_id}/words": get(
+            "when each word of a take is said (aligned on demand if it streamed without words)", [take_id],
+            _ok("the words", take_words),
+        ),
+        "/api/takes/{take_id}.srt": get("a take's captions (SubRip)", [take_id], srt),
+        "/api/takes/{take_id}.vtt": get("a take's captions (WebVTT)", [take_id], vtt),
+        "/api/sessions/{session_id}/takes/{take_id}/words": get(
+            "a stored take's words (stored with it, or aligned now and stored)", stored, _ok("the words", take_words)
+        ),
+        "/api/sessions/{session_id}/takes/{take_id}.srt": get("a stored take's captions (SubRip)", stored, srt),
+        "/api/sessions/{session_id}/takes/{take_id}.vtt": get("a stored take's captions (WebVTT)", stored, vtt),
+        "/api/align": {
+            "post": {
+                "summary": "align any audio with a text: when each of its words is said",
+                "description": (
+                    "The body is the audio (wav, flac, mp3, ogg) with ?text=, or a multipart form with an audio "
+                    "file part and a text part (or a json part {\"text\": ...}). Limits: max_align_bytes, "
+                    "max_align_seconds, max_text_chars."
+                ),
+                # A query string must fit the HTTP request line (8 KiB): longer texts go in the form.
+                "parameters": [
+                    {"name": "text", "in": "query", "required": False, "description": "short texts; else the form",
+                     "schema": {"type": "string", "maxLength": min(max_text_chars, 500)}},
+                ],  # fmt: skip
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        **{m: {"schema": binary} for m in ("audio/wav", "audio/flac", "audio/mpeg", "audio/ogg")},
+                        "application/octet-stream": {"schema": binary},
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"audio": binary, "text": {"type": "string"}, "json": {"type": "string"}},
+                            }
+                        },
+                    },
+                },
+                "responses": {
+                    "200": _ok("the words", align_result),
+                    **_common_errors(400, 401, 403, 404, 408, 413, 422, 429, 503),
+                },
+            }
+        },
+    }
+
+
 def _script_paths(app: web.Application) -> dict[str, Any]:
     """Script renders (docs/scripts.md)."""
     limits = app[STATE].settings.limits
@@ -242,6 +330,13 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
         "schema": {"type": "string", "pattern": "^sc_[A-Za-z0-9_-]{16,64}$"},
     }
     line_no = {"name": "line", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}}
+    share = {
+        "name": "share",
+        "in": "query",
+        "required": False,
+        "description": "the share token of the script's session (read-only access for its holder)",
+        "schema": {"type": "string", "maxLength": 80},
+    }
     text = {"type": "string", "maxLength": limits.max_text_chars}
     direction = {"type": "string", "maxLength": limits.max_instruction_chars}
     cast = {
@@ -337,15 +432,18 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
         "required": ["script", "line"],
         "properties": {"script": {"type": "string"}, "line": line, "event_id": {"type": "string"}},
     }
-    posting = _common_errors(400, 401, 403, 404, 408, 413, 415, 422, 429, 503)
+    # A script is its session's: another identity than the session's owner is answered 404, as for an unknown id.
+    posting = _common_errors(400, 401, 403, 404, 408, 413, 415, 422, 429, 503, 507)
     return {
         "/api/scripts": {
             "post": {
                 "summary": "render a script: its lines become takes of a directing session (docs/scripts.md)",
                 "description": (
                     f"text/plain (the plain-text form) or JSON, at most {limits.max_script_bytes} bytes and "
-                    f"{limits.max_script_lines} lines. ?session= (or 'session') renders into that session. Errors "
-                    "in the script say where: 'line 7: …' or 'lines[3]: …'."
+                    f"{limits.max_script_lines} lines. ?session= (or 'session') renders into that session (the "
+                    "caller's: another's is 404); without it, into a new session owned by the caller (a keyless "
+                    "client without an owner cookie is given one). Errors in the script say where: 'line 7: …' or "
+                    "'lines[3]: …'."
                 ),
                 "parameters": [{"name": "session", "in": "query", "required": False, "schema": {"type": "string"}}],
                 "requestBody": {
@@ -374,8 +472,11 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
                 },
             },
             "get": {
-                "summary": "the scripts rendered into a session (?session=)",
-                "parameters": [{"name": "session", "in": "query", "required": True, "schema": {"type": "string"}}],
+                "summary": "the scripts rendered into a session (?session=; its owner, or with its ?share=)",
+                "parameters": [
+                    {"name": "session", "in": "query", "required": True, "schema": {"type": "string"}},
+                    share,
+                ],
                 "responses": {
                     "200": _ok(
                         "the scripts, oldest first",
@@ -395,7 +496,7 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
         "/api/scripts/{script_id}": {
             "get": {
                 "summary": "a script's state, and per line its status, take, seed and duration",
-                "parameters": [script_id],
+                "parameters": [script_id, share],
                 "responses": {"200": _ok("the script", state), **_common_errors(401, 404)},
             },
             "delete": {
@@ -412,6 +513,7 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
                 "summary": "server-sent events: state (first), progress, line, done, error; resumable (Last-Event-ID)",
                 "parameters": [
                     script_id,
+                    share,
                     {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string"}},
                 ],
                 "responses": {
@@ -426,6 +528,7 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
                 "summary": "the export: lines/NNN-WHO.<ext>, mix.<ext>, cues.csv/.json, captions/*.srt/.vtt",
                 "parameters": [
                     script_id,
+                    share,
                     {"name": "format", "in": "query", "required": False,
                      "schema": {"type": "string", "enum": list(FORMATS)}},
                     {"name": "sample_rate", "in": "query", "required": False,
@@ -897,6 +1000,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
             "get": {"summary": "this document", "security": [], "responses": {"200": _ok("OpenAPI 3", obj)}}
         },
     }
+    paths.update(_words_paths(take_id, session_id, share, limits.max_text_chars))
     if any(getattr(r, "canonical", None) == "/v1/audio/speech" for r in app.router.resources()):
         paths.update(_v1_paths(app))
     if any(getattr(r, "canonical", None) == "/api/scripts" for r in app.router.resources()):
