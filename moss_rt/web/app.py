@@ -40,6 +40,7 @@ from moss_rt.web.security import (
 from moss_rt.web.session_upkeep import session_retention
 from moss_rt.web.sessions_api import routes as session_routes
 from moss_rt.web.state import STATE, ServiceState
+from moss_rt.web.static_files import add_static_routes
 from moss_rt.web.voices_api import routes as voice_routes
 from moss_rt.web.words_api import routes as words_routes
 from moss_rt.web.ws import websocket_handler
@@ -103,7 +104,7 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():
-        app.router.add_static("/static/", settings.static_dir, show_index=False)
+        add_static_routes(app, settings.static_dir)
     app.cleanup_ctx.append(_engine_lifecycle)
     app.cleanup_ctx.append(_aligner_lifecycle)
     app.cleanup_ctx.append(session_retention)
