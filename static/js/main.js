@@ -22,6 +22,7 @@ import { initCompare, playAB, switchAB, refreshCompare } from './compare.js';
 import { initComp } from './comp.js';
 import { initTakeList, drawAllMinis, drawLiveCards } from './takelist.js';
 import { initTransport, refreshTransport, updateMeters } from './transport.js';
+import { initScriptPanel, refreshScriptPanel } from './script-panel.js';
 import { installFacade } from './facade.js';
 
 /* ------------------------------------------------------------------ the modules, in order */
@@ -40,11 +41,13 @@ initCompare();
 initComp();
 initSelection();
 initTransport();
+initScriptPanel();        // after sessions.js: it reads the session's takes when the service lists them
 
 render.onRefresh(refreshTransport);
 render.onRefresh(editor.refreshEditorButtons);
 render.onRefresh(refreshCompare);
 render.onRefresh(editor.refreshRegion);
+render.onRefresh(refreshScriptPanel);
 render.onDraw(editor.drawEditor);
 render.onDraw(updateMeters);
 render.onDraw(drawLiveCards);
