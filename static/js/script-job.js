@@ -6,9 +6,11 @@
  * The stream: `state` (the whole state) replaces what is held, `line` one line, `progress` and `done` the counts,
  * `error` (the script or its session was deleted) ends it. The browser reconnects by itself with Last-Event-ID and
  * gets exactly what it missed; when it gives up (the token expired, the service answered an error), the state is
- * asked again and the stream reopened from the last event seen, with a fresh token. */
+ * asked again (a 404: the script is gone) and the stream reopened with a fresh token. */
 import { createEmitter } from './events.js';
 import { auth, apiFetch } from './auth.js';
+import { encodeMessage } from './wire.js';
+import { parseJsonExact } from './script-text.js';
 
 /* 'state' (script): a new whole state; 'line' (line, script): one line changed; 'progress' (script): the counts;
  * 'done' (script): every line done or failed; 'gone' ({code, message}): the script is no more (deleted, or its
@@ -33,7 +35,7 @@ const base = (id) => '/api/scripts/' + encodeURIComponent(id);
 
 /* An error the service answered: Error with .status, .code, .field, .retryAfter (seconds) and the message. */
 async function failure(r) {
-  let body = null; try { body = await r.json(); } catch (e) { /* not JSON */ }
+  let body = null; try { body = parseJsonExact(await r.text()); } catch (e) { /* not JSON */ }
   const err = (body && body.error) || {};
   const e = new Error(err.message || 'HTTP ' + r.status);
   e.status = r.status; e.code = err.code || 'http_' + r.status; e.field = err.field || null;
@@ -44,10 +46,11 @@ async function failure(r) {
 async function call(method, url, body) {
   await auth.ensure().catch(() => {});   // a fresh token (the answer says so if the key is refused)
   const opts = { method, cache: 'no-store' };
-  if (body !== undefined) { opts.body = JSON.stringify(body); opts.headers = { 'Content-Type': 'application/json' }; }
+  // Seeds go as exact numbers (a seed held as a string of digits, past 2^53, too), and come back exact.
+  if (body !== undefined) { opts.body = encodeMessage(body); opts.headers = { 'Content-Type': 'application/json' }; }
   const r = await apiFetch(url, opts);
   if (!r.ok) throw await failure(r);
-  return r.json();
+  return parseJsonExact(await r.text());
 }
 
 /* POST /api/scripts: the body is the JSON form, or {script: "<plain text>", cast}; with the session. The 201's
@@ -60,7 +63,8 @@ export async function listScripts(session) {
   return body.scripts || [];
 }
 
-/* Render line n again: any of {text, instruction, seed, frame}. Its result comes as a `line` event. */
+/* Render line n again: any of {text, instruction, seed (a number, or a string of digits), frame}. Its result
+ * comes as a `line` event. */
 export function retakeLine(n, fields) { return call('POST', base(script.script) + '/lines/' + n + '/retake', fields); }
 
 /* Make `takeId` (a take of the script's session) line n's take; the line's new state. */
@@ -126,7 +130,7 @@ function openStream(id) {
   const handle = (type, fn) => es.addEventListener(type, (e) => {
     if (source !== es || !(e instanceof MessageEvent)) return;
     if (e.lastEventId) lastEventId = e.lastEventId;
-    let data; try { data = JSON.parse(e.data); } catch (err) { return; }
+    let data; try { data = parseJsonExact(e.data); } catch (err) { return; }
     stats.scriptEvents++;
     fn(data);
   });
@@ -161,6 +165,7 @@ function reopenLater(id) {
       const state = await call('GET', base(id));
       if (!script || script.script !== id) return;
       script = withLines(state); scriptEvents.emit('state', script);
+      lastEventId = null;   // the stream starts with the whole state again: nothing older replays over this one
       openStream(id);
     } catch (e) {
       if (!script || script.script !== id) return;

@@ -19,7 +19,7 @@ import { playsLocally, stopPlayback } from './playback.js';
 import { takeById, takeByKey, takeEvents, takeTitle } from './takes.js';
 import { cursorSample, playTake, selectTake, selectedTake, selectionEvents } from './selection.js';
 import { sessionId, syncSession } from './sessions.js';
-import { faultOf, jsonRange, jsonSyntaxError, lineOf, lineRange, readCast, scriptForm } from './script-text.js';
+import { faultOf, jsonRange, jsonSyntaxError, lineOf, lineRange, parseJsonExact, readCast, scriptForm } from './script-text.js';
 import {
   acceptTake, currentScript, deleteScript, exportZip, followScript, listScripts, postScript, retakeLine,
   scriptEvents, scriptLine, stopFollowing,
@@ -210,7 +210,7 @@ async function render() {
   if (form === 'json') {
     const bad = jsonSyntaxError(text);
     if (bad) { showError({ code: 'bad_json', message: `line ${bad.line}, column ${bad.column}: ${bad.message}` }, [bad.offset, Math.min(text.length, bad.offset + 1)]); return; }
-    const obj = JSON.parse(text);
+    const obj = parseJsonExact(text);   // a line's 64-bit seed stays exact
     if (!obj || typeof obj !== 'object' || Array.isArray(obj)) { showError({ code: 'invalid_field', message: 'a JSON script is an object: {"cast": {…}, "lines": […]}' }); return; }
     delete obj.session;
     body = { ...obj, cast, session };
@@ -537,7 +537,7 @@ async function retakeOpen() {
   if (dir !== (line.instruction || '')) fields.instruction = dir;
   if (seed) {
     if (!/^\d+$/.test(seed)) { d.note.textContent = 'A seed is a whole number (or empty for a new random one).'; d.note.hidden = false; return; }
-    fields.seed = seed.length > 15 ? seed : +seed;   // exact 64-bit seeds stay text
+    fields.seed = seed;   // the digits: sent as the exact number (script-job.js)
   }
   if (d.rtFrom.checked && !d.rtFrom.disabled) fields.frame = Math.floor(cursorSample() / FRAME);
   d.note.hidden = true; d.rtGo.disabled = true;

@@ -9,6 +9,10 @@
 const CUE_RE = /^([\p{L}\p{N}_][^:()[\]\x00-\x1f\x7f]*?)\s*:(.*)$/u;
 const CAST_KEYS = ['voice', 'instruction', 'language'];
 
+/* JSON.parse, except that a "seed" past 2^53 stays exact: as a string of its digits (wire.js encodeMessage sends
+ * such a string back as the number it is). */
+export function parseJsonExact(text) { return JSON.parse(text.replace(/"seed"(\s*):(\s*)(\d{16,})/g, '"seed"$1:$2"$3"')); }
+
 /* 'json' when the text is the JSON form (an object), else 'text'. */
 export function scriptForm(text) { return /^\s*\{/.test(text) ? 'json' : 'text'; }
 

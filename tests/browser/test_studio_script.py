@@ -40,6 +40,7 @@ BEN: Morning. Did you sleep?
 ANNA: Not a wink.
 """
 GAP, PAUSE = SR * 200 // 1000, SR * 300 // 1000
+BIG_SEED = str(2**53 + 1)
 LINE_FILES = ["lines/001-ANNA", "lines/002-BEN", "lines/003-ANNA"]
 
 
@@ -203,7 +204,7 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
         pg.click('#scriptLines li[data-line="3"] .sline-open')
         pg.click("text=Retake this line…")
         pg.fill("#slText", "Not a single wink.")
-        pg.fill("#slSeed", "5")
+        pg.fill("#slSeed", BIG_SEED)  # past 2^53: it must stay exact all the way
         old_take = held[2]["id"]
         pg.click("#slRetake button:has-text('Retake line')")
         pg.wait_for_function(
@@ -212,7 +213,8 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
         )
         pg.wait_for_function("window.studio.script.state === 'done'", timeout=10_000)
         held = wait_lines_held(pg)
-        assert held[2]["seed"] == "5" and held[2]["request"]["text"] == "Not a single wink."
+        assert held[2]["seed"] == BIG_SEED and held[2]["request"]["text"] == "Not a single wink."
+        assert pg.evaluate("window.studio.script.lines[2].seed") == BIG_SEED
         assert held[1]["id"] == retake["id"]
         # The editor showed line 3's old take: it follows the new one.
         pg.wait_for_function(f"window.studio.selected === '{held[2]['key']}'", timeout=10_000)
@@ -234,6 +236,7 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
         assert len(mix) == len(expected) and np.array_equal(mix, expected)
         cues = json.loads(zf.read("cues.json"))
         assert [c["take"] for c in cues["lines"]] == [t["id"] for t in held]
+        assert cues["lines"][2]["seed"] == int(BIG_SEED)
         assert "BEN: Morning. Did you sleep?" in zf.read("captions/lines.srt").decode()
         flac = export(pg, "flac", tmp_path)
         assert {f + ".flac" for f in LINE_FILES} | {"mix.flac"} <= set(flac.namelist())
@@ -291,3 +294,34 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
         shot(pg, "script-final")
         context.close()
     assert not errors, f"uncaught page errors: {errors}"
+
+
+def test_script_panel_under_an_api_key(browser: Any, tmp_path: Path) -> None:
+    """Under an API key every script route is the key's: the page posts and exports with its Bearer token and
+    follows the render's events with ?token= (an EventSource sends no header)."""
+    with run_server(tmp_path, "--api-key", "script-key") as url:
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+        pg = context.new_page()
+        try:
+            pg.goto(url + "/")
+            pg.wait_for_selector("#keyDialog[open]", timeout=10_000)
+            pg.fill("#apiKey", "script-key")
+            pg.click("#keySubmit")
+            pg.wait_for_function("window.studio && window.studio.connected && window.studio.session", timeout=15_000)
+            pg.click("#scriptToggle")
+            fill_script(pg, "@title Keyed\nANNA: One line.\nBEN: And another.\n")
+            pg.click("#scriptRender")
+            pg.wait_for_function("window.studio.script && window.studio.script.state === 'done'", timeout=30_000)
+            # The progress came through the first stream opened (with its token), not by asking again after a 401.
+            assert pg.evaluate("window.studio.stats.streamOpens") == 1
+            assert pg.evaluate("window.studio.stats.scriptEvents") >= 3
+            held = wait_lines_held(pg)
+            with pg.expect_download(timeout=30_000) as info:
+                pg.click("#scriptExport")
+            path = tmp_path / "keyed.zip"
+            info.value.save_as(path)
+            names = zipfile.ZipFile(path).namelist()
+            assert {"mix.wav", "lines/001-ANNA.wav", "lines/002-BEN.wav"} <= set(names)
+            assert [t["title"] for t in held] == ["Line 1 · ANNA", "Line 2 · BEN"]
+        finally:
+            context.close()
