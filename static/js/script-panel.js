@@ -106,7 +106,7 @@ function castRow(c) {
   const voice = el('select', { 'aria-label': 'Voice of ' + c.name, onchange: () => { edit('voice', voice.value); refreshPreview(); } }, ...voiceOptions(c.voice));
   voice.value = c.voice || 'none';
   const listen = el('button', { type: 'button', class: 'btn small icon', 'data-listen': key, 'data-who': c.name, 'aria-label': 'Listen to the voice of ' + c.name, title: 'Listen to the voice', onclick: () => preview(voice.value, key) }, '▶');
-  const dir = el('input', { type: 'text', value: c.instruction, placeholder: 'direction', 'aria-label': 'Direction of ' + c.name, maxlength: String(limits().max_instruction_chars || 2000), oninput: () => edit('instruction', dir.value) });
+  const dir = el('input', { type: 'text', value: c.instruction, placeholder: 'direction', 'aria-label': 'Direction of ' + c.name, oninput: () => edit('instruction', dir.value) });
   const lang = el('input', { type: 'text', value: c.language, list: 'languages', placeholder: 'language: auto', autocomplete: 'off', 'aria-label': 'Language of ' + c.name, oninput: () => edit('language', lang.value) });
   const row = el('div', { class: 'cast-row', 'data-name': key },
     el('span', { class: 'cast-name' }, c.name, c.declared ? el('small', { text: 'in the script\'s cast' }) : null), voice, listen, dir, lang);
@@ -356,7 +356,7 @@ function showJobError(message) { $('scriptJobError').textContent = message; $('s
 /* ------------------------------------------------------------------ a line's take in the studio */
 
 /* Open line n: its take selected in the editor (asked from the session first when the page does not hold it). */
-function openLine(n, { play = false, select = true } = {}) {
+function openLine(n, { play = false } = {}) {
   openN = n;
   drawDetail(); markOpenRow();
   const line = scriptLine(n);
@@ -364,7 +364,7 @@ function openLine(n, { play = false, select = true } = {}) {
   const t = takeById(line.take);
   if (!t) { wanted = { n, play, asked: false }; requestSync(0); return; }
   wanted = null;
-  if (select && selectedTake() !== t) selectTake(t, 0);
+  if (selectedTake() !== t) selectTake(t, 0);
   if (play) playWhenLoaded(t);
 }
 
@@ -392,7 +392,7 @@ function markOpenRow() {
   for (const [n, r] of rows) { if (n === openN) r.li.setAttribute('aria-current', 'true'); else r.li.removeAttribute('aria-current'); }
 }
 
-/* The line whose take (or a take made from it) the editor shows. */
+/* The line whose take `t` is, or null. */
 function lineOfTake(t) {
   const s = currentScript(); if (!s || !t || !t.id) return null;
   const line = s.lines.find((l) => l && l.take === t.id);
@@ -666,9 +666,9 @@ export function initScriptPanel() {
     if (s.lines.some(missingTake)) requestSync(0);
     announce((s.title || 'The script') + ': ' + plural(s.lines_done, 'line') + ' done' + (s.lines_failed ? ', ' + s.lines_failed + ' failed' : '') + '.');
   });
-  scriptEvents.on('gone', (what) => {
-    showJobError(what.message.charAt(0).toUpperCase() + what.message.slice(1) + '.');
-    $('scriptExport').disabled = true;
+  scriptEvents.on('gone', (what) => {     // deleted (here, in another tab, or with its session)
+    stopFollowing(); openN = null; rows.clear(); composing = false;
+    showError({ code: what.code, message: what.message });
     loadList(false);
   });
   onMessage('session', onSessionMessage);          // after sessions.js adopted the takes it lists

@@ -66,7 +66,8 @@ def render_refused(pg: Any) -> str:
 
 
 def selected_text(pg: Any) -> str:
-    return pg.evaluate("(() => { const t = document.getElementById('scriptText'); return t.value.slice(t.selectionStart, t.selectionEnd); })()")
+    return pg.evaluate("(() => { const t = document.getElementById('scriptText');"
+                       " return t.value.slice(t.selectionStart, t.selectionEnd); })()")  # fmt: skip
 
 
 def script_state(pg: Any) -> dict[str, Any]:
@@ -113,7 +114,9 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
         voice_file = tmp_path / "anna.wav"
         voice_file.write_bytes(sine_wav(1.5, sr=24000))
         pg.set_input_files("#uploadFile", str(voice_file))
-        pg.wait_for_function("document.getElementById('uploadNote').textContent.startsWith('Voice ready')", timeout=15_000)
+        pg.wait_for_function(
+            "document.getElementById('uploadNote').textContent.startsWith('Voice ready')", timeout=15_000
+        )
         ref_id = pg.locator("#voice").input_value()
 
         assert pg.locator("#scriptBody").is_hidden()
@@ -133,7 +136,9 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
         assert "cast.BEN" in refused and "nobody_here" in refused
         assert pg.locator('#castTable .cast-row.invalid [aria-label="Voice of BEN"]').count() == 1
 
-        bad_json = json.dumps({"lines": [{"who": "ANNA", "text": "Hi."}, {"who": "BEN", "text": "Yo.", "seed": "seven"}]}, indent=1)
+        bad_json = json.dumps(
+            {"lines": [{"who": "ANNA", "text": "Hi."}, {"who": "BEN", "text": "Yo.", "seed": "seven"}]}, indent=1
+        )
         pg.fill("#scriptText", bad_json)
         refused = render_refused(pg)
         assert "lines[1].seed" in refused
@@ -154,7 +159,8 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
         pg.wait_for_selector("#scriptJob:not([hidden])", timeout=10_000)
         assert pg.locator("#scriptError").is_hidden() and pg.locator("#scriptCompose").is_hidden()
         pg.wait_for_function(
-            "[...document.querySelectorAll('#scriptLines .badge')].map((b) => b.textContent).join() === 'done,done,done'",
+            "[...document.querySelectorAll('#scriptLines .badge')].map((b) => b.textContent).join()"
+            " === 'done,done,done'",
             timeout=30_000,
         )
         assert pg.get_attribute("#scriptProgress", "aria-valuenow") == "3"
@@ -208,7 +214,8 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
         old_take = held[2]["id"]
         pg.click("#slRetake button:has-text('Retake line')")
         pg.wait_for_function(
-            f"(() => {{ const l = window.studio.script.lines[2]; return l.status === 'done' && l.take !== '{old_take}'; }})()",
+            "(() => { const l = window.studio.script.lines[2];"
+            f" return l.status === 'done' && l.take !== '{old_take}'; }})()",
             timeout=30_000,
         )
         pg.wait_for_function("window.studio.script.state === 'done'", timeout=10_000)
@@ -272,9 +279,20 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
             ph.wait_for_function("document.querySelectorAll('#scriptLines .badge').length === 3", timeout=10_000)
             ph.locator('#scriptLines li[data-line="2"] .sline-open').scroll_into_view_if_needed()
             ph.locator('#scriptLines li[data-line="2"] .sline-open').tap()
-            ph.wait_for_function(f"window.studio.take('{retake['id']}') && window.studio.selected === window.studio.take('{retake['id']}').key", timeout=15_000)
+            ph.wait_for_function(
+                f"window.studio.take('{retake['id']}')"
+                f" && window.studio.selected === window.studio.take('{retake['id']}').key",
+                timeout=15_000,
+            )
             assert ph.evaluate("document.documentElement.scrollWidth") <= 390  # nothing sticks out sideways
-            for sel in ("#scriptExport", "#scriptFormat", "#scriptDelete", "#lineDetail", "#scriptLines", "#scriptToggle"):
+            for sel in (
+                "#scriptExport",
+                "#scriptFormat",
+                "#scriptDelete",
+                "#lineDetail",
+                "#scriptLines",
+                "#scriptToggle",
+            ):
                 box = ph.locator(sel).bounding_box()
                 assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, sel
             transport = ph.locator("#transport").bounding_box()
