@@ -205,7 +205,10 @@ async function render() {
   const text = $('scriptText').value, form = scriptForm(text), session = sessionId();
   if (!text.trim() || !session) return;
   const cast = {};
-  for (const c of castRows) cast[c.name] = { voice: c.voice || 'none', instruction: c.instruction || '', language: c.language || '' };
+  for (const row of castRows) {    // what the director set last wins (a row may have been redrawn since)
+    const c = { ...row, ...(castEdits.get(nameKey(row.name)) || {}) };
+    cast[c.name] = { voice: c.voice || 'none', instruction: c.instruction || '', language: c.language || '' };
+  }
   let body;
   if (form === 'json') {
     const bad = jsonSyntaxError(text);
@@ -409,8 +412,9 @@ function descendsFrom(t, id) {
   return false;
 }
 
-/* Ask the session for takes stored since (the lines done), at most one ask at a time. */
-function requestSync(delay = 600) {
+/* Ask the session for takes stored since (the lines done): at most one ask at a time, and during a render at most
+ * about one a second (each answer lists every take of the session). */
+function requestSync(delay = 1000) {
   if (syncTimer) return;
   syncTimer = setTimeout(() => {
     syncTimer = null;

@@ -94,7 +94,12 @@ function onSession(msg) {
 
 function adoptStoredTake(rec) {
   const known = takeById(rec.take_id);
-  if (known) { known.conn = conn.serial; known.dropped = false; known.stored = id; takeUpdated(known); return; }
+  if (known) {
+    const changed = known.conn !== conn.serial || known.dropped || known.stored !== id;   // a sync re-lists them all
+    known.conn = conn.serial; known.dropped = false; known.stored = id;
+    if (changed) takeUpdated(known);
+    return;
+  }
   const req = { ...(rec.request || {}) }; delete req.type; delete req.take;
   req.referenceName = voiceName(req.reference);
   const t = newTake({ req });
