@@ -28,6 +28,7 @@ import {
 const OPEN_KEY = 'moss_rt.studio.scriptPanel';         // the panel open or closed
 const LAST_KEY = 'moss_rt.studio.script.';             // + session id: the script last opened in it
 const TEXT_KEY = 'moss_rt.studio.scriptText';          // the script in the compose form
+const CAST_KEY = 'moss_rt.studio.scriptCast';          // what the director set in its cast table
 
 let available = true;          // the service keeps sessions (else it renders no scripts)
 let composing = false;         // the compose form shown while a script is open
@@ -102,7 +103,11 @@ function drawCast() {
 
 function castRow(c) {
   const key = nameKey(c.name);
-  const edit = (field, value) => { castEdits.set(key, { ...(castEdits.get(key) || {}), [field]: value }); c[field] = value; row.classList.remove('invalid'); };
+  const edit = (field, value) => {
+    castEdits.set(key, { ...(castEdits.get(key) || {}), [field]: value }); c[field] = value;
+    row.classList.remove('invalid');
+    saveDraft();
+  };
   const voice = el('select', { 'aria-label': 'Voice of ' + c.name, onchange: () => { edit('voice', voice.value); refreshPreview(); } }, ...voiceOptions(c.voice));
   voice.value = c.voice || 'none';
   const listen = el('button', { type: 'button', class: 'btn small icon', 'data-listen': key, 'data-who': c.name, 'aria-label': 'Listen to the voice of ' + c.name, title: 'Listen to the voice', onclick: () => preview(voice.value, key) }, '▶');
@@ -111,6 +116,24 @@ function castRow(c) {
   const row = el('div', { class: 'cast-row', 'data-name': key },
     el('span', { class: 'cast-name' }, c.name, c.declared ? el('small', { text: 'in the script\'s cast' }) : null), voice, listen, dir, lang);
   return row;
+}
+
+/* The script being written and its cast table stay in this browser (as the scene does). */
+let saveTimer = null;
+function saveDraft() {
+  clearTimeout(saveTimer);
+  saveTimer = setTimeout(() => {
+    try {
+      localStorage.setItem(TEXT_KEY, $('scriptText').value.slice(0, 1_000_000));
+      localStorage.setItem(CAST_KEY, JSON.stringify([...castEdits]));
+    } catch (e) { /* private mode, or full */ }
+  }, 300);
+}
+function restoreDraft() {
+  try {
+    $('scriptText').value = localStorage.getItem(TEXT_KEY) || '';
+    for (const [k, v] of JSON.parse(localStorage.getItem(CAST_KEY) || '[]')) if (typeof k === 'string' && v && typeof v === 'object') castEdits.set(k, v);
+  } catch (e) { /* private mode, or a damaged entry: start empty */ }
 }
 
 /* The voice preview: one player for the whole table, as the scene's voice picker has. */
@@ -618,12 +641,12 @@ export function initScriptPanel() {
   try { open = localStorage.getItem(OPEN_KEY); } catch (e) { /* private mode */ }
   setOpen(open === '1', false);
   $('scriptToggle').addEventListener('click', () => setOpen(!isOpen()));
-  try { $('scriptText').value = localStorage.getItem(TEXT_KEY) || ''; } catch (e) { /* private mode */ }
+  restoreDraft();
   let typing = null;
   $('scriptText').addEventListener('input', () => {
     $('scriptText').classList.remove('invalid');
     clearTimeout(typing);
-    typing = setTimeout(() => { readText(); try { localStorage.setItem(TEXT_KEY, $('scriptText').value.slice(0, 200_000)); } catch (e) { /* full */ } }, 200);
+    typing = setTimeout(() => { readText(); saveDraft(); }, 200);
   });
   $('scriptOpenFile').addEventListener('click', () => $('scriptFile').click());
   $('scriptFile').addEventListener('change', async () => {
@@ -632,7 +655,7 @@ export function initScriptPanel() {
     const max = limits().max_script_bytes;
     if (max && f.size > max) { showError({ code: 'too_large', message: `${f.name} is ${(f.size / 1024).toFixed(0)} KiB; a script is at most ${(max / 1024).toFixed(0)} KiB` }); return; }
     try { $('scriptText').value = await f.text(); } catch (e) { showError({ code: 'file', message: f.name + ' could not be read: ' + e.message }); return; }
-    clearError(); readText();
+    clearError(); readText(); saveDraft();
   });
   $('scriptRender').addEventListener('click', render);
   $('scriptNew').addEventListener('click', () => { composing = !composing || !currentScript(); refreshViews(); if (!$('scriptCompose').hidden) $('scriptText').focus(); });

@@ -137,7 +137,14 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
         bad_json = json.dumps(
             {"lines": [{"who": "ANNA", "text": "Hi."}, {"who": "BEN", "text": "Yo.", "seed": "seven"}]}, indent=1
         )
-        fill_script(pg, bad_json)
+        script_file = tmp_path / "scene.json"  # opened from a file this time
+        script_file.write_text(bad_json)
+        pg.set_input_files("#scriptFile", str(script_file))
+        pg.wait_for_function(
+            f"document.getElementById('scriptCount').textContent.endsWith(' · {len(bad_json.encode())} bytes')"
+        )
+        assert pg.locator("#scriptText").input_value() == bad_json
+        assert pg.locator("#castTable .cast-row").count() == 2
         refused = render_refused(pg)
         assert "lines[1].seed" in refused
         assert selected_text(pg) == '"seven"'
@@ -299,6 +306,16 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
             assert export_box["y"] + export_box["height"] <= transport["y"]  # not under the fixed transport bar
             ph.locator('#scriptLines li[data-line="2"]').scroll_into_view_if_needed()
             shot(ph, "script-phone", full_page=False)
+            ph.locator("#scriptNew").tap()  # the compose form and its cast table fit too
+            ph.wait_for_selector('#castTable [aria-label="Direction of BEN"]', timeout=5_000)
+            # The script being written and its cast table were kept in this browser's storage.
+            assert ph.locator('[aria-label="Language of ANNA"]').input_value() == "English"
+            assert ph.locator('[aria-label="Direction of BEN"]').input_value() == "tired, low"
+            assert ph.evaluate("document.documentElement.scrollWidth") <= 390
+            box = ph.locator('#castTable [aria-label="Direction of BEN"]').bounding_box()
+            assert box is not None and box["x"] + box["width"] <= 390 and box["width"] >= 200  # a usable width
+            ph.locator("#castTable").scroll_into_view_if_needed()
+            shot(ph, "script-phone-compose", full_page=False)
             ph.locator("#scriptToggle").tap()  # closed, the panel is one line that fits too
             assert ph.locator("#scriptBody").is_hidden()
             assert ph.evaluate("document.documentElement.scrollWidth") <= 390
