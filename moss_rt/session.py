@@ -435,7 +435,12 @@ class DirectingSession:
       replaced take's ``end`` goes out before anything of the new one;
     - every take that was started gets exactly one ``end`` (or one take-level ``error``);
     - reports about a run the session has let go of (replaced while still being admitted, a replay
-      stopped) are ignored, and an engine take admitted too late is stopped at once.
+      stopped) are ignored, and an engine take admitted too late is stopped at once;
+    - a run's audio goes out only while it is the current run (:meth:`is_current`): the transport
+      checks that right before each frame, since it sends a replay's chunks long after
+      :meth:`replay_audio` answered them, and a replay let go of (cancel, barge-in) has its ``end``
+      sent at once. A streaming take told to stop stays current until its end (its last frames go
+      out first).
     """
 
     def __init__(
@@ -489,6 +494,7 @@ class DirectingSession:
         return self._phase is not Phase.IDLE
 
     def is_current(self, run: int) -> bool:
+        """Run ``run`` is the session's current one: its audio may still go out (its end has not)."""
         return self._current is not None and self._current.run == run
 
     # -- client messages --------------------------------------------------------------------

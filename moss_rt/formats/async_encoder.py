@@ -63,8 +63,18 @@ class AsyncEncoder:
         """True once the container has been released (no FFmpeg call can still be running)."""
         return self._closed
 
-    async def encode(self, pcm: bytes) -> bytes:
-        return await self._call(lambda: self._encoder.encode(pcm))
+    async def encode(self, pcm: bytes, *, sink: Callable[[bytes], None] | None = None) -> bytes:
+        """The bytes ready after ``pcm``. With ``sink`` they are handed to it by the worker thread instead
+        (and b"" is returned), so a caller cancelled while the call runs loses nothing: the bytes are in the
+        sink before any later call (``finish``) starts."""
+        if sink is None:
+            return await self._call(lambda: self._encoder.encode(pcm))
+
+        def encode_into_sink() -> bytes:
+            sink(self._encoder.encode(pcm))
+            return b""
+
+        return await self._call(encode_into_sink)
 
     async def finish(self) -> bytes:
         return await self._call(self._encoder.finish)

@@ -84,6 +84,7 @@ class Connection:
         self._handles: dict[int, TakeHandle] = {}
         self._pacers: dict[int, Pacer] = {}
         self._replay_runs: set[int] = set()
+        self._replay_fetching: set[int] = set()  # replays still fetching (or rendering) their audio
         self._outs = AudioOuts()  # the files of takes that asked for a format (tag-2 frames)
         self._take_pacer: tuple[str, Pacer] | None = None  # the pacer of the last take admitted
         self._dead = False  # set once the client is known gone or dropped: no more sends
@@ -98,19 +99,47 @@ class Connection:
         send is what bounds the buffer; the timeout is what frees the take of a dead reader.
         """
         async with self._send_lock:
-            if self._dead or self.ws.closed:
-                raise ConnectionResetError("the connection is closed")
-            try:
-                await asyncio.wait_for(self.ws.send_bytes(frame), self.state.settings.send_stall_timeout_sec)
-            except TimeoutError:
-                log.warning(
-                    "client %s stopped reading for %.1f s; dropping it",
-                    self.client,
-                    self.state.settings.send_stall_timeout_sec,
-                )
-                # No close frame: the socket buffer it would go through is the one that is full.
-                self._abort()
-                raise ConnectionResetError("client stopped reading") from None
+            await self._write(frame)
+
+    async def _write(self, frame: bytes) -> None:
+        """One frame out; the caller holds the send lock."""
+        if self._dead or self.ws.closed:
+            raise ConnectionResetError("the connection is closed")
+        try:
+            await asyncio.wait_for(self.ws.send_bytes(frame), self.state.settings.send_stall_timeout_sec)
+        except TimeoutError:
+            log.warning(
+                "client %s stopped reading for %.1f s; dropping it",
+                self.client,
+                self.state.settings.send_stall_timeout_sec,
+            )
+            # No close frame: the socket buffer it would go through is the one that is full.
+            self._abort()
+            raise ConnectionResetError("client stopped reading") from None
+
+    async def _send_audio(self, action: SendAudio) -> None:
+        """Send one chunk of a run's audio, only while the session still has the run as its current take.
+
+        The session may let go of a run at any moment (a cancel or a barge-in on a replay ends it from the
+        reader, which sends its ``end`` at once), so the check is made before the pacing wait, before encoding,
+        and again under the send lock right before the frame goes out: every end goes through that lock too,
+        so no audio of a run can follow its end (issue 23, finding 3). Bytes a stale run had encoded stay in
+        its file's queue and leave with the file's end (``FinishAudio``), before the ``end``.
+        """
+        run = action.run
+        if not self.session.is_current(run):
+            return
+        pacer = self._pacers.get(run)
+        if pacer is not None and action.paced:
+            await pacer.wait(action.seconds)
+        if not self.session.is_current(run):
+            return
+        await self._outs.encode(run, action.pcm)
+        async with self._send_lock:
+            if not self.session.is_current(run):
+                return
+            for frame in self._outs.ready(run, action.pcm):
+                await self._write(frame)
 
     async def send_message(self, message: ServerMessage) -> None:
         await self.send_frame(encode_json_frame(message.to_dict()))
@@ -146,9 +175,10 @@ class Connection:
                 self._spawn(action.run, functools.partial(self._run_replay, action), f"replay-{action.take.take_id}")
             elif isinstance(action, Keep):
                 await self._keep(action.take)
+            elif isinstance(action, SendAudio):
+                await self._send_audio(action)
             else:
-                pacer = self._pacers.get(action.run) if isinstance(action, SendAudio) else None
-                await send_action(action, self.send_frame, pacer, self._outs)
+                await send_action(action, self.send_frame, None, self._outs)
 
     def _spawn(self, run: int, body: Callable[[], Awaitable[None]], name: str, take: str | None = None) -> None:
         """Start the task of a run; the connection owns it (close cancels it). The runs of one take
@@ -176,13 +206,17 @@ class Connection:
             self._outs.forget(run)
 
     def _stop(self, action: Stop) -> None:
-        """Stop a run: an engine take is cancelled (its end then comes through the session); a replay's
-        task is cancelled (the session already sent its end). A run still being admitted is left to
-        finish admission: the session stops what it admits as soon as it reports back."""
+        """Stop a run: an engine take is cancelled (its end then comes through the session). A replay
+        (whose end the session already sent) stops sending by itself: each of its chunks is checked against
+        the session right before it goes out; one still fetching its audio (a render) is cancelled. A run
+        still being admitted is left to finish admission: the session stops what it admits as soon as it
+        reports back."""
         handle = self._handles.get(action.run)
         if handle is not None:
             handle.cancel(action.reason)
-        elif action.run in self._replay_runs and action.run in self._tasks:
+        elif action.run in self._replay_fetching and action.run in self._tasks:
+            # Only while fetching: cancelling a task in the middle of a send or an encode would not stop
+            # anything sooner (Python 3.11's wait_for can even swallow the cancel) and could lose encoded bytes.
             self._tasks[action.run].cancel()
 
     @property
@@ -234,7 +268,11 @@ class Connection:
         try:
             # A replay streams (and renders) like a take, so it counts toward the client's take cap.
             with self.state.client_takes.hold(self.client):
-                pcm = await take_audio(self.state, action.take)
+                self._replay_fetching.add(run)
+                try:
+                    pcm = await take_audio(self.state, action.take)
+                finally:
+                    self._replay_fetching.discard(run)
                 await self._perform(self.session.replay_audio(run, pcm))
                 await self._perform(self.session.replay_finished(run))
         except ProtocolError as err:
