@@ -612,6 +612,8 @@ class DirectingSession:
         text_stats = self._text_stats(run)
         self.history.record_end(take, reason.value, dict(text_stats))
         if run.started:  # a take fed with text, between two continuations: its audio file ends here
+            if self._keeping and take.n_frames > 0:
+                actions.append(Keep(take))  # what it spoke is a take like any other
             actions.append(FinishAudio(run.run, take))
         else:
             actions.append(SendMessage(self._started(run, None)))
@@ -882,19 +884,30 @@ class DirectingSession:
             return []
         return self._stop_current(EndReason.SHUTDOWN)
 
-    def close(self) -> list[Stop]:
-        """The client is gone: stop what runs (nothing is sent any more); takes stay downloadable."""
+    def close(self) -> list[Stop | Keep]:
+        """The client is gone (a reload, a network drop): stop what runs; nothing is sent any more.
+
+        Takes stay downloadable. A take cut off while its audio was going out ends ``cancelled``, as for a
+        ``cancel``, and when the session keeps takes it is kept as heard, with the frames made up to now
+        (a :class:`Keep` after the stops; issue 23, finding 5)."""
         self._refusing = "the connection is closed"
-        actions: list[Stop] = []
+        actions: list[Stop | Keep] = []
+        keeps: list[Keep] = []
         for run in (self._current, self._pending):
-            if run is not None:
-                actions.append(Stop(run.run, EndReason.CANCELLED))
-                if run.take.status is TakeStatus.RUNNING:
-                    self.history.record_end(run.take, EndReason.CANCELLED.value, {})
+            if run is None:
+                continue
+            actions.append(Stop(run.run, EndReason.CANCELLED))
+            take = run.take
+            if run.replay_frame is not None or take.status is not TakeStatus.RUNNING:
+                continue  # a replay's take ended long ago (and was kept then)
+            reason = run.stop_reason or EndReason.CANCELLED
+            self.history.record_end(take, reason.value, dict(self._text_stats(run)))
+            if self._keeping and run.started and take.n_frames > 0:
+                keeps.append(Keep(take))
         self._current = self._pending = None
         self._queued = []
         self._phase = Phase.IDLE
-        return actions
+        return actions + keeps
 
     # -- messages ---------------------------------------------------------------------------
 

@@ -463,3 +463,47 @@ def test_only_the_current_run_may_send_audio_so_a_replay_let_go_sends_nothing_af
     assert sent(s.take_event(b.run, chunk(2))) == [("pcm",)]  # made before the stop took effect: still its own
     assert sent(s.take_event(b.run, TakeFinished(EndReason.CANCELLED, 4, 1.0))) == [("end", "t1", "cancelled")]
     assert not s.is_current(b.run)
+
+
+def test_a_take_cut_off_by_the_client_leaving_is_kept_as_heard() -> None:
+    """Issue 23, finding 5: a reload or a network drop ends the take like a cancel, and a session that keeps
+    takes keeps it, with the frames made so far; a take that never sounded is not kept, a replay not again."""
+    from moss_rt.session import Keep
+
+    s = make_session()
+    s.keep_takes(200)
+    (a,) = only(s.handle(StartTake(text="a", seed=1)), Admit)
+    s.admitted(a.run)
+    s.take_event(a.run, chunk(0, 3))
+    s.handle(StartTake(text="b"))  # a barge-in: a is stopping, b pending
+    actions = s.close()
+    assert actions[:2] == [Stop(a.run, EndReason.CANCELLED), Stop(a.run + 1, EndReason.CANCELLED)]
+    (keep,) = only(actions, Keep)
+    assert keep.take is a.take and (a.take.n_frames, a.take.reason, a.take.status) == (3, "replaced", "ended")
+    assert s.take_event(a.run, chunk(3)) == [] and a.take.n_frames == 3  # frozen as heard
+
+    s = make_session()
+    s.keep_takes(200)
+    (a,) = only(s.handle(StartTake(text="a")), Admit)
+    assert not only(s.close(), Keep)  # still being admitted: nothing was heard
+
+    s = make_session()
+    s.keep_takes(200)
+    (a,) = only(s.handle(StartTake(text="a", chunk_frames=1)), Admit)
+    stream(s, a.run, frames=2)
+    s.handle(Seek(take="t0", frame=0, mode="replay"))
+    assert not only(s.close(), Keep)  # a replay: its take was kept when it ended
+
+
+def test_a_take_fed_with_text_cancelled_while_waiting_for_text_is_kept() -> None:
+    from moss_rt.session import Keep
+
+    s = make_session()
+    s.keep_takes(200)
+    (a,) = only(s.handle(StartTake(text="One. ", stream_text=True)), Admit)
+    stream(s, a.run, frames=2)
+    assert s.phase is Phase.WAITING
+    actions = s.handle(Cancel())
+    (keep,) = only(actions, Keep)
+    assert keep.take.n_frames == 2 and actions.index(keep) < actions.index(only(actions, FinishAudio)[0])
+    assert sent(actions) == [("end", "t0", "cancelled")]

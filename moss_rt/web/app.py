@@ -100,9 +100,17 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
 
 
 async def _close_sessions(app: web.Application) -> None:
-    sessions = app[STATE].sessions
-    if sessions is not None:
-        sessions.close()
+    state = app[STATE]
+    # Takes cut off by clients that left are being stored: let them finish (bounded), then close the store.
+    keeps = {task for tasks in state.closing_keeps.values() for task in tasks}
+    if keeps:
+        _, late = await asyncio.wait(keeps, timeout=state.settings.shutdown_grace_sec)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late, timeout=1.0)
+    if state.sessions is not None:
+        state.sessions.close()
 
 
 async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:

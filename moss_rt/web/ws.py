@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 # How long a closing connection waits for its runs to wind down before giving up on them.
 RUNS_TIMEOUT_SEC = 5.0
+# A resume waits at most this long for a closing connection of the same session to store its cut-off take.
+RESUME_WAIT_SEC = 10.0
 # A close handshake with a client that does not read cannot complete; give it this long, then abort.
 CLOSE_TIMEOUT_SEC = 1.0
 # Close codes (docs/limits.md).
@@ -89,6 +91,7 @@ class Connection:
         self._take_pacer: tuple[str, Pacer] | None = None  # the pacer of the last take admitted
         self._dead = False  # set once the client is known gone or dropped: no more sends
         self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
+        self._keeps_on_close: list[TakeRecord] = []  # takes the client's leaving cut off, stored by close()
 
     # -- sending ------------------------------------------------------------------------
 
@@ -154,10 +157,17 @@ class Connection:
         its window shut; abort discards them. The reader then sees EOF and the handler ends.
         """
         self._dead = True
-        for action in self.session.close():
-            self._stop(action)
+        self._close_session()
         if self._transport is not None:
             self._transport.abort()
+
+    def _close_session(self) -> None:
+        """The client is gone: stop the session's runs; the takes it cut off are stored by :meth:`close`."""
+        for action in self.session.close():
+            if isinstance(action, Stop):
+                self._stop(action)
+            else:
+                self._keeps_on_close.append(action.take)
 
     # -- performing the session's actions -------------------------------------------------
 
@@ -318,8 +328,7 @@ class Connection:
                     break
         finally:
             self._dead = self._dead or self.ws.closed
-            for action in self.session.close():
-                self._stop(action)
+            self._close_session()
 
     async def _close(self, code: int, message: bytes) -> None:
         """Close with ``code``; a peer that does not complete the handshake in time is aborted."""
@@ -373,6 +382,7 @@ class Connection:
             raise ProtocolError(ErrorCode.INVALID_FIELD, "this connection is bound to another session", field="session")
         resumed = msg.session is not None
         session_id = msg.session if msg.session is not None else await asyncio.to_thread(store.create)
+        await self._wait_for_closing_keeps(session_id)
         stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
         held = {t.take_id for t in self.session.history.takes}
         for record in stored:
@@ -401,6 +411,12 @@ class Connection:
             )
         )
 
+    async def _wait_for_closing_keeps(self, session_id: str) -> None:
+        """A reload right after a disconnect: the old connection may still be storing the take it cut off."""
+        keeps = set(self.state.closing_keeps.get(session_id, ()))
+        if keeps:
+            await asyncio.wait(keeps, timeout=RESUME_WAIT_SEC)
+
     async def _check_session_room(self) -> None:
         """A bound session that cannot keep one more take refuses it before anything is generated."""
         if self.session_id is not None and self.state.sessions is not None:
@@ -408,22 +424,61 @@ class Connection:
 
     async def _keep(self, take: TakeRecord) -> None:
         """Store an ended take in the bound session: its record, codes and the audio as it was streamed."""
+        err = await self._store_take(take)
+        if err is not None:
+            await self.send_error(err, take=take.take_id)
+
+    async def _store_take(self, take: TakeRecord) -> ProtocolError | None:
+        """Store ``take`` in the bound session; the error to tell the client when that failed."""
         store, session_id = self.state.sessions, self.session_id
         if store is None or session_id is None:
-            return
+            return None
         record = StoredTake(
             take_id=take.take_id, request=take.request.to_dict(), seed=take.seed, n_frames=take.n_frames,
             channels=take.request.channels, parent=take.parent, branch_frame=take.branch_frame, reason=take.reason,
             stats={k: v for k, v in take.stats.items() if isinstance(v, int | float)},
         )  # fmt: skip
         try:
+            # The PCM as streamed, exactly the take's frames so far (held, else rendered from the codes).
             pcm = await take_audio(self.state, take)
             await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
         except ProtocolError as err:  # the session is full, or was deleted meanwhile
-            await self.send_error(err, take=take.take_id)
+            return err
         except (OSError, ValueError, EngineBusy):
             log.exception("could not keep take %s in session %s", take.take_id, session_id)
-            await self.send_error(ProtocolError(ErrorCode.INTERNAL, "the take could not be stored"), take=take.take_id)
+            return ProtocolError(ErrorCode.INTERNAL, "the take could not be stored")
+        return None
+
+    async def _keep_cut_off_takes(self) -> None:
+        """Store the takes the client's leaving cut off (a reload, a network drop), as heard so far.
+
+        The store runs as a task of its own, registered in the service state before anything is awaited:
+        aiohttp cancels the handler of a client that left (this await with it), and the take must be
+        stored anyway; a resume of the session (the reload) waits for the task, and so does shutdown.
+        """
+        takes, self._keeps_on_close = self._keeps_on_close, []
+        session_id = self.session_id
+        if not takes or session_id is None:
+            return
+        task = asyncio.create_task(self._store_cut_off(takes), name=f"keep-cut-off-{session_id}")
+        keeps = self.state.closing_keeps
+        keeps.setdefault(session_id, set()).add(task)
+
+        def forget(done: asyncio.Task[None]) -> None:
+            waiting = keeps.get(session_id)
+            if waiting is not None:
+                waiting.discard(done)
+                if not waiting:
+                    del keeps[session_id]
+
+        task.add_done_callback(forget)
+        await asyncio.shield(task)
+
+    async def _store_cut_off(self, takes: list[TakeRecord]) -> None:
+        for take in takes:
+            err = await self._store_take(take)
+            if err is not None:  # nobody left to tell
+                log.warning("take %s cut off by a disconnect was not kept: %s", take.take_id, err.message)
 
     async def _refuse_rate(self) -> None:
         """Drop a message over the rate; say so once per run of refusals; close a flood."""
@@ -455,13 +510,13 @@ class Connection:
     async def close(self) -> None:
         """Release everything the connection holds; bounded, never leaves a task behind."""
         self._dead = True
-        for action in self.session.close():
-            self._stop(action)
+        self._close_session()
         pending = {t for t in self._tasks.values() if not t.done()}
         for task in pending:
             # Cancelling a run also closes its event iterator, which cancels its engine take; an
             # engine's submit is cancel-safe (a cancelled submit admits nothing).
             task.cancel()
+        await self._keep_cut_off_takes()
         if pending:
             _, late = await asyncio.wait(pending, timeout=RUNS_TIMEOUT_SEC)
             if late:
