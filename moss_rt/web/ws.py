@@ -384,6 +384,9 @@ class Connection:
         session_id = msg.session if msg.session is not None else await asyncio.to_thread(store.create)
         await self._wait_for_closing_keeps(session_id)
         stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
+        # The session's limit first: adopted into a history still bounded like a connection without a
+        # session (max_takes_kept), the oldest stored takes would be dropped again at once (issue 23, finding 6).
+        self.session.keep_takes(store.max_takes)
         held = {t.take_id for t in self.session.history.takes}
         for record in stored:
             if record.take_id in held:
@@ -404,7 +407,6 @@ class Connection:
             take.append(0, codes)
             self.session.history.adopt(take)  # a retake of it rebuilds the model state from these codes
         self.session_id = session_id
-        self.session.keep_takes(store.max_takes)
         await self.send_message(
             SessionResumed(
                 session=session_id, resumed=resumed, max_takes=store.max_takes, takes=[t.public() for t in stored]
