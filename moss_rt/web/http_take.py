@@ -34,9 +34,9 @@ class HttpTake:
         await self.one.stream(send, max_lead_sec=self.state.settings.max_lead_sec)
 
     def release(self) -> None:
-        """Stop the take if it still runs (a client that left must free its engine slot) and give
-        back the client's take place."""
-        self.one.handle.cancel(EndReason.CANCELLED)
+        """Stop the take if it still runs (a client that left must free its engine slot), end its record
+        (``cancelled`` when its end never came) and give back the client's take place."""
+        self.one.close(EndReason.CANCELLED)
         self.state.http_takes.discard(self.one.handle)
         self.state.client_takes.release(self.client)
 
