@@ -490,8 +490,18 @@ class DirectingSession:
 
     @property
     def busy(self) -> bool:
-        """A take is being admitted, streamed, replayed or stopped (the socket is not idle)."""
-        return self._phase is not Phase.IDLE
+        """A take is being admitted, streamed, replayed or stopped (the socket is not idle).
+
+        A take waiting for text (``stream_text``) is not: it sends nothing until the client sends text, so
+        a client that sends nothing for the idle timeout is idle (issue 23, finding 11)."""
+        return self._phase not in (Phase.IDLE, Phase.WAITING)
+
+    def idle_timeout(self) -> list[Action]:
+        """The socket had no message for the idle timeout while not :attr:`busy`: a take waiting for text
+        ends with reason ``timeout`` (its file ended, kept like any take), before the socket closes."""
+        if self._phase is not Phase.WAITING:
+            return []
+        return self._stop_current(EndReason.TIMEOUT)
 
     def is_current(self, run: int) -> bool:
         """Run ``run`` is the session's current one: its audio may still go out (its end has not)."""

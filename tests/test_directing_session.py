@@ -507,3 +507,21 @@ def test_a_take_fed_with_text_cancelled_while_waiting_for_text_is_kept() -> None
     (keep,) = only(actions, Keep)
     assert keep.take.n_frames == 2 and actions.index(keep) < actions.index(only(actions, FinishAudio)[0])
     assert sent(actions) == [("end", "t0", "cancelled")]
+
+
+def test_a_take_waiting_for_text_is_idle_and_the_idle_timeout_ends_it() -> None:
+    """Issue 23, finding 11: a take waiting for text does not hold the socket busy; the idle timeout ends it
+    (``timeout``), and touches nothing else."""
+    s = make_session()
+    assert only(s.handle(StartTake(text="", stream_text=True)), Admit) == []
+    assert s.phase is Phase.WAITING and not s.busy  # no text ready yet: it waits at once
+    assert sent(s.idle_timeout()) == [("start", "t0"), ("end", "t0", "timeout")] and s.phase is Phase.IDLE
+
+    (b,) = only(s.handle(StartTake(text="One. ", stream_text=True)), Admit)
+    assert s.busy and s.idle_timeout() == []  # speaking: a listener that only listens is not idle
+    actions = stream(s, b.run, frames=2)
+    assert sent(actions) == [("start", "t1"), ("pcm",)] and not s.busy
+    actions = s.idle_timeout()
+    assert sent(actions) == [("end", "t1", "timeout")] and only(actions, FinishAudio)
+    assert s.history.get("t1").reason == "timeout" and s.history.get("t1").n_frames == 2
+    assert s.idle_timeout() == []

@@ -316,6 +316,8 @@ class Connection:
                 except TimeoutError:
                     if self.session.busy:
                         continue  # a listener that only listens is not idle
+                    # A take still waiting for text that never came ends first, with reason "timeout".
+                    await self._perform(self.session.idle_timeout())
                     log.info("closing idle websocket of %s after %.0f s", self.client, idle)
                     await self._close(CLOSE_IDLE, b"idle timeout")
                     break
