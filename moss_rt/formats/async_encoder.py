@@ -43,10 +43,12 @@ class EncoderClosed(RuntimeError):
 class AsyncEncoder:
     """A :class:`~moss_rt.formats.encoder.StreamEncoder` whose work runs off the event loop."""
 
-    def __init__(self, fmt: AudioFormat, channels: int, *, speed: float = 1.0) -> None:
+    def __init__(
+        self, fmt: AudioFormat, channels: int, *, speed: float = 1.0, total_samples: int | None = None
+    ) -> None:
         from moss_rt.formats.encoder import StreamEncoder
 
-        self._encoder: StreamEncoder = StreamEncoder(fmt, channels, speed=speed)
+        self._encoder: StreamEncoder = StreamEncoder(fmt, channels, speed=speed, total_samples=total_samples)
         self._format = fmt
         self._order = asyncio.Lock()  # calls are made in the order they were asked for
         self._owner = threading.Lock()  # held by the one thread inside FFmpeg for this encoder
@@ -57,6 +59,11 @@ class AsyncEncoder:
     @property
     def format(self) -> AudioFormat:
         return self._format
+
+    @property
+    def samples_out(self) -> int:
+        """Samples per channel handed to the codec so far (read it once ``finish`` has returned)."""
+        return self._encoder.samples_out
 
     @property
     def closed(self) -> bool:

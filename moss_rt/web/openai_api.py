@@ -29,8 +29,9 @@ from typing import Any
 from aiohttp import web
 
 from moss_rt.engine.base import EndReason, EngineBusy, EngineLoading
-from moss_rt.formats import MAX_SPEED, MIN_SPEED, AudioFormat, parse_audio_format
+from moss_rt.formats import MAX_SPEED, MIN_SPEED, AudioFormat, flac_length, parse_audio_format
 from moss_rt.formats.async_encoder import AsyncEncoder
+from moss_rt.formats.held_file import HeldFile
 from moss_rt.protocol import (
     SAMPLE_RATE,
     SAMPLING_DEFAULTS,
@@ -134,13 +135,27 @@ def check_voice(voices: VoiceStore, voice: str) -> None:
 # --------------------------------------------------------------------------- output
 
 
-class SpeechWriter:
-    """Turns the take path's frames into the response body: encoded audio, raw or as SSE events."""
+def holds_whole_file(fmt: AudioFormat) -> bool:
+    """Formats sent only once complete: a FLAC header must state the length (soundfile cannot read one that
+    says "unknown"), which is known only at the take's end (see :mod:`moss_rt.formats.flac_length`)."""
+    return fmt.name == "flac"
 
-    def __init__(self, encoder: AsyncEncoder, write: Callable[[bytes], Awaitable[None]], *, sse: bool) -> None:
+
+class SpeechWriter:
+    """Turns the take path's frames into the response body: encoded audio, raw or as SSE events.
+
+    A format whose header needs the take's length (:func:`holds_whole_file`) is held (:class:`HeldFile`,
+    spilling to a temporary file past 1 MB) until the take ends, then its header is completed and the file
+    is sent in pieces; the others are sent as they are encoded.
+    """
+
+    def __init__(
+        self, encoder: AsyncEncoder, write: Callable[[bytes], Awaitable[None]], *, sse: bool, hold: bool = False
+    ) -> None:
         self._encoder = encoder
         self._write = write
         self._sse = sse
+        self._held = HeldFile() if hold else None
         self.end: dict[str, Any] = {}
         self.error: dict[str, Any] | None = None
         self.bytes_out = 0
@@ -148,7 +163,10 @@ class SpeechWriter:
     async def on_frame(self, frame: bytes) -> None:
         decoded = decode_frame(frame)
         if decoded.tag == TAG_PCM:
-            await self._emit(await self._encoder.encode(decoded.payload))
+            if self._held is not None:  # written by the encoder's thread: no file I/O on the loop
+                await self._encoder.encode(decoded.payload, sink=self._held.write)
+            else:
+                await self._emit(await self._encoder.encode(decoded.payload))
             return
         message = decoded.json()
         if message.get("type") == "error":
@@ -157,7 +175,11 @@ class SpeechWriter:
             self.end = message
 
     async def finish(self) -> None:
-        await self._emit(await self._encoder.finish())
+        tail = await self._encoder.finish()
+        if self._held is None:
+            await self._emit(tail)
+        else:
+            await self._emit_held(tail)
         if self._sse:
             frames = int(self.end.get("new_frames", self.end.get("n_frames", 0)) or 0)
             done = {
@@ -173,6 +195,26 @@ class SpeechWriter:
         """SSE only: an error event (a raw audio stream cannot carry one; its connection is cut)."""
         event = {"type": "error", "error": {"message": message, "type": "server_error", "code": "internal"}}
         await self._write(_sse_event(event))
+
+    async def _emit_held(self, tail: bytes) -> None:
+        """The held file, complete: its last bytes added, its header stating its length, sent in pieces."""
+        held = self._held
+        assert held is not None
+        total = self._encoder.samples_out
+
+        def complete() -> None:
+            held.write(tail)
+            held.rewrite_head(flac_length.HEADER_BYTES, lambda head: flac_length.set_total_samples(head, total))
+
+        await asyncio.to_thread(complete)
+        offset = 0
+        while piece := await asyncio.to_thread(held.read, offset):
+            offset += len(piece)
+            await self._emit(piece)
+
+    def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
 
     async def _emit(self, data: bytes) -> None:
         if not data:
@@ -231,6 +273,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     take_id = admitted.take.take_id
     sse = speech.stream_format == "sse"
     encoder: AsyncEncoder | None = None
+    writer: SpeechWriter | None = None
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream" if sse else speech.format.media_type,
@@ -247,9 +290,9 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
 
     try:
         encoder = AsyncEncoder(speech.format, speech.start.channels, speed=speech.speed)
-        writer = SpeechWriter(encoder, write, sse=sse)
+        writer = SpeechWriter(encoder, write, sse=sse, hold=holds_whole_file(speech.format))
         await response.prepare(request)
-        await admitted.stream(writer.on_frame)
+        await admitted.stream(writer.on_frame, paced=not holds_whole_file(speech.format))
         ended = str(writer.end.get("reason", "error"))
         if ended in (EndReason.DONE.value, EndReason.MAX_FRAMES.value):
             await writer.finish()
@@ -272,6 +315,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         admitted.release()
         if encoder is not None:
             encoder.close()
+        if writer is not None:
+            writer.close()
     return response
 
 
