@@ -69,7 +69,11 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = settings_from_flags(args, args.base)
     setup_logging(settings.log_level)
     engine = build_engine(settings)
-    app = create_app(settings, engine, exit_on_engine_failure=True)
+    try:
+        app = create_app(settings, engine, exit_on_engine_failure=True)
+    except ValueError as exc:  # a malformed setting (an alias map, ...): say which, no traceback
+        print(f"moss_rt: {exc}", file=sys.stderr)
+        return 2
     log.info("moss_rt on http://%s:%d (engine %s%s)", settings.host, settings.port, settings.engine,
              f", cluster {settings.cluster}" if settings.cluster else "")
     # run_app turns SIGTERM and SIGINT into a graceful exit: stop listening, then the app's

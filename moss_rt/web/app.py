@@ -20,7 +20,7 @@ from moss_rt.web.cross_site import cross_site_middleware
 from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler, service_registry
-from moss_rt.web.openai_api import openai_errors_middleware
+from moss_rt.web.openai_api import OPENAI_ALIASES, openai_aliases, openai_errors_middleware
 from moss_rt.web.openai_api import routes as openai_routes
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
 from moss_rt.web.renders import SharedRenders
@@ -88,6 +88,7 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
     app.add_routes(routes)
     app.add_routes(voice_routes)
     app.add_routes(openai_routes)
+    app[OPENAI_ALIASES] = openai_aliases(settings)  # a malformed alias setting fails here, at start
     app.add_routes(session_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import time
@@ -28,10 +29,12 @@ from typing import Any
 
 from aiohttp import web
 
-from moss_rt.engine.base import EndReason, EngineBusy, EngineLoading
+from moss_rt.config import Settings
+from moss_rt.engine.base import EndReason, EngineBusy, EngineInfo, EngineLoading
 from moss_rt.formats import MAX_SPEED, MIN_SPEED, AudioFormat, flac_length, parse_audio_format
 from moss_rt.formats.async_encoder import AsyncEncoder
 from moss_rt.formats.held_file import HeldFile
+from moss_rt.openai_aliases import OpenAIAliases
 from moss_rt.protocol import (
     SAMPLE_RATE,
     SAMPLING_DEFAULTS,
@@ -51,6 +54,13 @@ from moss_rt.web.state import STATE
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
+# OpenAI's voice and model names accepted here (settings openai_voice_aliases / openai_model_aliases).
+OPENAI_ALIASES: web.AppKey[OpenAIAliases] = web.AppKey("moss_rt_openai_aliases", OpenAIAliases)
+
+
+def openai_aliases(settings: Settings) -> OpenAIAliases:
+    """The alias maps of ``settings``; ValueError names the setting of a malformed entry."""
+    return OpenAIAliases.parse(settings.openai_voice_aliases, settings.openai_model_aliases)
 
 STREAM_FORMATS = ("audio", "sse")
 # OpenAI documents raw ``pcm`` as 24 kHz; the other formats carry their rate and default to ours.
@@ -116,20 +126,51 @@ def parse_speech_request(obj: Any, limits: Limits) -> SpeechRequest:
     return SpeechRequest(start, fmt, float(speed), str(stream_format))
 
 
-def check_voice(voices: VoiceStore, voice: str) -> None:
-    """An unknown voice is a 400 that lists the valid ones (OpenAI's names are not ours)."""
+def check_voice(voices: VoiceStore, voice: str, aliases: OpenAIAliases | None = None) -> None:
+    """An unknown voice is a 400 that lists the valid ones (and the OpenAI names accepted)."""
     try:
         voices.resolve(voice)
     except ProtocolError:
         ids = [v.id for v in voices.list()]
         shown = ", ".join(["none", *ids[:VOICES_LISTED]])
         more = f" and {len(ids) - VOICES_LISTED} more" if len(ids) > VOICES_LISTED else ""
+        named = sorted(aliases.voices) if aliases is not None else []
+        openai = f"; OpenAI's names: {', '.join(named)}" if named else ""
         raise ProtocolError(
             ErrorCode.INVALID_FIELD,
-            f"unknown voice {short_repr(voice)}; valid voices: {shown}{more} "
+            f"unknown voice {short_repr(voice)}; valid voices: {shown}{more}{openai} "
             "(GET /api/voices lists them; POST /api/upload_ref adds one)",
             field="voice",
         ) from None
+
+
+def apply_aliases(speech: SpeechRequest, aliases: OpenAIAliases, voices: VoiceStore, info: EngineInfo) -> SpeechRequest:
+    """OpenAI's voice and model names → ours (a name that is one of ours stays ours); see docs/openai.md."""
+    start = speech.start
+    voice = start.reference
+    if not _is_voice(voices, voice) and (target := aliases.voice(voice)) is not None:
+        if not _is_voice(voices, target):
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"voice {short_repr(voice)} is mapped to {short_repr(target)} (openai_voice_aliases), which is not "
+                "a voice of this service; GET /api/voices lists them",
+                field="voice",
+            )
+        start = dataclasses.replace(start, reference=target)
+    model = start.model
+    if model not in ("", info.default_model, *info.models):
+        target = aliases.model(model, info.default_model)
+        if target is not None:
+            start = dataclasses.replace(start, model=target)
+    return dataclasses.replace(speech, start=start)
+
+
+def _is_voice(voices: VoiceStore, voice: str) -> bool:
+    try:
+        voices.resolve(voice)
+    except ProtocolError:
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- output
@@ -235,19 +276,29 @@ def _sse_event(obj: dict[str, Any]) -> bytes:
 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
-    info = request.app[STATE].engine.info
-    return web.json_response({"object": "list", "data": [_model_entry(m) for m in info.models]})
+    return web.json_response({"object": "list", "data": list(_model_entries(request.app).values())})
 
 
 @routes.get("/v1/models/{model_id:.+}")
 async def get_model(request: web.Request) -> web.Response:
-    info = request.app[STATE].engine.info
+    entries = _model_entries(request.app)
     model_id = request.match_info["model_id"]
-    if model_id not in info.models:
+    if model_id not in entries:
         return error_response(
-            ErrorCode.NOT_FOUND, f"unknown model {short_repr(model_id)}; available: {list(info.models)}", field="model"
+            ErrorCode.NOT_FOUND, f"unknown model {short_repr(model_id)}; available: {list(entries)}", field="model"
         )
-    return web.json_response(_model_entry(model_id))
+    return web.json_response(entries[model_id])
+
+
+def _model_entries(app: web.Application) -> dict[str, dict[str, Any]]:
+    """Our models, then the OpenAI model names accepted for them (``alias_of`` says which)."""
+    info = app[STATE].engine.info
+    entries = {m: _model_entry(m) for m in info.models}
+    for name in app[OPENAI_ALIASES].models:
+        target = app[OPENAI_ALIASES].model(name, info.default_model)
+        if name not in entries and target in info.models:
+            entries[name] = {**_model_entry(name), "alias_of": target}
+    return entries
 
 
 def _model_entry(model_id: str) -> dict[str, Any]:
@@ -262,7 +313,9 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         return error_response(ErrorCode.BUSY, "the service is shutting down", headers={"Retry-After": "5"})
     try:
         speech = parse_speech_request(await read_json_request(request), state.settings.limits)
-        check_voice(state.voices, speech.start.reference)
+        aliases = request.app[OPENAI_ALIASES]
+        speech = apply_aliases(speech, aliases, state.voices, state.engine.info)
+        check_voice(state.voices, speech.start.reference, aliases)
         admitted = await admit_http_take(state, request.remote or "unknown", speech.start, t_request=t_request)
     except ProtocolError as err:
         headers = {"Retry-After": "1"} if err.code == ErrorCode.RATE_LIMITED else None
@@ -351,4 +404,13 @@ async def openai_errors_middleware(request: web.Request, handler: Callable[..., 
     return web.json_response(body, status=status, headers=headers)
 
 
-__all__ = ["SpeechRequest", "check_voice", "openai_errors_middleware", "parse_speech_request", "routes"]
+__all__ = [
+    "OPENAI_ALIASES",
+    "SpeechRequest",
+    "apply_aliases",
+    "check_voice",
+    "openai_aliases",
+    "openai_errors_middleware",
+    "parse_speech_request",
+    "routes",
+]
