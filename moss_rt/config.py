@@ -46,6 +46,17 @@ class Settings:
     # Directing sessions kept in data_dir/sessions (resume on the WebSocket, /api/sessions); off: takes live only
     # as long as their connection (a bounded history of limits.max_takes_kept).
     sessions: bool = setting(True, "keep directing sessions on disk (resume)")
+    # Stored sessions are bounded on disk: a session nobody used for this long is deleted by a background sweep,
+    # and takes or imports that would take the sessions past these budgets are refused with 507.
+    session_retention_days: float = setting(30.0, "delete sessions unused for this many days (0: keep until deleted)")
+    session_storage_mb: int = setting(20480, "MB all stored sessions may take in the data dir; past it: 507")
+    session_storage_per_client_mb: int = setting(
+        4096, "MB the sessions one client address created may take; past it: 507 (0: no cap)"
+    )
+    # Session imports unpack and check whole takes on worker threads: at most this many at once (one per client),
+    # so they cannot crowd out the threads others' requests need; exports (packed at their reader's pace) may be
+    # four times as many. More: 503 busy / 429.
+    max_concurrent_archives: int = setting(2, "session imports at once, one per client (exports: 4x as many)")
     voices_dir: Path = setting(Path("voices"), "built-in voices (audio files)")
     # The studio page: moss_rt/static links to the repository's static/ and is a real folder once installed.
     static_dir: Path = (Path(__file__).resolve().parent / "static").resolve()
@@ -130,6 +141,14 @@ class Settings:
     openai_model_aliases: tuple[str, ...] = setting(
         DEFAULT_MODEL_ALIASES, "OpenAI model names as NAME=MODEL pairs ('default': the default model; empty: none)"
     )
+    # Script renders (docs/scripts.md): their lines run at batch priority, as many at once as these shares of the
+    # engine's slots allow; the rest of the slots (and the engine's queue) stay for interactive takes.
+    # The total matches the scheduler's share for batch work, so lines wait here (fairly, per client) rather than
+    # in the engine's queue, where they would hold places interactive takes may need.
+    script_total_share: float = setting(0.5, "share of the engine's slots all script renders together may fill")
+    script_client_share: float = setting(0.375, "share of the engine's slots one client's script renders may fill")
+    max_scripts_per_client: int = setting(4, "scripts one client may have waiting or rendering (0: no cap)")
+    max_script_exports: int = setting(4, "script zip exports streaming at once; past it: 503 busy (0: no cap)")
     limits: Limits = field(default_factory=Limits)
     log_level: str = setting("INFO", "DEBUG | INFO | WARNING | ERROR")
     # Cluster mode (docs/cluster.md): "" runs the engine in this process; "auto" or a Ray address

@@ -12,7 +12,7 @@ import enum
 import math
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -138,19 +138,33 @@ class TakeRecord:
 class TakeStore:
     """App-wide, bounded store of recent takes (by id), shared by every connection.
 
-    Takes are evicted oldest first; a running take is never evicted.
+    Past ``max_takes`` a take is evicted from the client that holds the most (its oldest that is not running;
+    a running take is never evicted), and never from a client holding fewer takes than the one adding. So a
+    client that adds takes in bulk (many resumed sessions, a burst of requests) pushes out its own, never the
+    takes of a client that holds fewer: eviction is per client, and a victim's download cannot be made to
+    vanish by somebody else's traffic. (When only running takes are left to evict, the store stays over its
+    cap by them until they end.)
     """
 
     def __init__(self, max_takes: int = 1024) -> None:
         self._takes: OrderedDict[str, TakeRecord] = OrderedDict()
         self._max = max_takes
+        self._client_of: dict[str, str] = {}  # take id -> the client that added it ("" when unknown)
+        self._counts: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self._takes)
 
-    def add(self, take: TakeRecord) -> None:
+    def held_by(self, client: str) -> int:
+        return self._counts.get(client, 0)
+
+    def add(self, take: TakeRecord, client: str | None = None) -> None:
+        self._forget_owner(take.take_id)
         self._takes[take.take_id] = take
-        self._evict()
+        owner = client or ""
+        self._client_of[take.take_id] = owner
+        self._counts[owner] += 1
+        self._evict(owner)
 
     def get(self, take_id: str) -> TakeRecord | None:
         return self._takes.get(take_id)
@@ -158,14 +172,38 @@ class TakeStore:
     def discard(self, take_id: str) -> None:
         take = self._takes.get(take_id)
         if take is not None and take.status is not TakeStatus.RUNNING:
-            del self._takes[take_id]
+            self._drop(take_id)
 
-    def _evict(self) -> None:
-        for take_id in list(self._takes):
-            if len(self._takes) <= self._max:
-                return
-            if self._takes[take_id].status is not TakeStatus.RUNNING:
-                del self._takes[take_id]
+    def _drop(self, take_id: str) -> None:
+        del self._takes[take_id]
+        self._forget_owner(take_id)
+
+    def _forget_owner(self, take_id: str) -> None:
+        owner = self._client_of.pop(take_id, None)
+        if owner is not None:
+            self._counts[owner] -= 1
+            if self._counts[owner] <= 0:
+                del self._counts[owner]
+
+    def _evict(self, adder: str) -> None:
+        while len(self._takes) > self._max:
+            floor = self._counts.get(adder, 0)
+            for owner, held in self._counts.most_common():
+                if held < floor:
+                    return  # everyone left holds fewer takes than the adder: not theirs to give up
+                victim = next(
+                    (
+                        take_id
+                        for take_id, take in self._takes.items()
+                        if self._client_of.get(take_id) == owner and take.status is not TakeStatus.RUNNING
+                    ),
+                    None,
+                )
+                if victim is not None:
+                    self._drop(victim)
+                    break
+            else:
+                return  # only running takes are left over the cap
 
 
 @dataclass(frozen=True)
@@ -205,8 +243,10 @@ class TakeHistory:
         max_takes: int = 32,
         id_factory: Callable[[], str] = new_take_id,
         seed_factory: Callable[[], int] = random_seed,
+        client: str | None = None,
     ) -> None:
         self._store = store
+        self._client = client  # whose takes these are, for the store's per-client eviction
         self._max_takes = max_takes
         self._new_id = id_factory
         self._new_seed = seed_factory
@@ -282,7 +322,7 @@ class TakeHistory:
 
     def _remember(self, take: TakeRecord) -> None:
         self._history[take.take_id] = take
-        self._store.add(take)
+        self._store.add(take, self._client)
         while len(self._history) > self._max_takes:
             for take_id, old in self._history.items():
                 if old.status is not TakeStatus.RUNNING:
@@ -456,8 +496,11 @@ class DirectingSession:
         seed_factory: Callable[[], int] = random_seed,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        client: str | None = None,
     ) -> None:
-        self.history = TakeHistory(store, max_takes=max_takes, id_factory=id_factory, seed_factory=seed_factory)
+        self.history = TakeHistory(
+            store, max_takes=max_takes, id_factory=id_factory, seed_factory=seed_factory, client=client
+        )
         self._models = models
         self._default_model = default_model
         self._heard = heard if heard is not None else HeardAudio(0)

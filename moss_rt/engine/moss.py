@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from moss_rt.config import Settings
-from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, EngineLoading, TakeSpec
+from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, EngineLoading, TakeSpec, checked_codes
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
@@ -197,7 +197,7 @@ class MossEngine(EngineLifecycle):
         return rows
 
     async def render(self, codes: np.ndarray, channels: int) -> bytes:
-        codes = np.asarray(codes, dtype=np.int64).reshape(-1, N_CODEBOOKS)
+        codes = checked_codes(codes, self._info.codebook_size)  # damaged codes never reach the codec
         if codes.shape[0] == 0:
             return b""
         job = RenderJob(codes, channels, self._require_batcher())
@@ -519,6 +519,8 @@ class MossEngine(EngineLifecycle):
             demo=demo,
             device=str(where.device),
             details=details,
+            # A code is an index into both the model's audio vocabulary and the codec's codebooks.
+            codebook_size=min(loaded.config.audio_vocab_size, codec.config.quantizer.codebook_size),
         )
         log.info("engine loaded in %.1f s: model %s, codec %s on %s/%s",
                  time.perf_counter() - t0, model_choice.source, codec_choice.source, where.device, where.dtype)

@@ -42,13 +42,14 @@ from moss_rt.protocol import (
     hello,
 )
 from moss_rt.session import Action, Admit, Keep, Replay, SendAudio, Stop, TakeRecord
-from moss_rt.session_store import StoredTake
+from moss_rt.session_store import StoredTake, short_id
 from moss_rt.web.audio_out import AudioOuts
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
+from moss_rt.web.owners import owner_or_mint, set_owner_cookie
 from moss_rt.web.security import forbidden_origin, websocket_origin_allowed
 from moss_rt.web.state import STATE, ServiceState
-from moss_rt.web.takes import Pacer, admit, busy_error, new_session, pump_events, send_action, take_audio
+from moss_rt.web.takes import Pacer, admit, busy_error, held_take_audio, new_session, pump_events, send_action
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Connection:
         self.client = request.remote or "unknown"
         self._transport = request.transport
         limits = state.settings.limits
-        self.session = new_session(state, max_takes=limits.max_takes_kept)
+        self.session = new_session(state, max_takes=limits.max_takes_kept, client=self.client)
         self._bucket = TokenBucket(limits.ws_messages_per_sec, limits.ws_message_burst)
         self._refused_in_row = 0
         self._send_lock = asyncio.Lock()
@@ -92,6 +93,7 @@ class Connection:
         self._dead = False  # set once the client is known gone or dropped: no more sends
         self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
         self._keeps_on_close: list[TakeRecord] = []  # takes the client's leaving cut off, stored by close()
+        self.owner: str | None = None  # who the connection acts as for stored sessions (moss_rt/web/owners.py)
 
     # -- sending ------------------------------------------------------------------------
 
@@ -278,17 +280,24 @@ class Connection:
         try:
             # A replay streams (and renders) like a take, so it counts toward the client's take cap.
             with self.state.client_takes.hold(self.client):
-                self._replay_fetching.add(run)
+                self._replay_fetching.add(run)  # a Stop cancels the fetch (a render nobody will hear)
                 try:
-                    pcm = await take_audio(self.state, action.take)
+                    async with held_take_audio(self.state, action.take, client=self.client) as pcm:
+                        self._replay_fetching.discard(run)
+                        await self._perform(self.session.replay_audio(run, pcm))
+                        await self._perform(self.session.replay_finished(run))
                 finally:
                     self._replay_fetching.discard(run)
-                await self._perform(self.session.replay_audio(run, pcm))
-                await self._perform(self.session.replay_finished(run))
         except ProtocolError as err:
             await self._perform(self.session.replay_failed(run, err))
         except EngineBusy as busy:
             await self._perform(self.session.replay_failed(run, busy_error(busy)))
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception:  # a replay acknowledged must end (error, then end), whatever its audio did
+            log.exception("replay of take %s failed", action.take.take_id)
+            failed = ProtocolError(ErrorCode.INTERNAL, "the take's audio could not be replayed")
+            await self._perform(self.session.replay_failed(run, failed))
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -382,25 +391,36 @@ class Connection:
             raise ProtocolError(ErrorCode.NOT_FOUND, "this service keeps no sessions", field="session")
         if self.session_id is not None and msg.session != self.session_id:
             raise ProtocolError(ErrorCode.INVALID_FIELD, "this connection is bound to another session", field="session")
+        if self.owner is None:  # no identity to own a session (not reached past the auth checks)
+            raise ProtocolError(ErrorCode.NOT_FOUND, "no such session (it may have been deleted)", field="session")
         resumed = msg.session is not None
-        session_id = msg.session if msg.session is not None else await asyncio.to_thread(store.create)
-        await self._wait_for_closing_keeps(session_id)
+        if msg.session is not None:
+            # Another owner's session answers not_found, exactly as an unknown id does.
+            await asyncio.to_thread(store.check_access, msg.session, self.owner)
+            session_id = msg.session
+            await asyncio.to_thread(store.touch, session_id)  # in use: retention counts from now
+        else:
+            session_id = await asyncio.to_thread(store.create, owner=self.owner, client=self.client)
+        await self._wait_for_closing_keeps(session_id)  # a reload: the take its old socket cut off, stored first
         stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
         # The session's limit first: adopted into a history still bounded like a connection without a
         # session (max_takes_kept), the oldest stored takes would be dropped again at once (issue 23, finding 6).
         self.session.keep_takes(store.max_takes)
+        codebook = self.state.engine.info.codebook_size
         held = {t.take_id for t in self.session.history.takes}
         for record in stored:
             if record.take_id in held:
                 continue
             try:
                 codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
+                if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= codebook):
+                    raise ValueError(f"codes outside the codebook [0, {codebook})")
                 # The take's one seed rides on its request (stored with it; the record's is the same).
                 request = dataclasses.replace(
                     StartTake.parse(record.request, self.state.settings.limits), seed=record.seed
                 )
             except (OSError, ValueError, ProtocolError) as exc:  # damaged, or the limits tightened since
-                log.warning("session %s: take %s cannot be resumed: %s", session_id, record.take_id, exc)
+                log.warning("session %s: take %s cannot be resumed: %s", short_id(session_id), record.take_id, exc)
                 continue
             take = TakeRecord(
                 record.take_id, request, parent=record.parent, branch_frame=record.branch_frame,
@@ -444,12 +464,12 @@ class Connection:
         )  # fmt: skip
         try:
             # The PCM as streamed, exactly the take's frames so far (held, else rendered from the codes).
-            pcm = await take_audio(self.state, take)
-            await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
-        except ProtocolError as err:  # the session is full, or was deleted meanwhile
+            async with held_take_audio(self.state, take, client=self.client) as pcm:
+                await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
+        except ProtocolError as err:  # the session is full, out of storage, or was deleted meanwhile
             return err
         except (OSError, ValueError, EngineBusy):
-            log.exception("could not keep take %s in session %s", take.take_id, session_id)
+            log.exception("could not keep take %s in session %s", take.take_id, short_id(session_id))
             return ProtocolError(ErrorCode.INTERNAL, "the take could not be stored")
         return None
 
@@ -464,7 +484,7 @@ class Connection:
         session_id = self.session_id
         if not takes or session_id is None:
             return
-        task = asyncio.create_task(self._store_cut_off(takes), name=f"keep-cut-off-{session_id}")
+        task = asyncio.create_task(self._store_cut_off(takes), name=f"keep-cut-off-{short_id(session_id)}")
         keeps = self.state.closing_keeps
         keeps.setdefault(session_id, set()).add(task)
 
@@ -550,8 +570,13 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             # absurd ones are cut off by aiohttp itself (close 1009) before being buffered whole.
             max_msg_size=4 * settings.limits.max_message_bytes,
         )
+        # Who the connection acts as for stored sessions; a keyless client without an owner cookie gets one
+        # with the upgrade (a browser that loaded the studio page has it already).
+        owner, cookie = owner_or_mint(request)
+        set_owner_cookie(ws, request, cookie)
         await ws.prepare(request)
         connection = Connection(state, ws, request)
+        connection.owner = owner
         state.websockets.add(ws)
         state.connections.add(connection)
         try:

@@ -16,12 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import requests
 import websockets
 
 from moss_rt.engine.scripted import seed_marker
 from moss_rt.session import Phase
-from tests.helpers import RunningServer, decode, hello, run, wait_until
+from tests.helpers import OwnerJar, RunningServer, decode, hello, run, wait_until
 
 
 @pytest.fixture
@@ -38,11 +37,12 @@ async def resume(ws: websockets.ClientConnection, session: str | None = None) ->
             return obj
 
 
-async def interrupted_take(server: RunningServer, leave: str, **fields: object) -> tuple[str, str, bytes]:
-    """Start a long take in a new session, hear some of it, then leave (``close`` or ``reset``).
-
-    Returns the session, the take and the PCM heard."""
-    ws = await websockets.connect(server.ws_url, max_size=None)
+async def interrupted_take(
+    server: RunningServer, jar: OwnerJar, leave: str, **fields: object
+) -> tuple[str, str, bytes]:
+    """Start a long take in a new session (owned by ``jar``'s cookie), hear some of it, then leave (``close``
+    or ``reset``). Returns the session, the take and the PCM heard."""
+    ws = await jar.connect(server.ws_url, max_size=None)
     await hello(ws)
     session = (await resume(ws))["session"]
     start = {"type": "start", "text": "a long line", "tokens": 300, "max_new_tokens": 300, "channels": 2,
@@ -67,12 +67,15 @@ async def interrupted_take(server: RunningServer, leave: str, **fields: object) 
 
 @pytest.mark.parametrize("leave", ["close", "reset"])
 def test_a_take_cut_off_by_a_disconnect_is_kept_as_heard(server: RunningServer, leave: str) -> None:
+    jar = OwnerJar()  # the same browser before and after the reload
+
     async def scenario() -> tuple[dict[str, Any], str, bytes]:
-        session, take, heard = await interrupted_take(server, leave)
+        session, take, heard = await interrupted_take(server, jar, leave)
         # The server has seen the client go (its connection left the registry); its take may still be being
         # stored: the resume waits for that, as a reload would.
         await wait_until(lambda: not server.state.connections, within=10)
-        async with websockets.connect(server.ws_url, max_size=None) as ws:
+        ws = await jar.connect(server.ws_url, max_size=None)
+        async with ws:
             await hello(ws)
             resumed = await resume(ws, session)
         return resumed, take, heard
@@ -81,7 +84,7 @@ def test_a_take_cut_off_by_a_disconnect_is_kept_as_heard(server: RunningServer, 
     (stored,) = resumed["takes"]
     assert stored["take_id"] == take and stored["reason"] == "cancelled"
     assert 10 <= stored["n_frames"] < 300
-    wav = requests.get(f"{server.url}/api/sessions/{resumed['session']}/takes/{take}.wav", timeout=10)
+    wav = jar.request("GET", f"{server.url}/api/sessions/{resumed['session']}/takes/{take}.wav")
     assert wav.status_code == 200
     pcm = wav.content[44:]
     assert len(pcm) == stored["n_frames"] * 3840 * 4
@@ -92,8 +95,10 @@ def test_a_take_cut_off_by_a_disconnect_is_kept_as_heard(server: RunningServer, 
 def test_a_take_fed_with_text_cut_off_while_waiting_is_kept(server: RunningServer) -> None:
     """A take fed with text (``stream_text``) that spoke a sentence and then waited for more text."""
 
+    jar = OwnerJar()
+
     async def scenario() -> tuple[dict[str, Any], str]:
-        ws = await websockets.connect(server.ws_url, max_size=None)
+        ws = await jar.connect(server.ws_url, max_size=None)
         await hello(ws)
         session = (await resume(ws))["session"]
         await ws.send(json.dumps({"type": "start", "stream_text": True, "text": "One sentence. ", "channels": 2,
@@ -109,7 +114,8 @@ def test_a_take_fed_with_text_cut_off_while_waiting_is_kept(server: RunningServe
         await wait_until(lambda: all(c.session.phase is Phase.WAITING for c in server.state.connections))
         await ws.close()
         await wait_until(lambda: not server.state.connections, within=10)
-        async with websockets.connect(server.ws_url, max_size=None) as ws2:
+        ws2 = await jar.connect(server.ws_url, max_size=None)
+        async with ws2:
             await hello(ws2)
             return await resume(ws2, session), take
 

@@ -16,7 +16,7 @@ import pytest
 import websockets
 
 from moss_rt.protocol import Limits
-from tests.helpers import RunningServer, decode, hello, run
+from tests.helpers import OwnerJar, RunningServer, decode, hello, run
 
 TAKES = 40
 
@@ -38,15 +38,17 @@ async def until(ws: websockets.ClientConnection, kind: str) -> dict[str, Any]:
 def test_a_session_of_more_takes_than_a_connection_keeps_resumes_whole(server: RunningServer) -> None:
     assert TAKES > server.state.settings.limits.max_takes_kept
 
+    jar = OwnerJar()  # the session's owner (its cookie), on both connections
+
     async def scenario() -> None:
-        async with websockets.connect(server.ws_url, max_size=None) as ws:
+        async with await jar.connect(server.ws_url, max_size=None) as ws:
             await hello(ws)
             await ws.send(json.dumps({"type": "resume"}))
             session = (await until(ws, "session"))["session"]
             for n in range(TAKES):
                 await ws.send(json.dumps({"type": "start", "text": f"line {n}", "tokens": 2, "seed": n}))
                 await until(ws, "end")
-        async with websockets.connect(server.ws_url, max_size=None) as ws:
+        async with await jar.connect(server.ws_url, max_size=None) as ws:
             await hello(ws)
             await ws.send(json.dumps({"type": "resume", "session": session}))
             takes = (await until(ws, "session"))["takes"]
