@@ -89,6 +89,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print=None,
         handler_cancellation=True,
         shutdown_timeout=settings.shutdown_grace_sec,
+        reuse_port=settings.reuse_port or None,
     )
     failure = app[STATE].engine_failure
     if failure is not None:
@@ -121,6 +122,9 @@ def add_say(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="file to write (default out.wav); its extension picks the format: .wav, .mp3, .opus or .ogg (Opus in "
         "Ogg), .aac (ADTS), .flac, .pcm or .raw (int16, no header); none: WAV; any other is refused",
     )
+    p.add_argument("--words", type=Path, default=None, help="write the take's word timings here (JSON)")
+    p.add_argument("--srt", type=Path, default=None, help="write the take's captions here (SubRip)")
+    p.add_argument("--vtt", type=Path, default=None, help="write the take's captions here (WebVTT)")
     p.add_argument("--url", default="http://127.0.0.1:8770", help="the service (default %(default)s)")
     p.add_argument(
         "--transport",
@@ -201,7 +205,7 @@ def run_say(args: argparse.Namespace) -> int:
         return say_codes_command(args)
     from websockets.exceptions import InvalidHandshake, InvalidURI
 
-    from moss_rt.client import DirectingClient, ServerError, http_stream
+    from moss_rt.client import DirectingClient, ServerError, fetch_words, http_stream
 
     output = args.output or Path("out.wav")
     try:
@@ -210,6 +214,9 @@ def run_say(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     fields = _say_fields(args)
+    want_words = args.words is not None or args.srt is not None or args.vtt is not None
+    if want_words and args.transport == "ws":
+        fields["words"] = True  # streamed with the take (the HTTP transport fetches them afterwards)
 
     async def _ws() -> object:
         url = args.url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + "/api/ws"
@@ -238,9 +245,26 @@ def run_say(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     write_audio(output, bytes(take.pcm), take.channels)  # type: ignore[attr-defined]
+    try:
+        _write_words(args, take, fetch_words)
+    except (ServerError, OSError) as exc:
+        print(f"error: the take's words: {exc}", file=sys.stderr)
+        return 1
     end = take.end  # type: ignore[attr-defined]
     print(f"wrote {output}: {take.duration_sec:.2f} s, take {take.take_id}, end {end.get('reason')}")  # type: ignore[attr-defined]
     return 0
+
+
+def _write_words(args: argparse.Namespace, take: Any, fetch: Any) -> None:
+    """``--words``/``--srt``/``--vtt``: the take's word timings as JSON, and its captions from the server."""
+    import json
+
+    if args.words is not None:
+        words = take.words if take.words or args.transport == "ws" else asyncio.run(fetch(args.url, take.take_id))
+        args.words.write_text(json.dumps({"take": take.take_id, "words": words}, indent=1) + "\n", encoding="utf-8")
+    for path, fmt in ((args.srt, "srt"), (args.vtt, "vtt")):
+        if path is not None:
+            path.write_text(asyncio.run(fetch(args.url, take.take_id, fmt)), encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- render

@@ -91,6 +91,12 @@ class Settings:
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")
+    # Word timing (docs/words.md): the aligner behind ``words``, captions and seek by word.
+    aligner: str = setting(
+        "auto", "word aligner: auto | pocketsphinx | ctc:<hub id or folder> | none (docs/words.md)"
+    )
+    # Alignment jobs waiting for the aligner's workers, all takes together; a streaming take skips a step past it.
+    aligner_queue: int = setting(256, "word alignment jobs waiting at most (bounds the aligner's queue)")
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
     heard_audio_mb: int = setting(256, "streamed PCM kept for replays")
     # Takes' codes rendered again for downloads (their streamed PCM gone), held while read: one
@@ -160,6 +166,16 @@ class Settings:
     )
     replicas: int = setting(0, "with --cluster: engine replicas to find or create; 0: one per GPU")
     replica_cpus: float = setting(1.0, "with --cluster: CPUs Ray reserves for each replica")
+    # Cache-aware routing (docs/cluster.md): a new take goes to the replica that keeps the longest run of its
+    # prompt blocks, unless that replica has more than this many takes (active + queued) above the least
+    # loaded one; -1 routes by load alone.
+    route_cache_margin: int = setting(
+        8, "with --cluster: takes a replica holding a new take's prompt may be above the least loaded one and "
+        "still get it (-1: route by load alone)"
+    )
+    # SO_REUSEPORT: several front-end processes (or servers) listen on one port; the kernel spreads
+    # connections over them (docs/cluster.md).
+    reuse_port: bool = setting(False, "listen with SO_REUSEPORT, so several processes share the port")
 
     @property
     def voices_store_dir(self) -> Path:

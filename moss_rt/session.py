@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moss_rt.align.base import WordTime, kept_words
 from moss_rt.engine.base import AudioChunk, TakeEvent, TakeFinished, TakeFirstAudio, TakeSpec
-from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS, EndReason
+from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS, EndReason, frame_at_time
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.protocol import (
     DEFAULT_LIMITS,
@@ -72,6 +73,9 @@ class TakeRecord:
     status: TakeStatus = TakeStatus.RUNNING
     reason: str | None = None
     stats: dict[str, float] = field(default_factory=dict)
+    # When each word of its text is said (moss_rt.align), once aligned: streamed with the take (``words``), or on
+    # demand for downloads and ``seek`` by word. None: not aligned (yet).
+    words: list[WordTime] | None = None
     _chunks: list[np.ndarray] = field(default_factory=list)
     _n_frames: int = 0
 
@@ -272,6 +276,8 @@ class TakeHistory:
 
     def plan_seek(self, msg: Seek) -> SeekPlan:
         source = self.get(msg.take)
+        if msg.word is not None:
+            msg = dataclasses.replace(msg, frame=word_frame(source, msg.word), word=None)
         if msg.frame > source.n_frames:
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD,
@@ -290,12 +296,16 @@ class TakeHistory:
             instruction=parent.instruction if msg.instruction is None else msg.instruction,
             sampling=parent.sampling.replace(**msg.sampling),
             seed=msg.seed if msg.seed is not None else self._new_seed(),
+            words=parent.words if msg.words is None else msg.words,
         )
         take = TakeRecord(
             self._new_id(), request, parent=source.take_id, branch_frame=msg.frame, label=source.label
         )
         if msg.frame:
             take.append(0, source.codes[: msg.frame])
+        if source.words is not None and request.words:
+            # The kept frames keep their words: those that end before the branch point (and are still the text's).
+            take.words = kept_words(source.words, request.text, msg.frame / FRAME_RATE)
         self._remember(take)
         self.running = take
         return SeekPlan("retake", source, msg.frame, take)
@@ -432,7 +442,28 @@ class FinishAudio:
     replay: bool = False
 
 
-Action = SendMessage | SendAudio | Admit | Replay | Stop | FinishAudio | Keep
+@dataclass(frozen=True)
+class FinishWords:
+    """A take that asked for ``words`` is over: align what is left of it and send its last ``words`` message
+    (``final``) now, before its record is kept and its ``end`` goes out. ``complete``: it ended ``done``, so its
+    whole text is in its audio; otherwise only the words its audio reached are kept."""
+
+    run: int
+    take: TakeRecord
+    complete: bool
+
+
+@dataclass(frozen=True)
+class WordsCheckpoint:
+    """A take fed with text that asked for ``words``: a continuation ended, so the text handed out so far is all in
+    its audio so far (the word aligner may settle it). Nothing to wait for."""
+
+    run: int
+    take: TakeRecord
+    text: str  # the take's text as handed out so far (the take's record moves on with the next continuation)
+
+
+Action = SendMessage | SendAudio | Admit | Replay | Stop | FinishAudio | Keep | FinishWords | WordsCheckpoint
 
 
 @dataclass
@@ -664,12 +695,14 @@ class DirectingSession:
         take = run.take
         text_stats = self._text_stats(run)
         self.history.record_end(take, reason.value, dict(text_stats))
+        if not run.started:
+            actions.append(SendMessage(self._started(run, None)))
+        if take.request.words:
+            actions.append(FinishWords(run.run, take, complete=False))
         if run.started:  # a take fed with text, between two continuations: its audio file ends here
             if self._keeping and take.n_frames > 0:
-                actions.append(Keep(take))  # what it spoke is a take like any other
+                actions.append(Keep(take))  # what it spoke is a take like any other (its words first)
             actions.append(FinishAudio(run.run, take))
-        else:
-            actions.append(SendMessage(self._started(run, None)))
         actions.append(
             SendMessage(
                 TakeEnded(
@@ -765,7 +798,10 @@ class DirectingSession:
     def _continuation_finished(self, cur: _Run, event: TakeFinished) -> list[Action]:
         cur.gpu_total_ms += event.gpu_total_ms
         if event.reason is EndReason.DONE and self._phase is Phase.STREAMING:
-            return self._next_continuation(cur)
+            checkpoint: list[Action] = []
+            if cur.take.request.words:  # the text handed out so far has all been said
+                checkpoint.append(WordsCheckpoint(cur.run, cur.take, cur.take.request.text))
+            return checkpoint + self._next_continuation(cur)
         reason = event.reason
         if reason is EndReason.DONE and cur.stop_reason is not None:
             reason = cur.stop_reason  # it was asked to stop: the rest of its text is not spoken
@@ -801,6 +837,8 @@ class DirectingSession:
         stats = {"gpu_total_ms": round(gpu_total_ms, 2), "gpu_first_ms": gpu_first, "ttfa_ms": ttfa_ms, "rtf": rtf}
         self.history.record_end(take, reason.value, {**{k: v for k, v in stats.items() if v is not None}, **recorded})
         actions: list[Action] = []
+        if take.request.words:
+            actions.append(FinishWords(cur.run, take, complete=reason is EndReason.DONE))
         if self._keeping and take.n_frames > 0:
             actions.append(Keep(take))
         actions.append(FinishAudio(cur.run, take))
@@ -1010,6 +1048,18 @@ def resolve_model(requested: str, models: tuple[str, ...], default_model: str) -
 def continuation_id(take_id: str, index: int) -> str:
     """The engine's take id of a take's ``index``-th continuation (the first is the take itself)."""
     return take_id if index == 0 else f"{take_id}.{index}"
+
+
+def word_frame(take: TakeRecord, index: int) -> int:
+    """The frame where the take's ``index``-th word starts (``seek`` by ``word``); the take's words must be known."""
+    words = take.words
+    if words is None:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"take {take.take_id} has no word timings yet", field="word")
+    if index >= len(words):
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, f"word {index} is past the {len(words)} words of take {take.take_id}", field="word"
+        )
+    return frame_at_time(words[index].start)
 
 
 def bytes_per_frame(take: TakeRecord) -> int:

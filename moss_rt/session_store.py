@@ -112,6 +112,20 @@ STAGING = ".staging"  # imports being unpacked; removed whole when the store ope
 CODEBOOK_SIZE = 1024  # the codebook of the MOSS audio tokenizer (and the scripted engine); engines may say otherwise
 
 
+# Word timings of stored takes (moss_rt.align), added after the first release: a table of its own, created when an
+# older database is opened, so old databases keep working and a take without a row is aligned on demand.
+_WORDS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS take_words (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    take_id TEXT NOT NULL,
+    aligner TEXT NOT NULL,
+    words TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (session_id, take_id)
+);
+"""
+
+
 def new_session_id() -> str:
     return "s_" + secrets.token_urlsafe(18)
 
@@ -239,6 +253,7 @@ class SessionStore:
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
         self._migrate()
+        self._db.executescript(_WORDS_SCHEMA)  # word timings: a table of its own (IF NOT EXISTS)
         self._sweep_orphans()
 
     def close(self) -> None:
@@ -487,6 +502,7 @@ class SessionStore:
                 "SELECT bytes FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take_id)
             ).fetchone()
             db.execute("DELETE FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take_id))
+            db.execute("DELETE FROM take_words WHERE session_id = ? AND take_id = ?", (session_id, take_id))
             if row is not None:
                 db.execute("UPDATE sessions SET bytes = MAX(0, bytes - ?) WHERE id = ?", (row[0], session_id))
         self._pcm_path(session_id, take_id).unlink(missing_ok=True)
@@ -517,6 +533,29 @@ class SessionStore:
             f.close()
             raise _damaged(take_id)
         return f
+
+    # ------------------------------------------------------------------ word timings
+    def put_words(self, session_id: str, take_id: str, words: list[dict[str, Any]], aligner: str) -> None:
+        """Keep a stored take's word timings (``WordTime.to_record`` dicts), replacing earlier ones."""
+        self.get_take(session_id, take_id)
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO take_words (session_id, take_id, aligner, words, created)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (session_id, take_id, aligner, json.dumps(words), time.time()),
+            )
+
+    def words(self, session_id: str, take_id: str) -> list[dict[str, Any]] | None:
+        """A stored take's word timings, or None when they were never stored."""
+        self.get_take(session_id, take_id)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT words FROM take_words WHERE session_id = ? AND take_id = ?", (session_id, take_id)
+            ).fetchone()
+        if row is None:
+            return None
+        words = json.loads(row["words"])
+        return words if isinstance(words, list) else None
 
     # ------------------------------------------------------------------ archives
     def export_archive(self, session_id: str) -> bytes:

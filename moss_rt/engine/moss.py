@@ -31,9 +31,11 @@ from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, EngineL
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
+from moss_rt.engine.kept_digests import KeptDigests
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prefill_pace import measure_prefill_cost
+from moss_rt.engine.prompt_names import PromptRecipe
 from moss_rt.engine.prompts import PromptTooLong, frames_room, prompt_rows
 from moss_rt.engine.resolve import (
     Choice,
@@ -113,6 +115,8 @@ class MossEngine(EngineLifecycle):
         self._runner: ModelRunner | None = None
         self._device = torch.device("cpu")
         self._graphs_done = False  # every CUDA graph captured (or nothing left to try)
+        # The prompt blocks kept for later takes, by key: a cluster replica reports them to its routers.
+        self.kept_prompts = KeptDigests()
 
     # ------------------------------------------------------------------ the seam
     @property
@@ -195,6 +199,14 @@ class MossEngine(EngineLifecycle):
             blame = "text" if len(rows) >= max_seq else "frame"
             raise ProtocolError(ErrorCode.INVALID_FIELD, str(exc), field=blame) from None
         return rows
+
+    def prompt_recipe(self) -> PromptRecipe | None:
+        """What a front end without the model needs to name takes' prompt blocks as this engine keeps them
+        (cluster routing); None before the model is loaded or with the prompt cache off."""
+        runner, scheduler = self._runner, self._scheduler
+        if runner is None or scheduler is None or not scheduler.prompts.enabled:
+            return None
+        return PromptRecipe.of(runner.tokenizer, runner.config, runner.blocks.block_size)
 
     async def render(self, codes: np.ndarray, channels: int) -> bytes:
         codes = checked_codes(codes, self._info.codebook_size)  # damaged codes never reach the codec
@@ -490,6 +502,7 @@ class MossEngine(EngineLifecycle):
             sync=self._sync,
             worker=worker,
         )
+        self._scheduler.prompts.journal = self.kept_prompts
         demo = model_choice.demo or codec_choice.demo
         details = {
             "status": "warming up",

@@ -39,6 +39,9 @@ class Limits:
     max_upload_samples: int = 24_000_000
     max_stored_voices: int = 1000  # uploaded voices kept on disk; more are refused (rate_limited)
     max_voices_per_owner: int = 50  # uploaded voices one client (address) may keep; 0: no cap
+    # POST /api/align: the audio (body bytes and decoded seconds; a take lasts at most 327.7 s).
+    max_align_bytes: int = 64 * 1024 * 1024
+    max_align_seconds: float = 330.0
     # WebSocket control messages per connection: a token bucket refilled at this rate.
     ws_messages_per_sec: float = 20.0
     ws_message_burst: int = 40
@@ -78,6 +81,8 @@ LIMIT_HELP: dict[str, str] = {
     "max_upload_samples": "frames x channels of one upload",
     "max_stored_voices": "uploaded voices kept on disk",
     "max_voices_per_owner": "uploaded voices one client may keep (0: no cap)",
+    "max_align_bytes": "bytes of one POST /api/align body",
+    "max_align_seconds": "seconds of audio POST /api/align accepts",
     "ws_messages_per_sec": "WebSocket control messages per second per connection",
     "ws_message_burst": "burst of WebSocket control messages above that rate",
     "max_script_lines": "spoken lines (cues) of one script",

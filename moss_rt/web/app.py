@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 
 from aiohttp import WSCloseCode, web
 
+from moss_rt.align.select import AlignerChoiceError, build_aligner
+from moss_rt.align.service import AlignerUnavailable, AlignService
 from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SEQ_LEN
@@ -39,6 +41,7 @@ from moss_rt.web.session_upkeep import session_retention
 from moss_rt.web.sessions_api import routes as session_routes
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.voices_api import routes as voice_routes
+from moss_rt.web.words_api import routes as words_routes
 from moss_rt.web.ws import websocket_handler
 
 log = logging.getLogger(__name__)
@@ -89,18 +92,21 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
         trusted_proxies=parse_networks(settings.trusted_proxies),
         exit_on_engine_failure=exit_on_engine_failure,
     )
+    app[STATE].aligner = _aligner_service(settings)
     app[STATE].metrics_registry = service_registry(app[STATE])
     app.add_routes(routes)
     app.add_routes(voice_routes)
     app.add_routes(openai_routes)
     app[OPENAI_ALIASES] = openai_aliases(settings)  # a malformed alias setting fails here, at start
     app.add_routes(session_routes)
+    app.add_routes(words_routes)
     app.add_routes(script_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():
         app.router.add_static("/static/", settings.static_dir, show_index=False)
     app.cleanup_ctx.append(_engine_lifecycle)
+    app.cleanup_ctx.append(_aligner_lifecycle)
     app.cleanup_ctx.append(session_retention)
     # After the engine's: its clean-up runs first, so renders stop while the engine still runs.
     app.cleanup_ctx.append(_scripts_lifecycle)
@@ -110,6 +116,49 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
     return app
 
 
+def _aligner_service(settings: Settings) -> AlignService | None:
+    """The word aligner ``--aligner`` names (docs/words.md), not loaded yet (its first worker loads it)."""
+    try:
+        aligner = build_aligner(settings.aligner, device=settings.device)
+    except AlignerChoiceError as exc:
+        raise SystemExit(str(exc)) from None
+    if aligner is None:
+        log.info("word timing is off (--aligner %s)", settings.aligner)
+        return None
+    return AlignService(aligner, max_pending=settings.aligner_queue)
+
+
+async def _aligner_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Start the aligner's workers (the first loads it, off the loop); a named aligner that cannot load fails
+    the start like the model does (``/readyz``); ``auto`` then only leaves words to estimates."""
+    state = app[STATE]
+    service = state.aligner
+    if service is None:
+        yield
+        return
+    service.start()
+
+    async def watch() -> None:
+        try:
+            await service.wait_loaded()
+            log.info("word aligner %s ready", service.name)
+        except AlignerUnavailable as exc:
+            if state.settings.aligner == "auto":
+                log.error("word aligner %s failed to load (%s): word times are estimated", service.name, exc)
+                return
+            state.engine_failure = f"aligner {service.name}: {exc}"
+            log.error("the word aligner failed to start: %s", state.engine_failure)
+            if state.exit_on_engine_failure and not state.shutting_down:
+                signal.raise_signal(signal.SIGTERM)
+
+    watcher = asyncio.create_task(watch(), name="aligner-start")
+    yield
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
+    for task in list(state.words_inflight.values()):
+        task.cancel()
+    service.close()
 def session_store(settings: Settings) -> SessionStore:
     """The directing sessions of the data dir, with the caps and budgets of ``settings``."""
     limits = settings.limits

@@ -99,6 +99,8 @@ async def read_json_request(request: web.Request) -> dict[str, Any]:
 
 def _body_limit_for(request: web.Request) -> int:
     limits = request.app[STATE].settings.limits
+    if request.path == "/api/align":
+        return limits.max_align_bytes
     if request.path == "/api/sessions/import":
         return limits.max_session_archive_bytes
     if request.path == "/api/scripts":

@@ -237,6 +237,94 @@ def _common_errors(*statuses: int) -> dict[str, Any]:
     return {str(s): _error(text[s]) for s in statuses}
 
 
+def _words_paths(
+    take_id: dict[str, Any], session_id: dict[str, Any], share: dict[str, Any], max_text_chars: int
+) -> dict[str, Any]:
+    """Word timing (docs/words.md): a take's words and captions, and POST /api/align."""
+    word = {
+        "type": "object",
+        "required": ["word", "start", "end"],
+        "properties": {
+            "word": {"type": "string", "description": "as written in the text, without surrounding punctuation"},
+            "start": {"type": "number", "description": "seconds from the take's (or the audio's) first sample"},
+            "end": {"type": "number"},
+            "flags": {"type": "array", "items": {"type": "string", "enum": ["interpolated"]}},
+        },
+    }
+    take_words = {
+        "type": "object",
+        "required": ["take", "complete", "words"],
+        "properties": {
+            "take": {"type": "string"},
+            "complete": {"type": "boolean", "description": "false while the take still runs (the words so far)"},
+            "words": {"type": "array", "items": word},
+        },
+    }
+    srt = {"description": "captions", "content": {"application/x-subrip": {"schema": {"type": "string"}}}}
+    vtt = {"description": "captions", "content": {"text/vtt": {"schema": {"type": "string"}}}}
+    errors = _common_errors(401, 404, 503)
+
+    def get(summary: str, params: list[dict[str, Any]], ok: dict[str, Any]) -> dict[str, Any]:
+        return {"get": {"summary": summary, "parameters": params, "responses": {"200": ok, **errors}}}
+
+    stored = [session_id, take_id, share]
+    align_result = {
+        "type": "object",
+        "required": ["words", "aligner", "duration"],
+        "properties": {
+            "words": {"type": "array", "items": word},
+            "aligner": {"type": "string"},
+            "duration": {"type": "number"},
+        },
+    }
+    binary = {"type": "string", "format": "binary"}
+    return {
+        "/api/takes/{take_id}/words": get(
+            "when each word of a take is said (aligned on demand if it streamed without words)", [take_id],
+            _ok("the words", take_words),
+        ),
+        "/api/takes/{take_id}.srt": get("a take's captions (SubRip)", [take_id], srt),
+        "/api/takes/{take_id}.vtt": get("a take's captions (WebVTT)", [take_id], vtt),
+        "/api/sessions/{session_id}/takes/{take_id}/words": get(
+            "a stored take's words (stored with it, or aligned now and stored)", stored, _ok("the words", take_words)
+        ),
+        "/api/sessions/{session_id}/takes/{take_id}.srt": get("a stored take's captions (SubRip)", stored, srt),
+        "/api/sessions/{session_id}/takes/{take_id}.vtt": get("a stored take's captions (WebVTT)", stored, vtt),
+        "/api/align": {
+            "post": {
+                "summary": "align any audio with a text: when each of its words is said",
+                "description": (
+                    "The body is the audio (wav, flac, mp3, ogg) with ?text=, or a multipart form with an audio "
+                    "file part and a text part (or a json part {\"text\": ...}). Limits: max_align_bytes, "
+                    "max_align_seconds, max_text_chars."
+                ),
+                # A query string must fit the HTTP request line (8 KiB): longer texts go in the form.
+                "parameters": [
+                    {"name": "text", "in": "query", "required": False, "description": "short texts; else the form",
+                     "schema": {"type": "string", "maxLength": min(max_text_chars, 500)}},
+                ],  # fmt: skip
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        **{m: {"schema": binary} for m in ("audio/wav", "audio/flac", "audio/mpeg", "audio/ogg")},
+                        "application/octet-stream": {"schema": binary},
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"audio": binary, "text": {"type": "string"}, "json": {"type": "string"}},
+                            }
+                        },
+                    },
+                },
+                "responses": {
+                    "200": _ok("the words", align_result),
+                    **_common_errors(400, 401, 403, 404, 408, 413, 422, 429, 503),
+                },
+            }
+        },
+    }
+
+
 def _script_paths(app: web.Application) -> dict[str, Any]:
     """Script renders (docs/scripts.md)."""
     limits = app[STATE].settings.limits
@@ -902,6 +990,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
             "get": {"summary": "this document", "security": [], "responses": {"200": _ok("OpenAPI 3", obj)}}
         },
     }
+    paths.update(_words_paths(take_id, session_id, share, limits.max_text_chars))
     if any(getattr(r, "canonical", None) == "/v1/audio/speech" for r in app.router.resources()):
         paths.update(_v1_paths(app))
     if any(getattr(r, "canonical", None) == "/api/scripts" for r in app.router.resources()):

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from moss_rt.align.base import WordTime
+from moss_rt.align.service import AlignService
 from moss_rt.config import Settings
 from moss_rt.engine.base import Engine
 from moss_rt.heard_audio import HeardAudio
@@ -60,6 +62,10 @@ class ServiceState:
     # exit_on_engine_failure (the command line) the process then stops and exits non-zero.
     engine_failure: str | None = None
     exit_on_engine_failure: bool = False
+    # Word timing (moss_rt.align): the aligner's service (None: --aligner none), and the takes being aligned on
+    # demand (downloads, seek by word), one task per take however many ask.
+    aligner: AlignService | None = None
+    words_inflight: dict[str, asyncio.Task[list[WordTime]]] = field(default_factory=dict)
 
 
 STATE: web.AppKey[ServiceState] = web.AppKey("moss_rt_state", ServiceState)

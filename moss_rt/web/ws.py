@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from moss_rt.align.base import WordTime
 from moss_rt.engine.base import EngineBusy, TakeHandle
 from moss_rt.protocol import (
     AUDIO_FORMATS,
@@ -36,12 +37,24 @@ from moss_rt.protocol import (
     ServerMessage,
     SessionResumed,
     StartTake,
+    Words,
     decode_client_binary,
     decode_client_text,
     encode_json_frame,
     hello,
 )
-from moss_rt.session import Action, Admit, Keep, Replay, SendAudio, Stop, TakeRecord
+from moss_rt.session import (
+    Action,
+    Admit,
+    FinishWords,
+    Keep,
+    Replay,
+    SendAudio,
+    Stop,
+    TakeRecord,
+    TakeStatus,
+    WordsCheckpoint,
+)
 from moss_rt.session_store import StoredTake, short_id
 from moss_rt.web.audio_out import AudioOuts
 from moss_rt.web.errors import busy_response, error_response
@@ -50,6 +63,7 @@ from moss_rt.web.owners import owner_or_mint, set_owner_cookie
 from moss_rt.web.security import forbidden_origin, websocket_origin_allowed
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.takes import Pacer, admit, busy_error, held_take_audio, new_session, pump_events, send_action
+from moss_rt.web.words import TakeWords, require_aligner, take_words
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +108,9 @@ class Connection:
         self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
         self._keeps_on_close: list[TakeRecord] = []  # takes the client's leaving cut off, stored by close()
         self.owner: str | None = None  # who the connection acts as for stored sessions (moss_rt/web/owners.py)
+        # Takes that asked for ``words``: their word aligners (by take id), and each engine run's take.
+        self._words: dict[str, TakeWords] = {}
+        self._run_takes: dict[int, str] = {}
 
     # -- sending ------------------------------------------------------------------------
 
@@ -111,7 +128,9 @@ class Connection:
         if self._dead or self.ws.closed:
             raise ConnectionResetError("the connection is closed")
         try:
-            await asyncio.wait_for(self.ws.send_bytes(frame), self.state.settings.send_stall_timeout_sec)
+            # A timeout scope, not wait_for: no task per frame (a relaying front end sends hundreds a second).
+            async with asyncio.timeout(self.state.settings.send_stall_timeout_sec):
+                await self.ws.send_bytes(frame)
         except TimeoutError:
             log.warning(
                 "client %s stopped reading for %.1f s; dropping it",
@@ -122,29 +141,30 @@ class Connection:
             self._abort()
             raise ConnectionResetError("client stopped reading") from None
 
-    async def _send_audio(self, action: SendAudio) -> None:
+    async def _send_audio(self, action: SendAudio) -> bool:
         """Send one chunk of a run's audio, only while the session still has the run as its current take.
 
         The session may let go of a run at any moment (a cancel or a barge-in on a replay ends it from the
         reader, which sends its ``end`` at once), so the check is made before the pacing wait, before encoding,
         and again under the send lock right before the frame goes out: every end goes through that lock too,
         so no audio of a run can follow its end (issue 23, finding 3). Bytes a stale run had encoded stay in
-        its file's queue and leave with the file's end (``FinishAudio``), before the ``end``.
+        its file's queue and leave with the file's end (``FinishAudio``), before the ``end``. False: not sent.
         """
         run = action.run
         if not self.session.is_current(run):
-            return
+            return False
         pacer = self._pacers.get(run)
         if pacer is not None and action.paced:
             await pacer.wait(action.seconds)
         if not self.session.is_current(run):
-            return
+            return False
         await self._outs.encode(run, action.pcm)
         async with self._send_lock:
             if not self.session.is_current(run):
-                return
+                return False
             for frame in self._outs.ready(run, action.pcm):
                 await self._write(frame)
+        return True
 
     async def send_message(self, message: ServerMessage) -> None:
         await self.send_frame(encode_json_frame(message.to_dict()))
@@ -179,6 +199,7 @@ class Connection:
                 self._stop(action)
             elif isinstance(action, Admit):
                 self._outs.track(action.run, action.take)
+                self._follow_words(action.run, action.take)
                 take_id = action.take.take_id
                 self._spawn(action.run, functools.partial(self._run_take, action), f"take-{take_id}", take_id)
             elif isinstance(action, Replay):
@@ -187,10 +208,47 @@ class Connection:
                 self._spawn(action.run, functools.partial(self._run_replay, action), f"replay-{action.take.take_id}")
             elif isinstance(action, Keep):
                 await self._keep(action.take)
+            elif isinstance(action, FinishWords):
+                await self._finish_words(action)
+            elif isinstance(action, WordsCheckpoint):
+                words = self._words.get(action.take.take_id)
+                if words is not None:
+                    words.checkpoint(action.text)
             elif isinstance(action, SendAudio):
-                await self._send_audio(action)
+                if await self._send_audio(action):
+                    words = self._words.get(self._run_takes.get(action.run, ""))
+                    if words is not None:
+                        words.audio(action.pcm)
             else:
                 await send_action(action, self.send_frame, None, self._outs)
+
+    # -- word timing (docs/words.md) -----------------------------------------------------
+
+    def _follow_words(self, run: int, take: TakeRecord) -> None:
+        """A take that asked for ``words``: align its audio as it is sent (the continuations of a take fed with
+        text share one)."""
+        self._run_takes[run] = take.take_id
+        if take.request.words and take.take_id not in self._words and self.state.aligner is not None:
+            self._words[take.take_id] = TakeWords(self.state, self.state.aligner, take, self.send_frame)
+
+    async def _finish_words(self, action: FinishWords) -> None:
+        """Its last words before its ``end``: the rest aligned now (a take that never streamed: its kept words)."""
+        for run in [r for r, t in self._run_takes.items() if t == action.take.take_id]:
+            self._run_takes.pop(run, None)
+        words = self._words.pop(action.take.take_id, None)
+        if words is not None:
+            await words.finish(complete=action.complete)
+            return
+        kept = action.take.words or []
+        message = Words(take=action.take.take_id, words=[w.to_dict() for w in kept], index=0, final=True)
+        await self.send_message(message)
+
+    async def _words_for_seek(self, msg: Seek) -> None:
+        """``seek`` by ``word`` needs the take's words: a finished take without them is aligned first."""
+        take = self.session.history.get(msg.take)  # not_found for an unknown take
+        if take.words is None and take.status is TakeStatus.ENDED:
+            require_aligner(self.state)
+            take.words = await take_words(self.state, take)
 
     def _spawn(self, run: int, body: Callable[[], Awaitable[None]], name: str, take: str | None = None) -> None:
         """Start the task of a run; the connection owns it (close cancels it). The runs of one take
@@ -315,6 +373,9 @@ class Connection:
                 formats=list(AUDIO_FORMATS),
                 sample_rates=list(AUDIO_SAMPLE_RATES),
                 sessions=self.state.sessions is not None,
+                # Word timing: start/seek may ask for "words" (docs/protocol.md "Word timing").
+                words=self.state.aligner is not None,
+                aligner=self.state.aligner.name if self.state.aligner is not None else None,
             )
         )
         idle = self.state.settings.ws_idle_timeout_sec
@@ -374,6 +435,10 @@ class Connection:
             if isinstance(msg, Resume):
                 await self._resume(msg)
                 return
+            if (isinstance(msg, StartTake) and msg.words) or (isinstance(msg, Seek) and msg.words):
+                require_aligner(self.state)
+            if isinstance(msg, Seek) and msg.word is not None:
+                await self._words_for_seek(msg)
             if isinstance(msg, StartTake) or (isinstance(msg, Seek) and msg.mode == "retake"):
                 await self._check_session_room()
             await self._perform(self.session.handle(msg))
@@ -427,6 +492,7 @@ class Connection:
                 reason=record.reason, stats=dict(record.stats),
             )  # fmt: skip
             take.append(0, codes)
+            take.words = await self._stored_words(session_id, record.take_id)
             self.session.history.adopt(take)  # a retake of it rebuilds the model state from these codes
         self.session_id = session_id
         await self.send_message(
@@ -440,6 +506,17 @@ class Connection:
         keeps = set(self.state.closing_keeps.get(session_id, ()))
         if keeps:
             await asyncio.wait(keeps, timeout=RESUME_WAIT_SEC)
+
+    async def _stored_words(self, session_id: str, take_id: str) -> list[WordTime] | None:
+        store = self.state.sessions
+        if store is None:
+            return None
+        try:
+            records = await asyncio.to_thread(store.words, session_id, take_id)
+            return None if records is None else [WordTime.from_record(r) for r in records]
+        except (KeyError, TypeError, ValueError, ProtocolError):  # a damaged row: aligned again on demand
+            log.warning("session %s: the stored words of take %s are unreadable", session_id, take_id)
+            return None
 
     async def _check_session_room(self) -> None:
         """A bound session that cannot keep one more take refuses it before anything is generated."""
@@ -466,6 +543,9 @@ class Connection:
             # The PCM as streamed, exactly the take's frames so far (held, else rendered from the codes).
             async with held_take_audio(self.state, take, client=self.client) as pcm:
                 await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
+            if take.words is not None and self.state.aligner is not None:
+                words = [w.to_record() for w in take.words]
+                await asyncio.to_thread(store.put_words, session_id, take.take_id, words, self.state.aligner.name)
         except ProtocolError as err:  # the session is full, out of storage, or was deleted meanwhile
             return err
         except (OSError, ValueError, EngineBusy):
@@ -473,17 +553,17 @@ class Connection:
             return ProtocolError(ErrorCode.INTERNAL, "the take could not be stored")
         return None
 
-    async def _keep_cut_off_takes(self) -> None:
-        """Store the takes the client's leaving cut off (a reload, a network drop), as heard so far.
+    def _keep_cut_off_takes(self) -> asyncio.Task[None] | None:
+        """Start storing the takes the client's leaving cut off (a reload, a network drop), as heard so far.
 
-        The store runs as a task of its own, registered in the service state before anything is awaited:
-        aiohttp cancels the handler of a client that left (this await with it), and the take must be
-        stored anyway; a resume of the session (the reload) waits for the task, and so does shutdown.
+        The store runs as a task of its own, registered in the service state at once: aiohttp cancels the
+        handler of a client that left (and whatever it awaits), and the take must be stored anyway; a resume of
+        the session (the reload) waits for the task, and so does shutdown.
         """
         takes, self._keeps_on_close = self._keeps_on_close, []
         session_id = self.session_id
         if not takes or session_id is None:
-            return
+            return None
         task = asyncio.create_task(self._store_cut_off(takes), name=f"keep-cut-off-{short_id(session_id)}")
         keeps = self.state.closing_keeps
         keeps.setdefault(session_id, set()).add(task)
@@ -496,7 +576,7 @@ class Connection:
                     del keeps[session_id]
 
         task.add_done_callback(forget)
-        await asyncio.shield(task)
+        return task
 
     async def _store_cut_off(self, takes: list[TakeRecord]) -> None:
         for take in takes:
@@ -535,12 +615,17 @@ class Connection:
         """Release everything the connection holds; bounded, never leaves a task behind."""
         self._dead = True
         self._close_session()
+        keeping = self._keep_cut_off_takes()  # registered before anything is awaited: a resume waits for it
         pending = {t for t in self._tasks.values() if not t.done()}
         for task in pending:
             # Cancelling a run also closes its event iterator, which cancels its engine take; an
             # engine's submit is cancel-safe (a cancelled submit admits nothing).
             task.cancel()
-        await self._keep_cut_off_takes()
+        for words in list(self._words.values()):
+            await words.close()
+        self._words.clear()
+        if keeping is not None:
+            await asyncio.shield(keeping)
         if pending:
             _, late = await asyncio.wait(pending, timeout=RUNS_TIMEOUT_SEC)
             if late:
