@@ -79,3 +79,12 @@ def test_a_render_killed_halfway_resumes_without_rendering_finished_lines(server
     gap = np.zeros(GAP, dtype="<i2")
     expected = np.concatenate([part for pcm in lines for part in (gap, pcm)][1:])
     assert np.array_equal(pcm_of(z.read("mix.wav")), expected)
+    # Captions by word for every line: kept as the lines rendered, or aligned for the export (a line whose words
+    # the kill cut off). The tiny model's words are estimates, and its 24-frame lines reach only their first words.
+    srt = z.read("captions/words.srt").decode()
+    for x in after["lines"]:
+        assert f"\n{x['who']}: this is line number {x['line']}" in srt
+    first = jar.request("GET", f"{proc.url}/api/sessions/{session_id}/takes/{after['lines'][0]['take']}/words")
+    said = [w["word"] for w in first.json()["words"]]
+    assert first.status_code == 200 and len(said) >= 4
+    assert said == "this is line number 1 of the scene".split()[: len(said)]
