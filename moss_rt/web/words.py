@@ -145,7 +145,13 @@ async def _align_stored(
             kept = kept_words(parent, text, take.branch_frame / FRAME_RATE)
     track = WordTrack(text, sample_rate=service.aligner.sample_rate, input_rate=SAMPLE_RATE, kept=kept)
     # Reading and resampling are real work: off the loop, and the stored file in pieces rather than whole.
-    await asyncio.to_thread(_feed_stored, track, store, session_id, take)
+    try:
+        await asyncio.to_thread(_feed_stored, track, store, session_id, take)
+    except OSError:
+        log.exception("the stored audio of take %s could not be read for its words", take.take_id)
+        raise ProtocolError(
+            ErrorCode.NOT_FOUND, f"the stored audio of take {take.take_id!r} could not be read", field="take"
+        ) from None
     await run_final(service, track, complete=take.reason == "done")
     words = list(track.words)
     await asyncio.to_thread(store.put_words, session_id, take.take_id, [w.to_record() for w in words], service.name)

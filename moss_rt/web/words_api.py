@@ -114,6 +114,8 @@ async def _session_words(request: web.Request, fmt: str) -> web.StreamResponse:
             words = list(held.words)  # streamed with it; the connection keeps them with the stored take
         else:
             words = await stored_take_words(state, session_id, stored)
+            if held is not None and held.status is TakeStatus.ENDED:
+                held.words = list(words)  # a seek by word on a connection that holds it needs no second alignment
     except ProtocolError as err:
         return protocol_error_response(err)
     return _render(take_id, words, fmt, complete=True)
