@@ -140,12 +140,14 @@ function wordButton(w, i) {
 function appendButtons(from) {
   const s = wordsOf(shown), box = $('words');
   for (const b of buttons.splice(from)) b.remove();
-  if (!s) return;
+  if (!s) { box.hidden = true; return; }
   const frag = document.createDocumentFragment();
   for (let i = from; i < s.words.length; i++) { const b = wordButton(s.words[i], i); buttons.push(b); frag.append(b); }
   box.append(frag);
   box.hidden = buttons.length === 0;
-  marks.from = marks.to = null;                       // new buttons: their region shading is drawn again
+  marks.from = marks.to = null;                       // new buttons: their marks are drawn again
+  if (marks.heard >= from) marks.heard = -1;
+  if (marks.at >= from) marks.at = -1;
 }
 
 /* Show a take's words (the strip rebuilt). */
