@@ -168,7 +168,8 @@ def test_script_panel_renders_directs_accepts_and_exports(browser: Any, server: 
             " === 'done,done,done'",
             timeout=30_000,
         )
-        assert pg.get_attribute("#scriptProgress", "aria-valuenow") == "3"
+        # The bar follows the progress events (each comes right after the line's).
+        pg.wait_for_function("document.getElementById('scriptProgress').getAttribute('aria-valuenow') === '3'")
         assert pg.get_attribute("#scriptProgress", "aria-valuemax") == "3"
         assert pg.locator("#scriptTitle").inner_text() == "Browser scene"
         state = script_state(pg)
