@@ -36,7 +36,6 @@ Not thread-safe: one worker thread owns a StreamingDecoder (as it owns the GPU).
 from __future__ import annotations
 
 import logging
-import threading
 import weakref
 from collections import defaultdict, deque
 from collections.abc import Sequence
