@@ -29,6 +29,16 @@ class NoCodec:
     decoder = None
 
 
+class QuietChannel:
+    """A take's channel nobody cancels (the scheduler checks for cancels between prefill passes)."""
+
+    cancel_reason = None
+    paused = False
+
+    def push(self, event: object) -> None:
+        pass
+
+
 def _scheduler(budget_s: float, max_rows: int = 8192, chunk: int = 512) -> tuple[Scheduler, RecordingRunner]:
     runner = RecordingRunner()
     config = SchedulerConfig(
@@ -40,7 +50,7 @@ def _scheduler(budget_s: float, max_rows: int = 8192, chunk: int = 512) -> tuple
 def _preparing(sched: Scheduler, lengths: list[int]) -> list[Take]:
     takes = []
     for slot, rows in enumerate(lengths):
-        take = Take(TakeSpec(f"t{slot}", text="x", seed=slot), channel=None)  # type: ignore[arg-type]
+        take = Take(TakeSpec(f"t{slot}", text="x", seed=slot), channel=QuietChannel())  # type: ignore[arg-type]
         take.phase, take.model_slot = Phase.PREPARING, slot
         take.prompt_rows = np.zeros((rows, 13), dtype=np.int64)
         sched.preparing.append(take)
@@ -95,7 +105,7 @@ def test_a_take_ready_without_work_does_not_use_up_the_rounds_unit() -> None:
     sched, runner = _scheduler(budget_s=0.0)
     waiting, cached = _preparing(sched, [300, 200])
     cached.prefilled = 200  # the parent's cache holds its whole prompt: nothing to prefill
-    streaming = Take(TakeSpec("s", text="x", seed=9), channel=None)  # type: ignore[arg-type]
+    streaming = Take(TakeSpec("s", text="x", seed=9), channel=QuietChannel())  # type: ignore[arg-type]
     sched.running.append(streaming)  # the budget applies
     assert sched._prepare()
     assert runner.passes == [[(0, 300, 0)]]
@@ -197,7 +207,7 @@ def test_a_burst_behind_running_streams_goes_in_as_chunks_one_pass_a_round() -> 
     sched, runner = _scheduler(budget_s=10.0, chunk=512)  # a large budget: only stream_rows limits the round
     sched.stream_rows = 300
     takes = _preparing(sched, [400, 400, 400])
-    streaming = Take(TakeSpec("s", text="x", seed=9), channel=None)  # type: ignore[arg-type]
+    streaming = Take(TakeSpec("s", text="x", seed=9), channel=QuietChannel())  # type: ignore[arg-type]
     sched.running.append(streaming)
     rounds = 0
     while sched.preparing:
