@@ -351,6 +351,9 @@ class MossEngine(EngineLifecycle):
             if not job.begin():
                 self._jobs.popleft()
                 continue
+            if isinstance(job, RenderJob) and not job.started and self._scheduler is not None:
+                # Its codec stream reserves a window: kept codec states of finished takes make room first.
+                self._scheduler.make_codec_room()
             try:
                 done = worker.call(job.advance)  # renders and encodes use the codec: on its worker
             except Exception as exc:
@@ -485,10 +488,12 @@ class MossEngine(EngineLifecycle):
                 retain_slots=slots,
                 prefill_max_rows=s.prefill_max_rows,
                 prompt_cache=s.prompt_cache,
+                batch_share=min(1.0, max(0.0, s.batch_share)),
             ),
             on_take_done=self._take_done,
             sync=self._sync,
             worker=worker,
+            arrivals=lambda: not self._inbox.empty(),
         )
         demo = model_choice.demo or codec_choice.demo
         details = {
