@@ -484,7 +484,6 @@ class MossEngine(EngineLifecycle):
             SchedulerConfig(
                 max_slots=slots,
                 prefill_chunk=s.prefill_chunk,
-                prep_budget_s=s.prefill_budget_ms / 1000.0,
                 retain_slots=slots,
                 prefill_max_rows=s.prefill_max_rows,
                 prompt_cache=s.prompt_cache,

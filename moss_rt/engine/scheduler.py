@@ -79,7 +79,6 @@ SCORE_BOUND_MIN_ROWS = 128
 class SchedulerConfig:
     max_slots: int
     prefill_chunk: int  # prompt rows per take per prefill pass
-    prep_budget_s: float  # prefill/rebuild time per round while other takes stream
     retain_slots: int  # finished takes whose cache blocks are kept for retakes (they hold no slot)
     prefill_max_rows: int = 8192  # padded rows per batched prefill pass (takes x longest chunk)
     prefill_keys_per_row: int = PREFILL_KEYS_PER_ROW  # with it, bounds padded rows x longest key window
@@ -470,18 +469,18 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill / rebuild
     def _prepare(self) -> bool:
-        # Alone on the device: prepare everything now (lowest first-audio latency). Once takes stream,
-        # stop after the budget so they keep their pace; that includes takes this loop just made ready,
-        # so a burst larger than one pass starts streaming pass by pass instead of all after the last.
-        # A batched prefill pass is one unit: never cut short. While takes stream a round runs at most one
-        # (stream_rows bounds its stall: sized to the budget, a second one would overrun it).
-        # Every round runs at least one unit: promoting a take that needed no work (a retake whose
+        # Alone on the device: prepare everything now (lowest first-audio latency). Once takes stream (that
+        # includes takes this loop just made ready, so a burst larger than one pass starts streaming pass by pass
+        # instead of all after the last), a round runs at most one prefill pass (stream_rows bounds its stall: sized
+        # to prefill_budget_ms at warm-up) and one codec rebuild call. A pass is never cut short.
+        # Every round runs a pass if one is wanted: promoting a take that needed no work (a retake whose
         # parent's cache holds its whole prompt) is not one, or such takes could starve the rest.
+        # No decision here reads the clock or the codec's progress, so rounds are the same with the codec
+        # overlapped or inline.
         # Between units a cancel is honoured at once (interactive control before any further preparation), and
         # with nothing streaming new arrivals end the loop (they join the next pass rather than wait for all).
         if not self.preparing:
             return False
-        t0 = time.monotonic()
         self._fail_broken_rebuilds()
         self._catch_up()
         promoted = self._promote_ready()
@@ -495,8 +494,6 @@ class Scheduler:
                 break
         # Takes waiting for prompt blocks another take computes have no unit of their own (_catch_up moves them).
         while any(t.waits_for is None and self._rows_left(t) for t in self.preparing):
-            if self.running and units and time.monotonic() - t0 >= self.config.prep_budget_s:
-                break
             if self.running and passes:
                 break  # the next unit would be a second prefill pass
             if units and (self._reap_cancelled() or self._arrivals()):
