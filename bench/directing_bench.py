@@ -67,6 +67,9 @@ class Workload:
     cancel_after: int = 20  # frames of the retake heard before the cancel
     new_line_frames: int = 20  # frames of the new line heard before it is cancelled
     chunk_frames: int = 8
+    # The tiny model's stop head is sampled to stop about every 60 frames: --tiny draws it greedily (never stops).
+    # The full-size random checkpoint never stops at the default sampling.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,6 +84,7 @@ class Director:
     retake_window: tuple[float, float] | None = None  # seek sent -> the retake's first PCM
     # (arrival time, frames, stream name) of every PCM frame group
     pcm: list[tuple[float, int, str]] = field(default_factory=list)
+    stopped: dict[str, float] = field(default_factory=dict)  # stream name -> when the director stopped it
     stray_pcm: int = 0  # PCM frames outside a take (after its end, before the next start)
     ends: list[str] = field(default_factory=list)  # end reasons in order
     error: str | None = None
@@ -126,17 +130,17 @@ class Socket:
             if got == kind:
                 return obj
 
-    async def audio(self, frames: int, *, stop_at_end: bool = True) -> tuple[float | None, int]:
-        """Read until ``frames`` frames of PCM came (or the take ended); (first PCM time, frames)."""
+    async def audio(self, frames: int) -> tuple[float | None, bool]:
+        """Read until ``frames`` frames of PCM came or the take ended: (first PCM time, whether it ended)."""
         first, got = None, 0
         while got < frames:
             kind, obj = await self.next()
             if kind == "pcm":
                 first = first or time.perf_counter()
                 got += obj
-            elif kind == "end" and stop_at_end:
-                break
-        return first, got
+            elif kind == "end":
+                return first, True
+        return first, False
 
 
 async def direct(http: aiohttp.ClientSession, ws_url: str, rec: Director, lines: tuple[str, str], seed: int,
@@ -148,7 +152,7 @@ async def direct(http: aiohttp.ClientSession, ws_url: str, rec: Director, lines:
             await go.wait()
             await asyncio.sleep(delay)
             base = {"max_new_tokens": work.frames, "chunk_frames": work.chunk_frames,
-                    "audio_repetition_penalty": PENALTY}
+                    "audio_repetition_penalty": PENALTY, **work.extra}
             # 1. a take of its own line
             sock.stream = f"{rec.index}.take"
             t0 = time.perf_counter()
@@ -156,12 +160,13 @@ async def direct(http: aiohttp.ClientSession, ws_url: str, rec: Director, lines:
                              **base})
             start = await sock.until("start")
             take = start["take"]
-            first, _ = await sock.audio(work.retake_after)
-            if first is None:
-                raise RuntimeError("the first take ended before its audio")
+            first, ended = await sock.audio(work.retake_after)
+            if first is None or ended:
+                raise RuntimeError("the first take ended before the retake point (a sampled stop)")
             rec.first_audio = first - t0
             # 2. the retake from frame retake_from
             t_seek = time.perf_counter()
+            rec.stopped[sock.stream] = t_seek
             seek: dict[str, Any] = {"type": "seek", "take": take, "frame": work.retake_from, "seed": seed + 7919}
             if mode == "instruction":
                 seek["instruction"] = RETAKE_INSTRUCTION
@@ -173,18 +178,20 @@ async def direct(http: aiohttp.ClientSession, ws_url: str, rec: Director, lines:
                 if kind == "start" and obj.get("take") == retake:
                     break
             sock.stream = f"{rec.index}.retake"
-            first, _ = await sock.audio(work.cancel_after)
+            first, ended = await sock.audio(work.cancel_after)
             if first is None:
                 raise RuntimeError("the retake ended before its audio")
             rec.retake_first_audio = first - t_seek
             rec.retake_window = (t_seek, first)
-            # 3. cancel
-            t_cancel = time.perf_counter()
-            await sock.send({"type": "cancel"})
-            end = await sock.until("end")
-            rec.cancel_to_end = time.perf_counter() - t_cancel
-            if end.get("reason") != "cancelled":
-                raise RuntimeError(f"the retake ended with {end.get('reason')} instead of cancelled")
+            # 3. cancel (unless a sampled stop ended it first)
+            if not ended:
+                t_cancel = time.perf_counter()
+                rec.stopped[sock.stream] = t_cancel
+                await sock.send({"type": "cancel"})
+                end = await sock.until("end")
+                rec.cancel_to_end = time.perf_counter() - t_cancel
+                if end.get("reason") != "cancelled":
+                    raise RuntimeError(f"the retake ended with {end.get('reason')} instead of cancelled")
             # 4. replay the retake from frame 0
             sock.stream = f"{rec.index}.replay"
             await sock.send({"type": "seek", "take": retake, "frame": 0, "mode": "replay"})
@@ -195,12 +202,14 @@ async def direct(http: aiohttp.ClientSession, ws_url: str, rec: Director, lines:
             await sock.send({"type": "start", "text": lines[1], "instruction": FIRST_INSTRUCTION, "seed": seed + 31,
                              **base})
             await sock.until("start")
-            first, _ = await sock.audio(work.new_line_frames)
+            first, ended = await sock.audio(work.new_line_frames)
             if first is None:
                 raise RuntimeError("the new line ended before its audio")
             rec.new_line_first_audio = first - t_new
-            await sock.send({"type": "cancel"})
-            await sock.until("end")
+            if not ended:
+                rec.stopped[sock.stream] = time.perf_counter()
+                await sock.send({"type": "cancel"})
+                await sock.until("end")
     except Exception as exc:  # one failing director is reported, the round goes on
         rec.error = f"{type(exc).__name__}: {exc}"
     return rec
@@ -210,11 +219,12 @@ def pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(np.array(values), q)) * 1000.0, 1) if values else None
 
 
-def rtf_during(directors: list[Director], min_overlap_s: float = 0.5) -> dict[str, float | None]:
-    """Streams' real-time factor inside the retake windows (seek sent -> that retake's first PCM, any director):
-    per stream, its audio arriving inside the windows over the time the windows overlap its active span (first
-    to last PCM), for streams overlapping at least ``min_overlap_s``; and the slowest single chunk inside a window
-    (its audio over the time since the stream's previous chunk). Replays are left out (not generated)."""
+def rtf_during(directors: list[Director], min_overlap_s: float = 0.25) -> dict[str, float | None]:
+    """Running streams' real-time factor inside the retake windows (seek sent -> that retake's first PCM, any
+    director): per stream, its audio arriving inside the windows over the time the windows overlap its running span
+    (first PCM to the last one before its director stopped it), for streams overlapping at least ``min_overlap_s``;
+    and the slowest single chunk inside a window (its audio over the time since the stream's previous chunk).
+    Replays are left out (not generated), and so is what a stream sends after its director stopped it."""
     windows = sorted(d.retake_window for d in directors if d.retake_window is not None)
     if not windows:
         return {"stream_rtf_min": None, "chunk_rtf_min": None, "streams": 0}
@@ -231,7 +241,7 @@ def rtf_during(directors: list[Director], min_overlap_s: float = 0.5) -> dict[st
     streams: dict[str, list[tuple[float, int]]] = {}
     for d in directors:
         for t, frames, name in d.pcm:
-            if not name.endswith(".replay"):
+            if not name.endswith(".replay") and t <= d.stopped.get(name, float("inf")):
                 streams.setdefault(name, []).append((t, frames))
     per_stream, per_chunk = [], []
     for arrivals in streams.values():
@@ -411,7 +421,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "rounds": []}
-    work = Workload(frames=args.frames)
+    work = Workload(frames=args.frames, extra={"text_temperature": 0.0} if args.tiny else {})
     model, codec = eb.write_checkpoints(args.work, args.tiny)
     result["checkpoints_sec"] = round(time.perf_counter() - t_all, 1)
     top = max(args.concurrency) if max(args.concurrency) > 1 else args.single_repeats

@@ -9,6 +9,8 @@ close to the parent's end; from further back it is rebuilt from the codes.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -146,13 +148,20 @@ class _Rounds:
             self.sched.add(take)
         return takes
 
-    def until(self, done: Callable[[], bool], limit: int = 2000) -> None:
-        for _ in range(limit):
+    def until(self, done: Callable[[], bool], timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
             if done():
                 return
+            self.engine._wake.clear()
             if not self.sched.iterate():
-                self.engine._wake.wait(0.01)
-        raise AssertionError("the condition never came true")
+                self.engine._wake.wait(0.05)  # the codec worker wakes us when a call is done
+        sched = self.sched
+        state = {name: [(t.take_id, t.phase.value, t.frames, t.prefilled, t.rebuilt, t.waits_for, t.ending)
+                        for t in group]
+                 for name, group in (("waiting", sched.waiting), ("preparing", sched.preparing),
+                                     ("running", sched.running), ("stopping", sched.stopping))}
+        raise AssertionError(f"the condition never came true: {state}")
 
 
 def test_a_cancel_is_handled_before_the_next_prefill_pass(tiny_data_dir: Path) -> None:
@@ -247,3 +256,46 @@ def test_batch_work_gets_what_interactive_takes_leave(tiny_data_dir: Path) -> No
         assert max(firsts["d0"], firsts["d1"]) <= min(firsts[f"r{i}"] for i in range(4))  # type: ignore[type-var]
         for take in [*directors, *renders]:
             assert take.channel.end.reason is EndReason.MAX_FRAMES  # type: ignore[attr-defined]
+
+
+def test_a_retake_cancelled_while_its_rebuild_runs_ends_after_it(tiny_data_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow codec and a take streaming: a retake with a new direction (its prompt re-prefilled one small pass a
+    round) is cancelled while the call rebuilding its codec state still runs on the codec worker. It ends once that
+    call is done (its state is never closed under a running decode), with no audio; the take in the same rebuild
+    call goes on to its end."""
+    closed_during: list[bool] = []
+    started = threading.Event()
+    real = CodecBatcher.advance
+
+    def slow_advance(self: CodecBatcher, states: list[Any], chunks: list[np.ndarray]) -> None:
+        started.set()
+        time.sleep(0.3)
+        real(self, states, chunks)
+        closed_during.append(any(s.closed for s in states))
+
+    monkeypatch.setattr(CodecBatcher, "advance", slow_advance)
+    n, length = 10, 30
+    settings = engine_settings(tiny_data_dir, overlap=True, prefill_chunk=16, prefill_stream_rows=16)
+    with loaded_engine(settings) as engine:
+        parents = drive(engine, [spec(f"p{i}", i, length, 8, text=f"{TEXT} Line {i}.") for i in range(2)])
+        _ok(parents)
+        rounds = _Rounds(engine)
+        (streaming,) = rounds.add(spec("s", 9, 60, 4, text=TEXT))
+        rounds.until(lambda: streaming.frames >= 2)
+        victim, other = rounds.add(*[
+            spec(f"p{i}.r", 100 + i, 6, 2, text=f"{TEXT} Line {i}.", instruction="Slower, darker.",
+                 prefix_codes=parents.channels[f"p{i}"].codes[:n], parent_take=f"p{i}")
+            for i in range(2)
+        ])
+        rounds.until(lambda: started.is_set())
+        assert victim in rounds.sched.preparing  # its prompt is still going in
+        victim.channel.cancel()
+        rounds.sched.iterate()
+        assert victim in rounds.sched.stopping and not victim.channel.finished  # the rebuild call is still running
+        rounds.until(lambda: victim.channel.finished and other.channel.finished and streaming.channel.finished)
+        assert victim.channel.end.reason is EndReason.CANCELLED  # type: ignore[attr-defined]
+        assert not victim.channel.chunks and not victim.channel.problems  # type: ignore[attr-defined]
+        assert other.channel.end.reason is EndReason.MAX_FRAMES  # type: ignore[attr-defined]
+        assert closed_during and not any(closed_during)
+        assert engine._decoder.free_slots == engine._decoder.max_streams  # type: ignore[attr-defined]
