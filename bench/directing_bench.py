@@ -1,6 +1,7 @@
 """Directing benchmark (issue 22): N directors at once over WebSocket, each directing a line of its own.
 
-On a CUDA machine (one command, bounded by ``--deadline-sec``, default 450 s; each round by ``--round-timeout``):
+On a CUDA machine (one command; rounds not started within ``--deadline-sec``, 360 s, are skipped, and a round lasts
+at most ``--round-timeout``, 60 s):
     python bench/directing_bench.py --out directing.json
 writes full-size random-weight checkpoints in the real layout (as bench/engine_bench.py does, into ``--work``),
 starts ``python -m moss_rt serve`` on them (the server's defaults: slots from the memory plan, codec overlapped,
@@ -411,8 +412,8 @@ def main() -> None:
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--max-slots", type=int, default=0, help="0: the memory plan's (the server's default)")
     p.add_argument("--frames", type=int, default=200)
-    p.add_argument("--round-timeout", type=float, default=120.0)
-    p.add_argument("--deadline-sec", type=float, default=450.0, help="rounds not started by then are skipped")
+    p.add_argument("--round-timeout", type=float, default=60.0, help="a director not done by then counts as failed")
+    p.add_argument("--deadline-sec", type=float, default=360.0, help="rounds not started by then are skipped")
     p.add_argument("--no-wait-graphs", action="store_true", help="start before the idle-time graph captures end")
     p.add_argument("--server-log", type=Path, default=None)
     args = p.parse_args()
@@ -434,9 +435,12 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     proc = start_server(args, model, codec, port, args.server_log or (args.work / "directing_server.log"))
     try:
-        result["server_ready_sec"] = round(asyncio.run(eb.wait_ready(url, proc, 600)), 1)
+        result["server_ready_sec"] = round(asyncio.run(eb.wait_ready(url, proc, 300)), 1)
         if not args.no_wait_graphs:
-            result["graphs_settled_sec"] = round(asyncio.run(eb.wait_graphs(url, proc, 240)), 1)
+            try:  # the steady state; past the limit the rounds run anyway (and say so)
+                result["graphs_settled_sec"] = round(asyncio.run(eb.wait_graphs(url, proc, 180)), 1)
+            except TimeoutError:
+                result["graphs_settled_sec"] = "not within 180 s: rounds ran with graphs still pending"
         plan = asyncio.run(_info(url))
         result["server"] = {k: plan.get(k) for k in ("max_slots", "max_seq_len", "cuda_graphs", "codec_overlap")}
         for conc in args.concurrency:
