@@ -20,6 +20,16 @@ engine replicas on a local Ray (``serve --cluster auto --replicas N``, each repl
 ``max(concurrency) / N`` slots) and drives it exactly the same way; ``--baseline C`` first measures the
 single-process server (one GPU) at concurrency C in the same run and reports the cluster's aggregate
 real-time factor as a multiple of it (``scale_vs_baseline``).
+
+Issue 29: in cluster mode the bench owns the Ray cluster (started in this process, bench/local_ray.py) and starts
+``--front-ends N`` front-end processes (``serve --cluster ADDRESS``, each on its own port; the first creates the
+replicas); the clients spread over them. Each round then also reports ``front_ends``: their CPU over the rounds
+(the relay cost: ``cpu_ms_per_audio_sec``, ``busy_max`` = the busiest one's share of a core, its CPU by thread)
+and the relay hops (stream items from the replicas, chunks per item), and ``replicas``: per replica the frames,
+the prompt rows computed and shared from its cache, and where the routers sent takes by prompt match
+(``routes_hit``/``routes_spill``/``routes_miss``, cache-aware routing). The 2xH200 run of issue 29:
+    python bench/engine_bench.py --replicas 2 --front-ends 2 --baseline 128 --concurrency 256 --repeats 3 \
+        --prompts lines --out cluster.json
 """
 
 from __future__ import annotations
@@ -44,6 +54,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from local_ray import RAY_ENV, LocalRay, cpu_seconds, per_replica, thread_cpu_seconds  # noqa: E402
 
 log = logging.getLogger("engine_bench")
 PENALTY = 1.1
@@ -130,6 +143,7 @@ def start_server(
     concurrency: list[int],
     replicas: int = 0,
     codec_overlap: bool = True,
+    cluster: str = "auto",
 ) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(
@@ -151,10 +165,10 @@ def start_server(
         cmd.append("--no-prompt-cache")
     if replicas > 0:
         # Ray on loopback, no usage report; the replicas are CPU ones with --tiny.
-        env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+        env.update(RAY_ENV)
         # Half the machine's cores shared by the replicas (Ray sets each one's OMP_NUM_THREADS from it).
         cpus = max(1, (os.cpu_count() or 2) // (2 * replicas))
-        cmd += ["--cluster", "auto", "--replicas", str(replicas), "--replica-cpus", str(cpus)]
+        cmd += ["--cluster", cluster, "--replicas", str(replicas), "--replica-cpus", str(cpus)]
     elif not args.tiny and args.replicas > 0:
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]  # the baseline: one GPU
     fh = open(log_path, "w")  # noqa: SIM115 - closed with the process
@@ -251,15 +265,89 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else float("nan")
 
 
-async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, Any], settle_sec: float = 0.0,
-                    line_for: Any = None) -> dict:
+CLUSTER_SERIES = (
+    "moss_rt_frames_total", "moss_rt_prompt_rows_total", "moss_rt_cluster_prompt_routes_total",
+    "moss_rt_takes_total",
+)
+
+
+async def cluster_view(http: aiohttp.ClientSession, urls: list[str], pids: list[int]) -> dict[str, Any]:
+    """What a cluster's rounds are measured by: replica series (from the first front end: every front end shows
+    the same replica registries), router series (summed over the front ends: each routes its own takes), the
+    front ends' CPU."""
+    texts = []
+    for url in urls:
+        async with http.get(url + "/metrics") as resp:
+            texts.append(await resp.text())
+    replicas = per_replica(texts[0], CLUSTER_SERIES[:2])
+    for text in texts:
+        for name, row in per_replica(text, CLUSTER_SERIES[2:3]).items():
+            for key, value in row.items():
+                replicas.setdefault(name, {})[key] = replicas.get(name, {}).get(key, 0.0) + value
+    relay = {"items": 0.0, "chunks": 0.0}
+    for text in texts:
+        for line in text.splitlines():
+            if line.startswith("moss_rt_cluster_relay_items_total "):
+                relay["items"] += float(line.split()[1])
+            elif line.startswith("moss_rt_cluster_relay_chunks_total "):
+                relay["chunks"] += float(line.split()[1])
+    return {
+        "replicas": replicas,
+        "relay": relay,
+        "cpu": [cpu_seconds(pid) for pid in pids],
+        "threads": thread_cpu_seconds(pids[0]) if pids else {},
+    }
+
+
+def cluster_delta(before: dict[str, Any], after: dict[str, Any], audio_sec: float, wall: float) -> dict[str, Any]:
+    """The rounds' share of the front ends' CPU (``wall``: the rounds' own time) and the replicas' counters."""
+    cpu = [b - a for a, b in zip(before["cpu"], after["cpu"], strict=True)]
+    items = after["relay"]["items"] - before["relay"]["items"]
+    chunks = after["relay"]["chunks"] - before["relay"]["chunks"]
+    replicas = {}
+    for name, row in after["replicas"].items():
+        was = before["replicas"].get(name, {})
+
+        def d(key: str, row: dict[str, float] = row, was: dict[str, float] = was) -> float:
+            return row.get(key, 0.0) - was.get(key, 0.0)
+
+        replicas[name] = {
+            "frames": d("moss_rt_frames_total"),
+            "prompt_rows_prefilled": d('moss_rt_prompt_rows_total{source="prefill"}'),
+            "prompt_rows_cached": d('moss_rt_prompt_rows_total{source="cache"}'),
+            **{
+                f"routes_{m}": d(f'moss_rt_cluster_prompt_routes_total{{match="{m}"}}')
+                for m in ("hit", "spill", "miss")
+            },
+        }
+    threads = {k: round(v - before["threads"].get(k, 0.0), 2) for k, v in after["threads"].items()}
+    return {
+        "front_ends": {
+            "count": len(cpu),
+            "cpu_sec": [round(c, 2) for c in cpu],
+            "busy_max": round(max(cpu) / wall, 2) if cpu and wall > 0 else None,
+            "cpu_ms_per_audio_sec": round(1000.0 * sum(cpu) / audio_sec, 3) if audio_sec else None,
+            "relay_items": items,
+            "chunks_per_item": round(chunks / items, 2) if items else None,
+            "fe0_threads_cpu_sec": {k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.05},
+        },
+        "replicas": replicas,
+    }
+
+
+async def run_round(url: str | list[str], concurrency: int, repeats: int, start: dict[str, Any],
+                    settle_sec: float = 0.0, line_for: Any = None, pids: list[int] | None = None) -> dict:
     """``repeats`` rounds of ``concurrency`` takes started together; ``line_for(seed)``: each take's own text
-    (default: every take speaks ``start``'s)."""
-    ws_url = url.replace("http", "ws") + "/api/ws"
+    (default: every take speaks ``start``'s). ``url`` a list: cluster front ends, the clients spread over them
+    (``pids``: theirs, for their CPU)."""
+    urls = [url] if isinstance(url, str) else url
+    url = urls[0]
+    ws_urls = [u.replace("http", "ws") + "/api/ws" for u in urls]
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     # limit=0: aiohttp's default connector holds at most 100 connections, which would cap concurrency.
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
         before = await scrape(http, url)
+        fleet_before = await cluster_view(http, urls, pids) if pids else None
         takes: list[dict] = []
         t0 = time.perf_counter()
         aggregate, walls = [], []
@@ -267,7 +355,9 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
             go = asyncio.Event()
             seeds = [1000 * r + i for i in range(concurrency)]
             starts = [{**start, "seed": seed} | ({"text": line_for(seed)} if line_for else {}) for seed in seeds]
-            tasks = [asyncio.create_task(one_take(http, ws_url, msg, go)) for msg in starts]
+            tasks = [
+                asyncio.create_task(one_take(http, ws_urls[i % len(ws_urls)], msg, go)) for i, msg in enumerate(starts)
+            ]
             await asyncio.sleep(0.2)  # every client connected and holding its hello
             go.set()
             t_round = time.perf_counter()
@@ -279,6 +369,12 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
         total = time.perf_counter() - t0
         await asyncio.sleep(settle_sec)  # a cluster front end shows replica metrics one poll late
         after = await scrape(http, url)
+        fleet_after = await cluster_view(http, urls, pids) if pids else None
+    fleet = (
+        cluster_delta(fleet_before, fleet_after, sum(t["audio_sec"] for t in takes), sum(walls))
+        if fleet_before is not None and fleet_after is not None
+        else {}
+    )
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
@@ -337,6 +433,7 @@ async def run_round(url: str, concurrency: int, repeats: int, start: dict[str, A
             "step_intervals_over_120ms": delta('moss_rt_step_interval_seconds_bucket{le="+Inf"}')
             - delta('moss_rt_step_interval_seconds_bucket{le="0.12"}'),
         },
+        **fleet,
     }
 
 
@@ -454,6 +551,8 @@ def main() -> None:
     p.add_argument("--deadline-sec", type=float, default=480.0, help="skip the optional sections past this")
     p.add_argument("--replicas", type=int, default=0, help="cluster mode: N engine replicas on a local Ray")
     p.add_argument("--baseline", type=int, default=0, help="with --replicas: one GPU, one process, at this concurrency")
+    p.add_argument("--front-ends", type=int, default=1,
+                   help="with --replicas: front-end processes (each its own port; the clients spread over them)")
     p.add_argument("--codec-overlap", choices=("on", "off", "both"), default="on",
                    help="the server's codec_overlap; both: the rounds with it off first (keys overlap_off_...)")
     args = p.parse_args()
@@ -507,23 +606,36 @@ def serve_and_drive(
     prefix: str = "",
     codec_overlap: bool = True,
 ) -> None:
-    """Start a server (single process, or the front end of ``replicas`` replicas) and run the rounds."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = args.server_log or (args.work / f"{prefix}server.log")
-    proc = start_server(args, model, codec, port, log_path, concurrency=concurrency, replicas=replicas,
-                        codec_overlap=codec_overlap)
+    """Start a server (single process, or ``--front-ends`` front ends of ``replicas`` replicas on a Ray cluster
+    this process owns) and run the rounds."""
+    n_front = max(1, getattr(args, "front_ends", 1)) if replicas > 0 else 1
+    ports = [free_port() for _ in range(n_front)]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    procs: list[subprocess.Popen] = []
+    local: LocalRay | None = None
     try:
-        result[f"{prefix}server_ready_sec"] = asyncio.run(wait_ready(url, proc, 900, replicas))
+        if replicas > 0:
+            local = LocalRay(num_cpus=os.cpu_count() or 2)
+        for i, port in enumerate(ports):
+            log_path = args.server_log or (args.work / f"{prefix}server.log")
+            if i:
+                log_path = log_path.with_name(f"{log_path.stem}.fe{i}{log_path.suffix}")
+            procs.append(start_server(args, model, codec, port, log_path, concurrency=concurrency, replicas=replicas,
+                                      codec_overlap=codec_overlap, cluster=local.address if local else "auto"))
+            if i == 0:  # the first front end creates the replicas; the others find them
+                result[f"{prefix}server_ready_sec"] = asyncio.run(wait_ready(urls[0], procs[0], 900, replicas))
+        for url, proc in zip(urls[1:], procs[1:], strict=True):
+            asyncio.run(wait_ready(url, proc, 300, replicas))
         if not args.cold:
-            result[f"{prefix}graphs_settled_sec"] = asyncio.run(wait_graphs(url, proc, 300))
+            result[f"{prefix}graphs_settled_sec"] = asyncio.run(wait_graphs(urls[0], procs[0], 300))
         for c in concurrency:
             try:
                 repeats = args.single_repeats if c == 1 else args.repeats
                 frames = args.frames if c > 1 else max(50, args.frames * 2 // 3)
                 settle = 1.5 if replicas > 0 else 0.0
-                r = asyncio.run(run_round(url, c, repeats, {**start, "max_new_tokens": frames}, settle,
-                                          line_for=line_for(args, model)))
+                r = asyncio.run(run_round(urls, c, repeats, {**start, "max_new_tokens": frames}, settle,
+                                          line_for=line_for(args, model),
+                                          pids=[p.pid for p in procs] if replicas > 0 else None))
                 result[f"{prefix}c{c}"] = r
                 save(result, args.out)
                 log.info("%sconcurrency %d: %s", prefix, c, json.dumps(r))
@@ -532,12 +644,16 @@ def serve_and_drive(
     except Exception:
         result[f"{prefix}server_error"] = traceback.format_exc(limit=3)
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGINT)
+        for proc in procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        if local is not None:
+            local.stop()
     save(result, args.out)
 
 

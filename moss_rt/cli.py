@@ -1,4 +1,4 @@
-"""Command line: ``moss-rt serve | say | make-tiny`` (also ``python -m moss_rt ...``)."""
+"""Command line: ``moss-rt serve | say | render | make-tiny`` (also ``python -m moss_rt ...``)."""
 
 from __future__ import annotations
 
@@ -81,6 +81,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print=None,
         handler_cancellation=True,
         shutdown_timeout=settings.shutdown_grace_sec,
+        reuse_port=settings.reuse_port or None,
     )
     failure = app[STATE].engine_failure
     if failure is not None:
@@ -112,6 +113,9 @@ def add_say(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=None,
         help="file to write (default out.wav); .mp3 .opus .aac .flac .pcm write that format, anything else WAV",
     )
+    p.add_argument("--words", type=Path, default=None, help="write the take's word timings here (JSON)")
+    p.add_argument("--srt", type=Path, default=None, help="write the take's captions here (SubRip)")
+    p.add_argument("--vtt", type=Path, default=None, help="write the take's captions here (WebVTT)")
     p.add_argument("--url", default="http://127.0.0.1:8770", help="the service (default %(default)s)")
     p.add_argument(
         "--transport",
@@ -165,9 +169,12 @@ def run_say(args: argparse.Namespace) -> int:
         from moss_rt.model.commands import say_codes_command
 
         return say_codes_command(args)
-    from moss_rt.client import DirectingClient, ServerError, http_stream
+    from moss_rt.client import DirectingClient, ServerError, fetch_words, http_stream
 
     fields = _say_fields(args)
+    want_words = args.words is not None or args.srt is not None or args.vtt is not None
+    if want_words and args.transport == "ws":
+        fields["words"] = True  # streamed with the take (the HTTP transport fetches them afterwards)
 
     async def _ws() -> object:
         url = args.url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + "/api/ws"
@@ -185,9 +192,107 @@ def run_say(args: argparse.Namespace) -> int:
         return 1
     output = args.output or Path("out.wav")
     write_audio(output, bytes(take.pcm), take.channels)  # type: ignore[attr-defined]
+    try:
+        _write_words(args, take, fetch_words)
+    except (ServerError, OSError) as exc:
+        print(f"error: the take's words: {exc}", file=sys.stderr)
+        return 1
     end = take.end  # type: ignore[attr-defined]
     print(f"wrote {output}: {take.duration_sec:.2f} s, take {take.take_id}, end {end.get('reason')}")  # type: ignore[attr-defined]
     return 0
+
+
+def _write_words(args: argparse.Namespace, take: Any, fetch: Any) -> None:
+    """``--words``/``--srt``/``--vtt``: the take's word timings as JSON, and its captions from the server."""
+    import json
+
+    if args.words is not None:
+        words = take.words if take.words or args.transport == "ws" else asyncio.run(fetch(args.url, take.take_id))
+        args.words.write_text(json.dumps({"take": take.take_id, "words": words}, indent=1) + "\n", encoding="utf-8")
+    for path, fmt in ((args.srt, "srt"), (args.vtt, "vtt")):
+        if path is not None:
+            path.write_text(asyncio.run(fetch(args.url, take.take_id, fmt)), encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- render
+
+
+def add_render(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "render",
+        help="render a whole script (docs/scripts.md) through a running service (or --local) into a folder",
+        description="Post a script (plain text, or .json), follow its render with a progress bar, and unpack its "
+        "export: every line, the mix, cue sheets and captions.",
+    )
+    p.add_argument("script", type=Path, nargs="?", help="the script: plain text, or the JSON form (.json)")
+    p.add_argument("-o", "--output", type=Path, default=Path("out"), help="folder to write (default %(default)s)")
+    p.add_argument("--format", default=None, help="audio format of the files: wav (default), flac, mp3, opus, aac, pcm")
+    p.add_argument("--sample-rate", type=int, default=None, help="48000 (default), 24000 or 16000")
+    p.add_argument("--cast", type=Path, default=None, help="a JSON file {NAME: {voice, instruction, language}} "
+                   "laid over the script's own cast")
+    p.add_argument("--session", default=None, help="render into this directing session (default: a new one)")
+    p.add_argument("--script-id", default=None, help="follow a render already posted (sc_…) instead of posting one")
+    p.add_argument("--url", default="http://127.0.0.1:8770", help="the service (default %(default)s)")
+    p.add_argument("--local", action="store_true", help="run the service in this process instead (the engine the "
+                   "settings name: MOSS_RT_* and the flags below)")
+    p.add_argument("--engine", default=None, help="with --local: moss or scripted")
+    p.add_argument("--model", default=None, help="with --local: auto | tiny | PATH | HUB_ID")
+    p.add_argument("--codec", default=None, help="with --local: auto | tiny | PATH | HUB_ID")
+    p.add_argument("--device", default=None, help="with --local: auto | cpu | cuda | cuda:N")
+    p.add_argument("--data-dir", type=Path, default=None, help="with --local: data folder (sessions, voices)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_render)
+
+
+def run_render(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from moss_rt.scripts.client import RenderError, render_script, serve_in_process
+
+    setup_logging("WARNING")
+    if args.script is None and args.script_id is None:
+        print("error: give a script file (or --script-id to follow one already posted)", file=sys.stderr)
+        return 1
+    cast = None
+    if args.cast is not None:
+        try:
+            cast = json.loads(args.cast.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            print(f"error: --cast {args.cast}: {exc}", file=sys.stderr)
+            return 1
+
+    async def _render() -> object:
+        url, runner = args.url, None
+        if args.local:
+            overrides = {k: getattr(args, k) for k in ("engine", "model", "codec", "device", "data_dir")}
+            settings = settings_from_env().replace(**{k: v for k, v in overrides.items() if v is not None})
+            url, runner = await serve_in_process(settings)
+        try:
+            return await render_script(
+                url, args.output, script_path=args.script, script_id=args.script_id, cast=cast,
+                session=args.session, fmt=args.format, sample_rate=args.sample_rate,
+                api_key=os.environ.get("MOSS_RT_API_KEY"), progress=not args.no_progress,
+            )  # fmt: skip
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+
+    try:
+        result = asyncio.run(_render())
+    except (RenderError, OSError, ValueError) as exc:
+        hint = "" if args.local else f" (is the service running at {args.url}? start one, or use --local)"
+        print(f"error: {exc}{hint if isinstance(exc, OSError) else ''}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: the render goes on in the service; follow it with --script-id", file=sys.stderr)
+        return 130
+    r: Any = result
+    print(f"wrote {args.output}/: {r.lines_done} lines, {r.audio_sec:.1f} s of audio ({len(r.files)} files), "
+          f"script {r.script_id}, session {r.session_id}")
+    for line in r.failed:
+        print(f"line {line['line']} ({line['who']}) failed: {line['error']}", file=sys.stderr)
+    return 2 if r.failed else 0
 
 
 # --------------------------------------------------------------------------- make-tiny
@@ -213,6 +318,7 @@ def build_parser(prog: str = "moss-rt") -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve(sub)
     add_say(sub)
+    add_render(sub)
     add_make_tiny(sub)
     return parser
 

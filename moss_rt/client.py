@@ -32,6 +32,7 @@ from moss_rt.protocol import (
     ServerMessage,
     TakeEnded,
     TakeStarted,
+    Words,
     decode_frame,
     parse_server_message,
 )
@@ -56,6 +57,8 @@ class TakeAudio:
     events: list[dict[str, Any]] = field(default_factory=list)
     # A take started with a "format" arrives as tag-2 frames: the bytes of one file in that format.
     encoded: bytearray = field(default_factory=bytearray)
+    # A take started with "words": true: its words in order, {"word", "start", "end", "flags"?} (seconds).
+    words: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def take_id(self) -> str | None:
@@ -132,8 +135,12 @@ class DirectingClient:
     async def cancel(self, take: str | None = None) -> None:
         await self.send({"type": "cancel", **({"take": take} if take else {})})
 
-    async def seek(self, take: str, frame: int, *, mode: str = "retake", **overrides: Any) -> None:
-        await self.send({"type": "seek", "take": take, "frame": frame, "mode": mode, **overrides})
+    async def seek(
+        self, take: str, frame: int | None = None, *, word: int | None = None, mode: str = "retake", **overrides: Any
+    ) -> None:
+        """Retake (or replay) ``take`` from ``frame``, or from where its ``word``-th word starts."""
+        where = {"frame": frame} if word is None else {"word": word}
+        await self.send({"type": "seek", "take": take, **where, "mode": mode, **overrides})
 
     async def ping(self) -> Pong:
         await self.send({"type": "ping", "t": asyncio.get_running_loop().time()})
@@ -154,7 +161,9 @@ class DirectingClient:
                 take.encoded += item.data
                 continue
             take.events.append(item.to_dict())
-            if isinstance(item, TakeStarted):
+            if isinstance(item, Words):
+                take.words += item.words
+            elif isinstance(item, TakeStarted):
                 take.start = item.to_dict()
                 take.channels = item.channels if isinstance(item.channels, int) else 1
                 take.sr = item.sr
@@ -168,6 +177,20 @@ class DirectingClient:
     async def speak(self, text: str, **fields: Any) -> TakeAudio:
         await self.start(text, **fields)
         return await self.collect()
+
+
+async def fetch_words(base_url: str, take_id: str, fmt: str = "words", timeout_sec: float = 300.0) -> Any:
+    """A take's words from ``GET /api/takes/{id}/words`` (``fmt="words"``: the JSON answer's list) or its captions
+    (``"srt"``, ``"vtt"``: the file's text); the server aligns them if the take streamed without them."""
+    path = f"/api/takes/{take_id}/words" if fmt == "words" else f"/api/takes/{take_id}.{fmt}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_sec)) as http:
+        async with http.get(base_url.rstrip("/") + path) as resp:
+            if resp.status != 200:
+                body = await resp.json(content_type=None)
+                raise ServerError(ErrorMessage.from_dict({"code": None, "message": None, **body.get("error", {})}))
+            if fmt == "words":
+                return (await resp.json())["words"]
+            return await resp.text()
 
 
 async def http_stream(base_url: str, total_timeout_sec: float = 600.0, **fields: Any) -> TakeAudio:

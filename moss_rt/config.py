@@ -45,6 +45,17 @@ class Settings:
     # Directing sessions kept in data_dir/sessions (resume on the WebSocket, /api/sessions); off: takes live only
     # as long as their connection (a bounded history of limits.max_takes_kept).
     sessions: bool = setting(True, "keep directing sessions on disk (resume)")
+    # Stored sessions are bounded on disk: a session nobody used for this long is deleted by a background sweep,
+    # and takes or imports that would take the sessions past these budgets are refused with 507.
+    session_retention_days: float = setting(30.0, "delete sessions unused for this many days (0: keep until deleted)")
+    session_storage_mb: int = setting(20480, "MB all stored sessions may take in the data dir; past it: 507")
+    session_storage_per_client_mb: int = setting(
+        4096, "MB the sessions one client address created may take; past it: 507 (0: no cap)"
+    )
+    # Session imports unpack and check whole takes on worker threads: at most this many at once (one per client),
+    # so they cannot crowd out the threads others' requests need; exports (packed at their reader's pace) may be
+    # four times as many. More: 503 busy / 429.
+    max_concurrent_archives: int = setting(2, "session imports at once, one per client (exports: 4x as many)")
     voices_dir: Path = setting(Path("voices"), "built-in voices (audio files)")
     # The studio page: moss_rt/static links to the repository's static/ and is a real folder once installed.
     static_dir: Path = (Path(__file__).resolve().parent / "static").resolve()
@@ -83,6 +94,12 @@ class Settings:
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")
+    # Word timing (docs/words.md): the aligner behind ``words``, captions and seek by word.
+    aligner: str = setting(
+        "auto", "word aligner: auto | pocketsphinx | ctc:<hub id or folder> | none (docs/words.md)"
+    )
+    # Alignment jobs waiting for the aligner's workers, all takes together; a streaming take skips a step past it.
+    aligner_queue: int = setting(256, "word alignment jobs waiting at most (bounds the aligner's queue)")
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
     heard_audio_mb: int = setting(256, "streamed PCM kept for replays")
     # Takes' codes rendered again for downloads (their streamed PCM gone), held while read: one
@@ -125,6 +142,14 @@ class Settings:
     )
     cors_origins: tuple[str, ...] = setting((), "origins that get CORS headers")
     token_ttl_sec: float = setting(600.0, "lifetime of browser tokens from POST /api/token")
+    # Script renders (docs/scripts.md): their lines run at batch priority, as many at once as these shares of the
+    # engine's slots allow; the rest of the slots (and the engine's queue) stay for interactive takes.
+    # The total matches the scheduler's share for batch work, so lines wait here (fairly, per client) rather than
+    # in the engine's queue, where they would hold places interactive takes may need.
+    script_total_share: float = setting(0.5, "share of the engine's slots all script renders together may fill")
+    script_client_share: float = setting(0.375, "share of the engine's slots one client's script renders may fill")
+    max_scripts_per_client: int = setting(4, "scripts one client may have waiting or rendering (0: no cap)")
+    max_script_exports: int = setting(4, "script zip exports streaming at once; past it: 503 busy (0: no cap)")
     limits: Limits = field(default_factory=Limits)
     log_level: str = setting("INFO", "DEBUG | INFO | WARNING | ERROR")
     # Cluster mode (docs/cluster.md): "" runs the engine in this process; "auto" or a Ray address
@@ -136,6 +161,16 @@ class Settings:
     )
     replicas: int = setting(0, "with --cluster: engine replicas to find or create; 0: one per GPU")
     replica_cpus: float = setting(1.0, "with --cluster: CPUs Ray reserves for each replica")
+    # Cache-aware routing (docs/cluster.md): a new take goes to the replica that keeps the longest run of its
+    # prompt blocks, unless that replica has more than this many takes (active + queued) above the least
+    # loaded one; -1 routes by load alone.
+    route_cache_margin: int = setting(
+        8, "with --cluster: takes a replica holding a new take's prompt may be above the least loaded one and "
+        "still get it (-1: route by load alone)"
+    )
+    # SO_REUSEPORT: several front-end processes (or servers) listen on one port; the kernel spreads
+    # connections over them (docs/cluster.md).
+    reuse_port: bool = setting(False, "listen with SO_REUSEPORT, so several processes share the port")
 
     @property
     def voices_store_dir(self) -> Path:

@@ -17,6 +17,7 @@ from typing import Any
 SAMPLE_RATE = 48000  # MOSS-Audio-Tokenizer-v2 output, Hz
 FRAME_SAMPLES = 3840  # samples per channel per 80 ms codec frame
 N_CODEBOOKS = 12  # codes per frame (the first 12 of the codec's 32 levels)
+CODEBOOK_SIZE = 1024  # codes per codebook: every code lies in [0, 1024) (the model's audio_vocab_size)
 FRAME_RATE = SAMPLE_RATE / FRAME_SAMPLES  # 12.5 frames per second
 
 
@@ -99,6 +100,7 @@ __all__ = [
     "FRAME_SAMPLES",
     "MAX_SEED",
     "N_CODEBOOKS",
+    "CODEBOOK_SIZE",
     "SAMPLE_RATE",
     "SAMPLING_DEFAULTS",
     "SAMPLING_RANGES",

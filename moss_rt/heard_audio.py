@@ -18,12 +18,31 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _Heard:
+    """One take's audio. Appended chunks are kept by reference (the streamed ``bytes`` themselves, no copy:
+    every stream appends one per chunk, and growing one buffer would copy the take over and over as it
+    grows); they are joined into ``joined`` only when someone reads the take (a replay, a download, a retake)."""
+
     bytes_per_frame: int
-    pcm: bytearray = field(default_factory=bytearray)
+    joined: bytearray = field(default_factory=bytearray)
+    tail: list[bytes] = field(default_factory=list)
+    nbytes: int = 0
 
     @property
     def frames(self) -> int:
-        return len(self.pcm) // self.bytes_per_frame
+        return self.nbytes // self.bytes_per_frame
+
+    def add(self, pcm: bytes) -> None:
+        self.tail.append(pcm)
+        self.nbytes += len(pcm)
+
+    @property
+    def pcm(self) -> bytearray:
+        """Everything held, as one buffer (joined once per read after new chunks came)."""
+        if self.tail:
+            # One new buffer of the exact size: readers holding the previous one keep a valid prefix.
+            self.joined = bytearray().join([self.joined, *self.tail])
+            self.tail.clear()
+        return self.joined
 
 
 class HeardAudio:
@@ -52,9 +71,9 @@ class HeardAudio:
             prefix = self.get(parent, branch_frame, bytes_per_frame) if parent else None
             if prefix is None:
                 return
-            heard.pcm += prefix
+            heard.add(prefix)
         self._takes[take_id] = heard
-        self._bytes += len(heard.pcm)
+        self._bytes += heard.nbytes
         self._evict(keep=take_id)
 
     def append(self, take_id: str, first_frame: int, pcm: bytes) -> None:
@@ -65,7 +84,7 @@ class HeardAudio:
         if first_frame != heard.frames or len(pcm) % heard.bytes_per_frame:
             self.discard(take_id)
             return
-        heard.pcm += pcm
+        heard.add(bytes(pcm))  # bytes() of bytes is the object itself: no copy
         self._bytes += len(pcm)
         self._takes.move_to_end(take_id)
         self._evict(keep=take_id)
@@ -73,14 +92,18 @@ class HeardAudio:
     def get(self, take_id: str, n_frames: int, bytes_per_frame: int) -> bytes | None:
         """The first ``n_frames`` frames as heard, or None when they are not all held."""
         held = self.buffer(take_id, n_frames, bytes_per_frame)
-        return None if held is None else bytes(held[: n_frames * bytes_per_frame])
+        if held is None:
+            return None
+        with memoryview(held) as view:  # one copy out (a slice of a bytearray then bytes() would be two)
+            return bytes(view[: n_frames * bytes_per_frame])
 
     def buffer(self, take_id: str, n_frames: int, bytes_per_frame: int) -> bytearray | None:
         """The held buffer itself (no copy) when its first ``n_frames`` frames are all there.
 
         For readers that copy it out piece by piece (downloads): many at once share one buffer.
-        They must only slice it (never export a memoryview: the buffer may still grow) and only
-        up to ``n_frames``; evicting the take drops it from here while they finish with it.
+        They must only slice it (not keep a memoryview of it) and only up to ``n_frames``; chunks
+        streamed later go into a new buffer, and evicting the take drops it from here while they
+        finish with it.
         """
         heard = self._takes.get(take_id)
         if heard is None or heard.bytes_per_frame != bytes_per_frame or heard.frames < n_frames:
@@ -91,10 +114,10 @@ class HeardAudio:
     def discard(self, take_id: str) -> None:
         heard = self._takes.pop(take_id, None)
         if heard is not None:
-            self._bytes -= len(heard.pcm)
+            self._bytes -= heard.nbytes
 
     def _evict(self, *, keep: str) -> None:
-        if len(self._takes[keep].pcm) > self._max_bytes:
+        if self._takes[keep].nbytes > self._max_bytes:
             self.discard(keep)  # alone over the budget: never held, and nothing else makes way for it
             return
         self._takes.move_to_end(keep)

@@ -12,14 +12,15 @@ import enum
 import math
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from moss_rt.align.base import WordTime, kept_words
 from moss_rt.engine.base import AudioChunk, TakeEvent, TakeFinished, TakeFirstAudio, TakeSpec
-from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS, EndReason
+from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS, EndReason, frame_at_time
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.protocol import (
     DEFAULT_LIMITS,
@@ -72,6 +73,9 @@ class TakeRecord:
     status: TakeStatus = TakeStatus.RUNNING
     reason: str | None = None
     stats: dict[str, float] = field(default_factory=dict)
+    # When each word of its text is said (moss_rt.align), once aligned: streamed with the take (``words``), or on
+    # demand for downloads and ``seek`` by word. None: not aligned (yet).
+    words: list[WordTime] | None = None
     _chunks: list[np.ndarray] = field(default_factory=list)
     _n_frames: int = 0
 
@@ -138,19 +142,33 @@ class TakeRecord:
 class TakeStore:
     """App-wide, bounded store of recent takes (by id), shared by every connection.
 
-    Takes are evicted oldest first; a running take is never evicted.
+    Past ``max_takes`` a take is evicted from the client that holds the most (its oldest that is not running;
+    a running take is never evicted), and never from a client holding fewer takes than the one adding. So a
+    client that adds takes in bulk (many resumed sessions, a burst of requests) pushes out its own, never the
+    takes of a client that holds fewer: eviction is per client, and a victim's download cannot be made to
+    vanish by somebody else's traffic. (When only running takes are left to evict, the store stays over its
+    cap by them until they end.)
     """
 
     def __init__(self, max_takes: int = 1024) -> None:
         self._takes: OrderedDict[str, TakeRecord] = OrderedDict()
         self._max = max_takes
+        self._client_of: dict[str, str] = {}  # take id -> the client that added it ("" when unknown)
+        self._counts: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self._takes)
 
-    def add(self, take: TakeRecord) -> None:
+    def held_by(self, client: str) -> int:
+        return self._counts.get(client, 0)
+
+    def add(self, take: TakeRecord, client: str | None = None) -> None:
+        self._forget_owner(take.take_id)
         self._takes[take.take_id] = take
-        self._evict()
+        owner = client or ""
+        self._client_of[take.take_id] = owner
+        self._counts[owner] += 1
+        self._evict(owner)
 
     def get(self, take_id: str) -> TakeRecord | None:
         return self._takes.get(take_id)
@@ -158,14 +176,38 @@ class TakeStore:
     def discard(self, take_id: str) -> None:
         take = self._takes.get(take_id)
         if take is not None and take.status is not TakeStatus.RUNNING:
-            del self._takes[take_id]
+            self._drop(take_id)
 
-    def _evict(self) -> None:
-        for take_id in list(self._takes):
-            if len(self._takes) <= self._max:
-                return
-            if self._takes[take_id].status is not TakeStatus.RUNNING:
-                del self._takes[take_id]
+    def _drop(self, take_id: str) -> None:
+        del self._takes[take_id]
+        self._forget_owner(take_id)
+
+    def _forget_owner(self, take_id: str) -> None:
+        owner = self._client_of.pop(take_id, None)
+        if owner is not None:
+            self._counts[owner] -= 1
+            if self._counts[owner] <= 0:
+                del self._counts[owner]
+
+    def _evict(self, adder: str) -> None:
+        while len(self._takes) > self._max:
+            floor = self._counts.get(adder, 0)
+            for owner, held in self._counts.most_common():
+                if held < floor:
+                    return  # everyone left holds fewer takes than the adder: not theirs to give up
+                victim = next(
+                    (
+                        take_id
+                        for take_id, take in self._takes.items()
+                        if self._client_of.get(take_id) == owner and take.status is not TakeStatus.RUNNING
+                    ),
+                    None,
+                )
+                if victim is not None:
+                    self._drop(victim)
+                    break
+            else:
+                return  # only running takes are left over the cap
 
 
 @dataclass(frozen=True)
@@ -205,8 +247,10 @@ class TakeHistory:
         max_takes: int = 32,
         id_factory: Callable[[], str] = new_take_id,
         seed_factory: Callable[[], int] = random_seed,
+        client: str | None = None,
     ) -> None:
         self._store = store
+        self._client = client  # whose takes these are, for the store's per-client eviction
         self._max_takes = max_takes
         self._new_id = id_factory
         self._new_seed = seed_factory
@@ -232,6 +276,8 @@ class TakeHistory:
 
     def plan_seek(self, msg: Seek) -> SeekPlan:
         source = self.get(msg.take)
+        if msg.word is not None:
+            msg = dataclasses.replace(msg, frame=word_frame(source, msg.word), word=None)
         if msg.frame > source.n_frames:
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD,
@@ -250,12 +296,16 @@ class TakeHistory:
             instruction=parent.instruction if msg.instruction is None else msg.instruction,
             sampling=parent.sampling.replace(**msg.sampling),
             seed=msg.seed if msg.seed is not None else self._new_seed(),
+            words=parent.words if msg.words is None else msg.words,
         )
         take = TakeRecord(
             self._new_id(), request, parent=source.take_id, branch_frame=msg.frame, label=source.label
         )
         if msg.frame:
             take.append(0, source.codes[: msg.frame])
+        if source.words is not None and request.words:
+            # The kept frames keep their words: those that end before the branch point (and are still the text's).
+            take.words = kept_words(source.words, request.text, msg.frame / FRAME_RATE)
         self._remember(take)
         self.running = take
         return SeekPlan("retake", source, msg.frame, take)
@@ -282,7 +332,7 @@ class TakeHistory:
 
     def _remember(self, take: TakeRecord) -> None:
         self._history[take.take_id] = take
-        self._store.add(take)
+        self._store.add(take, self._client)
         while len(self._history) > self._max_takes:
             for take_id, old in self._history.items():
                 if old.status is not TakeStatus.RUNNING:
@@ -392,7 +442,28 @@ class FinishAudio:
     replay: bool = False
 
 
-Action = SendMessage | SendAudio | Admit | Replay | Stop | FinishAudio | Keep
+@dataclass(frozen=True)
+class FinishWords:
+    """A take that asked for ``words`` is over: align what is left of it and send its last ``words`` message
+    (``final``) now, before its record is kept and its ``end`` goes out. ``complete``: it ended ``done``, so its
+    whole text is in its audio; otherwise only the words its audio reached are kept."""
+
+    run: int
+    take: TakeRecord
+    complete: bool
+
+
+@dataclass(frozen=True)
+class WordsCheckpoint:
+    """A take fed with text that asked for ``words``: a continuation ended, so the text handed out so far is all in
+    its audio so far (the word aligner may settle it). Nothing to wait for."""
+
+    run: int
+    take: TakeRecord
+    text: str  # the take's text as handed out so far (the take's record moves on with the next continuation)
+
+
+Action = SendMessage | SendAudio | Admit | Replay | Stop | FinishAudio | Keep | FinishWords | WordsCheckpoint
 
 
 @dataclass
@@ -451,8 +522,11 @@ class DirectingSession:
         seed_factory: Callable[[], int] = random_seed,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        client: str | None = None,
     ) -> None:
-        self.history = TakeHistory(store, max_takes=max_takes, id_factory=id_factory, seed_factory=seed_factory)
+        self.history = TakeHistory(
+            store, max_takes=max_takes, id_factory=id_factory, seed_factory=seed_factory, client=client
+        )
         self._models = models
         self._default_model = default_model
         self._heard = heard if heard is not None else HeardAudio(0)
@@ -609,6 +683,8 @@ class DirectingSession:
             actions.append(FinishAudio(run.run, take))
         else:
             actions.append(SendMessage(self._started(run, None)))
+        if take.request.words:
+            actions.append(FinishWords(run.run, take, complete=False))
         actions.append(
             SendMessage(
                 TakeEnded(
@@ -704,7 +780,10 @@ class DirectingSession:
     def _continuation_finished(self, cur: _Run, event: TakeFinished) -> list[Action]:
         cur.gpu_total_ms += event.gpu_total_ms
         if event.reason is EndReason.DONE and self._phase is Phase.STREAMING:
-            return self._next_continuation(cur)
+            checkpoint: list[Action] = []
+            if cur.take.request.words:  # the text handed out so far has all been said
+                checkpoint.append(WordsCheckpoint(cur.run, cur.take, cur.take.request.text))
+            return checkpoint + self._next_continuation(cur)
         reason = event.reason
         if reason is EndReason.DONE and cur.stop_reason is not None:
             reason = cur.stop_reason  # it was asked to stop: the rest of its text is not spoken
@@ -740,6 +819,8 @@ class DirectingSession:
         stats = {"gpu_total_ms": round(gpu_total_ms, 2), "gpu_first_ms": gpu_first, "ttfa_ms": ttfa_ms, "rtf": rtf}
         self.history.record_end(take, reason.value, {**{k: v for k, v in stats.items() if v is not None}, **recorded})
         actions: list[Action] = []
+        if take.request.words:
+            actions.append(FinishWords(cur.run, take, complete=reason is EndReason.DONE))
         if self._keeping and take.n_frames > 0:
             actions.append(Keep(take))
         actions.append(FinishAudio(cur.run, take))
@@ -938,6 +1019,18 @@ def resolve_model(requested: str, models: tuple[str, ...], default_model: str) -
 def continuation_id(take_id: str, index: int) -> str:
     """The engine's take id of a take's ``index``-th continuation (the first is the take itself)."""
     return take_id if index == 0 else f"{take_id}.{index}"
+
+
+def word_frame(take: TakeRecord, index: int) -> int:
+    """The frame where the take's ``index``-th word starts (``seek`` by ``word``); the take's words must be known."""
+    words = take.words
+    if words is None:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"take {take.take_id} has no word timings yet", field="word")
+    if index >= len(words):
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, f"word {index} is past the {len(words)} words of take {take.take_id}", field="word"
+        )
+    return frame_at_time(words[index].start)
 
 
 def bytes_per_frame(take: TakeRecord) -> int:

@@ -11,7 +11,15 @@ two files beside it:
     <root>/<session id>/<take id>.codes.npy  [n_frames, 12] int64
 
 Writes are atomic: a take's files are written first (temp file, fsync, rename), then its row in one transaction,
-so a crash leaves at most an orphan file (swept when the store opens), never a record without its audio.
+so a crash leaves at most an orphan file (swept when the store opens), never a record without its audio. An
+import is unpacked into a staging folder (``<root>/.staging/``), renamed into place whole and then recorded,
+session and takes, in one transaction: a crash at any point leaves the whole session or none of it.
+
+Every session has an owner (an opaque identity string chosen by the web layer: an API key's principal or a
+signed browser cookie) and the client address that created it. Sessions are bounded on disk: a cap on their
+number (in all and per client), a byte budget (in all and per client, plus free space left on the disk) past
+which takes and imports are refused with :class:`StorageFull` (HTTP 507), and :meth:`SessionStore.expire` for
+the retention sweep. A session may be shared read-only through a revocable share token.
 
 A session holds at most ``max_takes`` takes; one more is refused with a clear message (``SessionFull``), never
 dropped silently. Sessions travel as one archive (``export_archive`` / ``import_archive``): a zip with
@@ -24,33 +32,33 @@ on a worker thread. One lock serialises them (SQLite connection shared across th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import io
 import json
 import logging
+import os
 import re
 import secrets
 import shutil
 import sqlite3
 import threading
 import time
-import wave
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO
 
 import numpy as np
 
-from moss_rt.audio import wav_bytes
-from moss_rt.protocol import FRAME_SAMPLES, N_CODEBOOKS, SAMPLE_RATE, ErrorCode, ProtocolError
-from moss_rt.voices import atomic_write
+from moss_rt.protocol import FRAME_SAMPLES, N_CODEBOOKS, ErrorCode, Limits, ProtocolError
+from moss_rt.voices import _fsync_dir, atomic_write
 
 log = logging.getLogger(__name__)
 
-ARCHIVE_VERSION = 1
+ARCHIVE_VERSION = 1  # the archive format (moss_rt/session_archive.py)
 SESSION_ID = re.compile(r"^s_[A-Za-z0-9_-]{16,64}$")
 TAKE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 NOTE_FIELDS = ("title", "starred", "note", "markers")
@@ -85,9 +93,68 @@ CREATE TABLE IF NOT EXISTS takes (
 );
 """
 
+# Added by schema version 1 (owners, budgets, shares); applied to databases made before it.
+SCHEMA_VERSION = 1
+_COLUMNS_V1 = {
+    "sessions": (("owner", "TEXT"), ("client", "TEXT"), ("bytes", "INTEGER NOT NULL DEFAULT 0")),
+    "takes": (("bytes", "INTEGER NOT NULL DEFAULT 0"),),
+}
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS shares (
+    token TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL UNIQUE REFERENCES sessions(id) ON DELETE CASCADE,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_client ON sessions(client);
+CREATE INDEX IF NOT EXISTS sessions_updated ON sessions(updated);
+"""
+STAGING = ".staging"  # imports being unpacked; removed whole when the store opens
+CODEBOOK_SIZE = 1024  # the codebook of the MOSS audio tokenizer (and the scripted engine); engines may say otherwise
+
+
+# Word timings of stored takes (moss_rt.align), added after the first release: a table of its own, created when an
+# older database is opened, so old databases keep working and a take without a row is aligned on demand.
+_WORDS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS take_words (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    take_id TEXT NOT NULL,
+    aligner TEXT NOT NULL,
+    words TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (session_id, take_id)
+);
+"""
+
 
 def new_session_id() -> str:
     return "s_" + secrets.token_urlsafe(18)
+
+
+def short_id(session_id: str) -> str:
+    """A session id as logs show it: enough to tell sessions apart, never enough to open one."""
+    return session_id[:6] + "…"
+
+
+class StorageFull(ProtocolError):
+    """The data dir's budget (or the disk) cannot keep what was asked: HTTP 507 ``insufficient_storage``."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            ErrorCode.INSUFFICIENT_STORAGE,
+            f"not enough storage: {why}; delete takes or sessions you no longer need, or ask the operator for room",
+        )
+
+
+@dataclass(frozen=True)
+class StoreBudget:
+    """What the stored sessions may take; 0 means no cap."""
+
+    max_sessions: int = 0  # in all (507 past it)
+    max_sessions_per_client: int = 0  # created by one client address (429 past it)
+    max_bytes: int = 0  # audio and codes of every session
+    max_bytes_per_client: int = 0  # of the sessions one client address created
+    max_take_frames: int = 0  # frames of one take (kept frames of a retake included)
+    reserve_free_bytes: int = 256 * 1024 * 1024  # disk space always left free for the rest of the service
 
 
 class SessionFull(ProtocolError):
@@ -159,12 +226,24 @@ def _check_notes(notes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class SessionStore:
-    """Sessions and their takes under ``root`` (created if missing)."""
+check_notes = _check_notes  # the public name (archives check imported notes with it)
 
-    def __init__(self, root: Path, *, max_takes: int = 500) -> None:
+
+class SessionStore:
+    """Sessions and their takes under ``root`` (created if missing).
+
+    ``limits`` bounds what imports may hold (their JSON, their takes' requests); ``budget`` what the sessions may
+    take on disk. Owners are only checked by :meth:`check_access`, which the web layer calls with the request's
+    identity before anything else; the other methods trust their caller.
+    """
+
+    def __init__(
+        self, root: Path, *, max_takes: int = 500, limits: Limits | None = None, budget: StoreBudget | None = None
+    ) -> None:
         self.root = Path(root)
         self.max_takes = max_takes
+        self.limits = limits or Limits()
+        self.budget = budget or StoreBudget()
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.root / "sessions.sqlite3", check_same_thread=False, isolation_level=None)
@@ -173,6 +252,8 @@ class SessionStore:
         self._db.execute("PRAGMA synchronous=FULL")  # a committed take survives a power cut
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
+        self._migrate()
+        self._db.executescript(_WORDS_SCHEMA)  # word timings: a table of its own (IF NOT EXISTS)
         self._sweep_orphans()
 
     def close(self) -> None:
@@ -180,11 +261,16 @@ class SessionStore:
             self._db.close()
 
     # ------------------------------------------------------------------ sessions
-    def create(self) -> str:
+    def create(self, *, owner: str | None = None, client: str | None = None) -> str:
+        """A new empty session owned by ``owner``, counted against ``client``'s caps."""
         session_id = new_session_id()
         now = time.time()
         with self._tx() as db:
-            db.execute("INSERT INTO sessions (id, created, updated) VALUES (?, ?, ?)", (session_id, now, now))
+            self._check_new_session(db, client)
+            db.execute(
+                "INSERT INTO sessions (id, created, updated, owner, client) VALUES (?, ?, ?, ?, ?)",
+                (session_id, now, now, owner, client),
+            )
         return session_id
 
     def exists(self, session_id: str) -> bool:
@@ -196,17 +282,116 @@ class SessionStore:
 
     def require(self, session_id: str) -> None:
         if not self.exists(session_id):
-            raise ProtocolError(ErrorCode.NOT_FOUND, "no such session (it may have been deleted)", field="session")
+            raise _no_session()
+
+    def check_access(self, session_id: str, owner: str | None, *, share: str | None = None) -> None:
+        """Let ``owner`` (or the holder of the session's ``share`` token) at the session, else ``not_found``;
+        ``owner`` None is a caller with no identity, who owns nothing.
+
+        Another identity is told the session does not exist, as for an unknown id. A session stored before sessions
+        had owners is adopted by the first identity that opens it (its id was the capability until then).
+        """
+        if not SESSION_ID.match(session_id or ""):
+            raise _no_session()
+        with self._lock:
+            row = self._db.execute("SELECT owner FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if row is None:
+                raise _no_session()
+            if owner is not None and row["owner"] == owner:
+                return
+            if share is not None:
+                shared = self._db.execute(
+                    "SELECT 1 FROM shares WHERE token = ? AND session_id = ?", (share, session_id)
+                ).fetchone()
+                if shared is not None:
+                    return
+            if row["owner"] is None and owner is not None:
+                self._db.execute("UPDATE sessions SET owner = ? WHERE id = ? AND owner IS NULL", (owner, session_id))
+                log.info("session %s: adopted by its first owner", short_id(session_id))
+                return
+        raise _no_session()
+
+    def list_sessions(self, owner: str) -> list[dict[str, Any]]:
+        """``owner``'s sessions, most recently used first: id, times, take count, bytes on disk."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.id, s.created, s.updated, s.bytes, COUNT(t.take_id) AS takes FROM sessions s"
+                " LEFT JOIN takes t ON t.session_id = s.id WHERE s.owner = ? GROUP BY s.id ORDER BY s.updated DESC",
+                (owner,),
+            ).fetchall()
+        return [
+            {"session": r["id"], "created": r["created"], "updated": r["updated"], "takes": r["takes"],
+             "bytes": r["bytes"]}
+            for r in rows
+        ]  # fmt: skip
+
+    def touch(self, session_id: str) -> None:
+        """Mark the session used now (retention counts from its last use)."""
+        with self._tx() as db:
+            db.execute("UPDATE sessions SET updated = ? WHERE id = ?", (time.time(), session_id))
 
     def delete_session(self, session_id: str) -> None:
+        """Its records first (one transaction), then its files: a crash in between leaves files the next start
+        removes, never a record without them."""
         self.require(session_id)
         with self._tx() as db:
             db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
         shutil.rmtree(self._dir(session_id), ignore_errors=True)
 
+    def expire(self, unused_since: float, *, batch: int = 500) -> int:
+        """Delete sessions not used since ``unused_since`` (Unix seconds), at most ``batch``; how many went."""
+        with self._tx() as db:
+            ids = [
+                r[0]
+                for r in db.execute(
+                    "SELECT id FROM sessions WHERE updated < ? ORDER BY updated LIMIT ?", (unused_since, batch)
+                )
+            ]
+            db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
+        for session_id in ids:
+            shutil.rmtree(self._dir(session_id), ignore_errors=True)
+        return len(ids)
+
+    # ------------------------------------------------------------------ sharing
+    def share(self, session_id: str) -> str:
+        """The session's share token (read-only access for whoever holds it), made on first call."""
+        self.require(session_id)
+        with self._tx() as db:
+            row = db.execute("SELECT token FROM shares WHERE session_id = ?", (session_id,)).fetchone()
+            if row is not None:
+                return str(row[0])
+            token = "sh_" + secrets.token_urlsafe(18)
+            db.execute(
+                "INSERT INTO shares (token, session_id, created) VALUES (?, ?, ?)", (token, session_id, time.time())
+            )
+        return token
+
+    def unshare(self, session_id: str) -> bool:
+        """Revoke the session's share token; False when it had none."""
+        self.require(session_id)
+        with self._tx() as db:
+            return db.execute("DELETE FROM shares WHERE session_id = ?", (session_id,)).rowcount > 0
+
+    def shared_token(self, session_id: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT token FROM shares WHERE session_id = ?", (session_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    # ------------------------------------------------------------------ budgets
+    def room(self, client: str | None) -> int:
+        """Bytes the sessions of ``client`` may still add: within every budget and the disk's free space."""
+        with self._lock:
+            return self._room(self._db, client)
+
+    def usage(self) -> dict[str, int]:
+        with self._lock:
+            sessions, total = self._db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM sessions").fetchone()
+        return {"sessions": int(sessions), "bytes": int(total)}
+
     # ------------------------------------------------------------------ takes
     def put_take(self, session_id: str, take: StoredTake, codes: np.ndarray, pcm: bytes) -> StoredTake:
-        """Store a finished take (its files, then its record); refused when the session is full."""
+        """Store a finished take (its files, then its record); refused when the session is full (``SessionFull``),
+        the take longer than a stored take may be (``too_large``) or the budgets spent (``StorageFull``)."""
         self.require(session_id)
         if not TAKE_ID.match(take.take_id):
             raise ProtocolError(ErrorCode.INVALID_FIELD, "bad take id", field="take")
@@ -215,6 +400,12 @@ class SessionStore:
             raise ValueError(
                 f"take {take.take_id}: {codes.shape[0]} frames of codes and {len(pcm)} PCM bytes"
                 f" for {take.n_frames} frames"
+            )
+        cap = self.budget.max_take_frames
+        if cap and take.n_frames > cap:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE,
+                f"take {take.take_id} has {take.n_frames} frames; a stored take keeps at most {cap}",
             )
         with self._lock:
             count = self._db.execute("SELECT COUNT(*) FROM takes WHERE session_id = ?", (session_id,)).fetchone()[0]
@@ -225,24 +416,38 @@ class SessionStore:
             raise SessionFull(self.max_takes)
         buf = io.BytesIO()
         np.save(buf, codes, allow_pickle=False)
-        atomic_write(self._pcm_path(session_id, take.take_id), pcm)
-        atomic_write(self._codes_path(session_id, take.take_id), buf.getvalue())
-        with self._tx() as db:
-            seq = db.execute(
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM takes WHERE session_id = ?", (session_id,)
-            ).fetchone()[0]
-            take = dataclasses.replace(take, seq=take.seq or seq)
-            db.execute(
-                "INSERT OR REPLACE INTO takes (session_id, take_id, seq, parent, branch_frame, seed, request, reason,"
-                " n_frames, channels, stats, title, starred, note, markers, created)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    session_id, take.take_id, take.seq, take.parent, take.branch_frame, str(take.seed),
-                    json.dumps(take.request), take.reason, take.n_frames, take.channels, json.dumps(take.stats),
-                    take.title, int(take.starred), take.note, json.dumps(take.markers), take.created,
-                ),
-            )  # fmt: skip
-            db.execute("UPDATE sessions SET updated = ? WHERE id = ?", (time.time(), session_id))
+        nbytes = len(pcm) + buf.tell()
+        client = self._client_of(session_id)
+        if self.room(client) < nbytes:
+            raise StorageFull(f"the sessions' budget has no room for this take ({nbytes} bytes)")
+        pcm_path, codes_path = self._pcm_path(session_id, take.take_id), self._codes_path(session_id, take.take_id)
+        try:
+            atomic_write(pcm_path, pcm)
+            atomic_write(codes_path, buf.getvalue())
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageFull("the disk is full") from None
+            raise
+        try:
+            with self._tx() as db:
+                old = db.execute(
+                    "SELECT bytes FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take.take_id)
+                ).fetchone()
+                grow = nbytes - (old[0] if old is not None else 0)
+                self._check_bytes(db, client, grow, on_disk=True)
+                seq = db.execute(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM takes WHERE session_id = ?", (session_id,)
+                ).fetchone()[0]
+                take = dataclasses.replace(take, seq=take.seq or seq)
+                self._insert_take(db, session_id, take, nbytes)
+                db.execute(
+                    "UPDATE sessions SET updated = ?, bytes = bytes + ? WHERE id = ?", (time.time(), grow, session_id)
+                )
+        except BaseException:
+            if known is None:  # not recorded: its files would be orphans until the next start
+                pcm_path.unlink(missing_ok=True)
+                codes_path.unlink(missing_ok=True)
+            raise
         return take
 
     def takes(self, session_id: str) -> list[StoredTake]:
@@ -257,9 +462,11 @@ class SessionStore:
             return int(self._db.execute("SELECT COUNT(*) FROM takes WHERE session_id = ?", (session_id,)).fetchone()[0])
 
     def check_room(self, session_id: str) -> None:
-        """Refuse (SessionFull) before a take is generated that the session could not keep."""
+        """Refuse (SessionFull, StorageFull) before a take is generated that the session could not keep."""
         if self.count(session_id) >= self.max_takes:
             raise SessionFull(self.max_takes)
+        if self.room(self._client_of(session_id)) <= 0:
+            raise StorageFull("the sessions' budget is spent")
 
     def get_take(self, session_id: str, take_id: str) -> StoredTake:
         self.require(session_id)
@@ -271,120 +478,194 @@ class SessionStore:
             raise ProtocolError(ErrorCode.NOT_FOUND, f"no take {take_id!r} in this session", field="take")
         return self._take_of(row)
 
-    def update_notes(self, session_id: str, take_id: str, **notes: Any) -> StoredTake:
-        """The director's own notes on a take: title, starred, note, markers."""
+    def update_notes(self, session_id: str, take_id: str, /, **notes: Any) -> StoredTake:
+        """The director's own notes on a take: title, starred, note, markers.
+
+        The ids are positional-only, so any key a client sends lands in ``notes`` (and is refused there), even
+        ``session_id``, ``take_id`` or ``self``."""
         checked = _check_notes(notes)
         self.get_take(session_id, take_id)
         if checked:
-            cols = ", ".join(f"{k} = ?" for k in checked)
+            cols = ", ".join(f"{k} = ?" for k in checked)  # keys are NOTE_FIELDS only, never client text
             values = [json.dumps(v) if k == "markers" else int(v) if k == "starred" else v for k, v in checked.items()]
             with self._tx() as db:
                 db.execute(
                     f"UPDATE takes SET {cols} WHERE session_id = ? AND take_id = ?", (*values, session_id, take_id)
                 )
+                db.execute("UPDATE sessions SET updated = ? WHERE id = ?", (time.time(), session_id))
         return self.get_take(session_id, take_id)
 
     def delete_take(self, session_id: str, take_id: str) -> None:
         self.get_take(session_id, take_id)
         with self._tx() as db:
+            row = db.execute(
+                "SELECT bytes FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take_id)
+            ).fetchone()
             db.execute("DELETE FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take_id))
+            db.execute("DELETE FROM take_words WHERE session_id = ? AND take_id = ?", (session_id, take_id))
+            if row is not None:
+                db.execute("UPDATE sessions SET bytes = MAX(0, bytes - ?) WHERE id = ?", (row[0], session_id))
         self._pcm_path(session_id, take_id).unlink(missing_ok=True)
         self._codes_path(session_id, take_id).unlink(missing_ok=True)
 
     def codes(self, session_id: str, take_id: str) -> np.ndarray:
-        self.get_take(session_id, take_id)
-        return np.load(self._codes_path(session_id, take_id), allow_pickle=False)
+        """The take's codes, [n_frames, 12] int64 (ValueError when the file is damaged)."""
+        take = self.get_take(session_id, take_id)
+        codes: np.ndarray = np.load(self._codes_path(session_id, take_id), allow_pickle=False)
+        if codes.dtype.kind not in "iu" or codes.shape != (take.n_frames, N_CODEBOOKS):
+            raise ValueError(f"take {take_id}: stored codes {codes.dtype}{list(codes.shape)} are damaged")
+        return codes.astype(np.int64, copy=False)
 
     def pcm(self, session_id: str, take_id: str) -> bytes:
+        with self.open_pcm(session_id, take_id) as f:
+            return f.read()
+
+    def open_pcm(self, session_id: str, take_id: str) -> BinaryIO:
+        """The take's audio as heard, open for reading in pieces; ``not_found`` when its file is missing or not as
+        long as the record says (damaged stored data is never sent, nor a reason for a 500)."""
+        take = self.get_take(session_id, take_id)
+        path = self._pcm_path(session_id, take_id)
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - the caller closes it
+        except OSError:
+            raise _damaged(take_id) from None
+        if os.fstat(f.fileno()).st_size != pcm_bytes(take):
+            f.close()
+            raise _damaged(take_id)
+        return f
+
+    # ------------------------------------------------------------------ word timings
+    def put_words(self, session_id: str, take_id: str, words: list[dict[str, Any]], aligner: str) -> None:
+        """Keep a stored take's word timings (``WordTime.to_record`` dicts), replacing earlier ones."""
         self.get_take(session_id, take_id)
-        return self._pcm_path(session_id, take_id).read_bytes()
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO take_words (session_id, take_id, aligner, words, created)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (session_id, take_id, aligner, json.dumps(words), time.time()),
+            )
+
+    def words(self, session_id: str, take_id: str) -> list[dict[str, Any]] | None:
+        """A stored take's word timings, or None when they were never stored."""
+        self.get_take(session_id, take_id)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT words FROM take_words WHERE session_id = ? AND take_id = ?", (session_id, take_id)
+            ).fetchone()
+        if row is None:
+            return None
+        words = json.loads(row["words"])
+        return words if isinstance(words, list) else None
 
     # ------------------------------------------------------------------ archives
     def export_archive(self, session_id: str) -> bytes:
-        """The whole session as one zip: session.json + takes/<id>.wav (heard audio) + takes/<id>.codes.npy."""
-        takes = self.takes(session_id)
+        """The whole session as one zip in memory (tests, small sessions; the web layer streams
+        :meth:`write_archive`)."""
         buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
-            manifest = {
-                "moss_rt_session": ARCHIVE_VERSION,
-                "sample_rate": SAMPLE_RATE,
-                "takes": [t.public() for t in takes],
-            }
-            z.writestr("session.json", json.dumps(manifest, indent=1))
-            for t in takes:
-                z.writestr(
-                    f"takes/{t.take_id}.wav", wav_bytes(self.pcm(session_id, t.take_id), SAMPLE_RATE, t.channels)
-                )
-                z.write(self._codes_path(session_id, t.take_id), f"takes/{t.take_id}.codes.npy")
+        self.write_archive(self.exportable_takes(session_id), session_id, buf)
         return buf.getvalue()
 
-    def import_archive(self, data: bytes, *, max_unpacked_bytes: int = 2 * 1024**3) -> str:
-        """A new session from an exported archive; take ids are issued anew (lineage kept). Bad archives: 4xx."""
+    def exportable_takes(self, session_id: str) -> list[StoredTake]:
+        """The session's takes whose files are whole (others are logged and left out of an export)."""
+        out = []
+        for t in self.takes(session_id):
+            pcm_ok = self._file_size(self._pcm_path(session_id, t.take_id)) == pcm_bytes(t)
+            if pcm_ok and _codes_file_ok(self._codes_path(session_id, t.take_id), t.n_frames):
+                out.append(t)
+            else:
+                log.warning("session %s: take %s is damaged; left out of the export", short_id(session_id), t.take_id)
+        return out
 
-        def bad(why: str) -> ProtocolError:
-            return ProtocolError(ErrorCode.INVALID_FIELD, f"not a moss_rt session archive: {why}", field="archive")
+    def write_archive(self, takes: list[StoredTake], session_id: str, out: IO[bytes]) -> None:
+        """Write the archive of ``takes`` (from :meth:`exportable_takes`) into ``out`` (need not be seekable)."""
+        from moss_rt.session_archive import write_archive  # the archive format builds on this module's records
 
+        write_archive(
+            out,
+            takes,
+            lambda take_id: open(self._pcm_path(session_id, take_id), "rb"),
+            lambda take_id: self._codes_path(session_id, take_id),
+        )
+
+    def new_staging(self) -> Path:
+        """A fresh folder for an import in progress (removed at the next start if the process dies)."""
+        path = self.root / STAGING / secrets.token_hex(8)
+        for _ in range(3):  # another import may remove the empty parent between the two mkdirs
+            try:
+                path.mkdir(parents=True)
+                return path
+            except FileNotFoundError:
+                continue
+        path.mkdir(parents=True)
+        return path
+
+    def drop_staging(self, path: Path) -> None:
+        """Remove a staging folder (and the staging area itself once empty)."""
+        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (self.root / STAGING).rmdir()
+
+    def import_archive(
+        self,
+        data: bytes | Path | IO[bytes],
+        *,
+        owner: str | None = None,
+        client: str | None = None,
+        codebook_size: int = CODEBOOK_SIZE,
+        max_unpacked_bytes: int | None = None,
+    ) -> str:
+        """A new session from an exported archive, all of it or nothing; take ids are issued anew (lineage kept).
+
+        Everything is checked before it is kept (see :mod:`moss_rt.session_archive`); bad archives are 4xx
+        ``ProtocolError``, no room is ``StorageFull`` (507), and nothing is left behind either way.
+        """
+        from moss_rt.session_archive import ArchiveBounds, unpack_archive
+
+        with self._lock:
+            self._check_new_session(self._db, client)  # before any work: the caps are known now
+        bounds = ArchiveBounds(
+            limits=self.limits,
+            max_takes=self.max_takes,
+            max_take_frames=self.budget.max_take_frames or self.limits.max_new_tokens,
+            codebook_size=codebook_size,
+            max_unpacked_bytes=(
+                self.limits.max_session_archive_unpacked_bytes if max_unpacked_bytes is None else max_unpacked_bytes
+            ),
+            room_bytes=self.room(client),
+        )
+        staging = self.new_staging()
         try:
-            z = zipfile.ZipFile(io.BytesIO(data))
-        except zipfile.BadZipFile:
-            raise bad("not a zip file") from None
-        with z:
-            if sum(i.file_size for i in z.infolist()) > max_unpacked_bytes:
-                raise ProtocolError(ErrorCode.TOO_LARGE, "the archive unpacks to more than the limit", field="archive")
-            try:
-                manifest = json.loads(z.read("session.json"))
-            except (KeyError, ValueError):
-                raise bad("session.json is missing or not JSON") from None
-            if not isinstance(manifest, dict) or manifest.get("moss_rt_session") != ARCHIVE_VERSION:
-                raise bad(f"unknown version (this service reads version {ARCHIVE_VERSION})")
-            records = manifest.get("takes")
-            if not isinstance(records, list) or len(records) > self.max_takes:
-                raise bad(f"'takes' must be a list of at most {self.max_takes}")
-            renamed = {r.get("take_id"): "t_" + secrets.token_urlsafe(9) for r in records if isinstance(r, dict)}
-            session_id = self.create()
-            try:
-                for r in records:
-                    self._import_take(session_id, z, r, renamed, bad)
-            except BaseException:
-                self.delete_session(session_id)
-                raise
+            source = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
+            unpacked = unpack_archive(source, staging / "session", bounds)
+            return self._commit_import(staging / "session", unpacked, owner=owner, client=client)
+        finally:
+            self.drop_staging(staging)
+
+    def _commit_import(self, folder: Path, unpacked: list[Any], *, owner: str | None, client: str | None) -> str:
+        """Put an unpacked session in place: its folder renamed whole, then session and takes in one transaction.
+        A crash between the two leaves a folder without a record, which the next start removes."""
+        folder.mkdir(parents=True, exist_ok=True)
+        _fsync_dir(folder)
+        session_id = new_session_id()
+        final = self._dir(session_id)
+        os.rename(folder, final)
+        _fsync_dir(self.root)
+        total = sum(u.nbytes for u in unpacked)
+        now = time.time()
+        try:
+            with self._tx() as db:
+                self._check_new_session(db, client)
+                self._check_bytes(db, client, total, on_disk=True)
+                db.execute(
+                    "INSERT INTO sessions (id, created, updated, owner, client, bytes) VALUES (?, ?, ?, ?, ?, ?)",
+                    (session_id, now, now, owner, client, total),
+                )
+                for seq, u in enumerate(unpacked, start=1):
+                    self._insert_take(db, session_id, dataclasses.replace(u.take, seq=seq), u.nbytes)
+        except BaseException:
+            shutil.rmtree(final, ignore_errors=True)
+            raise
         return session_id
-
-    def _import_take(self, session_id: str, z: zipfile.ZipFile, r: Any, renamed: dict[Any, str], bad: Any) -> None:
-        if not isinstance(r, dict) or not TAKE_ID.match(str(r.get("take_id", ""))):
-            raise bad("a take record without a valid take_id")
-        old = r["take_id"]
-        try:
-            with z.open(f"takes/{old}.wav") as f, wave.open(f) as w:
-                channels, rate = w.getnchannels(), w.getframerate()
-                pcm = w.readframes(w.getnframes())
-            with z.open(f"takes/{old}.codes.npy") as f:
-                codes = np.load(io.BytesIO(f.read()), allow_pickle=False)
-        except (KeyError, wave.Error, ValueError, EOFError) as exc:
-            raise bad(f"take {old}: its audio or codes are missing or damaged ({exc})") from None
-        if rate != SAMPLE_RATE or channels not in (1, 2) or codes.dtype.kind not in "iu" or codes.ndim != 2:
-            raise bad(f"take {old}: audio must be {SAMPLE_RATE} Hz mono or stereo, codes [frames, 12] integers")
-        try:
-            notes = _check_notes({k: r[k] for k in NOTE_FIELDS if k in r})
-            take = StoredTake(
-                take_id=renamed[old],
-                request=dict(r["request"]),
-                seed=int(r["seed"]),
-                n_frames=int(codes.shape[0]),
-                channels=channels,
-                parent=renamed.get(r.get("parent")),
-                branch_frame=int(r.get("branch_frame") or 0),
-                reason=r.get("reason"),
-                stats={k: v for k, v in dict(r.get("stats") or {}).items() if isinstance(v, int | float)},
-                created=float(r.get("created") or time.time()),
-                **notes,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise bad(f"take {old}: a field is missing or has the wrong type ({exc})") from None
-        try:
-            self.put_take(session_id, take, codes, pcm)
-        except ValueError as exc:
-            raise bad(str(exc)) from None
 
     # ------------------------------------------------------------------ internals
     @contextmanager
@@ -397,6 +678,72 @@ class SessionStore:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    def _client_of(self, session_id: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT client FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def _check_new_session(self, db: sqlite3.Connection, client: str | None) -> None:
+        b = self.budget
+        if b.max_sessions and db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] >= b.max_sessions:
+            raise StorageFull(f"the service already keeps {b.max_sessions} sessions (max_sessions)")
+        if b.max_sessions_per_client and client is not None:
+            mine = db.execute("SELECT COUNT(*) FROM sessions WHERE client = ?", (client,)).fetchone()[0]
+            if mine >= b.max_sessions_per_client:
+                raise ProtocolError(
+                    ErrorCode.RATE_LIMITED,
+                    f"this client already keeps {mine} sessions (max_sessions_per_client is "
+                    f"{b.max_sessions_per_client}); delete sessions it no longer needs (DELETE /api/sessions/<id>)",
+                    field="session",
+                )
+        if self._free_disk() < b.reserve_free_bytes:
+            raise StorageFull("the disk is nearly full")
+
+    def _room(self, db: sqlite3.Connection, client: str | None) -> int:
+        b = self.budget
+        room = self._free_disk() - b.reserve_free_bytes
+        if b.max_bytes:
+            total = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM sessions").fetchone()[0]
+            room = min(room, b.max_bytes - total)
+        if b.max_bytes_per_client and client is not None:
+            mine = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM sessions WHERE client = ?", (client,)).fetchone()[0]
+            room = min(room, b.max_bytes_per_client - mine)
+        return int(room)
+
+    def _check_bytes(self, db: sqlite3.Connection, client: str | None, grow: int, *, on_disk: bool) -> None:
+        """Within the budgets after growing by ``grow`` bytes (``on_disk``: they are written already, so the
+        disk's free space has paid for them)."""
+        if grow <= 0:
+            return
+        room = self._room(db, client) + (grow if on_disk else 0)
+        if grow > room:
+            raise StorageFull(f"{grow} more bytes would pass the sessions' budget")
+
+    def _free_disk(self) -> int:
+        try:
+            return shutil.disk_usage(self.root).free
+        except OSError:
+            return 0
+
+    @staticmethod
+    def _file_size(path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except OSError:
+            return -1
+
+    def _insert_take(self, db: sqlite3.Connection, session_id: str, take: StoredTake, nbytes: int) -> None:
+        db.execute(
+            "INSERT OR REPLACE INTO takes (session_id, take_id, seq, parent, branch_frame, seed, request, reason,"
+            " n_frames, channels, stats, title, starred, note, markers, created, bytes)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_id, take.take_id, take.seq, take.parent, take.branch_frame, str(take.seed),
+                json.dumps(take.request), take.reason, take.n_frames, take.channels, json.dumps(take.stats),
+                take.title, int(take.starred), take.note, json.dumps(take.markers), take.created, nbytes,
+            ),
+        )  # fmt: skip
 
     def _dir(self, session_id: str) -> Path:
         return self.root / session_id
@@ -427,8 +774,37 @@ class SessionStore:
             seq=row["seq"],
         )
 
+    def _migrate(self) -> None:
+        """Bring a database made by an older version to this schema (columns added, byte counts filled in)."""
+        with self._lock:
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version >= SCHEMA_VERSION:
+                self._db.executescript(_SCHEMA_V1)
+                return
+            for table, columns in _COLUMNS_V1.items():
+                have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                for name, decl in columns:
+                    if name not in have:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+            self._db.executescript(_SCHEMA_V1)
+            rows = self._db.execute("SELECT session_id, take_id FROM takes").fetchall()
+        sizes = [
+            (max(0, self._file_size(self._pcm_path(s, t))) + max(0, self._file_size(self._codes_path(s, t))), s, t)
+            for s, t in rows
+        ]
+        with self._tx() as db:
+            db.executemany("UPDATE takes SET bytes = ? WHERE session_id = ? AND take_id = ?", sizes)
+            db.execute(
+                "UPDATE sessions SET bytes = (SELECT COALESCE(SUM(bytes), 0) FROM takes WHERE session_id = sessions.id)"
+            )
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if rows:
+            log.info("session store: schema upgraded to version %d (%d takes measured)", SCHEMA_VERSION, len(rows))
+
     def _sweep_orphans(self) -> None:
-        """Files without a record (a crash between the files and the row, or a deleted session) and temp files."""
+        """Files without a record (a crash between the files and the row, or a deleted session), temp files, and
+        imports that never finished."""
+        shutil.rmtree(self.root / STAGING, ignore_errors=True)
         with self._lock:
             known = {(r[0], r[1]) for r in self._db.execute("SELECT session_id, take_id FROM takes")}
             sessions = {r[0] for r in self._db.execute("SELECT id FROM sessions")}
@@ -436,10 +812,40 @@ class SessionStore:
             if not d.is_dir() or not SESSION_ID.match(d.name):
                 continue
             if d.name not in sessions:
+                log.info("removing the files of an unrecorded session %s", short_id(d.name))
                 shutil.rmtree(d, ignore_errors=True)
                 continue
             for f in d.iterdir():
                 take_id = f.name.split(".", 1)[0]
                 if f.name.startswith(".") or (d.name, take_id) not in known:
-                    log.info("removing orphan session file %s", f)
+                    log.info("removing orphan session file %s/%s", short_id(d.name), f.name)
                     f.unlink(missing_ok=True)
+
+
+def pcm_bytes(take: StoredTake) -> int:
+    """Bytes of a take's stored audio: int16 samples, FRAME_SAMPLES per frame per channel."""
+    return take.n_frames * FRAME_SAMPLES * take.channels * 2
+
+
+def _codes_file_ok(path: Path, n_frames: int) -> bool:
+    """The codes file is a .npy of [n_frames, 12] integers, as far as its header says (read without the data)."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                return False
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+        return bool(dtype.kind in "iu" and tuple(shape) == (n_frames, N_CODEBOOKS))
+    except (OSError, ValueError):
+        return False
+
+
+def _no_session() -> ProtocolError:
+    return ProtocolError(ErrorCode.NOT_FOUND, "no such session (it may have been deleted)", field="session")
+
+
+def _damaged(take_id: str) -> ProtocolError:
+    return ProtocolError(
+        ErrorCode.NOT_FOUND, f"the stored audio of take {take_id!r} is missing or damaged", field="take"
+    )

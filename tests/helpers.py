@@ -152,3 +152,44 @@ async def next_message(client: DirectingClient, kind: str) -> ServerMessage:
         item = await client.receive()
         if isinstance(item, ServerMessage) and item.type == kind:
             return item
+
+
+# --------------------------------------------------------------------------- owners of stored sessions
+
+
+class OwnerJar:
+    """The owner cookie a keyless server gives a client (stored sessions belong to it, moss_rt/web/owners.py):
+    kept from the first answer that sets it, sent with every later request and WebSocket upgrade."""
+
+    NAME = "moss_rt_owner"
+
+    def __init__(self) -> None:
+        self.cookie: str | None = None
+
+    def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        out = dict(extra or {})
+        if self.cookie is not None:
+            out["Cookie"] = f"{self.NAME}={self.cookie}"
+        return out
+
+    def keep(self, headers: Any) -> None:
+        """Take the owner cookie from an answer's headers (``requests`` or ``websockets``), when it sets one."""
+        values = headers.get_all("Set-Cookie") if hasattr(headers, "get_all") else [headers.get("Set-Cookie")]
+        for value in values or []:
+            if value and value.startswith(self.NAME + "="):
+                self.cookie = value.split(";", 1)[0].split("=", 1)[1]
+
+    def request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        kwargs["headers"] = self.headers(kwargs.get("headers"))
+        kwargs.setdefault("timeout", 10)
+        r = requests.request(method, url, **kwargs)
+        self.keep(r.headers)
+        return r
+
+    async def connect(
+        self, ws_url: str, *, headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> websockets.ClientConnection:
+        ws = await websockets.connect(ws_url, additional_headers=self.headers(headers), **kwargs)
+        if ws.response is not None:
+            self.keep(ws.response.headers)
+        return ws

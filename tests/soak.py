@@ -8,8 +8,10 @@ available, else the scripted test engine, and says which), then runs for ``--dur
 * ``--http-clients`` legacy HTTP stream clients, some of which hang up mid-take;
 * one uploader sending valid and invalid reference voices, deleting most of them after use;
 * one hostile client cycling through: downloads of a long take that it never reads (each must be
-  dropped by the send-stall timeout), request bodies that stop arriving (each must get 408), and
-  cross-origin / text-plain posts (each must be refused 403 / 415).
+  dropped by the send-stall timeout), request bodies that stop arriving (each must get 408),
+  cross-origin / text-plain posts (each must be refused 403 / 415), and session imports: a hostile
+  archive (tests/reliability/archives.py: broken zips, bombs, JSON too large or deep, forged codes,
+  lying audio; each must be a 4xx) then a valid one, which must import whole and be deleted by its owner.
 
 It reports requests, errors by kind, takes by end reason and server RSS at start (after warm-up)
 and end, and fails on any 5xx, any ``internal`` error, any stuck take (started but never ended
@@ -45,6 +47,7 @@ import soundfile as sf
 import websockets
 
 from tests.helpers import free_port
+from tests.reliability.archives import hostile_archives, valid_archive
 
 log = logging.getLogger("soak")
 REPO = Path(__file__).resolve().parents[1]
@@ -467,12 +470,13 @@ async def hostile(
     rng: random.Random,
     until: float,
     first_take: tuple[str | None, int],
+    archives: list[tuple[str, bytes]],
 ) -> None:
-    """Non-reading downloaders, stalled bodies and cross-site posts, in turns, all the soak long."""
+    """Non-reading downloaders, stalled bodies, cross-site posts and session imports, in turns, all the soak long."""
     host = f"Host: 127.0.0.1:{port}\r\n"
     take, wav_length = first_take
     while time.monotonic() < until:
-        kind = rng.choice(["download", "body", "cross_site"])
+        kind = rng.choice(["download", "body", "cross_site", "import"])
         if kind == "download" and take is None:
             take, wav_length = await long_take(http, url, stats)
         stats.requests[f"hostile_{kind}"] += 1
@@ -507,6 +511,8 @@ async def hostile(
                 stats.http_status[status] += 1
                 if status != "408":
                     stats.fail(f"a stalled body on {path} got {answer[:40]!r}, not 408")
+            elif kind == "import":
+                await hostile_import(url, stats, rng.choice(archives))
             else:
                 evil = {"Origin": "https://evil.example", "Content-Type": "text/plain"}
                 for path, data, want in [
@@ -522,6 +528,50 @@ async def hostile(
         except (aiohttp.ClientError, OSError) as exc:
             stats.errors[f"hostile:{type(exc).__name__}"] += 1
         await asyncio.sleep(rng.uniform(0.1, 0.5))
+
+
+async def hostile_import(url: str, stats: Stats, hostile: tuple[str, bytes]) -> None:
+    """A hostile archive (must be a 4xx), then a valid one (must import whole; deleted by its owner only)."""
+    # No cookie jar: the owner cookie is sent only where this says so.
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
+        await _hostile_import(http, url, stats, hostile)
+
+
+async def _hostile_import(http: aiohttp.ClientSession, url: str, stats: Stats, hostile: tuple[str, bytes]) -> None:
+    name, data = hostile
+    async with http.post(url + "/api/sessions/import", data=data) as r:
+        stats.http_status[str(r.status)] += 1
+        await r.read()
+        if r.status in (429, 503):
+            stats.requests["hostile_import_busy"] += 1
+        elif not 400 <= r.status < 500:
+            stats.fail(f"the hostile archive {name!r} was answered {r.status}, not a 4xx")
+        else:
+            stats.requests["hostile_import_refused"] += 1
+    async with http.post(url + "/api/sessions/import", data=VALID_ARCHIVE) as r:
+        stats.http_status[str(r.status)] += 1
+        body = await r.json() if r.status == 200 else await r.text()
+        owner = r.cookies.get("moss_rt_owner")
+    if r.status in (429, 503):
+        stats.requests["hostile_import_busy"] += 1
+        return
+    if r.status != 200 or owner is None or len(body["takes"]) != VALID_TAKES:
+        stats.fail(f"a valid archive was answered {r.status}: {str(body)[:200]}")
+        return
+    # The session is its importer's (the owner cookie), and deleting it frees its room.
+    async with http.delete(f"{url}/api/sessions/{body['session']}") as anonymous:
+        stats.http_status[str(anonymous.status)] += 1
+        if anonymous.status != 404:
+            stats.fail(f"another identity's DELETE of a session answered {anonymous.status}, not 404")
+    cookie = {"Cookie": f"moss_rt_owner={owner.value}"}
+    async with http.delete(f"{url}/api/sessions/{body['session']}", headers=cookie) as d:
+        stats.http_status[str(d.status)] += 1
+        if d.status != 200:
+            stats.fail(f"the owner's DELETE of an imported session answered {d.status}")
+
+
+VALID_TAKES = 3
+VALID_ARCHIVE = valid_archive(VALID_TAKES, 25)
 
 
 # --------------------------------------------------------------------------- main
@@ -551,6 +601,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     await r.read()
             # The hostile client's long take is made now: generated under the soak's load it can take minutes.
             first_take = await long_take(http, url, stats)
+            archives = list((await asyncio.to_thread(hostile_archives)).items())
             rss_start = rss_mb(proc.pid)
             log.info("engine %s, RSS after warm-up %.1f MB; soaking for %.0f s", engine, rss_start, args.duration)
             t0 = time.monotonic()
@@ -571,7 +622,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             )
             tasks.append(
                 asyncio.create_task(
-                    hostile(http, url, port, stats, random.Random(rng.random()), until, first_take),
+                    hostile(http, url, port, stats, random.Random(rng.random()), until, first_take, archives),
                     name="soak-hostile",
                 )
             )

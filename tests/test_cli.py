@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -139,3 +140,21 @@ def test_every_setting_is_a_flag_and_flags_override_env() -> None:
     assert (s.max_lead_sec, s.limits.max_new_tokens, s.limits.max_text_chars, s.engine) == (2.5, 100, 99, "scripted")
     with pytest.raises(SystemExit):
         parser.parse_args(["--engine", "nope"])
+
+
+@pytest.mark.parametrize("transport", ["ws", "http"])
+def test_say_writes_words_and_captions(served: str, tmp_path: Path, transport: str) -> None:
+    """``--words``/``--srt``/``--vtt``: streamed with the take over the WebSocket, fetched after it over HTTP."""
+    words, srt, vtt = tmp_path / "w.json", tmp_path / "c.srt", tmp_path / "c.vtt"
+    result = subprocess.run(
+        [sys.executable, "-m", "moss_rt", "say", "Hello (a sigh) from the command line.", "--seed", "3",
+         "-o", str(tmp_path / "out.wav"), "--url", served, "--transport", transport,
+         "--words", str(words), "--srt", str(srt), "--vtt", str(vtt)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    body = json.loads(words.read_text())
+    assert [w["word"] for w in body["words"]] == ["Hello", "from", "the", "command", "line"]
+    assert all(a["end"] <= b["start"] for a, b in zip(body["words"], body["words"][1:], strict=False))
+    assert srt.read_text().startswith("1\n00:00:") and "Hello from the command line." in srt.read_text()
+    assert vtt.read_text().startswith("WEBVTT\n\n00:00:")

@@ -82,3 +82,17 @@ def test_beginning_again_replaces_the_take() -> None:
     heard.append("a", 0, frames(0, 2))
     heard.begin("a", FRAME)
     assert heard.nbytes == 0 and heard.get("a", 0, FRAME) == b""
+
+
+def test_reads_between_appends_see_everything_streamed_so_far() -> None:
+    """Chunks are kept as streamed and joined when read: a reader holding an earlier buffer keeps its frames."""
+    heard = HeardAudio(1024)
+    heard.begin("a", FRAME)
+    heard.append("a", 0, frames(0, 2))
+    early = heard.buffer("a", 2, FRAME)
+    assert early is not None and bytes(early) == frames(0, 2)
+    heard.append("a", 2, bytearray(frames(2, 3)))  # a mutable chunk is copied, not kept by reference
+    assert heard.get("a", 5, FRAME) == frames(0, 5)
+    heard.append("a", 5, frames(5, 1))
+    assert heard.get("a", 6, FRAME) == frames(0, 6) and bytes(early) == frames(0, 2)
+    assert heard.nbytes == 6 * FRAME

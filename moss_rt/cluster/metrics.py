@@ -47,10 +47,16 @@ class ReplicaCollector(Collector):
                                      labels=["replica"])
         free = GaugeMetricFamily("moss_rt_replica_free_places", "Slots + queue places left (last poll)",
                                  labels=["replica"])
+        prompts = GaugeMetricFamily(
+            "moss_rt_replica_prompt_blocks", "Prompt blocks the replica reported keeping (cache-aware routing)",
+            labels=["replica"],
+        )
         for replica in replicas:
             ready.add_metric([replica.name], 1.0 if replica.routable else 0.0)
             restarts.add_metric([replica.name], float(replica.restarts))
             free.add_metric([replica.name], float(max(0, replica.candidate().free)))
+            prompts.add_metric([replica.name], float(len(replica.prompts)))
         yield ready
         yield restarts
         yield free
+        yield prompts

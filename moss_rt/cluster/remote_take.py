@@ -36,6 +36,7 @@ class RemoteTake:
         start_frame: int,
         rebuilt: bool,
         on_lost: Callable[[], None],
+        on_item: Callable[[int], None] | None = None,
     ) -> None:
         self.take_id = take_id
         self.replica = replica
@@ -45,6 +46,7 @@ class RemoteTake:
         self._lost = lost
         self._n_frames = start_frame
         self._on_lost = on_lost
+        self._on_item = on_item  # told how many audio chunks each stream item carried (relay metrics)
         self._finished = False
         self._t0 = time.monotonic()
 
@@ -58,24 +60,34 @@ class RemoteTake:
     def __aiter__(self) -> AsyncIterator[TakeEvent]:
         return self._events()
 
-    async def _next(self) -> object:
+    async def _next(self) -> tuple[TakeEvent, ...]:
+        """The next stream item: a tuple of events (``EngineReplica.run_take``)."""
         ref = await self._stream.__anext__()
-        return await ref
+        items: tuple[TakeEvent, ...] = await ref
+        return items
 
     async def _events(self) -> AsyncIterator[TakeEvent]:
         from ray.exceptions import RayActorError, RayTaskError
 
+        # The replica's loss interrupts the read in progress (one waiter for the take's whole life, not one
+        # per item: every item is a hop of a relayed stream, and this runs for each).
+        reading: asyncio.Future[tuple[TakeEvent, ...]] | None = None
         lost_wait = asyncio.ensure_future(self._lost.wait())
+        lost_wait.add_done_callback(lambda _: reading.cancel() if reading is not None else None)
         try:
             while True:
-                nxt = asyncio.ensure_future(self._next())
-                await asyncio.wait({nxt, lost_wait}, return_when=asyncio.FIRST_COMPLETED)
-                if not nxt.done():
-                    nxt.cancel()
+                if lost_wait.done():
                     yield self._lost_end("stopped answering")
                     return
+                reading = asyncio.ensure_future(self._next())
                 try:
-                    event = nxt.result()
+                    items = await reading
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if lost_wait.done() and (task is None or not task.cancelling()):
+                        yield self._lost_end("stopped answering")
+                        return
+                    raise
                 except StopAsyncIteration:
                     yield self._lost_end("ended the stream early")
                     return
@@ -87,15 +99,22 @@ class RemoteTake:
                     self._finished = True
                     yield TakeFinished(EndReason.ERROR, self._n_frames, self._elapsed_ms(), error="generation failed")
                     return
-                if isinstance(event, AudioChunk):
-                    self._n_frames = event.first_frame + event.n_frames
-                if isinstance(event, TakeFinished):
-                    self._finished = True
-                yield event  # type: ignore[misc]
-                if self._finished:
-                    return
+                finally:
+                    reading = None
+                if self._on_item is not None:
+                    self._on_item(sum(1 for e in items if isinstance(e, AudioChunk)))
+                for event in items:
+                    if isinstance(event, AudioChunk):
+                        self._n_frames = event.first_frame + event.n_frames
+                    if isinstance(event, TakeFinished):
+                        self._finished = True
+                    yield event
+                    if self._finished:
+                        return
         finally:
             lost_wait.cancel()
+            if reading is not None:
+                reading.cancel()
             if not self._finished:
                 # Abandoned by the consumer (client gone, task cancelled): stop the take there too.
                 self.cancel(EndReason.CANCELLED)

@@ -24,9 +24,15 @@ from prometheus_client import generate_latest
 
 from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine, EngineBusy, EngineInfo, TakeEvent, TakeHandle, TakeSpec
+from moss_rt.engine.kept_digests import DigestDelta, KeptDigests
+from moss_rt.engine.prompt_names import PromptRecipe
 from moss_rt.protocol import ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
+
+# Audio one stream item may carry: items below Ray's inline limit (100 KiB, max_direct_call_object_size)
+# travel inside the reply; larger ones would go through the object store. One chunk always goes.
+RELAY_BATCH_BYTES = 80 * 1024
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,9 @@ class ReplicaStatus:
     info: EngineInfo | None = None
     error: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    # The prompt blocks its engine keeps, as changes since the poller's cursor (None: the engine keeps none).
+    prompt_blocks: DigestDelta | None = None
+    slots: int = 0  # takes it generates at once (0: unknown)
 
     @property
     def free(self) -> int:
@@ -133,13 +142,18 @@ class EngineReplica:
         await asyncio.shield(self._ensure_started())
         return await self.status()
 
-    async def status(self) -> ReplicaStatus:
+    async def status(self, since: tuple[str, int] | None = None) -> ReplicaStatus:
+        """State for routing; with ``since`` (a router's cursor) also the prompt blocks kept or given back."""
         self._ensure_started()
         engine = self._engine
+        kept: KeptDigests | None = getattr(engine, "kept_prompts", None)
         info = engine.info if engine is not None else None
         ready = info is not None and info.ready
         s = self._settings
         state = "failed" if self._error else ("ready" if ready else "loading")
+        # The engine's memory plan decides its slots when --max-slots is 0 (the default).
+        plan = getattr(engine, "memory_plan", None)
+        slots = plan.max_slots if plan is not None else s.max_slots
         return ReplicaStatus(
             name=self._name,
             incarnation=self._incarnation,
@@ -147,14 +161,22 @@ class EngineReplica:
             status=state,
             active=int(getattr(engine, "active_count", 0)),
             queued=int(getattr(engine, "queued_count", 0)),
-            # The engine's memory plan decides its slots when --max-slots is 0 (the default).
-            capacity=(plan.max_slots if (plan := getattr(engine, "memory_plan", None)) else s.max_slots) + s.max_queue,
+            capacity=slots + s.max_queue,
             pid=os.getpid(),
             node=socket.gethostname(),
             # Without the registry: it stays here (metrics_text renders it) and does not pickle.
             info=dataclasses.replace(info, metrics=None) if info is not None else None,
             error=self._error,
+            prompt_blocks=kept.since(*since) if kept is not None and since is not None else None,
+            slots=slots,
         )
+
+    async def prompt_recipe(self) -> PromptRecipe | None:
+        """What a front end needs to name prompt blocks as this engine keeps them (None: no prompt cache)."""
+        engine = await self._ready_engine()
+        recipe = getattr(engine, "prompt_recipe", None)
+        # A real tokenizer's JSON takes a while to write: not on the loop that streams takes.
+        return None if recipe is None else await asyncio.to_thread(recipe)
 
     async def close(self) -> None:
         if self._engine is not None:
@@ -162,8 +184,9 @@ class EngineReplica:
 
     # -- takes --------------------------------------------------------------------------
 
-    async def run_take(self, spec: TakeSpec) -> AsyncIterator[Admitted | Refusal | TakeEvent]:
-        """Stream one take: ``Admitted`` (or a ``Refusal`` and nothing else), then its events.
+    async def run_take(self, spec: TakeSpec) -> AsyncIterator[Admitted | Refusal | tuple[TakeEvent, ...]]:
+        """Stream one take: ``Admitted`` (or a ``Refusal`` and nothing else), then its events in order, in
+        tuples of one or more (what was queued when the front end took the previous item).
 
         Called as a Ray streaming generator with backpressure: while the front end has not read
         its chunks, this generator does not read the engine's channel, so the engine pauses the
@@ -182,8 +205,15 @@ class EngineReplica:
             yield Admitted(spec.take_id)
             # If the front end goes away (or cancels this stream), this iteration is abandoned and
             # the handle cancels its take: it never runs for nobody.
-            async for event in handle:
-                yield event
+            batches = getattr(handle, "batches", None)
+            if batches is None:
+                async for event in handle:
+                    yield (event,)
+            else:
+                # Events that piled up while the front end had not asked for more travel as one item:
+                # every item costs the front end the same, whatever it carries (docs/cluster.md).
+                async for batch in batches(RELAY_BATCH_BYTES):
+                    yield tuple(batch)
         finally:
             self._takes.pop(spec.take_id, None)
 

@@ -1,10 +1,16 @@
 """``ClusterEngine``: the engine seam over a set of Ray replicas, so ``web/`` serves a cluster unchanged.
 
 The front end (the aiohttp app) holds one of these instead of a local engine. It polls every
-replica's status about twice a second (readiness, load, process incarnation, metrics), routes
-each take by :mod:`moss_rt.cluster.routing`, and turns a replica's death into a ``replica_lost``
-end for exactly the takes that ran on it. Nothing is routed to a replica that is loading, did not
-answer its last poll, or was seen dying, until a poll finds it ready again (Ray restarts it).
+replica's status about twice a second (readiness, load, process incarnation, the prompt blocks its
+cache keeps, metrics), routes each take by :mod:`moss_rt.cluster.routing`, and turns a replica's
+death into a ``replica_lost`` end for exactly the takes that ran on it. Nothing is routed to a
+replica that is loading, did not answer its last poll, or was seen dying, until a poll finds it
+ready again (Ray restarts it).
+
+Cache-aware routing names each take's prompt blocks here, without the model: the first ready
+replica hands over a :class:`~moss_rt.engine.prompt_names.PromptRecipe` (tokenizer, config, block
+size) and a :class:`~moss_rt.engine.prompt_names.PromptNamer` computes the same digests the
+replicas' prompt caches keep (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
+import socket
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -21,12 +29,14 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
+from moss_rt.cluster.affinity import HeldPrompts
 from moss_rt.cluster.metrics import ReplicaCollector
 from moss_rt.cluster.remote_take import RemoteTake
 from moss_rt.cluster.replica import Admitted, Refusal, ReplicaStatus
-from moss_rt.cluster.routing import Candidate, plan_routes
+from moss_rt.cluster.routing import Candidate, Route, plan_routes
 from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, EngineBusy, EngineInfo, EngineLifecycle, TakeSpec
+from moss_rt.engine.prompt_names import NamedPrompt, PromptNamer, PromptRecipe
 from moss_rt.protocol import DEFAULT_MODEL_ALIAS
 
 log = logging.getLogger(__name__)
@@ -51,6 +61,7 @@ class ReplicaView:
     restarts: int = 0  # new incarnations seen after the first
     lost: asyncio.Event = field(default_factory=asyncio.Event)  # set when this incarnation is gone
     metrics_text: bytes = b""
+    prompts: HeldPrompts = field(default_factory=HeldPrompts)  # prompt blocks it keeps (cache-aware routing)
 
     @property
     def incarnation(self) -> str:
@@ -61,8 +72,11 @@ class ReplicaView:
         return self.answering and not self.dead and self.status is not None and self.status.ready
 
     def candidate(self) -> Candidate:
-        free = 0 if self.status is None else self.status.free - self.pending
-        return Candidate(self.name, self.incarnation, self.routable, free)
+        s = self.status
+        free = 0 if s is None else s.free - self.pending
+        load = self.pending + (0 if s is None else s.active + s.queued)
+        idle = s.slots - load if s is not None and s.slots > 0 else None
+        return Candidate(self.name, self.incarnation, self.routable, free, load, idle)
 
     def public(self) -> dict[str, object]:
         s = self.status
@@ -101,6 +115,31 @@ class ClusterEngine(EngineLifecycle):
             "moss_rt_cluster_lost_takes", "Takes ended because their replica was lost", ["replica"],
             registry=self._metrics,
         )
+        self._prompt_routes = Counter(
+            "moss_rt_cluster_prompt_routes",
+            "New and rebuilt takes by the replica they went to and its prompt match: hit (it held the longest run "
+            "of the take's prompt blocks any replica held), spill (another held more but was too busy), miss "
+            "(no replica held any beyond the generic opening)",
+            ["replica", "match"], registry=self._metrics,
+        )
+        self._prompt_rows = Counter(
+            "moss_rt_cluster_prompt_rows_routed",
+            "Prompt rows (beyond the generic opening) the replica was known to hold when a take went there",
+            ["replica"], registry=self._metrics,
+        )
+        self._relay_items = Counter(
+            "moss_rt_cluster_relay_items", "Stream items received from replicas (one relay hop each)",
+            registry=self._metrics,
+        )
+        self._relay_chunks = Counter(
+            "moss_rt_cluster_relay_chunks",
+            "Audio chunks those items carried (more than one per item: events that piled up travelled together)",
+            registry=self._metrics,
+        )
+        # Cache-aware routing: set once a ready replica handed over its prompt recipe (None: it has none).
+        self._namer: PromptNamer | None = None
+        self._recipe_task: asyncio.Task[None] | None = None  # asking a replica for it (one at a time)
+        self._front_end = f"{socket.gethostname()}:{os.getpid()}"
         self._metrics.register(ReplicaCollector(lambda: self._replicas))
 
     # ------------------------------------------------------------------ seam: state
@@ -119,6 +158,8 @@ class ClusterEngine(EngineLifecycle):
             "cluster": self.settings.cluster or "auto",
             "replicas": str(len(self._replicas)),
             "replicas_ready": str(sum(r.routable for r in self._replicas)),
+            "front_end": self._front_end,  # which front end answered (several may share a port)
+            "cache_routing": "on" if self._namer is not None and self.settings.route_cache_margin >= 0 else "off",
         }
         replicas = tuple(r.public() for r in self._replicas)
         if base is None or base.info is None:
@@ -170,11 +211,12 @@ class ClusterEngine(EngineLifecycle):
     async def close(self) -> None:
         """Stop watching. Replicas stay up for other front ends; a Ray instance this process
         started itself goes down with it (and its replicas with it)."""
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-            self._watch = None
+        for task in (self._watch, self._recipe_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._watch = self._recipe_task = None
         for r in self._replicas:
             r.lost.set()  # any take still streaming ends now instead of waiting on a gone cluster
         if self._owns_ray:
@@ -185,11 +227,16 @@ class ClusterEngine(EngineLifecycle):
     # ------------------------------------------------------------------ seam: work
     async def submit(self, spec: TakeSpec) -> RemoteTake:
         holder = self._holders.get(spec.parent_take) if spec.parent_take else None
+        named = await self._name_prompt(spec)
+        now = time.monotonic()
+        cached = {} if named is None else {r.name: r.prompts.specific_rows(named, now) for r in self._replicas}
         routes = plan_routes(
             [r.candidate() for r in self._replicas],
             retake=spec.parent_take is not None,
             holder=holder,
             turn=self._turn,
+            cached=cached,
+            margin=self.settings.route_cache_margin,
         )
         if not routes:
             raise EngineBusy(retry_after_sec=5.0)  # no replica ready (loading or restarting)
@@ -197,18 +244,50 @@ class ClusterEngine(EngineLifecycle):
         by_name = {r.name: r for r in self._replicas}
         for route in routes:
             replica = by_name[route.name]
-            handle = await self._try_submit(replica, spec, route.rebuilt)
+            # Expected there from now on, not from its admission: the next line of a burst follows it.
+            sticky = spec.parent_take is not None and not route.rebuilt  # to its parent's cache, not by prompt
+            expected = replica.prompts.expect(named.keys, now) if named is not None and not sticky else []
+            handle: RemoteTake | Exception | None = None
+            try:
+                handle = await self._try_submit(replica, spec, route.rebuilt)
+            finally:
+                if not isinstance(handle, RemoteTake):
+                    replica.prompts.unexpect(expected)  # not there after all (refused, lost, or cancelled)
             if isinstance(handle, RemoteTake):
                 self._turn = (self._replicas.index(replica) + 1) % len(self._replicas)
                 kind = "new" if spec.parent_take is None else ("rebuilt" if route.rebuilt else "sticky")
                 self._routes.labels(kind).inc()
                 self._remember(spec.take_id, replica)
+                if named is not None and kind != "sticky":
+                    self._count_prompt_route(replica, route, cached)
                 return handle
             if handle is not None:
                 refusal = handle
                 if not isinstance(handle, EngineBusy):
                     raise handle  # bad input is bad everywhere: no point asking the next replica
         raise refusal
+
+    async def _name_prompt(self, spec: TakeSpec) -> NamedPrompt | None:
+        """The take's prompt block keys, when routing is cache-aware (tokenizing runs on a helper thread)."""
+        namer = self._namer
+        if namer is None or self.settings.route_cache_margin < 0:
+            return None
+        try:
+            return await asyncio.to_thread(namer.name, spec)
+        except Exception as exc:  # bad input is the replica's to refuse, with its own message
+            log.debug("take %s: prompt not named (%r); routed by load", spec.take_id, exc)
+            return None
+
+    def _relayed(self, chunks: int) -> None:
+        self._relay_items.inc()
+        if chunks:
+            self._relay_chunks.inc(chunks)
+
+    def _count_prompt_route(self, replica: ReplicaView, route: Route, cached: dict[str, int]) -> None:
+        best = max(cached.values(), default=0)
+        match = "miss" if best == 0 else ("hit" if route.cached_rows == best else "spill")
+        self._prompt_routes.labels(replica.name, match).inc()
+        self._prompt_rows.labels(replica.name).inc(route.cached_rows)
 
     async def _try_submit(self, replica: ReplicaView, spec: TakeSpec, rebuilt: bool) -> RemoteTake | Exception | None:
         """The take's handle, the replica's refusal, or None when the replica turned out dead."""
@@ -245,6 +324,7 @@ class ClusterEngine(EngineLifecycle):
             start_frame=spec.start_frame,
             rebuilt=rebuilt,
             on_lost=lambda: self._take_lost(replica, incarnation),
+            on_item=self._relayed,
         )
 
     @staticmethod
@@ -307,6 +387,23 @@ class ClusterEngine(EngineLifecycle):
         replica.lost.set()
 
     # ------------------------------------------------------------------ polling
+    async def _ask_recipe(self, replica: ReplicaView) -> None:
+        """Get the prompt recipe from a ready replica (all run the same model). Asked until one answers;
+        an answer of None (no prompt cache there) is final: the task stays, done, and nobody asks again."""
+        try:
+            recipe: PromptRecipe | None = await asyncio.wait_for(replica.actor.prompt_recipe.remote(), 60.0)
+            self._namer = None if recipe is None else await asyncio.to_thread(PromptNamer, recipe)
+        except Exception as exc:  # this replica died or timed out meanwhile: the next poll asks a ready one
+            self._recipe_task = None
+            log.warning("no prompt recipe from replica %s yet: %r", replica.name, exc)
+            return
+        if self._namer is None:
+            log.info("cache-aware routing off: the replicas keep no prompt blocks (scripted engine or "
+                     "--no-prompt-cache); takes are routed by load")
+        else:
+            log.info("cache-aware routing on (block size %d, margin %d takes)", self._namer.block_size,
+                     self.settings.route_cache_margin)
+
     async def _watch_replicas(self) -> None:
         # One loop per replica: a slow or hung one does not delay what is known about the others.
         await asyncio.gather(*(self._watch_one(r) for r in self._replicas))
@@ -321,7 +418,9 @@ class ClusterEngine(EngineLifecycle):
 
         t0 = time.monotonic()
         try:
-            status: ReplicaStatus = await asyncio.wait_for(replica.actor.status.remote(), STATUS_TIMEOUT_SEC)
+            status: ReplicaStatus = await asyncio.wait_for(
+                replica.actor.status.remote(replica.prompts.cursor), STATUS_TIMEOUT_SEC
+            )
         except RayActorError:
             replica.answering = False
             self._mark_lost(replica, replica.incarnation)
@@ -335,6 +434,7 @@ class ClusterEngine(EngineLifecycle):
         if previous and status.incarnation != previous:
             # Restarted by Ray: whatever ran on the old process (and its caches) is gone.
             self._mark_lost(replica, previous)
+            replica.prompts.forget()  # the new process keeps nothing yet
             replica.restarts += 1
             log.info("replica %s restarted (incarnation %s)", replica.name, status.incarnation)
         if replica.dead or replica.lost.is_set():
@@ -345,6 +445,11 @@ class ClusterEngine(EngineLifecycle):
         replica.status = status
         replica.answering = True
         replica.pending = 0
+        if status.prompt_blocks is not None:
+            replica.prompts.apply(status.prompt_blocks)
+        if status.ready and self._namer is None and self._recipe_task is None:
+            # Its own task: a slow answer must not hold up this replica's polls.
+            self._recipe_task = asyncio.create_task(self._ask_recipe(replica), name="cluster-prompt-recipe")
         if status.ready:
             with contextlib.suppress(Exception):
                 budget = max(0.5, STATUS_TIMEOUT_SEC - (time.monotonic() - t0))

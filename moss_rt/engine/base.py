@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Protocol, Self
 
 import numpy as np
 
+from moss_rt.generation import CODEBOOK_SIZE, N_CODEBOOKS, SamplingParams
 from moss_rt.generation import EndReason as EndReason  # re-exported: the engine seam speaks it
-from moss_rt.generation import SamplingParams
+from moss_rt.protocol import ErrorCode, ProtocolError
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -45,6 +46,20 @@ def chunk_target(new_frames_sent: int, chunk_frames: int) -> int:
     if new_frames_sent < min(chunk_frames, RAMP_FRAMES):
         return 1
     return max(1, chunk_frames)
+
+
+def checked_codes(codes: np.ndarray, codebook_size: int = CODEBOOK_SIZE) -> np.ndarray:
+    """Codes to render as [n_frames, 12] int64, or ProtocolError ``invalid_field`` when any lies outside the
+    codebook. Stored or imported codes that were damaged or forged must never reach the codec: an index out of
+    range is an exception on the CPU and a device-side assert, the end of the CUDA context, on a GPU."""
+    codes = np.asarray(codes, dtype=np.int64).reshape(-1, N_CODEBOOKS)
+    if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= codebook_size):
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"the take's codes lie outside the codebook [0, {codebook_size}): its stored data is damaged",
+            field="take",
+        )
+    return codes
 
 
 class EngineBusy(Exception):
@@ -168,6 +183,7 @@ class EngineInfo:
     ready: bool = False  # loaded and warmed up
     metrics: CollectorRegistry | None = None  # rendered by GET /metrics; None: no engine metrics
     replicas: tuple[dict[str, object], ...] = ()  # a cluster's replicas (name, ready, load...); empty otherwise
+    codebook_size: int = CODEBOOK_SIZE  # codes lie in [0, codebook_size): what stored or imported codes are held to
 
 
 class Engine(Protocol):

@@ -76,6 +76,32 @@ class TakeChannel:
     def __aiter__(self) -> AsyncIterator[TakeEvent]:
         return self._events()
 
+    async def batches(self, max_bytes: int) -> AsyncIterator[list[TakeEvent]]:
+        """The events in order, each time together with those already queued behind the first, up to
+        ``max_bytes`` of audio (the first event always): a relay that fell behind takes what piled up in one
+        go instead of one hop per chunk. Ends and cancels on abandon like iterating the channel."""
+        finished = False
+        carry: TakeEvent | None = None  # taken off the queue but left for the next batch (over the size)
+        try:
+            while not finished:
+                first = carry if carry is not None else await self._queue.get()
+                carry = None
+                batch, size = [first], _audio_bytes(first)
+                while not self._queue.empty() and not isinstance(batch[-1], TakeFinished):
+                    nxt = self._queue.get_nowait()
+                    size += _audio_bytes(nxt)
+                    if size > max_bytes:
+                        carry = nxt
+                        break
+                    batch.append(nxt)
+                with self._lock:
+                    self._outstanding -= sum(e.n_frames for e in batch if isinstance(e, AudioChunk))
+                finished = isinstance(batch[-1], TakeFinished)
+                yield batch
+        finally:
+            if not finished:
+                self.cancel(EndReason.CANCELLED)
+
     async def _events(self) -> AsyncIterator[TakeEvent]:
         finished = False
         try:
@@ -93,3 +119,7 @@ class TakeChannel:
                 # Abandoned (closed early, or the consuming task was cancelled): nobody will read
                 # this take any more, so the engine must stop generating it.
                 self.cancel(EndReason.CANCELLED)
+
+
+def _audio_bytes(event: TakeEvent) -> int:
+    return len(event.pcm) if isinstance(event, AudioChunk) else 0

@@ -27,13 +27,15 @@ import numpy as np
 import torch
 
 from moss_rt.config import Settings
-from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, EngineLoading, TakeSpec
+from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, EngineLoading, TakeSpec, checked_codes
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
+from moss_rt.engine.kept_digests import KeptDigests
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prefill_pace import measure_prefill_cost
+from moss_rt.engine.prompt_names import PromptRecipe
 from moss_rt.engine.prompts import PromptTooLong, frames_room, prompt_rows
 from moss_rt.engine.resolve import (
     Choice,
@@ -113,6 +115,8 @@ class MossEngine(EngineLifecycle):
         self._runner: ModelRunner | None = None
         self._device = torch.device("cpu")
         self._graphs_done = False  # every CUDA graph captured (or nothing left to try)
+        # The prompt blocks kept for later takes, by key: a cluster replica reports them to its routers.
+        self.kept_prompts = KeptDigests()
 
     # ------------------------------------------------------------------ the seam
     @property
@@ -196,8 +200,16 @@ class MossEngine(EngineLifecycle):
             raise ProtocolError(ErrorCode.INVALID_FIELD, str(exc), field=blame) from None
         return rows
 
+    def prompt_recipe(self) -> PromptRecipe | None:
+        """What a front end without the model needs to name takes' prompt blocks as this engine keeps them
+        (cluster routing); None before the model is loaded or with the prompt cache off."""
+        runner, scheduler = self._runner, self._scheduler
+        if runner is None or scheduler is None or not scheduler.prompts.enabled:
+            return None
+        return PromptRecipe.of(runner.tokenizer, runner.config, runner.blocks.block_size)
+
     async def render(self, codes: np.ndarray, channels: int) -> bytes:
-        codes = np.asarray(codes, dtype=np.int64).reshape(-1, N_CODEBOOKS)
+        codes = checked_codes(codes, self._info.codebook_size)  # damaged codes never reach the codec
         if codes.shape[0] == 0:
             return b""
         job = RenderJob(codes, channels, self._require_batcher())
@@ -494,6 +506,7 @@ class MossEngine(EngineLifecycle):
             worker=worker,
             arrivals=lambda: not self._inbox.empty(),
         )
+        self._scheduler.prompts.journal = self.kept_prompts
         demo = model_choice.demo or codec_choice.demo
         details = {
             "status": "warming up",
@@ -523,6 +536,8 @@ class MossEngine(EngineLifecycle):
             demo=demo,
             device=str(where.device),
             details=details,
+            # A code is an index into both the model's audio vocabulary and the codec's codebooks.
+            codebook_size=min(loaded.config.audio_vocab_size, codec.config.quantizer.codebook_size),
         )
         log.info("engine loaded in %.1f s: model %s, codec %s on %s/%s",
                  time.perf_counter() - t0, model_choice.source, codec_choice.source, where.device, where.dtype)

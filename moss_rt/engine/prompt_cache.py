@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moss_rt.engine.kept_digests import KeptDigests
 from moss_rt.model.blocks import SCRATCH_BLOCK, BlockPool
 
 _DIGEST_BYTES = 16
@@ -85,6 +86,8 @@ class PromptCache:
         self._kept: OrderedDict[bytes, int] = OrderedDict()  # key -> block; the last entries are the most recent
         self._claims: dict[bytes, str] = {}  # full-block key -> the take computing it now
         self._claimed_by: dict[str, list[bytes]] = {}
+        # Told every key kept and given back, when a cluster replica reports them to its front ends' routers.
+        self.journal: KeptDigests | None = None
 
     def __len__(self) -> int:
         """Blocks kept (each holds one reference)."""
@@ -144,6 +147,8 @@ class PromptCache:
             return
         self.pool.hold(block)
         self._kept[key] = block
+        if self.journal is not None:
+            self.journal.add(key)
 
     # ------------------------------------------------------------------ room
     def evict(self, need: int, spare: frozenset[int] = frozenset()) -> int:
@@ -160,6 +165,8 @@ class PromptCache:
                 del self._kept[key]
                 self.pool.drop_ref(block)
                 freed += 1
+                if self.journal is not None:
+                    self.journal.discard(key)
         return freed
 
     def clear(self) -> None:
@@ -168,6 +175,8 @@ class PromptCache:
         self._kept.clear()
         self._claims.clear()
         self._claimed_by.clear()
+        if self.journal is not None:
+            self.journal.clear()
 
     # ------------------------------------------------------------------ takes computing blocks now
     def claim(self, take_id: str, keys: PromptKeys | None, from_block: int) -> None:

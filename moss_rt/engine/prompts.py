@@ -7,21 +7,32 @@ error; the worker thread reuses them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from moss_rt.engine.base import TakeSpec
 
-if TYPE_CHECKING:
-    from moss_rt.model.runner import ModelRunner
+
+class PromptBuilder(Protocol):
+    """Builds prompt rows: the model runner, or a front end's PromptNamer (tokenizer and config, no weights)."""
+
+    def build_prompt(
+        self,
+        *,
+        text: str,
+        instruction: str = ...,
+        language: str = ...,
+        tokens: int | None = ...,
+        reference_codes: np.ndarray | None = ...,
+    ) -> np.ndarray: ...
 
 
 class PromptTooLong(ValueError):
     """The prompt plus the frames kept by a retake leave no position to generate into."""
 
 
-def prompt_rows(runner: ModelRunner, spec: TakeSpec) -> np.ndarray:
+def prompt_rows(runner: PromptBuilder, spec: TakeSpec) -> np.ndarray:
     """The take's prompt rows [T, 13] (thread-safe: tokenization only, no tensors)."""
     return runner.build_prompt(
         text=spec.text,

@@ -34,6 +34,7 @@ from moss_rt.engine.base import (
     TakeFinished,
     TakeFirstAudio,
     TakeSpec,
+    checked_codes,
     chunk_target,
 )
 from moss_rt.engine.channel import TakeChannel
@@ -151,6 +152,7 @@ class ScriptedEngine(EngineLifecycle):
         return channel
 
     async def render(self, codes: np.ndarray, channels: int) -> bytes:
+        codes = checked_codes(codes, self._info.codebook_size)  # as the real engine: damaged codes are refused
         # Scripted codes carry (frame*7 + seed) in codebook 0, but the frame index is their row.
         seeds = [(int(row[0]) - 7 * i) % 1024 for i, row in enumerate(codes)]
         parts = [scripted_pcm(i, 1, seed, channels) for i, seed in enumerate(seeds)]

@@ -77,7 +77,8 @@ def parse_audio_format(
             field=name_field,
         )
     rate = default_rate if sample_rate is None else sample_rate
-    if isinstance(rate, str) and rate.isdigit():  # query strings carry numbers as text
+    # Query strings carry numbers as text; ASCII digits only ("²".isdigit() is true, int("²") raises).
+    if isinstance(rate, str) and rate.isascii() and rate.isdigit() and len(rate) <= 9:
         rate = int(rate)
     if isinstance(rate, float) and rate.is_integer():
         rate = int(rate)

@@ -23,6 +23,7 @@ class ErrorCode(enum.StrEnum):
     TIMEOUT = "timeout"
     INTERNAL = "internal"
     REPLICA_LOST = "replica_lost"  # cluster mode: the engine replica running the take died
+    INSUFFICIENT_STORAGE = "insufficient_storage"  # the data dir's budget (or disk) cannot keep it: HTTP 507
 
 
 class ProtocolError(Exception):

@@ -20,6 +20,13 @@ class Limits:
     max_takes_kept: int = 32  # take history per WebSocket connection (one without a session)
     max_session_takes: int = 200  # takes a directing session keeps on disk until the director deletes them
     max_session_archive_bytes: int = 1024 * 1024 * 1024  # one imported session archive (zip)
+    # What one import may unpack to (audio + codes), counted while it is read: a small zip of silence cannot
+    # become more than this on disk, whatever its headers say.
+    max_session_archive_unpacked_bytes: int = 2 * 1024 * 1024 * 1024
+    max_session_json_bytes: int = 8 * 1024 * 1024  # an archive's session.json (records of up to 200 takes)
+    max_json_depth: int = 32  # nesting of a stored JSON document (session.json, notes); the records need 5
+    max_sessions: int = 10_000  # directing sessions kept on disk, all clients together
+    max_sessions_per_client: int = 100  # sessions one client (address) may have created and still keep; 0: no cap
     max_upload_bytes: int = 20 * 1024 * 1024
     max_upload_seconds: float = 60.0
     min_upload_seconds: float = 0.5
@@ -32,9 +39,17 @@ class Limits:
     max_upload_samples: int = 24_000_000
     max_stored_voices: int = 1000  # uploaded voices kept on disk; more are refused (rate_limited)
     max_voices_per_owner: int = 50  # uploaded voices one client (address) may keep; 0: no cap
+    # POST /api/align: the audio (body bytes and decoded seconds; a take lasts at most 327.7 s).
+    max_align_bytes: int = 64 * 1024 * 1024
+    max_align_seconds: float = 330.0
     # WebSocket control messages per connection: a token bucket refilled at this rate.
     ws_messages_per_sec: float = 20.0
     ws_message_burst: int = 40
+    # Scripts (docs/scripts.md): cues of one script, its body, the longest pause and gap in its mix.
+    max_script_lines: int = 500
+    max_script_bytes: int = 1024 * 1024
+    max_pause_sec: float = 60.0
+    max_gap_sec: float = 10.0
 
     def to_dict(self) -> dict[str, int | float]:
         return asdict(self)
@@ -52,6 +67,11 @@ LIMIT_HELP: dict[str, str] = {
     "max_takes_kept": "take history kept per WebSocket connection without a session",
     "max_session_takes": "takes one directing session keeps on disk until deleted (resume)",
     "max_session_archive_bytes": "largest session archive accepted by POST /api/sessions/import",
+    "max_session_archive_unpacked_bytes": "bytes one imported archive may unpack to (audio and codes)",
+    "max_session_json_bytes": "bytes of an imported archive's session.json",
+    "max_json_depth": "nesting depth of an imported session.json",
+    "max_sessions": "directing sessions kept on disk in all",
+    "max_sessions_per_client": "directing sessions one client address may keep (0: no cap)",
     "max_upload_bytes": "bytes of one uploaded reference voice",
     "max_upload_seconds": "seconds of one uploaded reference voice",
     "min_upload_seconds": "shortest uploaded reference voice, in seconds",
@@ -61,6 +81,12 @@ LIMIT_HELP: dict[str, str] = {
     "max_upload_samples": "frames x channels of one upload",
     "max_stored_voices": "uploaded voices kept on disk",
     "max_voices_per_owner": "uploaded voices one client may keep (0: no cap)",
+    "max_align_bytes": "bytes of one POST /api/align body",
+    "max_align_seconds": "seconds of audio POST /api/align accepts",
     "ws_messages_per_sec": "WebSocket control messages per second per connection",
     "ws_message_burst": "burst of WebSocket control messages above that rate",
+    "max_script_lines": "spoken lines (cues) of one script",
+    "max_script_bytes": "bytes of one POST /api/scripts body",
+    "max_pause_sec": "longest [pause] of a script, in seconds",
+    "max_gap_sec": "longest gap between a script's lines (gap_sec, scene_gap_sec), in seconds",
 }

@@ -2,7 +2,7 @@
 
 Client → server: ``start``, ``cancel``, ``seek``, ``ping``, and for streamed text ``append``, ``flush``,
 ``end_of_text``.
-Server → client: ``hello``, ``start``, ``seek``, ``end``, ``error``, ``pong``.
+Server → client: ``hello``, ``start``, ``seek``, ``end``, ``error``, ``pong``, ``words``.
 Unknown keys are ignored (forward compatibility); unknown types, wrong types, out-of-range
 values and oversize messages raise :class:`ProtocolError` with a stable code.
 """
@@ -118,6 +118,7 @@ class StartTake:
     format: str | None = None  # delivery format (None: native 48 kHz PCM, tag 1)
     sample_rate: int | None = None  # of the delivery format (None: 48000)
     stream_text: bool = False  # WebSocket only: more text follows in append messages
+    words: bool = False  # WebSocket only: send the take's word timings (``words`` messages)
 
     @classmethod
     def parse(cls, obj: dict[str, Any], limits: Limits) -> StartTake:
@@ -127,6 +128,7 @@ class StartTake:
         fields["format"] = Field("str", None, choices=AUDIO_FORMATS, nullable=True)
         fields["sample_rate"] = Field("int", None, choices=AUDIO_SAMPLE_RATES, nullable=True)
         fields["stream_text"] = Field("bool", False)
+        fields["words"] = Field("bool", False)
         values = validate_fields(fields, obj)
         if values["stream_text"]:
             # The text may come later (append); what is given now is the first of it.
@@ -147,6 +149,8 @@ class StartTake:
         out.update(dataclasses.asdict(self.sampling))
         if not self.stream_text:
             out.pop("stream_text")
+        if not self.words:
+            out.pop("words")
         return {"type": self.type, **{k: v for k, v in out.items() if v is not None}}
 
 
@@ -175,6 +179,10 @@ class Seek:
     sampling: dict[str, Any] = field(default_factory=dict)  # only the overridden fields
     instruction: str | None = None
     text: str | None = None
+    # The n-th word of the take (0-based) instead of a frame: the seek goes to the frame where it starts
+    # (``frame`` is then resolved from the take's words by the session).
+    word: int | None = None
+    words: bool | None = None  # a retake's word timings (None: as the source take asked)
 
     @classmethod
     def parse(cls, obj: dict[str, Any], limits: Limits) -> Seek:
@@ -186,13 +194,19 @@ class Seek:
             "seed": SEED_FIELD,
             "instruction": Field("str", None, max_length=limits.max_instruction_chars, nullable=True),
             "text": Field("str", None, max_length=limits.max_text_chars, nullable=True),
+            "word": Field("int", None, 0, limits.max_text_chars, nullable=True),
+            "words": Field("bool", None, nullable=True),
         }
         values = validate_fields(fields, obj)
         sampling = {k: coerce(k, spec, obj[k]) for k, spec in SAMPLING_FIELDS.items() if obj.get(k) is not None}
         frame, time_sec = values.pop("frame"), values.pop("time_sec")
-        if (frame is None) == (time_sec is None):
-            raise ProtocolError(ErrorCode.INVALID_FIELD, "give exactly one of 'frame' or 'time_sec'", field="frame")
-        if frame is None:
+        if sum(v is not None for v in (frame, time_sec, values["word"])) != 1:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, "give exactly one of 'frame', 'time_sec' or 'word'", field="frame"
+            )
+        if values["word"] is not None:
+            frame = 0  # resolved from the take's words when the seek is planned
+        elif frame is None:
             frame = min(frame_at_time(time_sec), limits.max_new_tokens)
         if values["text"] is not None and not values["text"].strip():
             raise ProtocolError(ErrorCode.INVALID_FIELD, "'text' must not be empty", field="text")
@@ -207,8 +221,10 @@ class Seek:
         return cls(frame=frame, sampling=sampling, **values)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type, "take": self.take, "frame": self.frame, "mode": self.mode}
-        for name in ("seed", "instruction", "text"):
+        out: dict[str, Any] = {"type": self.type, "take": self.take, "mode": self.mode}
+        if self.word is None:
+            out["frame"] = self.frame
+        for name in ("seed", "instruction", "text", "word", "words"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         out.update(self.sampling)
@@ -340,6 +356,12 @@ def parse_stream_request(obj: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -
     for name, value in legacy_stream_defaults(limits).items():
         if filled.get(name) is None:
             filled[name] = value
+    if filled.get("words"):
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            "'words' needs the WebSocket; over HTTP, GET /api/takes/{id}/words (or .srt, .vtt) after the take",
+            field="words",
+        )
     if filled.get("stream_text"):
         raise ProtocolError(
             ErrorCode.INVALID_FIELD, "'stream_text' needs the WebSocket (text arrives in append messages)",
@@ -560,8 +582,25 @@ class SessionResumed(ServerMessage):
     takes: list[dict[str, Any]] = field(default_factory=list)  # stored take records, oldest first
 
 
+@dataclass(frozen=True, kw_only=True)
+class Words(ServerMessage):
+    """``words``: the next words of a take and when they are said (seconds from the take's sample 0).
+
+    Sent in order, each word once, never changed afterwards; ``index`` is the position of the first of them in the
+    take's words; the last batch (possibly empty) has ``final: true`` and comes before the take's ``end``. Each word
+    is ``{"word", "start", "end"}`` plus ``"flags": ["interpolated"]`` when its time is estimated.
+    """
+
+    type: ClassVar[str] = "words"
+    required: ClassVar[tuple[str, ...]] = ("take", "words")
+    take: str
+    words: list[dict[str, Any]] = field(default_factory=list)
+    index: int | Unset = UNSET
+    final: bool | Unset = UNSET
+
+
 SERVER_TYPES: dict[str, type[ServerMessage]] = {
-    cls.type: cls for cls in (Hello, TakeStarted, SeekAck, TakeEnded, ErrorMessage, Pong, SessionResumed)
+    cls.type: cls for cls in (Hello, TakeStarted, SeekAck, TakeEnded, ErrorMessage, Pong, SessionResumed, Words)
 }
 SERVER_REQUIRED: dict[str, tuple[str, ...]] = {kind: cls.required for kind, cls in SERVER_TYPES.items()}
 

@@ -10,20 +10,26 @@ from collections.abc import AsyncIterator
 
 from aiohttp import WSCloseCode, web
 
+from moss_rt.align.select import AlignerChoiceError, build_aligner
+from moss_rt.align.service import AlignerUnavailable, AlignService
 from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine
+from moss_rt.engine.memory_plan import DEFAULT_CPU_SEQ_LEN
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.session import TakeStore
-from moss_rt.session_store import SessionStore
+from moss_rt.session_store import SessionStore, StoreBudget
 from moss_rt.voices import VoiceStore
+from moss_rt.web.access_log import RedactingAccessLogger
 from moss_rt.web.cross_site import cross_site_middleware
-from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
+from moss_rt.web.guards import ArchiveSlots, ClientConnections, ClientRequestRate, ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler, service_registry
 from moss_rt.web.openai_api import openai_errors_middleware
 from moss_rt.web.openai_api import routes as openai_routes
+from moss_rt.web.owners import OwnerCookies
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
 from moss_rt.web.renders import SharedRenders
+from moss_rt.web.scripts_api import routes as script_routes
 from moss_rt.web.security import (
     auth_middleware,
     client_connections_middleware,
@@ -31,9 +37,11 @@ from moss_rt.web.security import (
     json_errors_middleware,
     request_rate_middleware,
 )
+from moss_rt.web.session_upkeep import session_retention
 from moss_rt.web.sessions_api import routes as session_routes
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.voices_api import routes as voice_routes
+from moss_rt.web.words_api import routes as words_routes
 from moss_rt.web.ws import websocket_handler
 
 log = logging.getLogger(__name__)
@@ -50,7 +58,8 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
     app = web.Application(
         client_max_size=settings.limits.max_upload_bytes + 1024,
         # Idle keep-alive connections are closed after this (aiohttp's default is an hour).
-        handler_args={"keepalive_timeout": settings.http_keepalive_sec},
+        # The access log shortens session and take ids and blanks tokens (moss_rt/web/access_log.py).
+        handler_args={"keepalive_timeout": settings.http_keepalive_sec, "access_log_class": RedactingAccessLogger},
         # forwarded_for first: everything after it (auth logs, per-client limits) sees the client.
         # The request rate is checked before auth, so unauthenticated floods are limited too.
         middlewares=[
@@ -65,17 +74,16 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
         ],
     )
     voices = VoiceStore(settings.voices_store_dir, settings.voices_dir, settings.limits)
-    sessions = (
-        SessionStore(settings.data_dir / "sessions", max_takes=settings.limits.max_session_takes)
-        if settings.sessions
-        else None
-    )
+    sessions = session_store(settings) if settings.sessions else None
     app[STATE] = ServiceState(
         settings=settings,
         engine=engine,
         voices=voices,
         takes=TakeStore(),
         sessions=sessions,
+        owner_cookies=OwnerCookies.load(settings.data_dir) if sessions is not None else None,
+        archive_slots=ArchiveSlots(settings.max_concurrent_archives),
+        export_slots=ArchiveSlots(4 * settings.max_concurrent_archives),
         heard=HeardAudio(settings.heard_audio_mb * 1024 * 1024),
         renders=SharedRenders(settings.render_buffer_mb * 1024 * 1024),
         client_takes=ClientTakes(settings.max_takes_per_client),
@@ -84,19 +92,114 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
         trusted_proxies=parse_networks(settings.trusted_proxies),
         exit_on_engine_failure=exit_on_engine_failure,
     )
+    app[STATE].aligner = _aligner_service(settings)
     app[STATE].metrics_registry = service_registry(app[STATE])
     app.add_routes(routes)
     app.add_routes(voice_routes)
     app.add_routes(openai_routes)
     app.add_routes(session_routes)
+    app.add_routes(words_routes)
+    app.add_routes(script_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():
         app.router.add_static("/static/", settings.static_dir, show_index=False)
     app.cleanup_ctx.append(_engine_lifecycle)
+    app.cleanup_ctx.append(_aligner_lifecycle)
+    app.cleanup_ctx.append(session_retention)
+    # After the engine's: its clean-up runs first, so renders stop while the engine still runs.
+    app.cleanup_ctx.append(_scripts_lifecycle)
     app.on_shutdown.append(_close_websockets)
+    app.on_shutdown.append(_end_script_streams)
     app.on_cleanup.append(_close_sessions)
     return app
+
+
+def _aligner_service(settings: Settings) -> AlignService | None:
+    """The word aligner ``--aligner`` names (docs/words.md), not loaded yet (its first worker loads it)."""
+    try:
+        aligner = build_aligner(settings.aligner, device=settings.device)
+    except AlignerChoiceError as exc:
+        raise SystemExit(str(exc)) from None
+    if aligner is None:
+        log.info("word timing is off (--aligner %s)", settings.aligner)
+        return None
+    return AlignService(aligner, max_pending=settings.aligner_queue)
+
+
+async def _aligner_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Start the aligner's workers (the first loads it, off the loop); a named aligner that cannot load fails
+    the start like the model does (``/readyz``); ``auto`` then only leaves words to estimates."""
+    state = app[STATE]
+    service = state.aligner
+    if service is None:
+        yield
+        return
+    service.start()
+
+    async def watch() -> None:
+        try:
+            await service.wait_loaded()
+            log.info("word aligner %s ready", service.name)
+        except AlignerUnavailable as exc:
+            if state.settings.aligner == "auto":
+                log.error("word aligner %s failed to load (%s): word times are estimated", service.name, exc)
+                return
+            state.engine_failure = f"aligner {service.name}: {exc}"
+            log.error("the word aligner failed to start: %s", state.engine_failure)
+            if state.exit_on_engine_failure and not state.shutting_down:
+                signal.raise_signal(signal.SIGTERM)
+
+    watcher = asyncio.create_task(watch(), name="aligner-start")
+    yield
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
+    for task in list(state.words_inflight.values()):
+        task.cancel()
+    service.close()
+def session_store(settings: Settings) -> SessionStore:
+    """The directing sessions of the data dir, with the caps and budgets of ``settings``."""
+    limits = settings.limits
+    mb = 1024 * 1024
+    budget = StoreBudget(
+        max_sessions=limits.max_sessions,
+        max_sessions_per_client=limits.max_sessions_per_client,
+        max_bytes=settings.session_storage_mb * mb,
+        max_bytes_per_client=settings.session_storage_per_client_mb * mb,
+        # The longest take there can be: its new frames (max_new_tokens) plus a retake's kept frames, all
+        # within one take's cache (max_seq_len; the memory plan's 5120 when not set).
+        max_take_frames=max(limits.max_new_tokens, settings.max_seq_len or DEFAULT_CPU_SEQ_LEN),
+    )
+    return SessionStore(
+        settings.data_dir / "sessions", max_takes=limits.max_session_takes, limits=limits, budget=budget
+    )
+
+
+async def _scripts_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Script renders (moss_rt/scripts): their tables beside the sessions; unfinished ones resume once the engine
+    is ready; every render stops (its state kept) before the engine does."""
+    state = app[STATE]
+    if state.sessions is None:
+        yield
+        return
+    from moss_rt.scripts.service import ScriptService
+    from moss_rt.scripts.store import ScriptStore
+
+    store = await asyncio.to_thread(ScriptStore, state.sessions.root / "sessions.sqlite3")
+    state.scripts = ScriptService(state, state.sessions, store)
+    state.scripts.start()
+    try:
+        yield
+    finally:
+        await state.scripts.close()
+        await asyncio.to_thread(store.close)
+
+
+async def _end_script_streams(app: web.Application) -> None:
+    scripts = app[STATE].scripts
+    if scripts is not None:
+        scripts.end_streams()
 
 
 async def _close_sessions(app: web.Application) -> None:

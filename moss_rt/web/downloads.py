@@ -18,7 +18,7 @@ from aiohttp import web
 
 from moss_rt.audio import wav_header
 from moss_rt.engine.base import EngineBusy
-from moss_rt.protocol import SAMPLE_RATE
+from moss_rt.protocol import SAMPLE_RATE, ProtocolError
 from moss_rt.session import TakeRecord, bytes_per_frame
 from moss_rt.web.state import ServiceState
 
@@ -33,10 +33,10 @@ ReadPiece = Callable[[int, int], Awaitable[bytes]]
 
 
 @asynccontextmanager
-async def take_pcm(state: ServiceState, take: TakeRecord) -> AsyncIterator[ReadPiece]:
+async def take_pcm(state: ServiceState, take: TakeRecord, *, client: str | None = None) -> AsyncIterator[ReadPiece]:
     """A reader of the take's int16 PCM while inside: pieces of its held streamed audio when that
     is complete, else of a render of its codes shared with its other readers (``EngineBusy`` on
-    entry when the renders' budget or the engine's job queue is full).
+    entry when the renders' budget, ``client``'s share of it or the engine's job queue is full).
 
     The streamed audio is looked up again for every piece rather than held, so a reader never
     keeps an evicted take alive; if it is evicted meanwhile, the rest comes from a render.
@@ -49,7 +49,9 @@ async def take_pcm(state: ServiceState, take: TakeRecord) -> AsyncIterator[ReadP
 
         async def render() -> bytes:
             if not rendered:
-                hold = state.renders.hold(take_id, n_frames * frame_bytes, lambda: state.engine.render(codes, channels))
+                hold = state.renders.hold(
+                    take_id, n_frames * frame_bytes, lambda: state.engine.render(codes, channels), client=client
+                )
                 rendered.append(await stack.enter_async_context(hold))
             return rendered[0]
 
@@ -92,9 +94,10 @@ async def send_wav(
         await response.write_eof()
     except ConnectionResetError:
         log.info("download of take %s: client %s left or stopped reading", take.take_id, request.remote)
-    except EngineBusy:
-        # Evicted mid-download and no render possible now; the headers are out, so only a cut is left.
-        log.warning("download of take %s cut short: its audio was evicted and the engine is busy", take.take_id)
+    except (EngineBusy, ProtocolError):
+        # Evicted mid-download and no render possible now (busy, or codes it cannot render); the headers are out,
+        # so only a cut is left.
+        log.warning("download of take %s cut short: its audio was evicted and cannot be rendered", take.take_id)
         if request.transport is not None:
             request.transport.abort()  # the client sees fewer bytes than Content-Length
     return response

@@ -21,6 +21,7 @@ HTTP_STATUS = {
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.TIMEOUT: 408,
     ErrorCode.INTERNAL: 500,
+    ErrorCode.INSUFFICIENT_STORAGE: 507,
 }
 
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from moss_rt.engine.base import EngineBusy
 from moss_rt.formats import AudioFormat
 from moss_rt.formats.async_encoder import AsyncEncoder
-from moss_rt.protocol import FRAME_SAMPLES
+from moss_rt.protocol import FRAME_SAMPLES, ProtocolError
 from moss_rt.session import TakeRecord
 from moss_rt.web.downloads import ReadPiece
 
@@ -63,7 +63,7 @@ async def send_encoded(
         await response.write_eof()
     except ConnectionResetError:
         log.info("download of take %s as %s: client %s left or stopped reading", take.take_id, fmt.name, request.remote)
-    except EngineBusy:
+    except (EngineBusy, ProtocolError):
         # Evicted mid-download and no render possible now: a cut file must not look whole.
         log.warning("download of take %s cut short: its audio was evicted and the engine is busy", take.take_id)
         if request.transport is not None:

@@ -140,3 +140,36 @@ class ClientConnections:
             self._open[client] = count
         else:
             self._open.pop(client, None)
+
+
+class ArchiveSlots:
+    """Session imports (or exports) in progress: at most ``limit`` at once, one per client address.
+
+    Each unpacks or packs whole takes on a worker thread; unbounded, a burst of them would hold every thread
+    the event loop hands blocking work to (and the disk) while other clients wait. Refused at once rather than
+    queued: ``busy`` (503) when all slots are taken, ``rate_limited`` (429) when the client already has one.
+    Only the event loop touches it.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = max(1, limit)
+        self._clients: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    @contextmanager
+    def hold(self, client: str) -> Iterator[None]:
+        if client in self._clients:
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED, "this client already imports or exports a session; wait for it to finish"
+            )
+        if len(self._clients) >= self._limit:
+            raise ProtocolError(
+                ErrorCode.BUSY, f"{self._limit} session imports or exports are in progress; retry shortly"
+            )
+        self._clients.add(client)
+        try:
+            yield
+        finally:
+            self._clients.discard(client)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import HttpVersion11, web
@@ -25,6 +26,7 @@ from moss_rt.web.errors import busy_response, error_response, protocol_error_res
 from moss_rt.web.format_download import send_encoded, wants_other_format
 from moss_rt.web.http_take import admit_http_take
 from moss_rt.web.openapi import openapi_document
+from moss_rt.web.owners import owner_or_mint, set_owner_cookie
 from moss_rt.web.security import bearer, is_authorized, issue_token, same_secret, unauthorized
 from moss_rt.web.state import STATE
 from moss_rt.web.voices_api import voice_owner
@@ -42,12 +44,23 @@ async def read_body_limited(request: web.Request, limit: int) -> bytes:
     A body that pauses longer than ``body_stall_timeout_sec``, or takes longer than
     ``body_read_timeout_sec`` in all, is refused with 408 ``timeout`` and its connection closed.
     """
+    parts: list[bytes] = []
+
+    async def keep(chunk: bytes) -> None:
+        parts.append(chunk)
+
+    await read_body_into(request, limit, keep)
+    return b"".join(parts)
+
+
+async def read_body_into(request: web.Request, limit: int, sink: Callable[[bytes], Awaitable[None]]) -> int:
+    """Hand a request body to ``sink`` piece by piece (a file on disk: nothing held in memory) within the
+    limits of :func:`read_body_limited`; returns its size."""
     if request.content_length is not None and request.content_length > limit:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"body of {request.content_length} bytes exceeds {limit}")
     settings = request.app[STATE].settings
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.body_read_timeout_sec
-    parts: list[bytes] = []
     size = 0
     while True:
         wait = min(settings.body_stall_timeout_sec, deadline - loop.time())
@@ -58,11 +71,11 @@ async def read_body_limited(request: web.Request, limit: int) -> bytes:
             raise BodyTimeout(size) from None
         if not chunk:
             break
-        parts.append(chunk)
         size += len(chunk)
         if size > limit:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"body exceeds {limit} bytes")
-    return b"".join(parts)
+        await sink(chunk)
+    return size
 
 
 class BodyTimeout(ProtocolError):
@@ -86,6 +99,12 @@ async def read_json_request(request: web.Request) -> dict[str, Any]:
 
 def _body_limit_for(request: web.Request) -> int:
     limits = request.app[STATE].settings.limits
+    if request.path == "/api/align":
+        return limits.max_align_bytes
+    if request.path == "/api/sessions/import":
+        return limits.max_session_archive_bytes
+    if request.path == "/api/scripts":
+        return limits.max_script_bytes
     return limits.max_upload_bytes if request.path == "/api/upload_ref" else limits.max_request_bytes
 
 
@@ -124,7 +143,10 @@ async def write_or_drop(request: web.Request, response: web.StreamResponse, fram
 @routes.get("/")
 async def index(request: web.Request) -> web.StreamResponse:
     path = request.app[STATE].settings.static_dir / "index.html"
-    return web.FileResponse(path, headers={"Cache-Control": "no-cache"})
+    response = web.FileResponse(path, headers={"Cache-Control": "no-cache"})
+    # A keyless server gives the studio its owner cookie with the page, before it opens a session.
+    set_owner_cookie(response, request, owner_or_mint(request)[1])
+    return response
 
 
 @routes.get("/api/models")
@@ -272,12 +294,14 @@ async def download_take(request: web.Request) -> web.StreamResponse:
         await write_or_drop(request, response, data)
 
     try:
-        async with take_pcm(state, take) as pcm:
+        async with take_pcm(state, take, client=request.remote or "unknown") as pcm:
             if fmt is not None:
                 return await send_encoded(request, take, pcm, fmt, write)
             return await send_wav(request, take, pcm, write)
     except EngineBusy as busy:  # its codes must be rendered, and renders or the job queue are full
         return busy_response(busy.retry_after_sec, loading=isinstance(busy, EngineLoading))
+    except ProtocolError as err:  # its codes cannot be rendered (out of the codebook: damaged stored data)
+        return protocol_error_response(err)
 
 
 @routes.get(r"/api/takes/{take_id:[A-Za-z0-9_-]{1,64}}")

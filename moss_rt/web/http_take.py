@@ -52,7 +52,7 @@ async def admit_http_take(state: ServiceState, client: str, start: StartTake, *,
     OneTake.check(state, start)  # an unknown model is refused before the take counts
     state.client_takes.acquire(client)  # rate_limited (429) past max_takes_per_client
     try:
-        one = await OneTake.open(state, start, received_at=t_request)
+        one = await OneTake.open(state, start, received_at=t_request, client=client)
     except BaseException:  # a refusal, a 500 or a cancelled request must not keep the client's place
         state.client_takes.release(client)
         raise

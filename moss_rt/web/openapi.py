@@ -227,8 +227,349 @@ def _common_errors(*statuses: int) -> dict[str, Any]:
         422: "a field is out of range or of the wrong type (invalid_field)",
         429: "too many takes or requests from this client, or the voice store is full (rate_limited); see Retry-After",
         503: "at capacity or shutting down (busy), or the model is still loading (loading); see Retry-After",
+        507: "the data dir's budget for sessions (or the disk) cannot keep it (insufficient_storage)",
     }
     return {str(s): _error(text[s]) for s in statuses}
+
+
+def _words_paths(
+    take_id: dict[str, Any], session_id: dict[str, Any], share: dict[str, Any], max_text_chars: int
+) -> dict[str, Any]:
+    """Word timing (docs/words.md): a take's words and captions, and POST /api/align."""
+    word = {
+        "type": "object",
+        "required": ["word", "start", "end"],
+        "properties": {
+            "word": {"type": "string", "description": "as written in the text, without surrounding punctuation"},
+            "start": {"type": "number", "description": "seconds from the take's (or the audio's) first sample"},
+            "end": {"type": "number"},
+            "flags": {"type": "array", "items": {"type": "string", "enum": ["interpolated"]}},
+        },
+    }
+    take_words = {
+        "type": "object",
+        "required": ["take", "complete", "words"],
+        "properties": {
+            "take": {"type": "string"},
+            "complete": {"type": "boolean", "description": "false while the take still runs (the words so far)"},
+            "words": {"type": "array", "items": word},
+        },
+    }
+    srt = {"description": "captions", "content": {"application/x-subrip": {"schema": {"type": "string"}}}}
+    vtt = {"description": "captions", "content": {"text/vtt": {"schema": {"type": "string"}}}}
+    errors = _common_errors(401, 404, 503)
+
+    def get(summary: str, params: list[dict[str, Any]], ok: dict[str, Any]) -> dict[str, Any]:
+        return {"get": {"summary": summary, "parameters": params, "responses": {"200": ok, **errors}}}
+
+    stored = [session_id, take_id, share]
+    align_result = {
+        "type": "object",
+        "required": ["words", "aligner", "duration"],
+        "properties": {
+            "words": {"type": "array", "items": word},
+            "aligner": {"type": "string"},
+            "duration": {"type": "number"},
+        },
+    }
+    binary = {"type": "string", "format": "binary"}
+    return {
+        "/api/takes/{take_id}/words": get(
+            "when each word of a take is said (aligned on demand if it streamed without words)", [take_id],
+            _ok("the words", take_words),
+        ),
+        "/api/takes/{take_id}.srt": get("a take's captions (SubRip)", [take_id], srt),
+        "/api/takes/{take_id}.vtt": get("a take's captions (WebVTT)", [take_id], vtt),
+        "/api/sessions/{session_id}/takes/{take_id}/words": get(
+            "a stored take's words (stored with it, or aligned now and stored)", stored, _ok("the words", take_words)
+        ),
+        "/api/sessions/{session_id}/takes/{take_id}.srt": get("a stored take's captions (SubRip)", stored, srt),
+        "/api/sessions/{session_id}/takes/{take_id}.vtt": get("a stored take's captions (WebVTT)", stored, vtt),
+        "/api/align": {
+            "post": {
+                "summary": "align any audio with a text: when each of its words is said",
+                "description": (
+                    "The body is the audio (wav, flac, mp3, ogg) with ?text=, or a multipart form with an audio "
+                    "file part and a text part (or a json part {\"text\": ...}). Limits: max_align_bytes, "
+                    "max_align_seconds, max_text_chars."
+                ),
+                # A query string must fit the HTTP request line (8 KiB): longer texts go in the form.
+                "parameters": [
+                    {"name": "text", "in": "query", "required": False, "description": "short texts; else the form",
+                     "schema": {"type": "string", "maxLength": min(max_text_chars, 500)}},
+                ],  # fmt: skip
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        **{m: {"schema": binary} for m in ("audio/wav", "audio/flac", "audio/mpeg", "audio/ogg")},
+                        "application/octet-stream": {"schema": binary},
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"audio": binary, "text": {"type": "string"}, "json": {"type": "string"}},
+                            }
+                        },
+                    },
+                },
+                "responses": {
+                    "200": _ok("the words", align_result),
+                    **_common_errors(400, 401, 403, 404, 408, 413, 422, 429, 503),
+                },
+            }
+        },
+    }
+
+
+def _script_paths(app: web.Application) -> dict[str, Any]:
+    """Script renders (docs/scripts.md)."""
+    limits = app[STATE].settings.limits
+    script_id = {
+        "name": "script_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^sc_[A-Za-z0-9_-]{16,64}$"},
+    }
+    line_no = {"name": "line", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}}
+    text = {"type": "string", "maxLength": limits.max_text_chars}
+    direction = {"type": "string", "maxLength": limits.max_instruction_chars}
+    cast = {
+        "type": "object",
+        "description": "character name → how it speaks",
+        "additionalProperties": {
+            "type": "object",
+            "properties": {
+                "voice": {"type": "string", "maxLength": 128, "description": "none, a built-in id or a ref_id"},
+                "instruction": direction,
+                "language": {"type": "string", "maxLength": 64},
+            },
+        },
+    }
+    script_json = {
+        "type": "object",
+        "description": "a JSON script, or {\"script\": plain text, \"cast\"} (docs/scripts.md)",
+        "properties": {
+            "title": {"type": "string", "maxLength": 200},
+            "cast": cast,
+            "lines": {
+                "type": "array",
+                "maxItems": limits.max_script_lines,
+                "items": {
+                    "type": "object",
+                    "description": "a cue {who, text, instruction, seed, tokens, max_new_tokens}, {pause: seconds} or "
+                    "{scene: true}",
+                    "properties": {
+                        "who": {"type": "string", "maxLength": 64},
+                        "text": {**text, "pattern": NON_BLANK},
+                        "instruction": direction,
+                        "seed": {"type": "integer", "minimum": 0},
+                        "tokens": {"type": "integer", "minimum": 1, "maximum": limits.max_new_tokens},
+                        "max_new_tokens": {"type": "integer", "minimum": 1, "maximum": limits.max_new_tokens},
+                        "pause": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                                  "maximum": limits.max_pause_sec},
+                        "scene": {"type": "boolean"},
+                    },
+                },
+            },
+            "script": {"type": "string", "description": "the plain-text form (with 'cast' given alongside)"},
+            "gap_sec": {"type": "number", "minimum": 0, "maximum": limits.max_gap_sec},
+            "scene_gap_sec": {"type": "number", "minimum": 0, "maximum": limits.max_gap_sec},
+            "max_new_tokens": {"type": "integer", "minimum": 1, "maximum": limits.max_new_tokens},
+            "session": {"type": "string", "description": "render into this session (default: a new one)"},
+        },
+    }
+    progress = {
+        "script": {"type": "string"},
+        "state": {"type": "string", "enum": ["queued", "rendering", "done", "failed"]},
+        "lines_total": {"type": "integer"},
+        "lines_done": {"type": "integer"},
+        "lines_failed": {"type": "integer"},
+        "lines_rendering": {"type": "integer"},
+        "lines_pending": {"type": "integer"},
+        "audio_sec": {"type": "number"},
+    }
+    line = {
+        "type": "object",
+        "required": ["line", "who", "text", "status", "take", "seed"],
+        "properties": {
+            "line": {"type": "integer"},
+            "scene": {"type": "integer"},
+            "who": {"type": "string"},
+            "text": {"type": "string"},
+            "instruction": {"type": "string"},
+            "status": {"type": "string", "enum": ["pending", "rendering", "done", "failed"]},
+            "take": {"type": "string", "nullable": True},
+            "seed": {"type": "integer"},
+            "duration_sec": {"type": "number", "nullable": True},
+            "attempts": {"type": "integer"},
+            "error": {"type": "string", "nullable": True},
+        },
+    }
+    state = {
+        "type": "object",
+        "required": ["script", "session", "state", "lines"],
+        "properties": {
+            **progress,
+            "session": {"type": "string"},
+            "title": {"type": "string"},
+            "created": {"type": "number"},
+            "error": {"type": "string", "nullable": True},
+            "gap_sec": {"type": "number"},
+            "scene_gap_sec": {"type": "number"},
+            "cast": {"type": "object"},
+            "lines": {"type": "array", "items": line},
+            "source": {"type": "object", "description": "the script as parsed (its canonical JSON form)"},
+        },
+    }
+    line_answer = {
+        "type": "object",
+        "required": ["script", "line"],
+        "properties": {"script": {"type": "string"}, "line": line, "event_id": {"type": "string"}},
+    }
+    posting = _common_errors(400, 401, 403, 404, 408, 413, 415, 422, 429, 503)
+    return {
+        "/api/scripts": {
+            "post": {
+                "summary": "render a script: its lines become takes of a directing session (docs/scripts.md)",
+                "description": (
+                    f"text/plain (the plain-text form) or JSON, at most {limits.max_script_bytes} bytes and "
+                    f"{limits.max_script_lines} lines. ?session= (or 'session') renders into that session. Errors "
+                    "in the script say where: 'line 7: …' or 'lines[3]: …'."
+                ),
+                "parameters": [{"name": "session", "in": "query", "required": False, "schema": {"type": "string"}}],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "text/plain": {"schema": {"type": "string"}},
+                        JSON: {"schema": script_json},
+                    },
+                },
+                "responses": {
+                    "201": _ok(
+                        "accepted; rendering starts at once",
+                        {
+                            "type": "object",
+                            "required": ["script", "lines", "session"],
+                            "properties": {
+                                "script": {"type": "string"},
+                                "lines": {"type": "integer"},
+                                "session": {"type": "string"},
+                                "state": {"type": "string"},
+                                "event_id": {"type": "string", "description": "Last-Event-ID for every event"},
+                            },
+                        },
+                    ),
+                    **posting,
+                },
+            },
+            "get": {
+                "summary": "the scripts rendered into a session (?session=)",
+                "parameters": [{"name": "session", "in": "query", "required": True, "schema": {"type": "string"}}],
+                "responses": {
+                    "200": _ok(
+                        "the scripts, oldest first",
+                        {
+                            "type": "object",
+                            "required": ["session", "scripts"],
+                            "properties": {
+                                "session": {"type": "string"},
+                                "scripts": {"type": "array", "items": {"type": "object", "properties": progress}},
+                            },
+                        },
+                    ),
+                    **_common_errors(401, 404, 422),
+                },
+            },
+        },
+        "/api/scripts/{script_id}": {
+            "get": {
+                "summary": "a script's state, and per line its status, take, seed and duration",
+                "parameters": [script_id],
+                "responses": {"200": _ok("the script", state), **_common_errors(401, 404)},
+            },
+            "delete": {
+                "summary": "stop its render and forget it (the takes it made stay in the session)",
+                "parameters": [script_id],
+                "responses": {
+                    "200": _ok("deleted", {"type": "object", "properties": {"deleted": {"type": "string"}}}),
+                    **_common_errors(401, 403, 404, 429),
+                },
+            },
+        },
+        "/api/scripts/{script_id}/events": {
+            "get": {
+                "summary": "server-sent events: state (first), progress, line, done, error; resumable (Last-Event-ID)",
+                "parameters": [
+                    script_id,
+                    {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": _ok("text/event-stream, open until the client leaves", {"type": "string"},
+                               "text/event-stream"),
+                    **_common_errors(401, 404),
+                },
+            }
+        },
+        "/api/scripts/{script_id}.zip": {
+            "get": {
+                "summary": "the export: lines/NNN-WHO.<ext>, mix.<ext>, cues.csv/.json, captions/*.srt/.vtt",
+                "parameters": [
+                    script_id,
+                    {"name": "format", "in": "query", "required": False,
+                     "schema": {"type": "string", "enum": list(FORMATS)}},
+                    {"name": "sample_rate", "in": "query", "required": False,
+                     "schema": {"type": "integer", "enum": list(SAMPLE_RATES)}},
+                    {"name": "partial", "in": "query", "required": False, "schema": {"type": "boolean"}},
+                ],
+                "responses": {
+                    "200": _ok("zip archive", {"type": "string", "format": "binary"}, "application/zip"),
+                    **_common_errors(401, 404, 422, 429, 503),
+                },
+            }
+        },
+        "/api/scripts/{script_id}/lines/{line}/retake": {
+            "post": {
+                "summary": "render line n again (text, instruction, seed, frame or time_sec); it replaces the line",
+                "parameters": [script_id, line_no],
+                "requestBody": {
+                    "required": False,
+                    "content": {
+                        JSON: {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "text": {**text, "pattern": NON_BLANK, "nullable": True},
+                                    "instruction": {**direction, "nullable": True},
+                                    "seed": {"type": "integer", "minimum": 0, "nullable": True},
+                                    "frame": {"type": "integer", "minimum": 0, "nullable": True},
+                                    "time_sec": {"type": "number", "minimum": 0, "nullable": True},
+                                },
+                            }
+                        }
+                    },
+                },
+                "responses": {"202": _ok("rendering", line_answer), **posting},
+            }
+        },
+        "/api/scripts/{script_id}/lines/{line}/accept": {
+            "post": {
+                "summary": "make a take of the script's session line n's take (e.g. one directed in the studio)",
+                "parameters": [script_id, line_no],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        JSON: {
+                            "schema": {
+                                "type": "object",
+                                "required": ["take"],
+                                "properties": {"take": {"type": "string", "maxLength": 64}},
+                            }
+                        }
+                    },
+                },
+                "responses": {"200": _ok("the line", line_answer), **posting},
+            }
+        },
+    }
 
 
 def openapi_document(app: web.Application) -> dict[str, Any]:
@@ -267,6 +608,13 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         "in": "path",
         "required": True,
         "schema": {"type": "string", "pattern": "^s_[A-Za-z0-9_-]{16,64}$"},
+    }
+    share = {
+        "name": "share",
+        "in": "query",
+        "required": False,
+        "description": "the session's share token (read-only access for its holder, until the owner revokes it)",
+        "schema": {"type": "string", "maxLength": 80},
     }
     session_body = {
         "type": "object",
@@ -356,31 +704,88 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         },
         "/api/sessions": {
             "post": {
-                "summary": "a new directing session (the WebSocket binds to one with resume)",
-                "responses": {"200": _ok("the new session", session_body), **_common_errors(401, 404)},
-            }
+                "summary": "a new directing session owned by the caller (the WebSocket binds to one with resume)",
+                "description": "A keyless server sets the owner cookie (moss_rt_owner) on a client that has none.",
+                "responses": {"200": _ok("the new session", session_body), **_common_errors(401, 404, 429, 507)},
+            },
+            "get": {
+                "summary": "the caller's sessions, most recently used first",
+                "responses": {
+                    "200": _ok(
+                        "the sessions",
+                        {
+                            "type": "object",
+                            "required": ["sessions"],
+                            "properties": {"sessions": {"type": "array", "items": {"type": "object"}}},
+                        },
+                    ),
+                    **_common_errors(401, 404),
+                },
+            },
         },
         "/api/sessions/import": {
             "post": {
-                "summary": "a new session from an exported archive (zip body)",
-                "description": f"At most {limits.max_session_archive_bytes} bytes. Take ids are issued anew.",
-                "responses": {"200": _ok("the imported session", session_body), **_common_errors(401, 404, 413, 422)},
+                "summary": "a new session from an exported archive (zip body), owned by the caller",
+                "description": (
+                    f"At most {limits.max_session_archive_bytes} bytes, unpacking to at most "
+                    f"{limits.max_session_archive_unpacked_bytes}. Checked whole before anything is kept; take ids "
+                    "are issued anew."
+                ),
+                "requestBody": {  # a zip; any Content-Type is accepted
+                    "required": True,
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                },
+                "responses": {
+                    "200": _ok("the imported session", session_body),
+                    **_common_errors(401, 404, 408, 413, 422, 429, 503, 507),
+                },
             }
         },
         "/api/sessions/{session_id}": {
             "get": {
-                "summary": "a session's stored takes, oldest first",
-                "parameters": [session_id],
+                "summary": "a session's stored takes, oldest first (its owner, or a share token's holder)",
+                "parameters": [session_id, share],
                 "responses": {"200": _ok("the session", session_body), **_common_errors(401, 404)},
-            }
+            },
+            "delete": {
+                "summary": "delete the session: its records, then its takes' files",
+                "parameters": [session_id],
+                "responses": {"200": _ok("deleted", {"type": "object"}), **_common_errors(401, 404, 429)},
+            },
+        },
+        "/api/sessions/{session_id}/share": {
+            "post": {
+                "summary": "a read-only share token for the session (the same one until revoked)",
+                "parameters": [session_id],
+                "responses": {
+                    "200": _ok(
+                        "the token",
+                        {
+                            "type": "object",
+                            "required": ["session", "share", "path"],
+                            "properties": {
+                                "session": {"type": "string"},
+                                "share": {"type": "string"},
+                                "path": {"type": "string"},
+                            },
+                        },
+                    ),
+                    **_common_errors(401, 404, 429),
+                },
+            },
+            "delete": {
+                "summary": "revoke the session's share token",
+                "parameters": [session_id],
+                "responses": {"200": _ok("revoked", {"type": "object"}), **_common_errors(401, 404, 429)},
+            },
         },
         "/api/sessions/{session_id}/archive": {
             "get": {
                 "summary": "the session as one zip: session.json + takes/<id>.wav + takes/<id>.codes.npy",
-                "parameters": [session_id],
+                "parameters": [session_id, share],
                 "responses": {
                     "200": _ok("zip archive", {"type": "string", "format": "binary"}, "application/zip"),
-                    **_common_errors(401, 404),
+                    **_common_errors(401, 404, 429, 503),
                 },
             }
         },
@@ -388,24 +793,40 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
             "patch": {
                 "summary": "the director's notes on a stored take: title, starred, note, markers",
                 "parameters": [session_id, take_id],
+                "requestBody": {
+                    "content": {
+                        JSON: {
+                            "schema": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "title": {"type": "string", "maxLength": 80},
+                                    "starred": {"type": "boolean"},
+                                    "note": {"type": "string", "maxLength": 2000},
+                                    "markers": {"type": "array", "maxItems": 200, "items": {"type": "object"}},
+                                },
+                            }
+                        }
+                    }
+                },
                 "responses": {
                     "200": _ok("the take's record", {"type": "object"}),
-                    **_common_errors(400, 401, 404, 422),
+                    **_common_errors(400, 401, 404, 413, 415, 422, 429),
                 },
             },
             "delete": {
                 "summary": "delete a stored take (record, audio, codes)",
                 "parameters": [session_id, take_id],
-                "responses": {"200": _ok("deleted", {"type": "object"}), **_common_errors(401, 404)},
+                "responses": {"200": _ok("deleted", {"type": "object"}), **_common_errors(401, 404, 429)},
             },
         },
         "/api/sessions/{session_id}/takes/{take_id}.wav": {
             "get": {
-                "summary": "a stored take's audio as it was heard",
-                "parameters": [session_id, take_id],
+                "summary": "a stored take's audio as it was heard, streamed from its file",
+                "parameters": [session_id, take_id, share],
                 "responses": {
                     "200": _ok("WAV audio", {"type": "string", "format": "binary"}, "audio/wav"),
-                    **_common_errors(401, 404),
+                    **_common_errors(401, 404, 429),
                 },
             }
         },
@@ -564,8 +985,11 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
             "get": {"summary": "this document", "security": [], "responses": {"200": _ok("OpenAPI 3", obj)}}
         },
     }
+    paths.update(_words_paths(take_id, session_id, share, limits.max_text_chars))
     if any(getattr(r, "canonical", None) == "/v1/audio/speech" for r in app.router.resources()):
         paths.update(_v1_paths(app))
+    if any(getattr(r, "canonical", None) == "/api/scripts" for r in app.router.resources()):
+        paths.update(_script_paths(app))
     if any(getattr(r, "canonical", None) == "/metrics" for r in app.router.resources()):
         paths["/metrics"] = {
             "get": {

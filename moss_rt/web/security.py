@@ -77,20 +77,33 @@ def bearer(request: web.Request) -> str | None:
     return credential.strip() if scheme.lower() == "bearer" and credential.strip() else None
 
 
-def is_authorized(settings: Settings, request: web.Request) -> bool:
-    """The API key or a valid token as a Bearer header; a token (never the key) as ``?token=``.
+# The principal of the API key: whoever holds the key, or a browser token bought with it, acts as this one identity
+# (what it creates, directing sessions, belongs to it).
+API_KEY_PRINCIPAL = "api-key"
 
-    Query tokens are accepted only on GET (the WebSocket upgrade and downloads), because a
-    browser cannot set headers on those; they are short-lived precisely because URLs get logged.
+
+def key_principal(settings: Settings, request: web.Request) -> str | None:
+    """The principal a request's credential names, or None (no key configured, or no valid credential).
+
+    The API key or a valid token as a Bearer header; a token (never the key) as ``?token=``. Query tokens are
+    accepted only on GET (the WebSocket upgrade and downloads), because a browser cannot set headers on those;
+    they are short-lived precisely because URLs get logged.
     """
     key = settings.api_key
     if not key:
-        return True
+        return None
     credential = bearer(request)
     if credential is not None:
-        return same_secret(credential, key) or verify_token(key, credential)
+        return API_KEY_PRINCIPAL if same_secret(credential, key) or verify_token(key, credential) else None
     query_token = request.query.get("token")
-    return request.method == "GET" and query_token is not None and verify_token(key, query_token)
+    if request.method == "GET" and query_token is not None and verify_token(key, query_token):
+        return API_KEY_PRINCIPAL
+    return None
+
+
+def is_authorized(settings: Settings, request: web.Request) -> bool:
+    """No key configured, or the request's credential names a principal (see :func:`key_principal`)."""
+    return not settings.api_key or key_principal(settings, request) is not None
 
 
 def needs_auth(path: str) -> bool:
@@ -183,12 +196,19 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 
 def costs_work(request: web.Request) -> bool:
-    """Requests the per-client rate applies to: anything that posts, opens a directing socket or
-    renders a take. Pages, probes, metrics and listings are cheap and stay unlimited."""
-    if request.method in ("POST", "DELETE"):
+    """Requests the per-client rate applies to: anything that posts, patches or deletes, opens a directing
+    socket, or sends a take's audio (a download, rendered or read from a session) or a session's archive.
+    Pages, probes, metrics and listings are cheap and stay unlimited."""
+    if request.method in ("POST", "DELETE", "PATCH"):
         return True
     path = request.path
-    return request.method == "GET" and (path == "/api/ws" or (path.startswith("/api/takes/") and path.endswith(".wav")))
+    if request.method != "GET":
+        return False
+    if path == "/api/ws" or (path.startswith("/api/takes/") and path.endswith(".wav")):
+        return True
+    if path.startswith("/api/scripts/") and path.endswith(".zip"):
+        return True
+    return path.startswith("/api/sessions/") and (path.endswith(".wav") or path.endswith("/archive"))
 
 
 @web.middleware

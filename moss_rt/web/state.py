@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from moss_rt.align.base import WordTime
+from moss_rt.align.service import AlignService
 from moss_rt.config import Settings
 from moss_rt.engine.base import Engine
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.session import TakeStore
 from moss_rt.session_store import SessionStore
 from moss_rt.voices import VoiceStore
-from moss_rt.web.guards import ClientConnections, ClientRequestRate, ClientTakes
+from moss_rt.web.guards import ArchiveSlots, ClientConnections, ClientRequestRate, ClientTakes
 from moss_rt.web.renders import SharedRenders
 
 if TYPE_CHECKING:
     from ipaddress import IPv4Network, IPv6Network
+
+    from moss_rt.scripts.service import ScriptService
+    from moss_rt.web.owners import OwnerCookies
 
 
 @dataclass
@@ -30,6 +36,12 @@ class ServiceState:
     heard: HeardAudio = field(default_factory=lambda: HeardAudio(0))  # the PCM takes streamed
     renders: SharedRenders = field(default_factory=lambda: SharedRenders(0))  # renders of codes in progress (downloads)
     sessions: SessionStore | None = None  # directing sessions on disk (data dir); None: not kept
+    owner_cookies: OwnerCookies | None = None  # signs the owner cookies of keyless servers (moss_rt/web/owners.py)
+    archive_slots: ArchiveSlots = field(default_factory=lambda: ArchiveSlots(2))  # session imports at once
+    # Session exports at once: packed at the pace their reader reads, so a slow reader must not hold an import's
+    # slot; they have their own, more of them (one per client all the same).
+    export_slots: ArchiveSlots = field(default_factory=lambda: ArchiveSlots(8))
+    scripts: ScriptService | None = None  # script renders (their state beside the sessions); None: no sessions
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
     shutting_down: bool = False
     # Reliability bookkeeping (issue 7): open directing connections (ws.Connection objects, kept
@@ -47,6 +59,10 @@ class ServiceState:
     # exit_on_engine_failure (the command line) the process then stops and exits non-zero.
     engine_failure: str | None = None
     exit_on_engine_failure: bool = False
+    # Word timing (moss_rt.align): the aligner's service (None: --aligner none), and the takes being aligned on
+    # demand (downloads, seek by word), one task per take however many ask.
+    aligner: AlignService | None = None
+    words_inflight: dict[str, asyncio.Task[list[WordTime]]] = field(default_factory=dict)
 
 
 STATE: web.AppKey[ServiceState] = web.AppKey("moss_rt_state", ServiceState)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 
 import numpy as np
 
@@ -35,7 +36,8 @@ SendFrame = Callable[[bytes], Awaitable[None]]
 Perform = Callable[[Sequence[Action]], Awaitable[None]]
 
 
-def new_session(state: ServiceState, *, max_takes: int) -> DirectingSession:
+def new_session(state: ServiceState, *, max_takes: int, client: str | None = None) -> DirectingSession:
+    """A directing session over the service's take store; its takes count as ``client``'s (per-client eviction)."""
     info = state.engine.info
     return DirectingSession(
         state.takes,
@@ -44,6 +46,7 @@ def new_session(state: ServiceState, *, max_takes: int) -> DirectingSession:
         heard=state.heard,
         max_takes=max_takes,
         max_text_chars=state.settings.limits.max_text_chars,
+        client=client,
     )
 
 
@@ -82,6 +85,23 @@ async def take_audio(state: ServiceState, take: TakeRecord) -> bytes:
     if heard is not None:
         return heard
     return await state.engine.render(take.codes, take.request.channels)
+
+
+@asynccontextmanager
+async def held_take_audio(state: ServiceState, take: TakeRecord, *, client: str | None = None) -> AsyncIterator[bytes]:
+    """A take's int16 PCM while inside: as streamed when still held, else a render of its codes reserved within
+    the renders' budget (shared with the take's downloads, charged to ``client``; ``EngineBusy`` past it), so a
+    replay of a long take costs no more memory than a download of it may."""
+    heard = state.heard.get(take.take_id, take.n_frames, bytes_per_frame(take))
+    if heard is not None:
+        yield heard
+        return
+    codes, channels = take.codes, take.request.channels
+    n_bytes = take.n_frames * bytes_per_frame(take)
+    async with state.renders.hold(
+        take.take_id, n_bytes, lambda: state.engine.render(codes, channels), client=client
+    ) as pcm:
+        yield pcm
 
 
 def busy_error(busy: EngineBusy) -> ProtocolError:
@@ -157,8 +177,10 @@ class OneTake:
         resolve_model(request.model, info.models, info.default_model)
 
     @classmethod
-    async def open(cls, state: ServiceState, request: StartTake, *, received_at: float | None = None) -> OneTake:
-        session = new_session(state, max_takes=1)
+    async def open(
+        cls, state: ServiceState, request: StartTake, *, received_at: float | None = None, client: str | None = None
+    ) -> OneTake:
+        session = new_session(state, max_takes=1, client=client)
         actions = session.handle(request, received_at=received_at)
         admission = next(a for a in actions if isinstance(a, Admit))
         handle = await admit(state, admission)

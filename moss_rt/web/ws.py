@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from moss_rt.align.base import WordTime
 from moss_rt.engine.base import EngineBusy, TakeHandle
 from moss_rt.protocol import (
     AUDIO_FORMATS,
@@ -36,19 +37,33 @@ from moss_rt.protocol import (
     ServerMessage,
     SessionResumed,
     StartTake,
+    Words,
     decode_client_binary,
     decode_client_text,
     encode_json_frame,
     hello,
 )
-from moss_rt.session import Action, Admit, Keep, Replay, SendAudio, Stop, TakeRecord
-from moss_rt.session_store import StoredTake
+from moss_rt.session import (
+    Action,
+    Admit,
+    FinishWords,
+    Keep,
+    Replay,
+    SendAudio,
+    Stop,
+    TakeRecord,
+    TakeStatus,
+    WordsCheckpoint,
+)
+from moss_rt.session_store import StoredTake, short_id
 from moss_rt.web.audio_out import AudioOuts
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
+from moss_rt.web.owners import owner_or_mint, set_owner_cookie
 from moss_rt.web.security import forbidden_origin, websocket_origin_allowed
 from moss_rt.web.state import STATE, ServiceState
-from moss_rt.web.takes import Pacer, admit, busy_error, new_session, pump_events, send_action, take_audio
+from moss_rt.web.takes import Pacer, admit, busy_error, held_take_audio, new_session, pump_events, send_action
+from moss_rt.web.words import TakeWords, require_aligner, take_words
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +89,7 @@ class Connection:
         self.client = request.remote or "unknown"
         self._transport = request.transport
         limits = state.settings.limits
-        self.session = new_session(state, max_takes=limits.max_takes_kept)
+        self.session = new_session(state, max_takes=limits.max_takes_kept, client=self.client)
         self._bucket = TokenBucket(limits.ws_messages_per_sec, limits.ws_message_burst)
         self._refused_in_row = 0
         self._send_lock = asyncio.Lock()
@@ -88,6 +103,10 @@ class Connection:
         self._take_pacer: tuple[str, Pacer] | None = None  # the pacer of the last take admitted
         self._dead = False  # set once the client is known gone or dropped: no more sends
         self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
+        self.owner: str | None = None  # who the connection acts as for stored sessions (moss_rt/web/owners.py)
+        # Takes that asked for ``words``: their word aligners (by take id), and each engine run's take.
+        self._words: dict[str, TakeWords] = {}
+        self._run_takes: dict[int, str] = {}
 
     # -- sending ------------------------------------------------------------------------
 
@@ -101,7 +120,9 @@ class Connection:
             if self._dead or self.ws.closed:
                 raise ConnectionResetError("the connection is closed")
             try:
-                await asyncio.wait_for(self.ws.send_bytes(frame), self.state.settings.send_stall_timeout_sec)
+                # A timeout scope, not wait_for: no task per frame (a relaying front end sends hundreds a second).
+                async with asyncio.timeout(self.state.settings.send_stall_timeout_sec):
+                    await self.ws.send_bytes(frame)
             except TimeoutError:
                 log.warning(
                     "client %s stopped reading for %.1f s; dropping it",
@@ -138,6 +159,7 @@ class Connection:
                 self._stop(action)
             elif isinstance(action, Admit):
                 self._outs.track(action.run, action.take)
+                self._follow_words(action.run, action.take)
                 take_id = action.take.take_id
                 self._spawn(action.run, functools.partial(self._run_take, action), f"take-{take_id}", take_id)
             elif isinstance(action, Replay):
@@ -146,9 +168,47 @@ class Connection:
                 self._spawn(action.run, functools.partial(self._run_replay, action), f"replay-{action.take.take_id}")
             elif isinstance(action, Keep):
                 await self._keep(action.take)
+            elif isinstance(action, FinishWords):
+                await self._finish_words(action)
+            elif isinstance(action, WordsCheckpoint):
+                words = self._words.get(action.take.take_id)
+                if words is not None:
+                    words.checkpoint(action.text)
             else:
                 pacer = self._pacers.get(action.run) if isinstance(action, SendAudio) else None
                 await send_action(action, self.send_frame, pacer, self._outs)
+                if isinstance(action, SendAudio):
+                    words = self._words.get(self._run_takes.get(action.run, ""))
+                    if words is not None:
+                        words.audio(action.pcm)
+
+    # -- word timing (docs/words.md) -----------------------------------------------------
+
+    def _follow_words(self, run: int, take: TakeRecord) -> None:
+        """A take that asked for ``words``: align its audio as it is sent (the continuations of a take fed with
+        text share one)."""
+        self._run_takes[run] = take.take_id
+        if take.request.words and take.take_id not in self._words and self.state.aligner is not None:
+            self._words[take.take_id] = TakeWords(self.state, self.state.aligner, take, self.send_frame)
+
+    async def _finish_words(self, action: FinishWords) -> None:
+        """Its last words before its ``end``: the rest aligned now (a take that never streamed: its kept words)."""
+        for run in [r for r, t in self._run_takes.items() if t == action.take.take_id]:
+            self._run_takes.pop(run, None)
+        words = self._words.pop(action.take.take_id, None)
+        if words is not None:
+            await words.finish(complete=action.complete)
+            return
+        kept = action.take.words or []
+        message = Words(take=action.take.take_id, words=[w.to_dict() for w in kept], index=0, final=True)
+        await self.send_message(message)
+
+    async def _words_for_seek(self, msg: Seek) -> None:
+        """``seek`` by ``word`` needs the take's words: a finished take without them is aligned first."""
+        take = self.session.history.get(msg.take)  # not_found for an unknown take
+        if take.words is None and take.status is TakeStatus.ENDED:
+            require_aligner(self.state)
+            take.words = await take_words(self.state, take)
 
     def _spawn(self, run: int, body: Callable[[], Awaitable[None]], name: str, take: str | None = None) -> None:
         """Start the task of a run; the connection owns it (close cancels it). The runs of one take
@@ -234,13 +294,19 @@ class Connection:
         try:
             # A replay streams (and renders) like a take, so it counts toward the client's take cap.
             with self.state.client_takes.hold(self.client):
-                pcm = await take_audio(self.state, action.take)
-                await self._perform(self.session.replay_audio(run, pcm))
-                await self._perform(self.session.replay_finished(run))
+                async with held_take_audio(self.state, action.take, client=self.client) as pcm:
+                    await self._perform(self.session.replay_audio(run, pcm))
+                    await self._perform(self.session.replay_finished(run))
         except ProtocolError as err:
             await self._perform(self.session.replay_failed(run, err))
         except EngineBusy as busy:
             await self._perform(self.session.replay_failed(run, busy_error(busy)))
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception:  # a replay acknowledged must end (error, then end), whatever its audio did
+            log.exception("replay of take %s failed", action.take.take_id)
+            failed = ProtocolError(ErrorCode.INTERNAL, "the take's audio could not be replayed")
+            await self._perform(self.session.replay_failed(run, failed))
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -258,6 +324,9 @@ class Connection:
                 formats=list(AUDIO_FORMATS),
                 sample_rates=list(AUDIO_SAMPLE_RATES),
                 sessions=self.state.sessions is not None,
+                # Word timing: start/seek may ask for "words" (docs/protocol.md "Word timing").
+                words=self.state.aligner is not None,
+                aligner=self.state.aligner.name if self.state.aligner is not None else None,
             )
         )
         idle = self.state.settings.ws_idle_timeout_sec
@@ -316,6 +385,10 @@ class Connection:
             if isinstance(msg, Resume):
                 await self._resume(msg)
                 return
+            if (isinstance(msg, StartTake) and msg.words) or (isinstance(msg, Seek) and msg.words):
+                require_aligner(self.state)
+            if isinstance(msg, Seek) and msg.word is not None:
+                await self._words_for_seek(msg)
             if isinstance(msg, StartTake) or (isinstance(msg, Seek) and msg.mode == "retake"):
                 await self._check_session_room()
             await self._perform(self.session.handle(msg))
@@ -333,27 +406,39 @@ class Connection:
             raise ProtocolError(ErrorCode.NOT_FOUND, "this service keeps no sessions", field="session")
         if self.session_id is not None and msg.session != self.session_id:
             raise ProtocolError(ErrorCode.INVALID_FIELD, "this connection is bound to another session", field="session")
+        if self.owner is None:  # no identity to own a session (not reached past the auth checks)
+            raise ProtocolError(ErrorCode.NOT_FOUND, "no such session (it may have been deleted)", field="session")
         resumed = msg.session is not None
-        session_id = msg.session if msg.session is not None else await asyncio.to_thread(store.create)
+        if msg.session is not None:
+            # Another owner's session answers not_found, exactly as an unknown id does.
+            await asyncio.to_thread(store.check_access, msg.session, self.owner)
+            session_id = msg.session
+            await asyncio.to_thread(store.touch, session_id)  # in use: retention counts from now
+        else:
+            session_id = await asyncio.to_thread(store.create, owner=self.owner, client=self.client)
         stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
+        codebook = self.state.engine.info.codebook_size
         held = {t.take_id for t in self.session.history.takes}
         for record in stored:
             if record.take_id in held:
                 continue
             try:
                 codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
+                if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= codebook):
+                    raise ValueError(f"codes outside the codebook [0, {codebook})")
                 # The take's one seed rides on its request (stored with it; the record's is the same).
                 request = dataclasses.replace(
                     StartTake.parse(record.request, self.state.settings.limits), seed=record.seed
                 )
             except (OSError, ValueError, ProtocolError) as exc:  # damaged, or the limits tightened since
-                log.warning("session %s: take %s cannot be resumed: %s", session_id, record.take_id, exc)
+                log.warning("session %s: take %s cannot be resumed: %s", short_id(session_id), record.take_id, exc)
                 continue
             take = TakeRecord(
                 record.take_id, request, parent=record.parent, branch_frame=record.branch_frame,
                 reason=record.reason, stats=dict(record.stats),
             )  # fmt: skip
             take.append(0, codes)
+            take.words = await self._stored_words(session_id, record.take_id)
             self.session.history.adopt(take)  # a retake of it rebuilds the model state from these codes
         self.session_id = session_id
         self.session.keep_takes(store.max_takes)
@@ -362,6 +447,17 @@ class Connection:
                 session=session_id, resumed=resumed, max_takes=store.max_takes, takes=[t.public() for t in stored]
             )
         )
+
+    async def _stored_words(self, session_id: str, take_id: str) -> list[WordTime] | None:
+        store = self.state.sessions
+        if store is None:
+            return None
+        try:
+            records = await asyncio.to_thread(store.words, session_id, take_id)
+            return None if records is None else [WordTime.from_record(r) for r in records]
+        except (KeyError, TypeError, ValueError, ProtocolError):  # a damaged row: aligned again on demand
+            log.warning("session %s: the stored words of take %s are unreadable", session_id, take_id)
+            return None
 
     async def _check_session_room(self) -> None:
         """A bound session that cannot keep one more take refuses it before anything is generated."""
@@ -379,12 +475,15 @@ class Connection:
             stats={k: v for k, v in take.stats.items() if isinstance(v, int | float)},
         )  # fmt: skip
         try:
-            pcm = await take_audio(self.state, take)
-            await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
-        except ProtocolError as err:  # the session is full, or was deleted meanwhile
+            async with held_take_audio(self.state, take, client=self.client) as pcm:
+                await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
+            if take.words is not None and self.state.aligner is not None:
+                words = [w.to_record() for w in take.words]
+                await asyncio.to_thread(store.put_words, session_id, take.take_id, words, self.state.aligner.name)
+        except ProtocolError as err:  # the session is full, out of storage, or was deleted meanwhile
             await self.send_error(err, take=take.take_id)
         except (OSError, ValueError, EngineBusy):
-            log.exception("could not keep take %s in session %s", take.take_id, session_id)
+            log.exception("could not keep take %s in session %s", take.take_id, short_id(session_id))
             await self.send_error(ProtocolError(ErrorCode.INTERNAL, "the take could not be stored"), take=take.take_id)
 
     async def _refuse_rate(self) -> None:
@@ -419,6 +518,9 @@ class Connection:
         self._dead = True
         for action in self.session.close():
             self._stop(action)
+        for words in list(self._words.values()):
+            await words.close()
+        self._words.clear()
         pending = {t for t in self._tasks.values() if not t.done()}
         for task in pending:
             # Cancelling a run also closes its event iterator, which cancels its engine take; an
@@ -453,8 +555,13 @@ async def websocket_handler(request: web.Request) -> web.StreamResponse:
             # absurd ones are cut off by aiohttp itself (close 1009) before being buffered whole.
             max_msg_size=4 * settings.limits.max_message_bytes,
         )
+        # Who the connection acts as for stored sessions; a keyless client without an owner cookie gets one
+        # with the upgrade (a browser that loaded the studio page has it already).
+        owner, cookie = owner_or_mint(request)
+        set_owner_cookie(ws, request, cookie)
         await ws.prepare(request)
         connection = Connection(state, ws, request)
+        connection.owner = owner
         state.websockets.add(ws)
         state.connections.add(connection)
         try:

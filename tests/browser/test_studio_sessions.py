@@ -51,8 +51,12 @@ def open_studio(pg: Any, url: str, count: int) -> None:
     )
 
 
-def stored(url: str, session: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"{url}/api/sessions/{session}", timeout=10) as r:
+def stored(url: str, session: str, context: Any) -> list[dict[str, Any]]:
+    """The session's records as the service keeps them, asked with the page's owner cookie (sessions have
+    owners: without it the service answers 404)."""
+    cookie = next(c["value"] for c in context.cookies(url) if c["name"] == "moss_rt_owner")
+    request = urllib.request.Request(f"{url}/api/sessions/{session}", headers={"Cookie": f"moss_rt_owner={cookie}"})
+    with urllib.request.urlopen(request, timeout=10) as r:
         return json.loads(r.read())["takes"]
 
 
@@ -113,7 +117,7 @@ def test_takes_come_back_after_a_reload_and_a_restart(browser: Any, tmp_path: Pa
             old = before[one["id"]]
             assert [c[: 10 * FRAME] for c in new] == [c[: 10 * FRAME] for c in old]
             assert set(new[1][10 * FRAME :]) == {seed_marker(77)}
-            assert [t["take_id"] for t in stored(url, session)][-1] == retake["id"]
+            assert [t["take_id"] for t in stored(url, session, context)][-1] == retake["id"]
             # Delete: gone from the session too.
             pg.evaluate(f"window.studio.select('{back[1]['key']}')")
             pg.click("#takeDelete")

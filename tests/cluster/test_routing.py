@@ -1,5 +1,5 @@
-"""Routing rules (pure: no Ray): new takes by free places, retakes to their parent's cache or rebuilt;
-and single-process mode never imports Ray."""
+"""Routing rules (pure: no Ray): new takes by free places or by the prompt blocks replicas hold (within a load
+margin), retakes to their parent's cache or rebuilt; and single-process mode never imports Ray."""
 
 from __future__ import annotations
 
@@ -45,6 +45,36 @@ def test_retake_is_rebuilt_elsewhere_when_the_holder_is_gone_restarted_or_unknow
 def test_a_full_holder_is_tried_last() -> None:
     c = cands(("r0", True, 0), ("r1", True, 2))
     assert plan_routes(c, retake=True, holder=("r0", "i1")) == [Route("r1", True), Route("r0", False)]
+
+
+def test_a_new_take_goes_to_the_replica_holding_most_of_its_prompt_unless_it_is_too_busy() -> None:
+    c = [Candidate("r0", "i", True, 4, load=4), Candidate("r1", "i", True, 8, load=0), Candidate("r2", "i", True, 6, 2)]
+    held = {"r0": 64, "r2": 32}
+    assert plan_routes(c, cached=held, margin=4) == [Route("r0", False, 64), Route("r1", False), Route("r2", False, 32)]
+    # r0 is more than 3 takes above the least loaded: the longest run held within the margin wins.
+    assert plan_routes(c, cached=held, margin=3)[0] == Route("r2", False, 32)
+    # Nobody holding the prompt within the margin, or routing by load alone: most free first.
+    assert plan_routes(c, cached={"r0": 64}, margin=3)[0].name == "r1"
+    assert plan_routes(c, cached=held, margin=-1)[0].name == "r1"
+    assert plan_routes(c, cached={}, margin=8)[0].name == "r1"
+
+
+def test_equal_runs_go_to_the_less_loaded_and_a_holder_without_a_free_slot_is_passed_over() -> None:
+    c = [Candidate("r0", "i", True, 2, load=6), Candidate("r1", "i", True, 5, load=3)]
+    assert plan_routes(c, cached={"r0": 48, "r1": 48}, margin=8)[0].name == "r1"
+    full = [Candidate("r0", "i", True, 0, load=8), Candidate("r1", "i", True, 5, load=3)]
+    assert plan_routes(full, cached={"r0": 48}, margin=8)[0].name == "r1"
+    # Queue places left but no slot: the take would wait behind others there, longer than its prefill takes.
+    queued = [Candidate("r0", "i", True, 4, load=4, idle=0), Candidate("r1", "i", True, 8, load=0, idle=4)]
+    assert plan_routes(queued, cached={"r0": 48}, margin=8)[0].name == "r1"
+
+
+def test_a_rebuilt_retake_also_prefers_the_replica_holding_its_prompt() -> None:
+    c = [Candidate("r0", "i", True, 3, load=5), Candidate("r1", "i", True, 8, load=0), Candidate("r2", "i", True, 6, 2)]
+    routes = plan_routes(c, retake=True, holder=("r0", "old"), cached={"r2": 16}, margin=4)
+    assert routes == [Route("r2", True, 16), Route("r1", True), Route("r0", True)]
+    # The sticky route is unchanged: the parent's own replica first, whatever others hold.
+    assert plan_routes(c, retake=True, holder=("r0", "i"), cached={"r2": 16}, margin=4)[0] == Route("r0", False)
 
 
 def test_single_process_mode_never_imports_ray() -> None:

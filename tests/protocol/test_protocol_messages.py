@@ -108,6 +108,7 @@ def test_error_codes_are_stable_strings() -> None:
         "timeout",
         "internal",
         "replica_lost",
+        "insufficient_storage",
     ]
     assert ErrorCode.TOO_LARGE == "too_large" and f"{ErrorCode.TOO_LARGE}" == "too_large"
     assert json.dumps({"code": ErrorCode.BAD_JSON}) == '{"code": "bad_json"}'

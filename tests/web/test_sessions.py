@@ -16,6 +16,7 @@ import websockets
 
 from moss_rt.protocol import FRAME_SAMPLES, Limits
 from tests.conftest import RunningServer
+from tests.helpers import OwnerJar
 from tests.web.conftest import FRAME_MS, scripted
 from tests.web.helpers import expected_stereo, stereo_frames
 
@@ -62,8 +63,9 @@ class Channel:
                     return msg, bytes(pcm)
 
 
-async def connect(server: RunningServer, session: str | None) -> tuple[Any, Channel, dict[str, Any]]:
-    ws = await websockets.connect(server.ws_url, max_size=None)
+async def connect(server: RunningServer, session: str | None, jar: OwnerJar) -> tuple[Any, Channel, dict[str, Any]]:
+    """A directing socket as the owner ``jar`` holds (given the owner cookie on its first connection)."""
+    ws = await jar.connect(server.ws_url, max_size=None)
     ch = Channel(ws)
     hello = await ch.until("hello")
     assert hello["sessions"] is True
@@ -73,9 +75,10 @@ async def connect(server: RunningServer, session: str | None) -> tuple[Any, Chan
 
 def test_a_session_resumes_after_a_reconnect_and_a_restart_with_every_take_retakeable(make_server) -> None:
     server = make_server(scripted, engine="scripted", frame_ms=FRAME_MS, max_lead_sec=0.0)
+    jar = OwnerJar()
 
     async def first_visit() -> tuple[str, str, bytes]:
-        ws, ch, session = await connect(server, None)
+        ws, ch, session = await connect(server, None, jar)
         assert session["resumed"] is False and session["takes"] == [] and session["session"].startswith("s_")
         end, pcm = await ch.take(type="start", text="the first line", seed=3, channels=2, tokens=12)
         await ws.close()
@@ -84,13 +87,13 @@ def test_a_session_resumes_after_a_reconnect_and_a_restart_with_every_take_retak
     sid, take_id, heard = run(first_visit())
 
     async def visit(srv: RunningServer) -> None:
-        ws, ch, session = await connect(srv, sid)
+        ws, ch, session = await connect(srv, sid, jar)
         assert session["resumed"] is True and session["session"] == sid
         [record] = [t for t in session["takes"] if t["take_id"] == take_id]
         assert (record["seed"], record["n_frames"], record["channels"], record["reason"]) == (3, 12, 2, "done")
         assert record["request"]["text"] == "the first line"
         # The stored audio is the audio as heard.
-        r = await asyncio.to_thread(requests.get, f"{srv.url}/api/sessions/{sid}/takes/{take_id}.wav", timeout=10)
+        r = await asyncio.to_thread(jar.request, "GET", f"{srv.url}/api/sessions/{sid}/takes/{take_id}.wav")
         with wave.open(io.BytesIO(r.content)) as w:
             assert w.readframes(w.getnframes()) == heard
         # A retake of a take from an earlier connection (or before the restart): its prefix is the old audio.
@@ -108,7 +111,7 @@ def test_a_session_resumes_after_a_reconnect_and_a_restart_with_every_take_retak
     run(visit(again))  # a restart: a second service on the same data dir
     listed: list[dict[str, Any]] = []
     for _ in range(100):  # the last retake is stored right after its end frame went out
-        listed = requests.get(f"{again.url}/api/sessions/{sid}", timeout=10).json()["takes"]
+        listed = jar.request("GET", f"{again.url}/api/sessions/{sid}").json()["takes"]
         if len(listed) == 3:
             break
         time.sleep(0.05)
@@ -120,9 +123,10 @@ def test_notes_delete_export_import_and_a_full_session(make_server) -> None:
     server = make_server(
         scripted, engine="scripted", frame_ms=FRAME_MS, max_lead_sec=0.0, limits=Limits(max_session_takes=2)
     )
+    jar = OwnerJar()
 
     async def scenario() -> tuple[str, list[str]]:
-        ws, ch, session = await connect(server, None)
+        ws, ch, session = await connect(server, None, jar)
         ids = []
         for n in range(2):
             end, _ = await ch.take(type="start", text=f"line {n}", seed=n + 1, tokens=6)
@@ -135,22 +139,22 @@ def test_notes_delete_export_import_and_a_full_session(make_server) -> None:
 
     sid, ids = run(scenario())
     base = f"{server.url}/api/sessions/{sid}"
-    r = requests.patch(f"{base}/takes/{ids[0]}", json={"title": "Keeper", "starred": True}, timeout=10)
+    r = jar.request("PATCH", f"{base}/takes/{ids[0]}", json={"title": "Keeper", "starred": True})
     assert r.status_code == 200 and r.json()["title"] == "Keeper"
-    bad = requests.patch(f"{base}/takes/{ids[0]}", json={"starred": "yes"}, timeout=10)
+    bad = jar.request("PATCH", f"{base}/takes/{ids[0]}", json={"starred": "yes"})
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "starred"
-    assert requests.delete(f"{base}/takes/{ids[1]}", timeout=10).status_code == 200
-    assert requests.get(f"{base}/takes/{ids[1]}.wav", timeout=10).status_code == 404
+    assert jar.request("DELETE", f"{base}/takes/{ids[1]}").status_code == 200
+    assert jar.request("GET", f"{base}/takes/{ids[1]}.wav").status_code == 404
 
-    archive = requests.get(f"{base}/archive", timeout=10)
+    archive = jar.request("GET", f"{base}/archive")
     assert archive.headers["Content-Type"] == "application/zip"
-    imported = requests.post(f"{server.url}/api/sessions/import", data=archive.content, timeout=10).json()
+    imported = jar.request("POST", f"{server.url}/api/sessions/import", data=archive.content).json()
     assert imported["session"] != sid and [t["title"] for t in imported["takes"]] == ["Keeper"]
     new_id = imported["takes"][0]["take_id"]
-    a = requests.get(f"{base}/takes/{ids[0]}.wav", timeout=10).content
-    b = requests.get(f"{server.url}/api/sessions/{imported['session']}/takes/{new_id}.wav", timeout=10).content
+    a = jar.request("GET", f"{base}/takes/{ids[0]}.wav").content
+    b = jar.request("GET", f"{server.url}/api/sessions/{imported['session']}/takes/{new_id}.wav").content
     assert a == b
-    junk = requests.post(f"{server.url}/api/sessions/import", data=b"not a zip", timeout=10)
+    junk = jar.request("POST", f"{server.url}/api/sessions/import", data=b"not a zip")
     assert junk.status_code == 422 and "not a zip" in junk.json()["error"]["message"]
     assert requests.get(f"{server.url}/api/sessions/s_{'x' * 20}", timeout=10).status_code == 404
 

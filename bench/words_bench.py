@@ -1,0 +1,291 @@
+"""Word-timing benchmarks (issue 25, docs/words.md). Three measurements, each printed as one JSON object:
+
+``cpu`` — what aligning a 10 s take costs with the offline aligner (PocketSphinx, one CPU core): the first 10 s of
+the espeak-ng fixture (real speech) aligned whole, best and median of ``--repeats``; and what the streaming track
+costs over the same audio (all its jobs, 0.64 s chunks). Target: at most 1 s per 10 s take.
+
+    .venv/bin/python bench/words_bench.py cpu
+
+``latency`` — how long after the audio that holds it a word arrives: a real server (tiny model; ``--device cuda``
+on a GPU) streams ``--takes`` concurrent WebSocket takes with ``"words": true``; for every word, the time its
+``words`` message arrived minus the time the PCM frame holding the word's end arrived (client clock). Prints
+p50/p95/max. Target: p95 at most 1.2 s. The tiny model's audio is noise, so these words are the estimated ones;
+the pipeline (tick, queue, alignment, send) is the same for real speech.
+
+    .venv/bin/python bench/words_bench.py latency                      # CPU, tiny model
+    .venv/bin/python bench/words_bench.py latency --device cuda --takes 64 --aligner pocketsphinx
+
+``gpu`` — the CTC aligner's share of the GPU at ``--takes`` concurrent takes: writes a random CTC checkpoint of
+the MMS-300m size (24 layers, 1024 wide, 315M parameters) in the hub layout, and streams ``--takes`` takes of
+real-time audio (80 ms frames in 0.64 s chunks, as the engine sends them) through the service's own word tracks
+and batching aligner service for ``--seconds``; the GPU time is the aligner's synchronised network time. Target:
+at most 5 % of the GPU's time at 64 takes (report it beside the directing and engine benches).
+
+    python bench/words_bench.py gpu --takes 64 --seconds 60            # on the H200
+    .venv/bin/python bench/words_bench.py gpu --takes 4 --seconds 5 --size tiny --device cpu   # smoke test
+
+The stream of each simulated take is the fixture's real speech, so the track's jobs have real shapes (windows from
+the last settled word to the edge); with random weights the times themselves mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from moss_rt.align.base import AlignResult  # noqa: E402
+from moss_rt.align.track import WordTrack  # noqa: E402
+
+FIXTURE = ROOT / "tests" / "fixtures" / "words"
+CHUNK_SEC = 0.64  # 8 frames of 80 ms: the engine's default chunk
+
+
+def _speech() -> tuple[np.ndarray, dict[str, Any]]:
+    audio, _ = sf.read(FIXTURE / "espeak_16k.flac", dtype="float32")
+    return audio, json.loads((FIXTURE / "espeak_16k.json").read_text())
+
+
+def _text_until(truth: dict[str, Any], seconds: float) -> str:
+    return " ".join(w["word"] for w in truth["words"] if w["end"] <= seconds)
+
+
+# --------------------------------------------------------------------------- cpu
+
+
+def bench_cpu(args: argparse.Namespace) -> dict[str, Any]:
+    import soxr
+
+    from moss_rt.align.sphinx import PocketsphinxAligner
+
+    audio, truth = _speech()
+    seconds = 10.0
+    clip, text = audio[: int(16000 * seconds)], _text_until(truth, seconds)
+    aligner = PocketsphinxAligner()
+    aligner.load()
+    whole: list[float] = []
+    streamed: list[float] = []
+    jobs = 0
+    for _ in range(args.repeats):
+        track = WordTrack(text, sample_rate=16000, input_rate=16000)
+        track.add_audio(clip)
+        t0 = time.process_time()
+        while (due := track.next_job(final=True, complete=True)) is not None:
+            track.apply(due[1], aligner.align_batch([due[0]])[0])
+        whole.append(time.process_time() - t0)
+        pcm = (np.clip(soxr.resample(clip, 16000, 48000), -1, 1) * 32767).astype("<i2").tobytes()
+        step = int(CHUNK_SEC * 48000) * 2
+        track = WordTrack(text, sample_rate=16000)
+        spent, jobs = 0.0, 0
+        for at in range(0, len(pcm), step):
+            track.add_pcm(pcm[at : at + step], 1)
+            if (due := track.next_job()) is not None:
+                t0 = time.process_time()
+                track.apply(due[1], aligner.align_batch([due[0]])[0])
+                spent += time.process_time() - t0
+                jobs += 1
+        t0 = time.process_time()
+        while (due := track.next_job(final=True, complete=True)) is not None:
+            track.apply(due[1], aligner.align_batch([due[0]])[0])
+            jobs += 1
+        streamed.append(spent + time.process_time() - t0)
+    return {
+        "bench": "words cpu", "aligner": "pocketsphinx", "audio_sec": seconds, "words": len(text.split()),
+        "whole_take_cpu_sec": {"best": round(min(whole), 3), "median": round(statistics.median(whole), 3)},
+        "streamed_take_cpu_sec": {"best": round(min(streamed), 3), "median": round(statistics.median(streamed), 3),
+                                  "jobs": jobs},
+        "target_sec": 1.0,
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- latency
+
+
+async def _one_take(url: str, index: int, args: argparse.Namespace) -> tuple[list[float], float | None]:
+    import websockets
+
+    text = "Forty ships sailed across the quiet silver harbor before dawn, and nobody saw them go."
+    lags: list[float] = []
+    async with websockets.connect(url, max_size=None) as ws:
+        await ws.recv()
+        start = {"type": "start", "text": text, "seed": index, "max_new_tokens": args.frames,
+                 "text_temperature": 0.0, "words": True}  # fmt: skip
+        await ws.send(json.dumps(start))
+        frame_at: list[float] = []  # arrival time of every 80 ms frame (by index from the take's start)
+        first_frame = 0
+        while True:
+            data = await ws.recv()
+            now = time.perf_counter()
+            tag = data[0]
+            if tag == 1:
+                frames = (len(data) - 5) // (3840 * 2)
+                frame_at += [now] * frames
+                continue
+            msg = json.loads(data[5:])
+            if msg["type"] == "start":
+                first_frame = msg.get("first_frame", 0)
+            elif msg["type"] == "words":
+                for word in msg["words"]:
+                    holding = max(0, int(np.ceil(word["end"] * 12.5)) - 1 - first_frame)
+                    if holding < len(frame_at):
+                        lags.append(now - frame_at[holding])
+                        if args.verbose:
+                            print(index, word["word"], word["end"], holding, len(frame_at), round(lags[-1], 3),
+                                  file=sys.stderr)  # fmt: skip
+            elif msg["type"] in ("end", "error"):
+                return lags, msg.get("rtf")
+
+
+def bench_latency(args: argparse.Namespace) -> dict[str, Any]:
+    from moss_rt.config import Settings
+    from moss_rt.engine.moss import MossEngine
+    from tests.helpers import ServerThread, free_port
+
+    data = Path(tempfile.mkdtemp(prefix="words-bench-"))
+    settings = Settings(
+        host="127.0.0.1", port=free_port(), engine="moss", model=args.model, codec=args.model, device=args.device,
+        data_dir=data, voices_dir=data / "voices", max_slots=max(args.takes, 4), max_queue=args.takes,
+        max_seq_len=1024, max_lead_sec=args.max_lead, aligner=args.aligner, sessions=False,
+    )  # fmt: skip
+    server = ServerThread(settings, MossEngine(settings))
+    running = server.start(ready_timeout=600)
+    try:
+
+        async def drive() -> tuple[list[float], list[float]]:
+            await _one_take(running.ws_url, 99, args)  # warm-up (the aligner's worker processes start), not counted
+            results = await asyncio.gather(*(_one_take(running.ws_url, i, args) for i in range(args.takes)))
+            return [lag for lags, _ in results for lag in lags], [rtf for _, rtf in results if rtf]
+
+        lags, rtfs = asyncio.run(drive())
+    finally:
+        server.stop()
+    lags.sort()
+    pick = lambda q: round(lags[min(len(lags) - 1, int(q * len(lags)))], 3) if lags else None  # noqa: E731
+    return {
+        "bench": "words latency", "model": args.model, "device": args.device, "aligner": args.aligner,
+        "takes": args.takes, "frames": args.frames, "words": len(lags),
+        "lag_sec": {"p50": pick(0.5), "p95": pick(0.95), "max": round(lags[-1], 3) if lags else None},
+        # The engine's own speed (audio seconds per wall second per take): below 1 the audio itself comes late.
+        "engine_rtf_median": round(statistics.median(rtfs), 2) if rtfs else None,
+        "target_p95_sec": 1.2,
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- gpu
+
+
+def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from moss_rt.align.ctc import CtcAligner, write_random_ctc_checkpoint
+    from moss_rt.align.service import AlignService
+
+    folder = Path(tempfile.mkdtemp(prefix="ctc-bench-")) / args.size
+    write_random_ctc_checkpoint(folder, size=args.size)
+    aligner = CtcAligner(str(folder), device=args.device, max_batch=args.takes)
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        forward = aligner._forward
+
+        def synced(batch: Any) -> Any:  # the network's time, not just its launch
+            torch.cuda.synchronize()
+            out = forward(batch)
+            torch.cuda.synchronize()
+            return out
+
+        aligner._forward = synced  # type: ignore[method-assign]
+    service = AlignService(aligner, max_pending=4 * args.takes)
+    service.start()
+    audio, truth = _speech()
+    import soxr
+
+    pcm48 = (np.clip(soxr.resample(audio, 16000, 48000), -1, 1) * 32767).astype("<i2").tobytes()
+    step = int(CHUNK_SEC * 48000) * 2
+
+    async def take(index: int, stop_at: float, counters: dict[str, int]) -> None:
+        offset = (index * 7919 * step) % max(step, len(pcm48) - step)  # each take at another place in the speech
+        offset -= offset % 2
+        track = WordTrack(truth["text"], sample_rate=aligner.sample_rate)
+        t0 = time.perf_counter()
+        sent = 0
+        while time.perf_counter() < stop_at:
+            at = (offset + sent * step) % (len(pcm48) - step)
+            track.add_pcm(pcm48[at - at % 2 : at - at % 2 + step], 1)
+            sent += 1
+            if (due := track.next_job()) is not None:
+                job, pending = due
+                try:
+                    result = await service.align(job, wait=False)
+                except Exception:
+                    counters["skipped"] += 1
+                    result = None
+                if result is not None:
+                    track.apply(pending, result if isinstance(result, AlignResult) else AlignResult())
+                    counters["jobs"] += 1
+            # Real time: the next chunk is due CHUNK_SEC after this one.
+            await asyncio.sleep(max(0.0, t0 + sent * CHUNK_SEC - time.perf_counter()))
+
+    async def drive() -> dict[str, Any]:
+        await service.wait_loaded()
+        warm = np.zeros(16000 * 2, np.float32)
+        from moss_rt.align.base import AlignJob
+
+        await asyncio.gather(*(service.align(AlignJob(warm, ("a",))) for _ in range(min(8, args.takes))))
+        before = aligner.gpu_seconds
+        counters = {"jobs": 0, "skipped": 0}
+        t0 = time.perf_counter()
+        await asyncio.gather(*(take(i, t0 + args.seconds, counters) for i in range(args.takes)))
+        wall = time.perf_counter() - t0
+        busy = aligner.gpu_seconds - before
+        return {"wall_sec": round(wall, 2), "aligner_gpu_sec": round(busy, 3),
+                "gpu_share": round(busy / wall, 4), **counters}  # fmt: skip
+
+    try:
+        result = asyncio.run(drive())
+    finally:
+        service.close()
+    params = sum(p.numel() for p in aligner._model.parameters())
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    return {
+        "bench": "words gpu", "device": name, "size": args.size, "params_m": round(params / 1e6, 1),
+        "dtype": str(aligner._dtype).removeprefix("torch."), "takes": args.takes, **result, "target_share": 0.05,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="which", required=True)
+    cpu = sub.add_parser("cpu")
+    cpu.add_argument("--repeats", type=int, default=5)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--takes", type=int, default=4)
+    lat.add_argument("--frames", type=int, default=100, help="80 ms frames per take")
+    lat.add_argument("--device", default="cpu")
+    lat.add_argument("--model", default="tiny")
+    lat.add_argument("--aligner", default="pocketsphinx")
+    lat.add_argument("--verbose", action="store_true", help="print every word's lag (stderr)")
+    lat.add_argument("--max-lead", type=float, default=2.0, help="audio a client may hold unplayed (pacing)")
+    gpu = sub.add_parser("gpu")
+    gpu.add_argument("--takes", type=int, default=64)
+    gpu.add_argument("--seconds", type=float, default=60.0)
+    gpu.add_argument("--size", default="mms-300m", choices=("mms-300m", "tiny"))
+    gpu.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    result = {"cpu": bench_cpu, "latency": bench_latency, "gpu": bench_gpu}[args.which](args)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

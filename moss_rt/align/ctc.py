@@ -1,0 +1,305 @@
+"""The CTC aligner: a wav2vec2-style acoustic model from the hub (MMS forced-alignment checkpoints and the like)
+batched on the engine's device, and our own Viterbi over its emissions (:mod:`moss_rt.align.viterbi`).
+
+A checkpoint is a folder in the Hugging Face layout of ``Wav2Vec2ForCTC``: ``config.json``,
+``model.safetensors`` (or shards), ``vocab.json`` (character → id) and optionally ``preprocessor_config.json``
+(sampling rate, normalisation). It comes from a local path or a hub id, downloaded once into the hub cache with
+progress bars (``HF_HUB_OFFLINE=1``: the cache only), like the main weights. ``write_random_ctc_checkpoint`` writes
+one with random weights in that layout (tiny for tests, MMS-300m size for benchmarks), so the loader, the batching
+and the Viterbi run for real without a download.
+
+A word is spelled in the vocabulary's characters (lowercase; characters it lacks are dropped; a word left with
+none is unplaced and interpolated); the word delimiter (``|``) goes between words when the vocabulary has one.
+Long audio is cut into overlapping windows of ``WINDOW_SEC`` for the network (attention is quadratic) and the
+emissions are stitched back together before the one Viterbi pass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moss_rt.align.base import AlignJob, AlignResult, Span
+from moss_rt.align.viterbi import ctc_forced_align
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CTC_MODEL = "MahmoudAshraf/mms-300m-1130-forced-aligner"
+HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vocab.json", "preprocessor_config.json"]
+WINDOW_SEC = 20.0  # audio per network call; longer audio goes in overlapping windows
+CONTEXT_SEC = 1.0  # each window's extra audio on both sides, whose frames are dropped when stitching
+DELIMITERS = ("|", " ")
+BLANKS = ("<pad>", "<blank>", "[PAD]", "<eps>")
+RANDOM_VOCAB = ["<pad>", "<s>", "</s>", "<unk>", "|", *"abcdefghijklmnopqrstuvwxyz'"]
+
+
+class AlignerSourceError(RuntimeError):
+    """The CTC checkpoint cannot be found, downloaded or read."""
+
+
+def resolve_ctc_source(spec: str, *, local_only: bool | None = None) -> Path:
+    """A checkpoint folder, or a hub id fetched into (or found in) the hub cache."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _checked(path)
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise AlignerSourceError(f"aligner model {spec!r} is neither a checkpoint folder nor a hub id (owner/name)")
+    from huggingface_hub import snapshot_download
+
+    if local_only is None:
+        local_only = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+    try:
+        folder = snapshot_download(spec, allow_patterns=HUB_FILES, local_files_only=local_only)
+    except Exception as exc:  # the hub raises many types (offline, 404, auth, network)
+        how = "not in the local hub cache" if local_only else "download failed"
+        raise AlignerSourceError(f"cannot get aligner model {spec!r}: {how}: {exc}") from exc
+    return _checked(Path(folder))
+
+
+def _checked(folder: Path) -> Path:
+    has_weights = (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
+    if not (folder / "config.json").is_file() or not has_weights or not (folder / "vocab.json").is_file():
+        raise AlignerSourceError(f"{folder} is not a CTC checkpoint (needs config.json, model.safetensors, vocab.json)")
+    return folder.resolve()
+
+
+def _vocab(folder: Path) -> dict[str, int]:
+    raw = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    if raw and all(isinstance(v, dict) for v in raw.values()):  # multilingual layout: {lang: {char: id}}
+        raw = raw.get("eng") or next(iter(raw.values()))
+    if not isinstance(raw, dict) or not all(isinstance(v, int) for v in raw.values()):
+        raise AlignerSourceError(f"{folder / 'vocab.json'} is not a character → id map")
+    return dict(raw)
+
+
+@dataclass(frozen=True)
+class _Spelling:
+    targets: list[int]
+    word_tokens: list[tuple[int, int] | None]  # per word: its range in ``targets``; None for a word with no token
+
+
+class CtcAligner:
+    """Forced alignment with a CTC acoustic model; one worker thread feeds the device, many takes per batch."""
+
+    workers = 1
+
+    def __init__(self, source: str, *, device: str = "cpu", max_batch: int = 64, dtype: str = "auto") -> None:
+        self.source = source
+        self.name = f"ctc:{source}"
+        self.device = device
+        self.max_batch = max_batch
+        self._dtype_name = dtype
+        self.sample_rate = 16000
+        self.demo = False
+        self._model: Any = None
+        self._vocab: dict[str, int] = {}
+        self._blank = 0
+        self._delimiter: int | None = None
+        self._normalize = True
+        self._stride = 320  # input samples per emission frame
+        self.gpu_seconds = 0.0  # time spent in the network (the device's share of the aligner)
+
+    def load(self) -> None:
+        import torch
+        from transformers import Wav2Vec2ForCTC
+
+        t0 = time.perf_counter()
+        folder = resolve_ctc_source(self.source)
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        self.demo = bool(config.get("moss_rt_random_weights", False))
+        self._vocab = _vocab(folder)
+        blank = next((self._vocab[b] for b in BLANKS if b in self._vocab), config.get("pad_token_id", 0))
+        self._blank = int(blank)
+        self._delimiter = next((self._vocab[d] for d in DELIMITERS if d in self._vocab), None)
+        pre = folder / "preprocessor_config.json"
+        if pre.is_file():
+            prep = json.loads(pre.read_text(encoding="utf-8"))
+            self.sample_rate = int(prep.get("sampling_rate", 16000))
+            self._normalize = bool(prep.get("do_normalize", True))
+        device = torch.device(self.device)
+        # fp16 on a GPU (wav2vec2 runs well in it), fp32 on a CPU, unless asked otherwise.
+        names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+        dtype = names.get(self._dtype_name, torch.float16 if device.type == "cuda" else torch.float32)
+        model, info = Wav2Vec2ForCTC.from_pretrained(str(folder), dtype=dtype, output_loading_info=True)
+        if info.get("missing_keys"):
+            raise AlignerSourceError(f"{folder}: the checkpoint lacks tensors {sorted(info['missing_keys'])[:6]}")
+        self._model = model.to(device).eval().requires_grad_(False)
+        self._stride = int(np.prod(model.config.conv_stride))
+        self._dtype = dtype
+        params = sum(p.numel() for p in model.parameters())
+        log.info(
+            "aligner %s on %s/%s: %.0fM parameters, %d characters, loaded in %.1f s%s",
+            self.name, device, str(dtype).removeprefix("torch."), params / 1e6, len(self._vocab),
+            time.perf_counter() - t0, " (RANDOM WEIGHTS: its times mean nothing)" if self.demo else "",
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self._model = None  # its memory goes back with the last reference
+
+    # ------------------------------------------------------------------ text
+
+    def _spell(self, words: Sequence[str]) -> _Spelling:
+        targets: list[int] = []
+        word_tokens: list[tuple[int, int] | None] = []
+        for word in words:
+            ids = [self._vocab[c] for c in _letters(word) if c in self._vocab]
+            if not ids:
+                word_tokens.append(None)
+                continue
+            if targets and self._delimiter is not None:
+                targets.append(self._delimiter)
+            word_tokens.append((len(targets), len(targets) + len(ids)))
+            targets += ids
+        return _Spelling(targets, word_tokens)
+
+    # ------------------------------------------------------------------ audio
+
+    def emissions(self, audios: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Log-probabilities [T, V] per audio (windows of all audios batched together on the device)."""
+        window = int(WINDOW_SEC * self.sample_rate)
+        context = int(CONTEXT_SEC * self.sample_rate)
+        cuts: list[tuple[int, int, int, int, int]] = []  # (audio index, start, end, kept start, kept end)
+        for i, audio in enumerate(audios):
+            n = len(audio)
+            for kept in range(0, max(n, 1), window):
+                kept_end = min(n, kept + window)
+                cuts.append((i, max(0, kept - context), min(n, kept_end + context), kept, kept_end))
+        out: list[list[np.ndarray]] = [[] for _ in audios]
+        order = sorted(range(len(cuts)), key=lambda k: cuts[k][2] - cuts[k][1])
+        frames: dict[int, np.ndarray] = {}
+        for first in range(0, len(order), self.max_batch):
+            group = [cuts[k] for k in order[first : first + self.max_batch]]
+            logits = self._forward([audios[i][s:e] for i, s, e, _, _ in group])
+            for k, lp, (_, s, _, ks, ke) in zip(order[first : first + self.max_batch], logits, group, strict=True):
+                lo = (ks - s) // self._stride
+                hi = lo + max(1, (ke - ks) // self._stride)
+                frames[k] = lp[lo:hi]
+        for k, (i, *_rest) in enumerate(cuts):
+            out[i].append(frames[k])
+        empty = np.zeros((0, len(self._vocab)), np.float32)
+        return [np.concatenate(parts, axis=0) if parts else empty for parts in out]
+
+    def _forward(self, batch: Sequence[np.ndarray]) -> list[np.ndarray]:
+        import torch
+
+        model = self._model
+        longest = max(max(len(a) for a in batch), self._stride)
+        x = np.zeros((len(batch), longest), dtype=np.float32)
+        mask = np.zeros((len(batch), longest), dtype=np.int64)
+        for row, audio in enumerate(batch):
+            a = audio.astype(np.float32, copy=False)
+            if self._normalize and len(a):
+                a = (a - a.mean()) / np.sqrt(a.var() + 1e-7)
+            x[row, : len(a)] = a
+            mask[row, : len(a)] = 1
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            inputs = torch.from_numpy(x).to(self._model.device, self._dtype)
+            kwargs = {}
+            if getattr(model.config, "feat_extract_norm", "group") == "layer":
+                kwargs["attention_mask"] = torch.from_numpy(mask).to(self._model.device)
+            logits = model(inputs, **kwargs).logits.float()
+            lengths = model._get_feat_extract_output_lengths(torch.from_numpy(mask.sum(axis=1)))
+            lp = torch.log_softmax(logits, dim=-1).cpu().numpy()
+        self.gpu_seconds += time.perf_counter() - t0
+        return [lp[row, : int(lengths[row])] for row in range(len(batch))]
+
+    # ------------------------------------------------------------------ alignment
+
+    def align_batch(self, jobs: Sequence[AlignJob]) -> list[AlignResult]:
+        spellings = [self._spell(job.words) for job in jobs]
+        try:
+            emissions = self.emissions([job.audio for job in jobs])
+        except Exception:  # a device fault must not fail the takes: their words are interpolated
+            log.exception("aligner %s: the acoustic model failed on a batch of %d", self.name, len(jobs))
+            return [AlignResult([] if job.free_end else [None] * len(job.words)) for job in jobs]
+        return [
+            self._place(job, spelling, lp) for job, spelling, lp in zip(jobs, spellings, emissions, strict=True)
+        ]
+
+    def _place(self, job: AlignJob, spelling: _Spelling, lp: np.ndarray) -> AlignResult:
+        n = len(job.words)
+        nothing = AlignResult([] if job.free_end else [None] * n)
+        if not spelling.targets or len(lp) == 0:
+            return nothing
+        token_frames = ctc_forced_align(lp, spelling.targets, self._blank, free_end=job.free_end)
+        if token_frames is None:
+            return nothing
+        seconds = len(job.audio) / self.sample_rate / len(lp)  # per emission frame
+        spans: list[Span] = []
+        reached = len(token_frames)
+        for tokens in spelling.word_tokens:
+            if tokens is None:
+                spans.append(None)
+                continue
+            first, last = tokens
+            if first >= reached:
+                break
+            end_frame = token_frames[min(last, reached) - 1][1]
+            spans.append((token_frames[first][0] * seconds, end_frame * seconds))
+        if job.free_end:
+            while spans and spans[-1] is None:
+                spans.pop()
+        else:
+            spans += [None] * (n - len(spans))
+        return AlignResult(spans)
+
+
+def _letters(word: str) -> str:
+    """A word in plain lowercase letters: accents off (é → e), so a romanised vocabulary can spell it."""
+    decomposed = unicodedata.normalize("NFKD", word.lower())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+# --------------------------------------------------------------------------- random checkpoints
+
+
+def ctc_config(size: str) -> dict[str, Any]:
+    """Wav2Vec2ForCTC config fields: ``tiny`` (tests) or ``mms-300m`` (the size of the MMS-300m aligners)."""
+    common = {
+        "vocab_size": len(RANDOM_VOCAB), "pad_token_id": 0, "feat_extract_norm": "layer", "do_stable_layer_norm": True,
+        "conv_stride": (5, 2, 2, 2, 2, 2, 2), "conv_kernel": (10, 3, 3, 3, 3, 2, 2), "ctc_loss_reduction": "mean",
+    }  # fmt: skip
+    if size == "tiny":
+        return {
+            **common, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+            "conv_dim": (32,) * 7, "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 4,
+        }  # fmt: skip
+    if size == "mms-300m":
+        return {
+            **common, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+            "intermediate_size": 4096, "conv_dim": (512,) * 7, "num_conv_pos_embeddings": 128,
+            "num_conv_pos_embedding_groups": 16,
+        }  # fmt: skip
+    raise ValueError(f"unknown size {size!r} (tiny or mms-300m)")
+
+
+def write_random_ctc_checkpoint(folder: str | Path, *, size: str = "tiny", seed: int = 0) -> Path:
+    """A Wav2Vec2ForCTC checkpoint with random weights in the hub layout (config.json, model.safetensors,
+    vocab.json, preprocessor_config.json), marked as random so the service reports its times as meaningless."""
+    import torch
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = Wav2Vec2ForCTC(Wav2Vec2Config(**ctc_config(size)))
+    model.save_pretrained(str(folder), safe_serialization=True)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["moss_rt_random_weights"] = True
+    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (folder / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(RANDOM_VOCAB)}), encoding="utf-8")
+    prep = {"feature_extractor_type": "Wav2Vec2FeatureExtractor", "sampling_rate": 16000, "do_normalize": True,
+            "feature_size": 1, "padding_value": 0.0, "return_attention_mask": True}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(prep, indent=2), encoding="utf-8")
+    return folder

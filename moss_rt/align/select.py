@@ -1,0 +1,66 @@
+"""``--aligner``: which aligner the service runs (``auto``, ``pocketsphinx``, ``ctc:<hub id or folder>``, ``none``).
+
+``auto`` picks the CTC model (:data:`~moss_rt.align.ctc.DEFAULT_CTC_MODEL`) on a CUDA device when it is already in
+the local hub cache (it is never downloaded unasked), else PocketSphinx (offline, English), else none. A named
+aligner that cannot load is reported at start (``/readyz``), like the model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+from moss_rt.align.base import Aligner
+
+log = logging.getLogger(__name__)
+
+
+class AlignerChoiceError(ValueError):
+    """An ``--aligner`` value that names no aligner."""
+
+
+def _cuda(device: str) -> bool:
+    if device.startswith("cpu"):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def aligner_device(device: str) -> str:
+    """The aligner's device for the engine's ``--device`` (auto: CUDA when there is one)."""
+    if device == "auto":
+        return "cuda" if _cuda("cuda") else "cpu"
+    return device
+
+
+def build_aligner(spec: str, *, device: str = "auto") -> Aligner | None:
+    """The aligner ``spec`` names, not yet loaded (None for ``none``)."""
+    spec = spec.strip()
+    if spec == "none":
+        return None
+    if spec == "pocketsphinx":
+        from moss_rt.align.sphinx import PocketsphinxAligner
+
+        return PocketsphinxAligner(processes=True)  # decoding holds the GIL: off the server's process
+    if spec.startswith("ctc:") and len(spec) > 4:
+        from moss_rt.align.ctc import CtcAligner
+
+        return CtcAligner(spec[4:], device=aligner_device(device))
+    if spec == "auto":
+        if _cuda(aligner_device(device)):
+            from moss_rt.align.ctc import DEFAULT_CTC_MODEL, AlignerSourceError, resolve_ctc_source
+
+            try:
+                resolve_ctc_source(DEFAULT_CTC_MODEL, local_only=True)
+                return build_aligner(f"ctc:{DEFAULT_CTC_MODEL}", device=device)
+            except AlignerSourceError:
+                log.info("--aligner auto: %s is not in the hub cache; using pocketsphinx (CPU, English). "
+                         "--aligner ctc:%s downloads it", DEFAULT_CTC_MODEL, DEFAULT_CTC_MODEL)  # fmt: skip
+        if importlib.util.find_spec("pocketsphinx") is not None:
+            return build_aligner("pocketsphinx")
+        log.warning("--aligner auto: pocketsphinx is not installed and no CTC model is cached: no word timing")
+        return None
+    raise AlignerChoiceError(f"unknown aligner {spec!r}: auto, pocketsphinx, ctc:<hub id or folder>, or none")

@@ -1,0 +1,161 @@
+"""Every alignment goes through here: a bounded queue, the aligner's worker threads, results back on the loop.
+
+The event loop never aligns: :meth:`AlignService.align` queues a job and awaits its future. The workers (as many as
+the aligner allows at once: PocketSphinx one per decoder, a GPU model one feeding the device) take a job and every
+job queued behind it up to ``max_batch``, so concurrent takes share one batch on the device. At most
+``max_pending`` jobs wait; a streaming take skips a tick when the queue is full (``wait=False``), a take that ends
+waits for room. The first worker loads the aligner (its weights) before anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from moss_rt.align.base import Aligner, AlignJob, AlignResult
+
+log = logging.getLogger(__name__)
+
+
+class AlignerBusy(Exception):
+    """The aligner's queue is full (a streaming tick is skipped; words follow with the next one)."""
+
+
+class AlignerUnavailable(Exception):
+    """The aligner failed to load; words are then placed by estimate (flagged interpolated)."""
+
+
+@dataclass
+class _Queued:
+    job: AlignJob
+    future: asyncio.Future[AlignResult]
+    loop: asyncio.AbstractEventLoop
+
+
+_STOP = object()
+
+
+class AlignService:
+    def __init__(self, aligner: Aligner, *, max_pending: int = 256) -> None:
+        self.aligner = aligner
+        self.max_pending = max_pending
+        self._queue: queue.Queue[object] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._loaded = threading.Event()
+        self._load_lock = threading.Lock()
+        self.failure: str | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self.jobs_done = 0
+        self.busy_seconds = 0.0  # worker time spent aligning (all workers together)
+
+    @property
+    def name(self) -> str:
+        return self.aligner.name
+
+    @property
+    def ready(self) -> bool:
+        return self._loaded.is_set() and self.failure is None
+
+    def start(self) -> None:
+        for i in range(max(1, self.aligner.workers)):
+            thread = threading.Thread(target=self._work, name=f"aligner-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    async def wait_loaded(self) -> None:
+        """Until the aligner is loaded (raises AlignerUnavailable if it failed)."""
+        await asyncio.to_thread(self._loaded.wait)
+        if self.failure is not None:
+            raise AlignerUnavailable(self.failure)
+
+    async def align(self, job: AlignJob, *, wait: bool = True) -> AlignResult:
+        """Run one job on a worker. ``wait=False``: raise AlignerBusy instead of waiting for room in the queue."""
+        if self.failure is not None:
+            raise AlignerUnavailable(self.failure)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_pending)
+        if not wait and self._slots.locked():
+            raise AlignerBusy()
+        async with self._slots:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[AlignResult] = loop.create_future()
+            self._queue.put(_Queued(job, future, loop))
+            return await future
+
+    def close(self) -> None:
+        """Stop the workers after the jobs queued (non-blocking; they are daemon threads) and the aligner's
+        own workers (processes)."""
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        close = getattr(self.aligner, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:  # shutting down: nothing to do about it but say so
+                log.exception("aligner %s did not close cleanly", self.aligner.name)
+
+    # ------------------------------------------------------------------ worker threads
+
+    def _load(self) -> None:
+        with self._load_lock:
+            if self._loaded.is_set():
+                return
+            try:
+                self.aligner.load()
+            except Exception as exc:  # any failure: the words of takes are estimated instead
+                self.failure = f"{type(exc).__name__}: {exc}"
+                log.exception("aligner %s failed to load", self.aligner.name)
+            finally:
+                self._loaded.set()
+
+    def _work(self) -> None:
+        self._load()
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            batch = [first]
+            while len(batch) < max(1, self.aligner.max_batch):
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    self._queue.put(_STOP)  # for this worker's next round: finish the batch first
+                    break
+                batch.append(more)
+            self._run([item for item in batch if isinstance(item, _Queued)])
+
+    def _run(self, batch: list[_Queued]) -> None:
+        live = [item for item in batch if not item.future.cancelled()]
+        if not live:
+            return
+        t0 = time.perf_counter()
+        try:
+            if self.failure is not None:
+                raise AlignerUnavailable(self.failure)
+            results = self.aligner.align_batch([item.job for item in live])
+        except Exception as exc:  # an aligner must not raise; if one does, its takes fall back to estimates
+            if not isinstance(exc, AlignerUnavailable):
+                log.exception("aligner %s failed on a batch of %d", self.aligner.name, len(live))
+            for item in live:
+                item.loop.call_soon_threadsafe(_settle_error, item.future, AlignerUnavailable(str(exc)))
+            return
+        self.busy_seconds += time.perf_counter() - t0
+        self.jobs_done += len(live)
+        for item, result in zip(live, results, strict=True):
+            item.loop.call_soon_threadsafe(_settle, item.future, result)
+
+
+def _settle(future: asyncio.Future[AlignResult], result: AlignResult) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _settle_error(future: asyncio.Future[AlignResult], exc: Exception) -> None:
+    if not future.done():
+        future.set_exception(exc)

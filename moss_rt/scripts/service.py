@@ -1,0 +1,483 @@
+"""The script render service: jobs that turn a script's lines into takes of a directing session.
+
+- ``create`` stores the script (every line gets its seed now, so a resumed render makes the same lines) and starts
+  its job; a job renders every line that needs it, as many at once as :class:`~moss_rt.scripts.fairness.FairShare`
+  grants its client, at ``TakePriority.BATCH``, so the whole batch advances together while interactive takes come
+  first.
+- A failed line is tried once more, then marked failed with the reason; the others go on. A busy or loading engine
+  is waited for. A deleted session ends the job (``error`` event).
+- ``retake`` renders one line again (new words, direction, seed, or from a frame of its take) at interactive
+  priority; ``accept`` makes any take of the session the line's (a retake directed in the studio). Either replaces
+  the line in the next export; nothing else is rendered again.
+- Restarts: a render's take id, request and seed are written before the engine is asked, so ``start`` resumes
+  every unfinished script where it stopped and finished lines are never rendered again.
+
+Every task (job runners, line renders, the resume) is owned here and cancelled by :meth:`ScriptService.close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections import OrderedDict
+from typing import Any
+
+from moss_rt.engine.base import TakePriority
+from moss_rt.protocol import ErrorCode, ProtocolError
+from moss_rt.scripts.captions import Word
+from moss_rt.scripts.events import EventLog
+from moss_rt.scripts.fairness import FairShare
+from moss_rt.scripts.format import Script
+from moss_rt.scripts.job import Job, LineState
+from moss_rt.scripts.render import LineFailed, LineInterrupted, SessionGone, render_line
+from moss_rt.scripts.store import DONE, FAILED, PENDING, LineRow, ScriptRow, ScriptStore, new_script_id, not_found
+from moss_rt.session import new_take_id, random_seed
+from moss_rt.session_store import SessionStore, StoredTake
+from moss_rt.web.state import ServiceState
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 2  # a failed line is tried once more, then marked failed
+IDLE_JOBS_KEPT = 256  # finished scripts kept in memory (the rest are read from the database when asked for)
+CLOSE_TIMEOUT_SEC = 10.0
+DEFAULT_ENGINE_SLOTS = 64  # what the memory plan gives a CPU, when the engine does not say
+
+
+class _Place:
+    """A line's place in the fair share: given back as soon as the engine is done with its take (storing it
+    needs no engine place), taken again for a second attempt."""
+
+    def __init__(self, share: FairShare, client: str) -> None:
+        self._share = share
+        self._client = client
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._share.release(self._client)
+
+    async def again(self) -> None:
+        if not self._held:
+            await self._share.acquire(self._client)
+            self._held = True
+
+
+class ScriptService:
+    def __init__(self, state: ServiceState, sessions: SessionStore, store: ScriptStore) -> None:
+        self.state = state
+        self.sessions = sessions
+        self.store = store
+        settings = state.settings
+        slots = settings.max_slots or DEFAULT_ENGINE_SLOTS
+        self.share = FairShare(*self._share_of(slots))
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self.exports_running = 0  # zip exports streaming now (bounded by settings.max_script_exports)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Resume unfinished scripts once the engine is ready (in the background)."""
+        self._spawn(self._resume(), "scripts-resume")
+
+    async def close(self) -> None:
+        """Stop every render (their state stays on disk: the next start resumes them) and end every stream."""
+        self._closing = True
+        tasks = [t for t in self._tasks if not t.done()]
+        for job in self._jobs.values():
+            tasks += [t for t in job.tasks.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_SEC)
+            if late:
+                log.warning("%d script task(s) did not stop within %.0f s", len(late), CLOSE_TIMEOUT_SEC)
+        for job in self._jobs.values():
+            job.log.close()
+
+    def end_streams(self) -> None:
+        """The service is shutting down: event streams end now (their renders stop at close)."""
+        for job in self._jobs.values():
+            job.log.close()
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("script task %s failed", task.get_name(), exc_info=task.exception())
+
+    def _share_of(self, slots: int) -> tuple[int, int]:
+        settings = self.state.settings
+        total = max(1, math.floor(slots * settings.script_total_share))
+        return total, max(1, math.floor(slots * settings.script_client_share))
+
+    async def _engine_ready(self) -> None:
+        while not self.state.engine.info.ready:
+            if self._closing:
+                raise asyncio.CancelledError
+            await asyncio.sleep(0.1)
+
+    async def _resume(self) -> None:
+        await self._engine_ready()
+        details = self.state.engine.info.details
+        slots = details.get("max_slots", "")
+        if slots.isdigit() and int(slots) > 0:
+            self.share.resize(*self._share_of(int(slots)))
+        for script_id in await asyncio.to_thread(self.store.unfinished):
+            try:
+                job = await self.job(script_id)
+            except ProtocolError:
+                continue
+            log.info(
+                "resuming script %s (%d lines to render)",
+                script_id,
+                sum(line.needs_render for line in job.lines.values()),
+            )
+            self._run(job)
+
+    # ------------------------------------------------------------------ jobs
+    async def create(self, script: Script, session_id: str | None, owner: str) -> Job:
+        if self._closing or self.state.shutting_down:
+            raise ProtocolError(ErrorCode.BUSY, "the service is shutting down")
+        limit = self.state.settings.max_scripts_per_client
+        active = sum(1 for job in self._jobs.values() if job.owner == owner and job.pending_work)
+        if limit > 0 and active >= limit:
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                f"this client already has {active} scripts waiting or rendering (limit {limit}); wait for one to"
+                " finish or delete one",
+            )
+        cues = script.cues
+        if session_id is None:
+            session_id = await asyncio.to_thread(self.sessions.create)
+        count = await asyncio.to_thread(self.sessions.count, session_id)  # not_found for an unknown session
+        room = self.sessions.max_takes - count
+        if len(cues) > room:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE,
+                f"the script has {len(cues)} lines but the session has room for {max(0, room)} more takes"
+                f" (a session keeps {self.sessions.max_takes}: max_session_takes); use a new session or split the"
+                " script",
+                field="session",
+            )
+        seeds = [cue.seed if cue.seed is not None else random_seed() for cue in cues]
+        script_id = new_script_id()
+        await asyncio.to_thread(self.store.create, script_id, session_id, owner, script.title, script.to_dict(), seeds)
+        row = await asyncio.to_thread(self.store.get, script_id)
+        job = Job.of_row(row)
+        self._remember(job)
+        self._run(job)
+        log.info("script %s: %d lines for session %s, from %s", script_id, len(cues), session_id, owner)
+        return job
+
+    async def job(self, script_id: str) -> Job:
+        """The script's job (read from the database when it is not in memory); not_found if unknown."""
+        job = self._jobs.get(script_id)
+        if job is not None:
+            self._jobs.move_to_end(script_id)
+            return job
+        row: ScriptRow = await asyncio.to_thread(self.store.get, script_id)
+        job = self._jobs.get(script_id)  # loaded by someone else meanwhile
+        if job is None:
+            job = Job.of_row(row)
+            self._remember(job)
+        return job
+
+    async def of_session(self, session_id: str) -> list[dict[str, Any]]:
+        await asyncio.to_thread(self.sessions.require, session_id)
+        rows = await asyncio.to_thread(self.store.of_session, session_id)
+        out = []
+        for row in rows:
+            job = self._jobs.get(row.script_id) or Job.of_row(row)
+            out.append({**job.progress(), "title": job.script.title, "created": job.created})
+        return out
+
+    async def delete(self, script_id: str) -> None:
+        job = await self.job(script_id)
+        self._jobs.pop(script_id, None)  # nothing of it is announced any more
+        await self._stop(job)
+        await asyncio.to_thread(self.store.delete, script_id)
+        job.log.emit("error", {"code": ErrorCode.NOT_FOUND.value, "message": "the script was deleted"})
+        job.log.close()
+        log.info("script %s deleted", script_id)
+
+    def _remember(self, job: Job) -> None:
+        self._jobs[job.script_id] = job
+        self._jobs.move_to_end(job.script_id)
+        idle = [sid for sid, j in self._jobs.items() if not j.busy]
+        for sid in idle[: max(0, len(idle) - IDLE_JOBS_KEPT)]:
+            del self._jobs[sid]
+
+    async def _stop(self, job: Job) -> None:
+        tasks = [t for t in (job.runner, *job.tasks.values()) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_SEC)
+
+    # ------------------------------------------------------------------ the batch render
+    def _run(self, job: Job) -> None:
+        if job.runner is None and job.failure is None and job.pending_work and not self._closing:
+            job.runner = self._spawn(self._render_all(job), f"script-{job.script_id}")
+
+    async def _render_all(self, job: Job) -> None:
+        try:
+            await self._engine_ready()
+            job.emit_progress()
+            async with asyncio.TaskGroup() as group:
+                for number in sorted(job.lines):
+                    if not self._wanted(job, number):
+                        continue
+                    await self.share.acquire(job.owner)
+                    if not self._wanted(job, number):  # a retake took it while this waited
+                        self.share.release(job.owner)
+                        continue
+                    place = _Place(self.share, job.owner)
+                    job.tasks[number] = group.create_task(self._batch_line(job, number, place), name=f"line-{number}")
+        except* SessionGone as gone:
+            await self._session_gone(job, str(gone.exceptions[0]))
+        finally:
+            job.runner = None
+            self._after_line(job)
+
+    @staticmethod
+    def _wanted(job: Job, number: int) -> bool:
+        return number not in job.tasks and job.lines[number].needs_render and job.failure is None
+
+    async def _batch_line(self, job: Job, number: int, place: _Place) -> None:
+        try:
+            await self._render(job, number, TakePriority.BATCH, place)
+        except (SessionGone, asyncio.CancelledError):
+            raise
+        except Exception:  # a bug must cost one line, not the whole batch
+            log.exception("script %s line %d: render failed", job.script_id, number)
+            await self._line_failed(job, number, "internal error")
+        finally:
+            place.release()
+            if job.tasks.get(number) is asyncio.current_task():
+                del job.tasks[number]
+            self._after_line(job)
+
+    async def _render(self, job: Job, number: int, priority: TakePriority, place: _Place | None = None) -> None:
+        """Render the line's queued render (or its first one), trying once more after a failure; a batch line
+        holds its ``place`` while the engine makes its take."""
+        line = job.lines[number]
+        render = line.row.render or {
+            "take": new_take_id(),
+            "seed": line.row.seed,
+            "text": job.text_of(number),
+            "instruction": job.instruction_of(number),
+            "parent": None,
+            "frame": 0,
+        }
+        for attempt in range(1, ATTEMPTS + 1):
+            if place is not None:
+                await place.again()
+            await self._recorded(self.store.start_render, job.script_id, number, render)
+            line.row.render = render
+            line.row.attempts += 1
+            job.announced_done = False
+            job.log.emit("line", job.line_view(number))
+            job.emit_progress()
+            try:
+                done = await render_line(
+                    self.state,
+                    self.sessions,
+                    job.session_id,
+                    job.script,
+                    line.cue,
+                    render,
+                    priority,
+                    None if place is None else place.release,
+                )
+            except LineInterrupted:
+                log.info("script %s line %d: interrupted (%s); it stays queued", job.script_id, number, render["take"])
+                return
+            except LineFailed as failure:
+                log.warning("script %s line %d, attempt %d: %s", job.script_id, number, attempt, failure)
+                if attempt < ATTEMPTS:
+                    continue
+                await self._line_failed(job, number, str(failure))
+                return
+            text = None if done.text == line.cue.text else done.text
+            instruction = None if done.instruction == job.script.instruction_for(line.cue) else done.instruction
+            await self._recorded(
+                self.store.finish_line, job.script_id, number, take_id=done.take_id, seed=done.seed,
+                n_frames=done.n_frames, text=text, instruction=instruction,
+            )  # fmt: skip
+            line.row = LineRow(
+                number, DONE, done.seed, done.take_id, done.n_frames, text, instruction, line.row.attempts
+            )
+            self._emit_line(job, number)
+            return
+
+    async def _recorded(self, call: Any, *args: Any, **kwargs: Any) -> None:
+        """A write to the script's rows; rows gone mean its session was deleted (the cascade took them)."""
+        try:
+            await asyncio.to_thread(call, *args, **kwargs)
+        except ProtocolError as err:
+            if err.code is ErrorCode.NOT_FOUND:
+                raise SessionGone(err.message) from None
+            raise
+
+    async def _line_failed(self, job: Job, number: int, reason: str) -> None:
+        line = job.lines[number]
+        keep = line.row.take_id is not None  # a retake of a done line failed: the line keeps its take
+        message = f"the retake failed: {reason}" if keep else reason
+        await self._recorded(self.store.fail_line, job.script_id, number, message, keep_take=keep)
+        line.row.render = None
+        line.row.error = message
+        if not keep:
+            line.row.status = FAILED
+        self._emit_line(job, number)
+
+    def _emit_line(self, job: Job, number: int) -> None:
+        # The line's task is still registered while this runs; the event shows where it ended.
+        view = job.line_view(number)
+        view["status"] = job.lines[number].row.status
+        job.log.emit("line", view)
+
+    def _after_line(self, job: Job) -> None:
+        """Progress after a line ended; ``done`` once nothing is left to render or rendering."""
+        if job.failure is not None or self._jobs.get(job.script_id) is not job:
+            return
+        job.emit_progress()
+        if not job.tasks and job.runner is None and not job.pending_work and not job.announced_done:
+            job.announced_done = True
+            body = job.progress()
+            body["duration_sec"] = job.progress()["audio_sec"]
+            job.log.emit("done", body)
+            log.info("script %s done: %d lines, %d failed", job.script_id, body["lines_done"], body["lines_failed"])
+
+    async def _session_gone(self, job: Job, message: str) -> None:
+        log.warning("script %s: its session is gone (%s); the render stops", job.script_id, message)
+        job.failure = "the session was deleted"
+        with contextlib.suppress(ProtocolError):
+            await asyncio.to_thread(self.store.fail_script, job.script_id, job.failure)
+        job.log.emit("error", {"code": ErrorCode.NOT_FOUND.value, "message": job.failure})
+        job.log.close()
+        if self._jobs.get(job.script_id) is job:
+            del self._jobs[job.script_id]  # its rows went with the session
+
+    # ------------------------------------------------------------------ directing a line
+    async def retake(
+        self,
+        script_id: str,
+        number: int,
+        *,
+        client: str,
+        text: str | None = None,
+        instruction: str | None = None,
+        seed: int | None = None,
+        frame: int = 0,
+    ) -> Job:
+        """Render line ``number`` again (interactive priority); overrides as for a seek: ``text`` and
+        ``instruction`` replace the line's (the whole instruction), no ``seed`` means a new one, ``frame`` keeps
+        that many frames of the line's take."""
+        job = await self.job(script_id)
+        line = self._line(job, number)
+        if job.failure is not None:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"the script failed ({job.failure})", field="script")
+        if frame and (line.row.take_id is None or frame > line.row.n_frames):
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"frame {frame} is past the {line.row.n_frames} frames of line {number}'s take",
+                field="frame",
+            )
+        await asyncio.to_thread(self.sessions.check_room, job.session_id)
+        self.state.client_takes.acquire(client)  # a retake someone waits on counts like their other takes
+        try:
+            render = {
+                "take": new_take_id(),
+                "seed": seed if seed is not None else random_seed(),
+                "text": text if text is not None else job.text_of(number),
+                "instruction": instruction if instruction is not None else job.instruction_of(number),
+                "parent": line.row.take_id,
+                "frame": frame,
+            }
+            running = job.tasks.get(number)
+            if running is not None:
+                running.cancel()  # the newest direction wins
+                await asyncio.wait([running], timeout=CLOSE_TIMEOUT_SEC)
+            await asyncio.to_thread(self.store.queue_render, job.script_id, number, render)
+            line.row.render = render
+        except BaseException:
+            self.state.client_takes.release(client)
+            raise
+        task = self._spawn(self._retake_line(job, number, client), f"retake-{script_id}-{number}")
+        job.tasks[number] = task
+        return job
+
+    async def _retake_line(self, job: Job, number: int, client: str) -> None:
+        try:
+            await self._render(job, number, TakePriority.INTERACTIVE)
+        except SessionGone as gone:
+            await self._session_gone(job, str(gone))
+        except Exception:  # a bug must not leave the line rendering forever
+            log.exception("script %s line %d: retake failed", job.script_id, number)
+            with contextlib.suppress(SessionGone):
+                await self._line_failed(job, number, "internal error")
+        finally:
+            self.state.client_takes.release(client)
+            if job.tasks.get(number) is asyncio.current_task():
+                del job.tasks[number]
+            self._after_line(job)
+
+    async def accept(self, script_id: str, number: int, take_id: str) -> Job:
+        """Make a take of the script's session line ``number``'s take (one directed in the studio)."""
+        job = await self.job(script_id)
+        line = self._line(job, number)
+        take: StoredTake = await asyncio.to_thread(self.sessions.get_take, job.session_id, take_id)
+        if take.channels != 1:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "a script's lines are mono; this take is stereo", field="take")
+        running = job.tasks.get(number)
+        if running is not None:
+            running.cancel()  # the director chose
+            await asyncio.wait([running], timeout=CLOSE_TIMEOUT_SEC)
+        text = str(take.request.get("text", line.cue.text))
+        instruction = str(take.request.get("instruction", ""))
+        text_col = None if text == line.cue.text else text
+        instruction_col = None if instruction == job.script.instruction_for(line.cue) else instruction
+        await asyncio.to_thread(
+            self.store.finish_line, job.script_id, number, take_id=take.take_id, seed=take.seed,
+            n_frames=take.n_frames, text=text_col, instruction=instruction_col,
+        )  # fmt: skip
+        line.row = LineRow(
+            number, DONE, take.seed, take.take_id, take.n_frames, text_col, instruction_col, line.row.attempts
+        )
+        job.announced_done = False
+        self._emit_line(job, number)
+        self._after_line(job)
+        return job
+
+    @staticmethod
+    def _line(job: Job, number: int) -> LineState:
+        line = job.lines.get(number)
+        if line is None:
+            raise ProtocolError(
+                ErrorCode.NOT_FOUND, f"the script has lines 1 to {len(job.lines)}, not {number}", field="line"
+            )
+        return line
+
+    async def words_of(self, job: Job) -> dict[int, list[Word]]:
+        """Word timing of each line's take, by line number, where the session store keeps it (none yet: the
+        word-timing component stores words with a take; captions by word then appear in the export)."""
+        return {}
+
+    # ------------------------------------------------------------------ events
+    def listen(self, job: Job, last_event_id: str | None) -> tuple[Any, list[Any]]:
+        """A listener of the job's events and what to send first: the missed events, or a ``state`` snapshot."""
+        snapshot = job.log.snapshot_event(job.view())
+        listener, missed = job.log.subscribe(last_event_id)
+        return listener, missed if missed is not None else [snapshot]
+
+
+__all__ = ["DONE", "FAILED", "PENDING", "EventLog", "ScriptService", "not_found"]

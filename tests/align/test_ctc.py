@@ -1,0 +1,82 @@
+"""The CTC aligner on a tiny random checkpoint that moss_rt writes in the hub layout, batched through the service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moss_rt.align.base import AlignJob
+from moss_rt.align.ctc import AlignerSourceError, CtcAligner, resolve_ctc_source, write_random_ctc_checkpoint
+from moss_rt.align.select import AlignerChoiceError, build_aligner
+from moss_rt.align.service import AlignService
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_ctc_checkpoint(tmp_path_factory.mktemp("ctc") / "tiny-ctc", size="tiny")
+
+
+def test_checkpoint_has_the_hub_layout(checkpoint: Path) -> None:
+    names = {p.name for p in checkpoint.iterdir()}
+    assert {"config.json", "model.safetensors", "vocab.json", "preprocessor_config.json"} <= names
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["architectures"] == ["Wav2Vec2ForCTC"] and config["moss_rt_random_weights"] is True
+    assert resolve_ctc_source(str(checkpoint)) == checkpoint.resolve()
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(AlignerSourceError):
+        resolve_ctc_source(str(tmp_path))
+    with pytest.raises(AlignerSourceError):
+        resolve_ctc_source("./no/such/folder")
+
+
+def test_batched_alignment_answers_every_job_in_order(checkpoint: Path) -> None:
+    aligner = CtcAligner(str(checkpoint), device="cpu", max_batch=8)
+    aligner.load()
+    assert aligner.demo and aligner.sample_rate == 16000
+    rng = np.random.default_rng(0)
+    jobs = [
+        AlignJob(rng.normal(0, 0.1, 16000 * 2).astype(np.float32), ("forty", "ships")),
+        AlignJob(rng.normal(0, 0.1, 16000 * 45).astype(np.float32), tuple("the quick brown fox".split() * 10)),
+        AlignJob(rng.normal(0, 0.1, 16000).astype(np.float32), ("hello", "world", "again"), free_end=True),
+        AlignJob(rng.normal(0, 0.1, 16000).astype(np.float32), ("你", "ok")),  # a word its vocabulary cannot spell
+    ]
+    results = aligner.align_batch(jobs)
+    assert [len(r.spans) for r in results[:2]] == [2, 40]  # 45 s went through the network in windows
+    assert len(results[2].spans) <= 3
+    assert results[3].spans[0] is None and results[3].spans[1] is not None
+    for job, result in zip(jobs, results, strict=True):
+        placed = [s for s in result.spans if s is not None]
+        assert all(0 <= s < e <= len(job.audio) / 16000 + 0.03 for s, e in placed)
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(placed, placed[1:], strict=False))
+
+
+def test_service_batches_concurrent_takes_on_one_worker(checkpoint: Path) -> None:
+    aligner = CtcAligner(str(checkpoint), device="cpu", max_batch=16)
+    service = AlignService(aligner, max_pending=32)
+    service.start()
+
+    async def scenario() -> list[int]:
+        await service.wait_loaded()
+        audio = np.random.default_rng(1).normal(0, 0.1, 16000 * 2).astype(np.float32)
+        results = await asyncio.gather(*(service.align(AlignJob(audio, ("a", "b", "c"))) for _ in range(12)))
+        return [len(r.spans) for r in results]
+
+    try:
+        assert asyncio.run(scenario()) == [3] * 12
+        assert service.jobs_done == 12
+    finally:
+        service.close()
+
+
+def test_aligner_choice() -> None:
+    assert build_aligner("none") is None
+    assert build_aligner("pocketsphinx").name == "pocketsphinx"  # type: ignore[union-attr]
+    assert build_aligner("ctc:some/model", device="cpu").name == "ctc:some/model"  # type: ignore[union-attr]
+    with pytest.raises(AlignerChoiceError):
+        build_aligner("whisper")
