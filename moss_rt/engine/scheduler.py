@@ -270,6 +270,9 @@ class Scheduler:
     def _batch_count(self) -> int:
         return sum(1 for group in (self.preparing, self.running, self.stopping) for t in group if t.batch)
 
+    def _interactive_present(self) -> bool:
+        return any(not t.batch for group in (self.waiting, self.preparing, self.running, self.stopping) for t in group)
+
     def _batch_blocks(self) -> int:
         return sum(t.blocks_promised for group in (self.preparing, self.running) for t in group if t.batch)
 
@@ -343,7 +346,8 @@ class Scheduler:
         need = runner.blocks_needed(take.positions, shared)
         spare = frozenset(match.blocks) if match is not None else frozenset()
         codec_share = kept is not None and self._can_resume_codec(kept, prefix)
-        if take.batch and self._batch_blocks() + need > self.config.batch_share * (runner.blocks.num_blocks - 1):
+        batch_cap = self.config.batch_share * (runner.blocks.num_blocks - 1)
+        if take.batch and self._batch_count() and self._batch_blocks() + need > batch_cap:
             return False  # batch work holds its share of the cache: it waits for its own takes to end
         room = self._room_for(need, keep=spec.parent_take if share or codec_share else None, spare=spare,
                               batch=take.batch)
@@ -351,6 +355,8 @@ class Scheduler:
             # The parent's kept KV blocks are in the way: give them (and its codec state) up, rebuild instead.
             codec_share = False
             room = self._room_for(need, keep=None, spare=spare, batch=take.batch)
+        if not room and take.batch and not self._interactive_present():
+            room = self._room_for(need, keep=None, spare=spare)  # no director here: kept takes of theirs may go
         if not room:
             if not self.active_count:
                 raise ValueError(
