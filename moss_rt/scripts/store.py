@@ -6,14 +6,17 @@ every query on them are here, not in ``session_store.py``; their schema version 
 (``PRAGMA user_version`` belongs to whoever owns the database), and migrations are only ever added, each applied
 once in its own transaction.
 
-    scripts       one row per script: its session, owner (the client that posted it), the script as parsed
-                  (canonical JSON), a job-level failure
+    scripts       one row per script: its session, client (the address that posted it: the key of the fair share
+                  and of the per-client caps), the script as parsed (canonical JSON), a job-level failure
     script_lines  one row per spoken line: status (pending | done | failed), the accepted take and its seed and
                   length, attempts, the last error, and ``render``: the render in progress (its take id, request,
                   parent), written before the engine is asked, so a restart resumes it under the same take id
 
 Blocking calls (SQLite): the service runs them on worker threads. One lock serialises this connection; SQLite's
 busy timeout covers the session store's own connection writing at the same moment.
+
+Who may reach a script is not recorded here: a script is its session's, so the web layer lets through whoever may
+reach the session (its owner, or a share token's holder for reads; moss_rt/web/owners.py).
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (script_id, line)
     );
     """,
+    # 2: the column named who posted the script by address; it is the client (sessions' owners are identities).
+    """
+    ALTER TABLE scripts RENAME COLUMN owner TO client;
+    DROP INDEX scripts_by_owner;
+    CREATE INDEX scripts_by_client ON scripts(client);
+    """,
 )
 
 PENDING, DONE, FAILED = "pending", "done", "failed"
@@ -71,6 +80,11 @@ PENDING, DONE, FAILED = "pending", "done", "failed"
 
 def new_script_id() -> str:
     return "sc_" + secrets.token_urlsafe(18)
+
+
+def short_script_id(script_id: str) -> str:
+    """A script id as logs show it (as sessions are, ``short_id``): enough to tell scripts apart, never to open one."""
+    return script_id[:7] + "…"
 
 
 @dataclass
@@ -91,7 +105,7 @@ class LineRow:
 class ScriptRow:
     script_id: str
     session_id: str
-    owner: str
+    client: str  # the address that posted it (fair share, per-client caps)
     title: str
     source: dict[str, Any]
     failure: str | None
@@ -142,14 +156,14 @@ class ScriptStore:
 
     # ------------------------------------------------------------------ scripts
     def create(
-        self, script_id: str, session_id: str, owner: str, title: str, source: dict[str, Any], seeds: list[int]
+        self, script_id: str, session_id: str, client: str, title: str, source: dict[str, Any], seeds: list[int]
     ) -> None:
         now = time.time()
         with self._tx() as db:
             db.execute(
-                "INSERT INTO scripts (id, session_id, owner, title, source, created, updated)"
+                "INSERT INTO scripts (id, session_id, client, title, source, created, updated)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (script_id, session_id, owner, title, json.dumps(source), now, now),
+                (script_id, session_id, client, title, json.dumps(source), now, now),
             )
             db.executemany(
                 "INSERT INTO script_lines (script_id, line, status, seed, updated) VALUES (?, ?, ?, ?, ?)",
@@ -167,7 +181,7 @@ class ScriptStore:
         return ScriptRow(
             script_id=row["id"],
             session_id=row["session_id"],
-            owner=row["owner"],
+            client=row["client"],
             title=row["title"],
             source=json.loads(row["source"]),
             failure=row["failure"],
