@@ -222,8 +222,9 @@ def pct(values: list[float], q: float) -> float | None:
 
 def rtf_during(directors: list[Director], min_overlap_s: float = 0.25) -> dict[str, float | None]:
     """Running streams' real-time factor inside the retake windows (seek sent -> that retake's first PCM, any
-    director): per stream, its audio arriving inside the windows over the time the windows overlap its running span
-    (first PCM to the last one before its director stopped it), for streams overlapping at least ``min_overlap_s``;
+    director): per stream, the audio it received inside the windows (its position interpolated between chunk
+    arrivals) over the time the windows overlap its running span (first PCM to the last one before its director
+    stopped it), for streams overlapping at least ``min_overlap_s``;
     and the slowest single chunk inside a window (its audio over the time since the stream's previous chunk).
     Replays are left out (not generated), and so is what a stream sends after its director stopped it."""
     windows = sorted(d.retake_window for d in directors if d.retake_window is not None)
@@ -247,11 +248,17 @@ def rtf_during(directors: list[Director], min_overlap_s: float = 0.25) -> dict[s
     per_stream, per_chunk = [], []
     for arrivals in streams.values():
         arrivals.sort()
-        lo, hi = arrivals[0][0], arrivals[-1][0]
-        overlap = sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged)
-        audio = sum(f for t, f in arrivals[1:] if inside(t)) * 0.08  # the first chunk opens the span
-        if overlap >= min_overlap_s:
-            per_stream.append(audio / overlap)
+        times = np.array([t for t, _ in arrivals])
+        heard = np.cumsum([f * 0.08 for _, f in arrivals])  # seconds of audio received by each arrival
+        lo_all, hi_all = times[0], times[-1]
+        gained = spent = 0.0
+        for a, b in merged:  # audio position interpolated between arrivals: no chunk-size quantisation
+            lo, hi = max(a, lo_all), min(b, hi_all)
+            if hi > lo:
+                gained += float(np.interp(hi, times, heard) - np.interp(lo, times, heard))
+                spent += hi - lo
+        if spent >= min_overlap_s:
+            per_stream.append(gained / spent)
         for (t_prev, _), (t, f) in zip(arrivals, arrivals[1:], strict=False):
             if inside(t) and t > t_prev:
                 per_chunk.append(f * 0.08 / (t - t_prev))
