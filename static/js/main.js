@@ -22,6 +22,7 @@ import { initCompare, playAB, switchAB, refreshCompare } from './compare.js';
 import { initComp } from './comp.js';
 import { initTakeList, drawAllMinis, drawLiveCards } from './takelist.js';
 import { initTransport, refreshTransport, updateMeters } from './transport.js';
+import { initWords, refreshWords, drawWords } from './words.js';
 import { installFacade } from './facade.js';
 
 /* ------------------------------------------------------------------ the modules, in order */
@@ -36,6 +37,7 @@ initDirector();
 initSessions();
 initTakeList();
 editor.initEditor();
+initWords();
 initCompare();
 initComp();
 initSelection();
@@ -45,7 +47,9 @@ render.onRefresh(refreshTransport);
 render.onRefresh(editor.refreshEditorButtons);
 render.onRefresh(refreshCompare);
 render.onRefresh(editor.refreshRegion);
+render.onRefresh(refreshWords);
 render.onDraw(editor.drawEditor);
+render.onDraw(drawWords);
 render.onDraw(updateMeters);
 render.onDraw(drawLiveCards);
 render.keepDrawingWhile(() => !!(playback.current() || liveTake()));

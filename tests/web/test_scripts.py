@@ -51,10 +51,11 @@ BEFORE = {1: 0, 2: GAP, 3: PAUSE + GAP, 4: SCENE_GAP, 5: GAP, 6: GAP}
 
 
 def start_server(tmp: Path, **overrides: Any) -> ServerThread:
+    """A scripted-engine server; without a word aligner (captions by word are tests/web/test_words.py's)."""
     factory = overrides.pop("engine_factory", scripted)
     settings = Settings(
         host="127.0.0.1", port=free_port(), data_dir=tmp / "data", voices_dir=tmp / "voices", engine="scripted",
-        frame_ms=2.0, max_lead_sec=0.0,
+        frame_ms=2.0, max_lead_sec=0.0, aligner="none",
     ).replace(**overrides)  # fmt: skip
     thread = ServerThread(settings, factory(settings))
     thread.start()
@@ -277,7 +278,7 @@ def test_the_zip_holds_every_line_and_a_mix_joined_to_the_sample(
     assert names == sorted([
         "lines/001-ANNA.wav", "lines/002-BEN.wav", "lines/003-ANNA.wav", "lines/004-BEN.wav", "lines/005-ANNA.wav",
         "lines/006-BEN.wav", "mix.wav", "cues.csv", "cues.json", "captions/lines.srt", "captions/lines.vtt",
-        "script.json",
+        "captions/words.srt", "captions/words.vtt", "script.json",
     ])  # fmt: skip
     lines = {int(name[6:9]): pcm_of(z.read(name)) for name in names if name.startswith("lines/")}
     state = rendered["state"]
@@ -299,6 +300,9 @@ def test_the_zip_holds_every_line_and_a_mix_joined_to_the_sample(
     srt = z.read("captions/lines.srt").decode()
     assert srt.startswith("1\n00:00:00,000 --> ") and "\nANNA: Good morning, Ben.\n" in srt and srt.count(" --> ") == 6
     assert z.read("captions/lines.vtt").decode().startswith("WEBVTT\n\n00:00:00.000 --> ")
+    # No aligner on this server: captions by word fall back to one cue per line.
+    assert z.read("captions/words.srt") == z.read("captions/lines.srt")
+    assert z.read("captions/words.vtt") == z.read("captions/lines.vtt")
     assert json.loads(z.read("script.json"))["rendered"] == state["lines"]
     # FLAC is lossless: the same samples, encoded.
     flac = export(jar, server.url, rendered["script"], format="flac")
