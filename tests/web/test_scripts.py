@@ -431,6 +431,45 @@ def test_a_take_directed_in_the_studio_is_accepted_as_the_line(server: RunningSe
     assert np.array_equal(pcm_of(z.read("lines/003-ANNA.wav")), pcm_of(take_wav.content))
 
 
+def test_resume_again_brings_the_lines_rendered_since_onto_the_socket(server: RunningServer, jar: OwnerJar) -> None:
+    """The studio's Script panel: a socket bound to the session before a render's lines were stored does not hold
+    them (a seek is not_found); a second `resume` of the same session lists them and adopts them, and a seek on a
+    line's take then retakes it."""
+    first = post(jar, server.url, "ANNA: Hello there.\n").json()
+    session = wait_done(jar, server.url, first["script"])["session"]
+
+    async def scenario() -> tuple[dict[str, Any], set[str], str]:
+        async with await jar.connect(server.ws_url, max_size=None) as ws:
+
+            async def next_json() -> dict[str, Any]:
+                while True:
+                    data = await ws.recv()
+                    if data[0] == 0:
+                        return dict(json.loads(data[5:]))
+
+            await ws.send(json.dumps({"type": "resume", "session": session}))
+            while (msg := await next_json())["type"] != "session":
+                pass
+            # A render into the bound session, after the socket resumed it.
+            later = post(jar, server.url, "BEN: Later on.\nANNA: Much later.\n", session=session).json()
+            line = (await asyncio.to_thread(wait_done, jar, server.url, later["script"]))["lines"][0]
+            await ws.send(json.dumps({"type": "seek", "take": line["take"], "frame": 0, "mode": "replay"}))
+            while (refused := await next_json())["type"] != "error":
+                pass
+            await ws.send(json.dumps({"type": "resume", "session": session}))
+            while (again := await next_json())["type"] != "session":
+                pass
+            listed = {t["take_id"] for t in again["takes"]}
+            await ws.send(json.dumps({"type": "seek", "take": line["take"], "frame": 2, "seed": 3}))
+            while (msg := await next_json())["type"] != "end":
+                assert msg["type"] != "error", msg
+            return refused, listed, line["take"]
+
+    refused, listed, line_take = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert refused["code"] == "not_found" and refused.get("field") == "take"
+    assert line_take in listed
+
+
 def test_delete_stops_the_render_and_keeps_the_takes(tmp_path: Path) -> None:
     jar = OwnerJar()
     thread = start_server(tmp_path, frame_ms=20.0, max_slots=2)
