@@ -11,46 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moss_rt.config import Settings, add_setting_flags, settings_from_env, settings_from_flags
-from moss_rt.engine.base import Engine
+from moss_rt.config import add_setting_flags, settings_from_env, settings_from_flags
+from moss_rt.logging_setup import setup_logging
+from moss_rt.serving import build_engine
 
 log = logging.getLogger("moss_rt")
 # Connection errors that mean "nothing answers there": refused, host or network unreachable, timed out.
 _UNREACHABLE = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT, errno.EADDRNOTAVAIL}
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
-
-
-def build_engine(settings: Settings) -> Engine:
-    """The engine named by settings (imported lazily: the scripted one needs no torch, and only
-    cluster mode imports Ray)."""
-    if settings.cluster:
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise SystemExit("--cluster needs Ray: pip install -r requirements-cluster.txt (docs/cluster.md)")
-        from moss_rt.cluster.router import ClusterEngine
-
-        return ClusterEngine(settings)
-    if settings.engine == "scripted":
-        from moss_rt.engine.scripted import ScriptedEngine
-
-        return ScriptedEngine(
-            frame_ms=settings.frame_ms,
-            max_slots=settings.max_slots,
-            max_queue=settings.max_queue,
-            max_lead_sec=settings.max_lead_sec,
-        )
-    if settings.engine == "moss":
-        from moss_rt.engine.moss import MossEngine
-
-        return MossEngine(settings)
-    raise SystemExit(f"unknown engine {settings.engine!r} (moss or scripted)")
 
 
 # --------------------------------------------------------------------------- serve
@@ -67,7 +34,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 def run_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from moss_rt.web import create_app
+    from moss_rt.web.app import create_app
     from moss_rt.web.state import STATE
 
     settings = settings_from_flags(args, args.base)
@@ -389,4 +356,4 @@ def main(argv: list[str] | None = None, *, prog: str = "moss-rt") -> int:
     return int(args.func(args))
 
 
-__all__ = ["build_engine", "build_parser", "main"]
+__all__ = ["build_parser", "main"]

@@ -24,8 +24,10 @@ from prometheus_client import generate_latest
 
 from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine, EngineBusy, EngineInfo, TakeEvent, TakeHandle, TakeSpec
+from moss_rt.engine.factory import build_local_engine
 from moss_rt.engine.kept_digests import DigestDelta, KeptDigests
 from moss_rt.engine.prompt_names import PromptRecipe
+from moss_rt.logging_setup import setup_logging
 from moss_rt.protocol import ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -121,10 +123,8 @@ class EngineReplica:
 
     def _ensure_started(self) -> asyncio.Task[None]:
         if self._starting is None:
-            from moss_rt.cli import build_engine, setup_logging
-
             setup_logging(self._settings.log_level)
-            self._engine = build_engine(self._settings)
+            self._engine = build_local_engine(self._settings)
             self._starting = asyncio.get_running_loop().create_task(self._start(), name=f"{self._name}-start")
         return self._starting
 

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from moss_rt.model.config import MossTTSConfig
-from moss_rt.model.fused_weights import fuse_projections
-from moss_rt.model.network import MossTTSLocalModel
+from moss_rt.model.network import MossTTSLocalModel, build_model
 from moss_rt.model.prompt import load_tokenizer
+from moss_rt.model.tiny import write_tiny_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +120,6 @@ def _is_demo(path: Path) -> bool:
 
 
 def _tiny_source(tiny_dir: str | Path | None) -> ModelSource:
-    from moss_rt.model.tiny import write_tiny_checkpoint
-
     folder = Path(tiny_dir) if tiny_dir is not None else tiny_cache_dir()
     if not _is_checkpoint_dir(folder):
         write_tiny_checkpoint(folder)
@@ -204,18 +202,6 @@ def load_weights(model: MossTTSLocalModel, folder: Path, device: torch.device) -
                     )
                 param.copy_(tensor)
                 del tensor
-
-
-def build_model(config: MossTTSConfig, device: torch.device, dtype: torch.dtype) -> MossTTSLocalModel:
-    """Parameters allocated once, uninitialised, directly on the target device."""
-    with torch.device("meta"):
-        model = MossTTSLocalModel(config).to(dtype)  # dtype change on meta costs nothing
-    model = model.to_empty(device=device)
-    model.tie_weights()
-    # q/k/v and gate/up weights as views into one tensor each (fused_weights.py): one GEMM each on the fused
-    # path, same memory and names. Before loading, so the loader writes straight through the views.
-    fuse_projections(model)
-    return model.eval().requires_grad_(False)
 
 
 def load_model(

@@ -19,7 +19,7 @@ from torch import nn
 
 from moss_rt.model import chunk_attention, fused_layers, fused_local, paged_attention
 from moss_rt.model.config import BackboneConfig, LocalConfig, MossTTSConfig
-from moss_rt.model.fused_weights import fused_weight
+from moss_rt.model.fused_weights import fuse_projections, fused_weight
 from moss_rt.model.layers import (
     RMSNorm,
     activation,
@@ -424,3 +424,16 @@ class MossTTSLocalModel(nn.Module):
                 emb = self.audio_embeddings[k](codes[:, k]).to(hidden.dtype)
                 z = self.local_transformer.step(emb, cos[k + 1], sin[k + 1], buffers, k + 1)
         return stop, torch.stack(audio, dim=1)
+
+
+def build_model(config: MossTTSConfig, device: torch.device, dtype: torch.dtype) -> MossTTSLocalModel:
+    """The network with its parameters allocated once, uninitialised, directly on the target device (the loader
+    then fills them from a checkpoint, the tiny model from its random generator)."""
+    with torch.device("meta"):
+        model = MossTTSLocalModel(config).to(dtype)  # dtype change on meta costs nothing
+    model = model.to_empty(device=device)
+    model.tie_weights()
+    # q/k/v and gate/up weights as views into one tensor each (fused_weights.py): one GEMM each on the fused
+    # path, same memory and names. Before loading, so the loader writes straight through the views.
+    fuse_projections(model)
+    return model.eval().requires_grad_(False)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from moss_rt.model.config import BackboneConfig, LocalConfig, MossTTSConfig
-from moss_rt.model.network import MossTTSLocalModel
+from moss_rt.model.network import MossTTSLocalModel, build_model
 from moss_rt.model.safetensors_stream import write_streaming
 
 logger = logging.getLogger(__name__)
@@ -212,8 +212,6 @@ def build_random_model(
 ) -> MossTTSLocalModel:
     """The model ``write_checkpoint`` writes with the same arguments, built in memory (the same values once cast
     to ``dtype``), without the round trip through the disk."""
-    from moss_rt.model.loader import build_model
-
     device = torch.device(device)
     model = build_model(config, device, dtype)
     params = model.state_dict(keep_vars=True)

@@ -354,8 +354,8 @@ async def serve_in_process(settings: Any, ready_timeout: float = 600.0) -> tuple
 
     from aiohttp import web
 
-    from moss_rt.cli import build_engine
-    from moss_rt.web import create_app
+    from moss_rt.serving import build_engine
+    from moss_rt.web.app import create_app
     from moss_rt.web.state import STATE
 
     with socket.socket() as s:

@@ -22,7 +22,7 @@ BUDGET_SEC = 60.0
 
 def test_document_lists_every_http_route(fast_server, tmp_path) -> None:
     from moss_rt.config import Settings
-    from moss_rt.web import create_app
+    from moss_rt.web.app import create_app
     from tests.web.conftest import scripted
 
     settings = Settings(data_dir=tmp_path / "d", voices_dir=tmp_path / "v")
