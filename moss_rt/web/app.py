@@ -16,7 +16,7 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SEQ_LEN
 from moss_rt.heard_audio import HeardAudio
-from moss_rt.session import TakeStore
+from moss_rt.session import RecentTakes
 from moss_rt.session_store import SessionStore, StoreBudget
 from moss_rt.voices import VoiceStore
 from moss_rt.web.access_log import RedactingAccessLogger
@@ -80,7 +80,7 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
         settings=settings,
         engine=engine,
         voices=voices,
-        takes=TakeStore(),
+        takes=RecentTakes(),
         sessions=sessions,
         owner_cookies=OwnerCookies.load(settings.data_dir) if sessions is not None else None,
         archive_slots=ArchiveSlots(settings.max_concurrent_archives),
