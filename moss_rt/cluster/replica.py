@@ -23,7 +23,16 @@ import numpy as np
 from prometheus_client import generate_latest
 
 from moss_rt.config import Settings
-from moss_rt.engine.base import EndReason, Engine, EngineBusy, EngineInfo, TakeEvent, TakeHandle, TakeSpec
+from moss_rt.engine.base import (
+    EndReason,
+    Engine,
+    EngineBusy,
+    EngineInfo,
+    EngineStatus,
+    TakeEvent,
+    TakeHandle,
+    TakeSpec,
+)
 from moss_rt.engine.factory import build_local_engine
 from moss_rt.engine.kept_digests import DigestDelta, KeptDigests
 from moss_rt.engine.prompt_names import PromptRecipe
@@ -74,8 +83,7 @@ class ReplicaStatus:
 
     name: str
     incarnation: str  # new after every (re)start: caches held by an earlier one are gone
-    ready: bool
-    status: str  # loading | ready | failed | stopped
+    state: EngineStatus  # LOADING (warming up included), READY or FAILED
     active: int
     queued: int
     capacity: int  # slots + queue places
@@ -87,6 +95,10 @@ class ReplicaStatus:
     # The prompt blocks its engine keeps, as changes since the poller's cursor (None: the engine keeps none).
     prompt_blocks: DigestDelta | None = None
     slots: int = 0  # takes it generates at once (0: unknown)
+
+    @property
+    def ready(self) -> bool:
+        return self.state is EngineStatus.READY
 
     @property
     def free(self) -> int:
@@ -148,17 +160,18 @@ class EngineReplica:
         engine = self._engine
         kept: KeptDigests | None = getattr(engine, "kept_prompts", None)
         info = engine.info if engine is not None else None
-        ready = info is not None and info.ready
         s = self._settings
-        state = "failed" if self._error else ("ready" if ready else "loading")
+        if self._error:
+            state = EngineStatus.FAILED
+        else:
+            state = EngineStatus.READY if info is not None and info.ready else EngineStatus.LOADING
         # The engine's memory plan decides its slots when --max-slots is 0 (the default).
-        plan = getattr(engine, "memory_plan", None)
+        plan = None if info is None else info.memory_plan
         slots = plan.max_slots if plan is not None else s.max_slots
         return ReplicaStatus(
             name=self._name,
             incarnation=self._incarnation,
-            ready=ready,
-            status=state,
+            state=state,
             active=int(getattr(engine, "active_count", 0)),
             queued=int(getattr(engine, "queued_count", 0)),
             capacity=slots + s.max_queue,

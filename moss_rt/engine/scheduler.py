@@ -50,7 +50,7 @@ from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prefill_pace import MIN_ROWS_PER_PASS
 from moss_rt.engine.prompt_cache import Match, PromptCache
 from moss_rt.engine.prompts import frames_room
-from moss_rt.engine.slots import Phase, Retained, RetainedCaches, Take
+from moss_rt.engine.slots import CacheReuse, CodecSource, Phase, Retained, RetainedCaches, Take
 from moss_rt.generation import N_CODEBOOKS
 
 if TYPE_CHECKING:
@@ -377,11 +377,11 @@ class Scheduler:
             # The parent's cache holds prompt + its frames: share its blocks up to frame n.
             runner.attach(take.model_slot, kept.blocks, shared)
             take.prefilled = len(prompt)
-            take.reuse_path = "share"
+            take.reuse_path = CacheReuse.SHARE
             if not runner.reserve(take.model_slot, take.positions, shared):  # pragma: no cover
                 raise RuntimeError("the KV pool could not keep its promise")  # _room_for checked it
         else:
-            take.reuse_path = "reprefill" if n else "fresh"
+            take.reuse_path = CacheReuse.REPREFILL if n else CacheReuse.FRESH
             take.prompt_keys = keys
             assert match is not None
             # _room_for made the room this needs (PoolExhausted here would be a bookkeeping bug).
@@ -395,8 +395,8 @@ class Scheduler:
         )
         take.decoder = self._open_codec_state(take, kept if codec_share else None)
         if n:
-            self.metrics.seeks.labels(take.reuse_path).inc()
-        self.metrics.codec_states.labels(take.codec_source).inc()
+            self.metrics.seeks.labels(take.reuse_path.value).inc()
+        self.metrics.codec_states.labels(take.codec_source.value).inc()
         return True
 
     def _can_resume_codec(self, kept: Retained, prefix: np.ndarray) -> bool:
@@ -420,9 +420,9 @@ class Scheduler:
             log.warning("codec state pools full although every kept state was given back")
         if kept is not None and kept.codec is not None and self.decoder.can_resume(kept.codec, n):
             state = self.decoder.resume(kept.codec, n, max_frames=cap)
-            take.rebuilt, take.codec_source = n, "shared"
+            take.rebuilt, take.codec_source = n, CodecSource.SHARED
             return state
-        take.rebuilt, take.codec_source = 0, ("rebuilt" if n else "fresh")
+        take.rebuilt, take.codec_source = 0, (CodecSource.REBUILT if n else CodecSource.FRESH)
         return self.decoder.new_state(max_frames=cap)
 
     @staticmethod
