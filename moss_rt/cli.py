@@ -167,9 +167,7 @@ def unreachable_hint(url: str, exc: BaseException) -> str:
 def run_say(args: argparse.Namespace) -> int:
     setup_logging("WARNING")
     if args.model is not None:
-        from moss_rt.model.commands import say_codes_command
-
-        return say_codes_command(args)
+        return _say_locally(args)
     from websockets.exceptions import InvalidHandshake, InvalidURI
 
     from moss_rt.client import DirectingClient, ServerError, fetch_words, http_stream
@@ -220,6 +218,20 @@ def run_say(args: argparse.Namespace) -> int:
     end = take.end  # type: ignore[attr-defined]
     print(f"wrote {output}: {take.duration_sec:.2f} s, take {take.take_id}, end {end.get('reason')}")  # type: ignore[attr-defined]
     return 0
+
+
+def _say_locally(args: argparse.Namespace) -> int:
+    """``say --model``: the checkpoint in this process, no service (the tiny one lives in the data dir)."""
+    from moss_rt.engine.resolve import tiny_root
+    from moss_rt.model.commands import SayCodes, say_codes_command
+
+    request = SayCodes(
+        model=args.model, text=args.text, instruction=args.instruction, language=args.language,
+        reference=args.reference, seed=args.seed, tokens=args.tokens, temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens, codes_out=args.codes_out, device=args.device, codec=args.codec,
+        output=args.output, channels=args.channels, tiny_dir=tiny_root(settings_from_env()) / "model",
+    )  # fmt: skip
+    return say_codes_command(request)
 
 
 def _write_words(args: argparse.Namespace, take: Any, fetch: Any) -> None:
@@ -336,9 +348,9 @@ def add_make_tiny(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 def run_make_tiny(args: argparse.Namespace) -> int:
     setup_logging("INFO")
-    from moss_rt.model.commands import make_tiny_command
+    from moss_rt.model.commands import MakeTiny, make_tiny_command
 
-    return make_tiny_command(args)
+    return make_tiny_command(MakeTiny(dir=args.dir, seed=args.seed, dtype=args.dtype))
 
 
 def build_parser(prog: str = "moss-rt") -> argparse.ArgumentParser:

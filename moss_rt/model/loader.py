@@ -74,8 +74,8 @@ def _is_checkpoint_dir(path: Path) -> bool:
 
 
 def tiny_cache_dir() -> Path:
-    root = os.environ.get("MOSS_RT_CACHE") or os.path.join(tempfile.gettempdir(), "moss_rt")
-    return Path(root) / "tiny-seed0"
+    """Where the tiny model is written when no folder is given (the service and the CLI give their data dir's)."""
+    return Path(tempfile.gettempdir()) / "moss_rt" / "tiny-seed0"
 
 
 def resolve_model_source(
@@ -211,11 +211,12 @@ def load_model(
     dtype: torch.dtype | str = torch.float32,
     cache_dir: str | Path | None = None,
     offline: bool | None = None,
+    tiny_dir: str | Path | None = None,
 ) -> LoadedModel:
     import time
 
     t0 = time.perf_counter()
-    source = resolve_model_source(str(spec), cache_dir=cache_dir, offline=offline)
+    source = resolve_model_source(str(spec), cache_dir=cache_dir, offline=offline, tiny_dir=tiny_dir)
     config = MossTTSConfig.from_file(source.path / "config.json")
     device = torch.device(device)
     if isinstance(dtype, str):
