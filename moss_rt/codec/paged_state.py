@@ -153,10 +153,6 @@ class KeptBlocks:
     dropped: bool = False
     _release: object = field(default=None, repr=False)  # the decoder's finalizer (drops it if collected)
 
-    @property
-    def block_count(self) -> int:
-        return sum(len(b) for b in self.blocks)
-
 
 class BlockTables:
     """Free lists, reservations and the block table of every stage (see the module docstring).

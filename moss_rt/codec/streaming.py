@@ -310,12 +310,6 @@ class StreamingDecoder:
             fin.detach()
         self._tables.drop(kept)
 
-    def kept_bytes(self, kept: KeptBlocks) -> int:
-        """Bytes of K/V blocks a kept state holds (some may be shared with retakes)."""
-        return 0 if kept.dropped else sum(
-            len(b) * st.geom.block_bytes for b, st in zip(kept.blocks, self._stages.values(), strict=True)
-        )
-
     def scratch_state(self) -> DecoderState:
         """A state on the scratch row (never a stream's; its own few blocks): for padding rows of a batched call,
         whose output is thrown away. Any number of them may share the row; it is never given back."""

@@ -366,7 +366,6 @@ class Scheduler:
             return False
         take.phase = Phase.PREPARING
         take.prep_started = time.monotonic()
-        take.capped_by_cache = n + spec.max_frames > frames_left
         take.blocks_promised = need
         take.frames = take.flushed = n
         take.codes = list(prefix)

@@ -76,7 +76,6 @@ class Take:
     blocks_promised: int = 0  # KV blocks its admission reserved (what a batch take counts against its share)
     frames: int = 0  # frames of the take so far (the next frame's index)
     frame_cap: int = 0  # total frames allowed (prefix + max_new_tokens, bounded by the cache)
-    capped_by_cache: bool = False
     codes: list[np.ndarray] = field(default_factory=list)  # every frame [12] of the take, prefix included
     flushed: int = 0  # frames handed to the codec (the prefix counts as sent)
     # The codec worker's call holding the take's latest frames: the take ends (its codec state closed, its end

@@ -374,10 +374,6 @@ class MossTTSLocalModel(nn.Module):
         for emb, head in zip(self.audio_embeddings, self.audio_lm_heads, strict=True):
             head.weight = emb.weight
 
-    def checkpoint_keys(self) -> list[str]:
-        """All tensor names of the on-disk layout, tied copies included (438 for the real model)."""
-        return list(self.state_dict(keep_vars=True).keys())
-
     # ------------------------------------------------------------------ pieces used by the runner
     def embed_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """rows [...,1+n_vq] int64 -> [...,H]: text embedding + sum of code embeddings; pad codes add 0."""

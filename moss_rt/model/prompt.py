@@ -9,7 +9,7 @@ continuation (prompt audio) rows the assistant slot id.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -21,10 +21,6 @@ NO_REFERENCE = "None"
 USER_SUFFIX = "\n</user_inst>"
 TURN_BREAK = "\n"
 ASSISTANT_ROLE = "assistant\n"
-
-
-class TextEncoder(Protocol):
-    def encode(self, text: str, add_special_tokens: bool = ...) -> Any: ...
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:

@@ -602,7 +602,6 @@ class Words(ServerMessage):
 SERVER_TYPES: dict[str, type[ServerMessage]] = {
     cls.type: cls for cls in (Hello, TakeStarted, SeekAck, TakeEnded, ErrorMessage, Pong, SessionResumed, Words)
 }
-SERVER_REQUIRED: dict[str, tuple[str, ...]] = {kind: cls.required for kind, cls in SERVER_TYPES.items()}
 
 
 def hello(

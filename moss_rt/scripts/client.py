@@ -45,7 +45,6 @@ class RenderResult:
     session_id: str
     title: str
     lines_done: int = 0
-    lines_failed: int = 0
     audio_sec: float = 0.0
     files: list[Path] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)

@@ -142,15 +142,6 @@ async def render_line(
     return Rendered(take_id, stored.seed, stored.n_frames, request.text, request.instruction)
 
 
-async def ensure_room(sessions: SessionStore, session_id: str) -> None:
-    """The session can keep one more take within its own cap and the storage budgets (moss_rt/session_store.py);
-    :class:`LineNoRoom` with the store's message if not, :class:`SessionGone` if the session was deleted."""
-    try:
-        await asyncio.to_thread(sessions.check_room, session_id)
-    except ProtocolError as err:
-        raise _refusal(err) from None
-
-
 def _refusal(err: ProtocolError) -> Exception:
     """What the store's refusal to keep a line's take means for the line."""
     if err.code is ErrorCode.NOT_FOUND and err.field == "session":

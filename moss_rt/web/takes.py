@@ -79,14 +79,6 @@ async def pump_events(handle: TakeHandle, run: int, lifecycle: TakeLifecycle, pe
             await aclose()
 
 
-async def take_audio(state: ServiceState, take: TakeRecord) -> bytes:
-    """A take's int16 PCM as it was streamed when still held, else rendered again from its codes."""
-    heard = state.heard.get(take.take_id, take.n_frames, bytes_per_frame(take))
-    if heard is not None:
-        return heard
-    return await state.engine.render(take.codes, take.request.channels)
-
-
 @asynccontextmanager
 async def held_take_audio(state: ServiceState, take: TakeRecord, *, client: str | None = None) -> AsyncIterator[bytes]:
     """A take's int16 PCM while inside: as streamed when still held, else a render of its codes reserved within
