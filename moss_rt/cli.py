@@ -63,26 +63,31 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 def run_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from moss_rt.storage.database import StoreConfigError, StoreUnavailable
     from moss_rt.web import create_app
     from moss_rt.web.state import STATE
 
     settings = settings_from_flags(args, args.base)
     setup_logging(settings.log_level)
     engine = build_engine(settings)
-    app = create_app(settings, engine, exit_on_engine_failure=True)
-    log.info("moss_rt on http://%s:%d (engine %s%s)", settings.host, settings.port, settings.engine,
-             f", cluster {settings.cluster}" if settings.cluster else "")
-    # run_app turns SIGTERM and SIGINT into a graceful exit: stop listening, then the app's
-    # on_shutdown ends running takes with reason "shutdown" and closes sockets with 1001.
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        print=None,
-        handler_cancellation=True,
-        shutdown_timeout=settings.shutdown_grace_sec,
-        reuse_port=settings.reuse_port or None,
-    )
+    try:
+        app = create_app(settings, engine, exit_on_engine_failure=True)
+        log.info("moss_rt on http://%s:%d (engine %s%s)", settings.host, settings.port, settings.engine,
+                 f", cluster {settings.cluster}" if settings.cluster else "")
+        # run_app turns SIGTERM and SIGINT into a graceful exit: stop listening, then the app's
+        # on_shutdown ends running takes with reason "shutdown" and closes sockets with 1001.
+        web.run_app(
+            app,
+            host=settings.host,
+            port=settings.port,
+            print=None,
+            handler_cancellation=True,
+            shutdown_timeout=settings.shutdown_grace_sec,
+            reuse_port=settings.reuse_port or None,
+        )
+    except (StoreConfigError, StoreUnavailable) as exc:  # the session store cannot be used: say why, exit non-zero
+        print(f"moss_rt: the session store cannot be opened: {exc}", file=sys.stderr)
+        return 1
     failure = app[STATE].engine_failure
     if failure is not None:
         print(f"moss_rt: the engine failed to start: {failure}", file=sys.stderr)

@@ -35,9 +35,31 @@ def test_migrations_are_versioned_and_applied_once(tmp_path: Path) -> None:
     again.close()
     with sqlite3.connect(path) as db:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert {"scripts", "script_lines", "script_schema", "sessions", "takes"} <= tables
-        assert db.execute("SELECT COUNT(*) FROM script_schema").fetchone()[0] == 1
+        assert {"scripts", "script_lines", "schema_migrations", "sessions", "takes"} <= tables
+        applied = db.execute("SELECT version FROM schema_migrations WHERE component = 'scripts'").fetchall()
+        assert sorted(v for (v,) in applied) == list(range(1, len(MIGRATIONS) + 1))
     sessions.close()
+
+
+def test_a_database_of_the_older_bookkeeping_is_adopted_not_migrated_again(tmp_path: Path) -> None:
+    SessionStore(tmp_path).close()
+    path = tmp_path / "sessions.sqlite3"
+    with sqlite3.connect(path) as db:  # what the previous release left: its own version table, migration 1 in
+        for table in ("schema_migrations", "front_ends", "store_secrets", "scripts", "script_lines"):
+            db.execute(f"DROP TABLE IF EXISTS {table}")
+        db.execute("PRAGMA user_version = 1")
+        db.execute("CREATE TABLE script_schema (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO script_schema VALUES (1)")
+        db.executescript(str(MIGRATIONS[0].sqlite))
+    again = SessionStore(tmp_path)
+    scripts = ScriptStore(path)  # adopts version 1, runs only the leases
+    assert scripts.schema_version == len(MIGRATIONS)
+    scripts.create(new_script_id(), again.create(), "o", "t", {}, [1], runner="fe_x", lease_sec=60)
+    with sqlite3.connect(path) as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert "script_schema" not in tables
+    scripts.close()
+    again.close()
 
 
 def test_lines_record_renders_results_and_failures(stores: tuple[SessionStore, ScriptStore]) -> None:

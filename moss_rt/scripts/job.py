@@ -60,6 +60,7 @@ class Job:
     tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)  # a render running per line
     runner: asyncio.Task[None] | None = None  # the batch render of the lines that need one
     announced_done: bool = False
+    elsewhere: bool = False  # another front end renders it now (its events are not seen here)
     _last_progress: dict[str, Any] | None = None
     _scenes: dict[int, int] = field(default_factory=dict)  # line → scene (the script never changes)
 
