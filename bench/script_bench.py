@@ -158,7 +158,9 @@ def first_audio(takes: list[dict[str, Any]], t_from: float | None = None, t_to: 
 async def render(url: str, script: dict[str, Any]) -> dict[str, Any]:
     """Post the script and follow its events to ``done``: wall time and the audio it made."""
     timeout = aiohttp.ClientTimeout(total=None, sock_read=900)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
+    # The script is its session's, and the session the owner cookie's the post is given: keep it (unsafe: the
+    # server is addressed by IP).
+    async with aiohttp.ClientSession(timeout=timeout, cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
         t0 = time.perf_counter()
         async with http.post(url + "/api/scripts", json=script) as r:
             body = await r.json()
@@ -168,6 +170,8 @@ async def render(url: str, script: dict[str, Any]) -> dict[str, Any]:
         first_line: float | None = None
         async with http.get(f"{url}/api/scripts/{body['script']}/events",
                             headers={"Last-Event-ID": body["event_id"]}) as events:  # fmt: skip
+            if events.status != 200:
+                raise RuntimeError(f"no event stream: {await events.text()}")
             async for _, kind, data in sse_events(events):
                 if kind == "line" and data["status"] == "done" and first_line is None:
                     first_line = time.perf_counter()

@@ -246,6 +246,9 @@ def add_render(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--device", default=None, help="with --local: auto | cpu | cuda | cuda:N")
     p.add_argument("--data-dir", type=Path, default=None, help="with --local: data folder (sessions, voices)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--owner-file", type=Path, default=None, help="where the owner cookies of keyless servers are "
+                   "kept, so that a later run (--script-id, --session) acts as the same owner (default "
+                   "$XDG_STATE_HOME/moss_rt/owners.json, i.e. ~/.local/state/moss_rt/owners.json)")
     p.set_defaults(func=run_render)
 
 
@@ -253,7 +256,7 @@ def run_render(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from moss_rt.scripts.client import RenderError, render_script, serve_in_process
+    from moss_rt.scripts.client import OwnerFile, RenderError, default_owner_file, render_script, serve_in_process
 
     setup_logging("WARNING")
     if args.script is None and args.script_id is None:
@@ -267,17 +270,22 @@ def run_render(args: argparse.Namespace) -> int:
             print(f"error: --cast {args.cast}: {exc}", file=sys.stderr)
             return 1
 
+    owners = OwnerFile(args.owner_file or default_owner_file())
+
     async def _render() -> object:
-        url, runner = args.url, None
+        url, runner, owners_key = args.url, None, None
         if args.local:
             overrides = {k: getattr(args, k) for k in ("engine", "model", "codec", "device", "data_dir")}
             settings = settings_from_env().replace(**{k: v for k, v in overrides.items() if v is not None})
             url, runner = await serve_in_process(settings)
+            # A new port every run: the owner is the data dir's (its secret signs the cookie).
+            owners_key = f"local:{settings.data_dir.resolve()}"
         try:
             return await render_script(
                 url, args.output, script_path=args.script, script_id=args.script_id, cast=cast,
                 session=args.session, fmt=args.format, sample_rate=args.sample_rate,
-                api_key=os.environ.get("MOSS_RT_API_KEY"), progress=not args.no_progress,
+                api_key=os.environ.get("MOSS_RT_API_KEY"), progress=not args.no_progress, owners=owners,
+                owners_key=owners_key,
             )  # fmt: skip
         finally:
             if runner is not None:

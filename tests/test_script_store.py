@@ -41,34 +41,45 @@ def test_migrations_are_versioned_and_applied_once(tmp_path: Path) -> None:
     sessions.close()
 
 
-def test_a_database_of_the_older_bookkeeping_is_adopted_not_migrated_again(tmp_path: Path) -> None:
-    SessionStore(tmp_path).close()
+def test_a_database_of_the_first_version_is_adopted_upgraded_and_keeps_its_scripts(tmp_path: Path) -> None:
+    sessions = SessionStore(tmp_path)
     path = tmp_path / "sessions.sqlite3"
-    with sqlite3.connect(path) as db:  # what the previous release left: its own version table, migration 1 in
-        for table in ("schema_migrations", "front_ends", "store_secrets", "scripts", "script_lines"):
-            db.execute(f"DROP TABLE IF EXISTS {table}")
-        db.execute("PRAGMA user_version = 1")
-        db.execute("CREATE TABLE script_schema (version INTEGER NOT NULL)")
-        db.execute("INSERT INTO script_schema VALUES (1)")
-        db.executescript(str(MIGRATIONS[0].sqlite))
-    again = SessionStore(tmp_path)
-    scripts = ScriptStore(path)  # adopts version 1, runs only the leases
-    assert scripts.schema_version == len(MIGRATIONS)
-    scripts.create(new_script_id(), again.create(), "o", "t", {}, [1], runner="fe_x", lease_sec=60)
+    session = sessions.create()
+    # The tables as the first version made them, with a script in them, versioned by the older bookkeeping.
     with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE script_schema (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO script_schema (version) VALUES (1)")
+        db.executescript(str(MIGRATIONS[0].sqlite))
+        db.execute(
+            "INSERT INTO scripts (id, session_id, owner, title, source, created, updated)"
+            " VALUES ('sc_old_one_of_version_1', ?, '10.0.0.9', 'Old', '{}', 1, 1)",
+            (session,),
+        )
+        db.execute(
+            "INSERT INTO script_lines (script_id, line, status, seed, updated)"
+            " VALUES ('sc_old_one_of_version_1', 1, 'pending', 5, 1)"
+        )
+    store = ScriptStore(path)
+    assert store.schema_version == len(MIGRATIONS) == 3  # version 1 adopted; the rename and the leases applied
+    row = store.get("sc_old_one_of_version_1")
+    assert (row.client, row.title, [x.seed for x in row.lines]) == ("10.0.0.9", "Old", [5])  # the address it had
+    assert store.unfinished() == ["sc_old_one_of_version_1"]
+    store.close()
+    with sqlite3.connect(path) as db:
+        indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert "scripts_by_client" in indexes and "scripts_by_owner" not in indexes
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert "script_schema" not in tables
-    scripts.close()
-    again.close()
+        assert "script_schema" not in tables  # one bookkeeping: schema_migrations
+    sessions.close()
 
 
 def test_lines_record_renders_results_and_failures(stores: tuple[SessionStore, ScriptStore]) -> None:
     sessions, scripts = stores
     session = sessions.create()
     script_id = new_script_id()
-    scripts.create(script_id, session, "owner", "Title", {"lines": ["…"]}, [11, 22, 33])
+    scripts.create(script_id, session, "10.0.0.7", "Title", {"lines": ["…"]}, [11, 22, 33])
     row = scripts.get(script_id)
-    assert (row.session_id, row.owner, row.title, row.failure) == (session, "owner", "Title", None)
+    assert (row.session_id, row.client, row.title, row.failure) == (session, "10.0.0.7", "Title", None)
     assert [(x.line, x.status, x.seed, x.attempts) for x in row.lines] == [
         (1, "pending", 11, 0), (2, "pending", 22, 0), (3, "pending", 33, 0),
     ]  # fmt: skip

@@ -3,6 +3,10 @@
 Against a running service (``--url``), or an in-process one (``--local``: the same service on a free local port,
 with the engine the settings name), through the same HTTP API either way. The event stream is followed with
 ``Last-Event-ID``, so a dropped connection resumes where it stopped; a progress bar (tqdm) counts lines.
+
+A script is its session's, and a session its owner's (docs/security.md): under an API key the key (sent as the
+Bearer key), on a keyless server the owner cookie the server gives with the first post. That cookie is kept in
+an :class:`OwnerFile`, by server, so a later run (``--script-id``, ``--session``) acts as the same owner.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
+import tempfile
 import zipfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,11 +24,15 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import aiohttp
+from aiohttp.abc import AbstractCookieJar
+from yarl import URL
 
 log = logging.getLogger(__name__)
 
 RECONNECT_SEC = 1.0
 MAX_RECONNECTS = 30
+OWNER_COOKIE = "moss_rt_owner"  # moss_rt/web/owners.py
+MAX_OWNER_FILE_BYTES = 1024 * 1024
 
 
 class RenderError(Exception):
@@ -39,6 +49,66 @@ class RenderResult:
     audio_sec: float = 0.0
     files: list[Path] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
+
+
+def default_owner_file() -> Path:
+    """Where owner cookies are kept unless told otherwise: ``$XDG_STATE_HOME/moss_rt/owners.json`` (by default
+    ``~/.local/state/moss_rt/owners.json``)."""
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state_home) / "moss_rt" / "owners.json"
+
+
+class OwnerFile:
+    """The owner cookies keyless servers gave this command line, by server: a JSON object ``{key: cookie}`` in a
+    file only its user may read (a cookie is the identity that owns the sessions and scripts made with it).
+
+    Blocking (small file reads and writes): call it from a worker thread in async code.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def get(self, key: str) -> str | None:
+        value = self._read().get(key)
+        return value if isinstance(value, str) else None
+
+    def put(self, key: str, cookie: str) -> None:
+        """Keep ``cookie`` for ``key`` (read again first, so that another run's servers are kept too)."""
+        entries = self._read()
+        if entries.get(key) == cookie:
+            return
+        entries[key] = cookie
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)  # mode 0600
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(entries, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            with self.path.open("rb") as f:
+                data = f.read(MAX_OWNER_FILE_BYTES + 1)
+        except FileNotFoundError:
+            return {}
+        try:
+            if len(data) > MAX_OWNER_FILE_BYTES:
+                raise ValueError("too large")
+            entries = json.loads(data)
+            if not isinstance(entries, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            raise RenderError(f"{self.path} is not an owner file ({exc}); move it away to start a new one") from None
+        return entries
+
+
+def owner_key(url: str) -> str:
+    """The key of a server's owner cookie in an :class:`OwnerFile`: its origin (scheme, host, port)."""
+    u = URL(url)
+    return str(u.origin()) if u.is_absolute() else url
 
 
 def script_body(path: Path, cast: dict[str, Any] | None, session: str | None) -> tuple[bytes, str]:
@@ -133,12 +203,25 @@ async def render_script(
     sample_rate: int | None = None,
     api_key: str | None = None,
     progress: bool = True,
+    owners: OwnerFile | None = None,
+    owners_key: str | None = None,
 ) -> RenderResult:
-    """Post ``script_path`` (or follow ``script_id``), wait for its render, unpack its zip into ``out_dir``."""
+    """Post ``script_path`` (or follow ``script_id``), wait for its render, unpack its zip into ``out_dir``.
+
+    Without ``api_key``, the owner cookie kept in ``owners`` under ``owners_key`` (default: the server's origin) is
+    sent, and the one the server gives is kept there (nothing is kept without ``owners``: the identity then lasts
+    as long as this call)."""
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
-    async with aiohttp.ClientSession(headers=headers, timeout=timeout) as http:
+    # unsafe: a cookie of a server addressed by IP (127.0.0.1, a LAN address) is kept too.
+    jar: AbstractCookieJar = aiohttp.DummyCookieJar() if api_key else aiohttp.CookieJar(unsafe=True)
+    key = owners_key or owner_key(base)
+    if owners is not None and not api_key:
+        kept = await asyncio.to_thread(owners.get, key)
+        if kept is not None:
+            jar.update_cookies({OWNER_COOKIE: kept}, URL(base))
+    async with aiohttp.ClientSession(headers=headers, timeout=timeout, cookie_jar=jar) as http:
         if script_id is None:
             assert script_path is not None
             body, content_type = script_body(script_path, cast, session)
@@ -146,6 +229,8 @@ async def render_script(
                 if r.status != 201:
                     raise RenderError(await _error_text(r))
                 script_id = (await r.json())["script"]
+            if owners is not None and not api_key:
+                await _keep_owner(jar, base, owners, key)  # before anything else: a later run follows it as this
         assert script_id is not None
         state = await _follow(http, base, script_id, Progress(progress))
         result = RenderResult(
@@ -159,6 +244,15 @@ async def render_script(
         result.failed = [line for line in state["lines"] if line["status"] == "failed"]
         result.files = await _download(http, base, script_id, out_dir, fmt, sample_rate, partial=False)
         return result
+
+
+async def _keep_owner(jar: AbstractCookieJar, base: str, owners: OwnerFile, key: str) -> None:
+    morsel = jar.filter_cookies(URL(base)).get(OWNER_COOKIE)
+    if morsel is not None and morsel.value:
+        try:
+            await asyncio.to_thread(owners.put, key, morsel.value)
+        except OSError as exc:  # the render goes on; only a later run could not act as its owner
+            log.warning("could not keep the owner cookie in %s (%s)", owners.path, exc)
 
 
 async def _follow(http: aiohttp.ClientSession, base: str, script_id: str, bar: Progress) -> dict[str, Any]:

@@ -9,10 +9,11 @@
 
 Nothing is assembled whole: the zip is written to a sink that is drained to the client after every piece
 (entries carry data descriptors, ZIP64 where needed, so no seek is ever required), audio entries are stored, not
-deflated (they are audio), and a take's audio is read from the session store one take at a time and sent in
-2-second pieces, encoded in worker threads (:class:`~moss_rt.formats.async_encoder.AsyncEncoder`) for a
-``?format=`` other than 48 kHz WAV. What one export holds is one take's audio plus one encoded piece; the number of
-exports at once is bounded (``max_script_exports``). Each write must go out within the send-stall timeout.
+deflated (they are audio), and a take's audio is read from its file in the session store
+(:meth:`~moss_rt.session_store.SessionStore.open_pcm`) in 2-second pieces, each sent before the next is read,
+encoded in worker threads (:class:`~moss_rt.formats.async_encoder.AsyncEncoder`) for a ``?format=`` other than
+48 kHz WAV. What one export holds is one piece and its encoding, however long the takes or the script; the number
+of exports at once is bounded (``max_script_exports``). Each write must go out within the send-stall timeout.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import logging
 import re
 import time
 import zipfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -121,31 +122,31 @@ class ZipStream:
 
 
 async def _write_audio(
-    write: Callable[[bytes], Awaitable[None]], pieces: AsyncIterator[bytes], n_bytes: int, fmt: AudioFormat | None
+    write: Callable[[bytes], Awaitable[None]],
+    pieces: AsyncGenerator[bytes, None],
+    n_bytes: int,
+    fmt: AudioFormat | None,
 ) -> None:
-    """Mono 48 kHz int16 pieces (``n_bytes`` in all) as a WAV (``fmt`` None) or through an encoder."""
-    if fmt is None:
-        await write(wav_header(n_bytes, SAMPLE_RATE, 1))
-        async for piece in pieces:
-            await write(piece)
-        return
-    from moss_rt.formats.async_encoder import AsyncEncoder
+    """Mono 48 kHz int16 pieces (``n_bytes`` in all) as a WAV (``fmt`` None) or through an encoder; ``pieces`` is
+    closed (its files with it) however this ends."""
+    async with contextlib.aclosing(pieces):
+        if fmt is None:
+            await write(wav_header(n_bytes, SAMPLE_RATE, 1))
+            async for piece in pieces:
+                await write(piece)
+            return
+        from moss_rt.formats.async_encoder import AsyncEncoder
 
-    encoder = AsyncEncoder(fmt, 1)
-    try:
-        async for piece in pieces:
-            await write(await encoder.encode(piece))
-        await write(await encoder.finish())
-    finally:
-        encoder.close()
-
-
-async def _pieces(pcm: bytes) -> AsyncIterator[bytes]:
-    for offset in range(0, len(pcm), PIECE_BYTES):
-        yield pcm[offset : offset + PIECE_BYTES]
+        encoder = AsyncEncoder(fmt, 1)
+        try:
+            async for piece in pieces:
+                await write(await encoder.encode(piece))
+            await write(await encoder.finish())
+        finally:
+            encoder.close()
 
 
-async def _silence(n_bytes: int) -> AsyncIterator[bytes]:
+async def _silence(n_bytes: int) -> AsyncGenerator[bytes, None]:
     for offset in range(0, n_bytes, PIECE_BYTES):
         yield _ZEROS[: min(PIECE_BYTES, n_bytes - offset)]
 
@@ -186,10 +187,22 @@ class ScriptExport:
             if take.n_frames * FRAME_SAMPLES != placed.audio.samples or take.channels != 1:
                 raise ProtocolError(ErrorCode.NOT_FOUND, f"line {placed.cue.number}'s take changed", field="take")
 
-    async def _take_pcm(self, placed: Placed) -> bytes:
-        pcm: bytes = await asyncio.to_thread(self.sessions.pcm, self.session_id, placed.audio.take_id)
-        want = placed.audio.samples * 2
-        return pcm[:want] + bytes(max(0, want - len(pcm)))
+    async def _take_pieces(self, placed: Placed) -> AsyncGenerator[bytes, None]:
+        """The line's take as stored, in pieces read from its file one at a time (``placed.audio.samples`` of it,
+        which :meth:`check` found to be the take's length). A file that is gone or cut since is an error: the
+        export is cut rather than made to look whole."""
+        take_id = placed.audio.take_id
+        source = await asyncio.to_thread(self.sessions.open_pcm, self.session_id, take_id)
+        try:
+            left = placed.audio.samples * 2
+            while left > 0:
+                piece = await asyncio.to_thread(source.read, min(PIECE_BYTES, left))
+                if not piece:
+                    raise OSError(f"the stored audio of take {take_id} ended {left} bytes early")
+                left -= len(piece)
+                yield piece
+        finally:
+            await asyncio.to_thread(source.close)
 
     async def stream(self, request: web.Request, write: Write) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -209,10 +222,10 @@ class ScriptExport:
             await self._write(archive)
             await response.write_eof()
         except ConnectionResetError:
-            log.info("export of script %s: client %s left or stopped reading", self.job.script_id, request.remote)
+            log.info("export of script %s: client %s left or stopped reading", self.job.log_id, request.remote)
         except Exception:
             # The headers are out: a cut archive must not look whole.
-            log.exception("export of script %s failed midway", self.job.script_id)
+            log.exception("export of script %s failed midway", self.job.log_id)
             if request.transport is not None:
                 request.transport.abort()
         return response
@@ -220,10 +233,8 @@ class ScriptExport:
     async def _write(self, archive: ZipStream) -> None:
         timeline, fmt, ext = self.timeline, self.fmt, self.extension
         for placed in timeline.placed:
-            pcm = await self._take_pcm(placed)
             async with archive.entry(f"lines/{line_file_stem(placed.cue)}.{ext}") as write:
-                await _write_audio(write, _pieces(pcm), len(pcm), fmt)
-            del pcm
+                await _write_audio(write, self._take_pieces(placed), placed.audio.samples * 2, fmt)
         async with archive.entry(f"mix.{ext}") as write:
             await _write_audio(write, self._mix_pieces(), timeline.total_samples * 2, fmt)
         await archive.text("cues.csv", cue_sheet_csv(timeline, ext))
@@ -237,16 +248,15 @@ class ScriptExport:
         await archive.text("script.json", json.dumps(self._script_json(), indent=1, ensure_ascii=False))
         await archive.close()
 
-    async def _mix_pieces(self) -> AsyncIterator[bytes]:
+    async def _mix_pieces(self) -> AsyncGenerator[bytes, None]:
         for segment in self.timeline.segments:
             if isinstance(segment, Silence):
                 async for piece in _silence(segment.samples * 2):
                     yield piece
             else:
-                pcm = await self._take_pcm(segment)
-                async for piece in _pieces(pcm):
-                    yield piece
-                del pcm
+                async with contextlib.aclosing(self._take_pieces(segment)) as pieces:
+                    async for piece in pieces:
+                        yield piece
 
     def _script_json(self) -> dict[str, Any]:
         job = self.job

@@ -16,7 +16,7 @@ from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES
 from moss_rt.protocol import Limits
 from moss_rt.scripts.events import EventLog
 from moss_rt.scripts.format import Cue, Script, parse_json_script
-from moss_rt.scripts.store import DONE, FAILED, PENDING, LineRow, ScriptRow
+from moss_rt.scripts.store import DONE, FAILED, PENDING, LineRow, ScriptRow, short_script_id
 from moss_rt.scripts.timeline import LineAudio
 
 # Stored scripts are read back without today's limits: a script accepted once stays renderable if they tighten.
@@ -51,7 +51,7 @@ class LineState:
 class Job:
     script_id: str
     session_id: str
-    owner: str
+    client: str  # the address that posted it: its renders' fair share is this client's
     script: Script
     created: float
     lines: dict[int, LineState]
@@ -61,6 +61,7 @@ class Job:
     runner: asyncio.Task[None] | None = None  # the batch render of the lines that need one
     announced_done: bool = False
     elsewhere: bool = False  # another front end renders it now (its events are not seen here)
+    no_room: str | None = None  # why the batch render's takes cannot be kept (storage spent): its later lines fail
     _last_progress: dict[str, Any] | None = None
     _scenes: dict[int, int] = field(default_factory=dict)  # line → scene (the script never changes)
 
@@ -72,9 +73,14 @@ class Job:
         script = script_from_source(row.source)
         cues = {cue.number: cue for cue in script.cues}
         lines = {r.line: LineState(cues[r.line], r) for r in row.lines if r.line in cues}
-        return cls(row.script_id, row.session_id, row.owner, script, row.created, lines, failure=row.failure)
+        return cls(row.script_id, row.session_id, row.client, script, row.created, lines, failure=row.failure)
 
     # -- state ------------------------------------------------------------------------------
+
+    @property
+    def log_id(self) -> str:
+        """The script's id as log lines show it (never whole)."""
+        return short_script_id(self.script_id)
 
     @property
     def pending_work(self) -> bool:

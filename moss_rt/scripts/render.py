@@ -22,7 +22,7 @@ from moss_rt.generation import FRAME_SAMPLES, N_CODEBOOKS
 from moss_rt.protocol import DEFAULT_CHUNK_FRAMES, ErrorCode, ProtocolError, StartTake
 from moss_rt.scripts.format import Cue, Script, line_take_title
 from moss_rt.session import TakeRecord
-from moss_rt.session_store import SessionStore, StoredTake
+from moss_rt.session_store import SessionFull, SessionStore, StorageFull, StoredTake
 from moss_rt.web.state import ServiceState
 from moss_rt.web.takes import reference_codes
 
@@ -34,6 +34,11 @@ BUSY_RETRY_MAX_SEC = 2.0
 
 class LineFailed(Exception):
     """This attempt at the line failed (the reason is shown to the director); it may be tried again."""
+
+
+class LineNoRoom(LineFailed):
+    """The session cannot keep one more take (it is full, or the storage budget or the disk is spent): trying
+    again, or rendering the script's other lines, would only make takes to be refused."""
 
 
 class LineInterrupted(Exception):
@@ -130,13 +135,29 @@ async def render_line(
     try:
         await asyncio.to_thread(sessions.put_take, session_id, stored, all_codes, all_pcm)
     except ProtocolError as err:
-        if err.code is ErrorCode.NOT_FOUND and err.field == "session":
-            raise SessionGone(err.message) from None
-        raise LineFailed(err.message) from None  # the session is full
+        raise _refusal(err) from None
     except (OSError, ValueError) as exc:
         log.exception("script line %d: take %s could not be stored", cue.number, take_id)
         raise LineFailed(f"the take could not be stored ({type(exc).__name__})") from None
     return Rendered(take_id, stored.seed, stored.n_frames, request.text, request.instruction)
+
+
+async def ensure_room(sessions: SessionStore, session_id: str) -> None:
+    """The session can keep one more take within its own cap and the storage budgets (moss_rt/session_store.py);
+    :class:`LineNoRoom` with the store's message if not, :class:`SessionGone` if the session was deleted."""
+    try:
+        await asyncio.to_thread(sessions.check_room, session_id)
+    except ProtocolError as err:
+        raise _refusal(err) from None
+
+
+def _refusal(err: ProtocolError) -> Exception:
+    """What the store's refusal to keep a line's take means for the line."""
+    if err.code is ErrorCode.NOT_FOUND and err.field == "session":
+        return SessionGone(err.message)
+    if isinstance(err, StorageFull | SessionFull):
+        return LineNoRoom(err.message)
+    return LineFailed(err.message)  # e.g. a take longer than a stored take may be: this line's own
 
 
 async def _stored(sessions: SessionStore, session_id: str, take_id: str) -> StoredTake | None:
@@ -151,12 +172,13 @@ async def _stored(sessions: SessionStore, session_id: str, take_id: str) -> Stor
 async def _prefix(
     sessions: SessionStore, session_id: str, parent: str | None, frame: int
 ) -> tuple[np.ndarray | None, bytes]:
-    """The kept frames of a retake from ``frame`` of ``parent``: their codes and the audio as stored."""
+    """The kept frames of a retake from ``frame`` of ``parent``: their codes and the audio as stored (only the kept
+    part of it is read)."""
     if parent is None or frame <= 0:
         return None, b""
     try:
         codes = await asyncio.to_thread(sessions.codes, session_id, parent)
-        pcm = await asyncio.to_thread(sessions.pcm, session_id, parent)
+        pcm = await asyncio.to_thread(_read_prefix, sessions, session_id, parent, frame * FRAME_BYTES)
     except ProtocolError as err:
         if err.field == "session":
             raise SessionGone(err.message) from None
@@ -165,6 +187,11 @@ async def _prefix(
     if frame > codes.shape[0]:
         raise LineFailed(f"frame {frame} is past the {codes.shape[0]} frames of take {parent}")
     return codes[:frame], pcm[: frame * FRAME_BYTES]
+
+
+def _read_prefix(sessions: SessionStore, session_id: str, take_id: str, n_bytes: int) -> bytes:
+    with sessions.open_pcm(session_id, take_id) as f:
+        return f.read(n_bytes)
 
 
 async def _generate(state: ServiceState, spec: Any) -> tuple[np.ndarray, bytes, TakeFinished]:

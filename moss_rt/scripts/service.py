@@ -37,7 +37,7 @@ from moss_rt.scripts.events import EventLog
 from moss_rt.scripts.fairness import FairShare
 from moss_rt.scripts.format import Script
 from moss_rt.scripts.job import Job, LineState
-from moss_rt.scripts.render import LineFailed, LineInterrupted, SessionGone, render_line
+from moss_rt.scripts.render import LineFailed, LineInterrupted, LineNoRoom, SessionGone, render_line
 from moss_rt.scripts.store import (
     DONE,
     FAILED,
@@ -48,9 +48,10 @@ from moss_rt.scripts.store import (
     ScriptStore,
     new_script_id,
     not_found,
+    short_script_id,
 )
 from moss_rt.session import new_take_id, random_seed
-from moss_rt.session_store import SessionStore, StoredTake
+from moss_rt.session_store import SessionStore, StorageFull, StoredTake, short_id
 from moss_rt.web.state import ServiceState
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ class ScriptService:
                 continue
             log.info(
                 "resuming script %s (%d lines to render)",
-                script_id,
+                short_script_id(script_id),
                 sum(line.needs_render for line in job.lines.values()),
             )
             self._run(job)
@@ -227,11 +228,14 @@ class ScriptService:
             self._spawn(asyncio.to_thread(self._release_all, [job.script_id]), f"release-{job.script_id}")
 
     # ------------------------------------------------------------------ jobs
-    async def create(self, script: Script, session_id: str | None, owner: str) -> Job:
+    async def create(self, script: Script, session_id: str | None, *, client: str, owner: str) -> Job:
+        """Store ``script`` and start its render into ``session_id`` (which ``owner`` must be able to reach, else
+        not_found as for an unknown session), or into a new session owned by ``owner``. ``client`` (the address
+        that posted it) is whose fair share and caps the render counts against, and a new session's budget."""
         if self._closing or self.state.shutting_down:
             raise ProtocolError(ErrorCode.BUSY, "the service is shutting down")
         limit = self.state.settings.max_scripts_per_client
-        active = sum(1 for job in self._jobs.values() if job.owner == owner and job.pending_work)
+        active = sum(1 for job in self._jobs.values() if job.client == client and job.pending_work)
         if limit > 0 and active >= limit:
             raise ProtocolError(
                 ErrorCode.RATE_LIMITED,
@@ -239,30 +243,76 @@ class ScriptService:
                 " finish or delete one",
             )
         cues = script.cues
+        created = session_id is None
         if session_id is None:
-            session_id = await asyncio.to_thread(self.sessions.create)
-        count = await asyncio.to_thread(self.sessions.count, session_id)  # not_found for an unknown session
-        room = self.sessions.max_takes - count
-        if len(cues) > room:
-            raise ProtocolError(
-                ErrorCode.TOO_LARGE,
-                f"the script has {len(cues)} lines but the session has room for {max(0, room)} more takes"
-                f" (a session keeps {self.sessions.max_takes}: max_session_takes); use a new session or split the"
-                " script",
-                field="session",
-            )
-        seeds = [cue.seed if cue.seed is not None else random_seed() for cue in cues]
-        script_id = new_script_id()
-        await asyncio.to_thread(
-            self.store.create, script_id, session_id, owner, script.title, script.to_dict(), seeds,
-            runner=self.runner, lease_sec=LEASE_SEC,
-        )  # fmt: skip
+            if len(cues) > self.sessions.max_takes:
+                raise self._no_room_for(len(cues), self.sessions.max_takes)
+            if await asyncio.to_thread(self.sessions.room, client) <= 0:
+                raise StorageFull("the sessions' budget for this client is spent")
+            # The session caps (max_sessions: 507, max_sessions_per_client: 429) apply as to any new session.
+            session_id = await asyncio.to_thread(self.sessions.create, owner=owner, client=client)
+        else:
+            await asyncio.to_thread(self.sessions.check_access, session_id, owner)
+        try:
+            count = await asyncio.to_thread(self.sessions.count, session_id)  # not_found if deleted meanwhile
+            room = self.sessions.max_takes - count - self._takes_to_come(session_id)
+            if len(cues) > room:
+                raise self._no_room_for(len(cues), room)
+            await asyncio.to_thread(self.sessions.check_room, session_id)  # 507 once the storage budget is spent
+            seeds = [cue.seed if cue.seed is not None else random_seed() for cue in cues]
+            script_id = new_script_id()
+            await asyncio.to_thread(
+                self.store.create, script_id, session_id, client, script.title, script.to_dict(), seeds,
+                runner=self.runner, lease_sec=LEASE_SEC,
+            )  # fmt: skip
+        except BaseException:
+            if created:  # nobody was told about it: it must not count against the client's caps
+                with contextlib.suppress(ProtocolError):
+                    await asyncio.to_thread(self.sessions.delete_session, session_id)
+            raise
         self._held.add(script_id)
         row = await asyncio.to_thread(self.store.get, script_id)
         job = Job.of_row(row)
         self._remember(job)
         self._run(job)
-        log.info("script %s: %d lines for session %s, from %s", script_id, len(cues), session_id, owner)
+        log.info(
+            "script %s: %d lines for session %s, from %s",
+            short_script_id(script_id),
+            len(cues),
+            short_id(session_id),
+            client,
+        )
+        return job
+
+    def _takes_to_come(self, session_id: str) -> int:
+        """Takes the session's scripts will still add: their lines not rendered yet (each becomes a take)."""
+        return sum(
+            1
+            for job in self._jobs.values()
+            if job.session_id == session_id and job.failure is None
+            for line in job.lines.values()
+            if line.row.take_id is None and line.needs_render
+        )
+
+    def _no_room_for(self, lines: int, room: int) -> ProtocolError:
+        return ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"the script has {lines} lines but the session has room for {max(0, room)} more takes"
+            f" (a session keeps {self.sessions.max_takes}: max_session_takes); use a new session or split the"
+            " script",
+            field="session",
+        )
+
+    async def job_for(self, script_id: str, owner: str | None, *, share: str | None = None) -> Job:
+        """The script's job, for a caller who may reach its session (its owner; with ``share``, the holder of the
+        session's share token); anyone else gets not_found, exactly as for a script that does not exist."""
+        job = await self.job(script_id)
+        try:
+            await asyncio.to_thread(self.sessions.check_access, job.session_id, owner, share=share)
+        except ProtocolError as err:
+            if err.code is ErrorCode.NOT_FOUND:
+                raise not_found() from None
+            raise
         return job
 
     async def job(self, script_id: str) -> Job:
@@ -286,6 +336,7 @@ class ScriptService:
         return fresh
 
     async def of_session(self, session_id: str) -> list[dict[str, Any]]:
+        """The scripts rendered into a session (the caller's access to it is checked by the web layer)."""
         await asyncio.to_thread(self.sessions.require, session_id)
         rows = await asyncio.to_thread(self.store.of_session, session_id)
         out = []
@@ -303,7 +354,7 @@ class ScriptService:
         await asyncio.to_thread(self.store.delete, script_id)
         job.log.emit("error", {"code": ErrorCode.NOT_FOUND.value, "message": "the script was deleted"})
         job.log.close()
-        log.info("script %s deleted", script_id)
+        log.info("script %s deleted", short_script_id(script_id))
 
     def _remember(self, job: Job) -> None:
         self._jobs[job.script_id] = job
@@ -325,6 +376,7 @@ class ScriptService:
             job.runner = self._spawn(self._render_all(job), f"script-{job.script_id}")
 
     async def _render_all(self, job: Job) -> None:
+        job.no_room = None  # a new batch looks at the storage afresh
         try:
             await self._engine_ready()
             job.emit_progress()
@@ -332,11 +384,11 @@ class ScriptService:
                 for number in sorted(job.lines):
                     if not self._wanted(job, number):
                         continue
-                    await self.share.acquire(job.owner)
+                    await self.share.acquire(job.client)
                     if not self._wanted(job, number):  # a retake took it while this waited
-                        self.share.release(job.owner)
+                        self.share.release(job.client)
                         continue
-                    place = _Place(self.share, job.owner)
+                    place = _Place(self.share, job.client)
                     job.tasks[number] = group.create_task(self._batch_line(job, number, place), name=f"line-{number}")
         except* SessionGone as gone:
             await self._session_gone(job, str(gone.exceptions[0]))
@@ -357,7 +409,7 @@ class ScriptService:
         except (SessionGone, LeaseLost, asyncio.CancelledError):
             raise
         except Exception:  # a bug must cost one line, not the whole batch
-            log.exception("script %s line %d: render failed", job.script_id, number)
+            log.exception("script %s line %d: render failed", job.log_id, number)
             await self._line_failed(job, number, "internal error")
         finally:
             place.release()
@@ -367,7 +419,11 @@ class ScriptService:
 
     async def _render(self, job: Job, number: int, priority: TakePriority, place: _Place | None = None) -> None:
         """Render the line's queued render (or its first one), trying once more after a failure; a batch line
-        holds its ``place`` while the engine makes its take."""
+        holds its ``place`` while the engine makes its take.
+
+        A take the session could not keep (its storage budget or the disk spent, the session full) fails its line
+        at once, and the batch's later lines fail with the same reason without asking the engine: their takes
+        would be refused too. A retake (someone waiting on it) is still tried."""
         line = job.lines[number]
         render = line.row.render or {
             "take": new_take_id(),
@@ -378,6 +434,9 @@ class ScriptService:
             "frame": 0,
         }
         for attempt in range(1, ATTEMPTS + 1):
+            if priority is TakePriority.BATCH and job.no_room is not None:
+                await self._line_failed(job, number, job.no_room)
+                return
             if place is not None:
                 await place.again()
             await self._recorded(self.store.start_render, job.script_id, number, render, runner=self.runner)
@@ -398,10 +457,16 @@ class ScriptService:
                     None if place is None else place.release,
                 )
             except LineInterrupted:
-                log.info("script %s line %d: interrupted (%s); it stays queued", job.script_id, number, render["take"])
+                log.info("script %s line %d: interrupted (%s); it stays queued", job.log_id, number, render["take"])
+                return
+            except LineNoRoom as failure:
+                log.warning("script %s line %d: its take cannot be kept: %s", job.log_id, number, failure)
+                if priority is TakePriority.BATCH:
+                    job.no_room = str(failure)
+                await self._line_failed(job, number, str(failure))
                 return
             except LineFailed as failure:
-                log.warning("script %s line %d, attempt %d: %s", job.script_id, number, attempt, failure)
+                log.warning("script %s line %d, attempt %d: %s", job.log_id, number, attempt, failure)
                 if attempt < ATTEMPTS:
                     continue
                 await self._line_failed(job, number, str(failure))
@@ -455,10 +520,10 @@ class ScriptService:
             body = job.progress()
             body["duration_sec"] = job.progress()["audio_sec"]
             job.log.emit("done", body)
-            log.info("script %s done: %d lines, %d failed", job.script_id, body["lines_done"], body["lines_failed"])
+            log.info("script %s done: %d lines, %d failed", job.log_id, body["lines_done"], body["lines_failed"])
 
     async def _session_gone(self, job: Job, message: str) -> None:
-        log.warning("script %s: its session is gone (%s); the render stops", job.script_id, message)
+        log.warning("script %s: its session is gone (%s); the render stops", job.log_id, message)
         job.failure = "the session was deleted"
         with contextlib.suppress(ProtocolError):
             await asyncio.to_thread(self.store.fail_script, job.script_id, job.failure)
@@ -532,7 +597,7 @@ class ScriptService:
         except LeaseLost:
             await self._moved(job.script_id)
         except Exception:  # a bug must not leave the line rendering forever
-            log.exception("script %s line %d: retake failed", job.script_id, number)
+            log.exception("script %s line %d: retake failed", job.log_id, number)
             with contextlib.suppress(SessionGone):
                 await self._line_failed(job, number, "internal error")
         finally:

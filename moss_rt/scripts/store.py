@@ -5,9 +5,9 @@ database (SQLite or PostgreSQL, :mod:`moss_rt.storage`), ``ON DELETE CASCADE`` f
 session deletes its scripts. The tables and every query on them are here, not in ``session_store.py``; they are
 their own component (``scripts``) of the versioned migrations (moss_rt/storage/migrations.py).
 
-    scripts       one row per script: its session, owner (the client that posted it), the script as parsed
-                  (canonical JSON), a job-level failure, and its lease: the front end rendering it (``runner``)
-                  and until when (``lease_until``)
+    scripts       one row per script: its session, client (the address that posted it: the key of the fair share
+                  and of the per-client caps), the script as parsed (canonical JSON), a job-level failure, and its
+                  lease: the front end rendering it (``runner``) and until when (``lease_until``)
     script_lines  one row per spoken line: status (pending | done | failed), the accepted take and its seed and
                   length, attempts, the last error, and ``render``: the render in progress (its take id, request,
                   parent), written before the engine is asked, so a restart resumes it under the same take id
@@ -18,6 +18,9 @@ lost the database), or takes it over when a director retakes a line there. Write
 while the writer still holds the lease (:class:`LeaseLost` otherwise), so two front ends never both settle a line.
 
 Blocking calls (the database): the service runs them on worker threads.
+
+Who may reach a script is not recorded here: a script is its session's, so the web layer lets through whoever may
+reach the session (its owner, or a share token's holder for reads; moss_rt/web/owners.py).
 """
 
 from __future__ import annotations
@@ -68,7 +71,14 @@ CREATE TABLE script_lines (
 )
 """
 
+# 2: the column named who posted the script by address; it is the client (sessions' owners are identities).
 _V2 = """
+ALTER TABLE scripts RENAME COLUMN owner TO client;
+DROP INDEX scripts_by_owner;
+CREATE INDEX scripts_by_client ON scripts(client)
+"""
+
+_V3 = """
 ALTER TABLE scripts ADD COLUMN runner TEXT;
 ALTER TABLE scripts ADD COLUMN lease_until {real}
 """
@@ -79,7 +89,8 @@ _POSTGRESQL = {"real": "DOUBLE PRECISION", "bigint": "BIGINT"}
 # Applied once each, in order (moss_rt/storage/migrations.py); never edit one that has shipped, add another.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("scripts and their lines", _V1.format(**_SQLITE), _V1.format(**_POSTGRESQL)),
-    Migration("leases", _V2.format(**_SQLITE), _V2.format(**_POSTGRESQL)),
+    Migration("the poster is the client", _V2, _V2),
+    Migration("leases", _V3.format(**_SQLITE), _V3.format(**_POSTGRESQL)),
 )
 
 
@@ -97,6 +108,11 @@ PENDING, DONE, FAILED = "pending", "done", "failed"
 
 def new_script_id() -> str:
     return "sc_" + secrets.token_urlsafe(18)
+
+
+def short_script_id(script_id: str) -> str:
+    """A script id as logs show it (as sessions are, ``short_id``): enough to tell scripts apart, never to open one."""
+    return script_id[:7] + "…"
 
 
 @dataclass
@@ -117,7 +133,7 @@ class LineRow:
 class ScriptRow:
     script_id: str
     session_id: str
-    owner: str
+    client: str  # the address that posted it (fair share, per-client caps)
     title: str
     source: dict[str, Any]
     failure: str | None
@@ -170,7 +186,7 @@ class ScriptStore:
         self,
         script_id: str,
         session_id: str,
-        owner: str,
+        client: str,
         title: str,
         source: dict[str, Any],
         seeds: list[int],
@@ -182,9 +198,9 @@ class ScriptStore:
         now = time.time()
         with self.db.transaction() as tx:
             tx.execute(
-                "INSERT INTO scripts (id, session_id, owner, title, source, created, updated, runner, lease_until)"
+                "INSERT INTO scripts (id, session_id, client, title, source, created, updated, runner, lease_until)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (script_id, session_id, owner, title, json.dumps(source), now, now, runner,
+                (script_id, session_id, client, title, json.dumps(source), now, now, runner,
                  now + lease_sec if runner else None),
             )  # fmt: skip
             tx.executemany(
@@ -200,7 +216,7 @@ class ScriptStore:
         return ScriptRow(
             script_id=row["id"],
             session_id=row["session_id"],
-            owner=row["owner"],
+            client=row["client"],
             title=row["title"],
             source=json.loads(row["source"]),
             failure=row["failure"],

@@ -1,10 +1,10 @@
 """The access log, without the secrets that ride in URLs.
 
-Session ids, take ids and share tokens are capabilities (whoever has one may read what it names, within the owner
-rules), and browser tokens are credentials; all of them appear in request paths, query strings and ``Referer``
-headers. aiohttp's default access log writes those verbatim, so anyone who can read the log could replay them.
-This logger writes the same line (Apache's combined format) with each of them cut down to a short prefix, enough
-to follow one client's requests and never enough to use them.
+Session ids, script ids, take ids and share tokens are capabilities (whoever has one may read what it names,
+within the owner rules), and browser tokens are credentials; all of them appear in request paths, query strings
+and ``Referer`` headers. aiohttp's default access log writes those verbatim, so anyone who can read the log could
+replay them. This logger writes the same line (Apache's combined format) with each of them cut down to a short
+prefix, enough to follow one client's requests and never enough to use them.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import re
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
-# Capabilities in paths (session, take, share ids) and credential-like query parameters.
-_IDS = re.compile(r"\b(s|t|sh)_([A-Za-z0-9_-]{4})[A-Za-z0-9_-]{4,}")
+# Capabilities in paths (session, script, take, share ids) and credential-like query parameters.
+_IDS = re.compile(r"\b(s|sc|t|sh)_([A-Za-z0-9_-]{4})[A-Za-z0-9_-]{4,}")
 _SECRET_PARAMS = re.compile(r"([?&](?:token|share|session|key|api_key)=)[^&#\s]*", re.IGNORECASE)
 
 

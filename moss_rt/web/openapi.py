@@ -330,6 +330,13 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
         "schema": {"type": "string", "pattern": "^sc_[A-Za-z0-9_-]{16,64}$"},
     }
     line_no = {"name": "line", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}}
+    share = {
+        "name": "share",
+        "in": "query",
+        "required": False,
+        "description": "the share token of the script's session (read-only access for its holder)",
+        "schema": {"type": "string", "maxLength": 80},
+    }
     text = {"type": "string", "maxLength": limits.max_text_chars}
     direction = {"type": "string", "maxLength": limits.max_instruction_chars}
     cast = {
@@ -425,15 +432,18 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
         "required": ["script", "line"],
         "properties": {"script": {"type": "string"}, "line": line, "event_id": {"type": "string"}},
     }
-    posting = _common_errors(400, 401, 403, 404, 408, 413, 415, 422, 429, 503)
+    # A script is its session's: another identity than the session's owner is answered 404, as for an unknown id.
+    posting = _common_errors(400, 401, 403, 404, 408, 413, 415, 422, 429, 503, 507)
     return {
         "/api/scripts": {
             "post": {
                 "summary": "render a script: its lines become takes of a directing session (docs/scripts.md)",
                 "description": (
                     f"text/plain (the plain-text form) or JSON, at most {limits.max_script_bytes} bytes and "
-                    f"{limits.max_script_lines} lines. ?session= (or 'session') renders into that session. Errors "
-                    "in the script say where: 'line 7: …' or 'lines[3]: …'."
+                    f"{limits.max_script_lines} lines. ?session= (or 'session') renders into that session (the "
+                    "caller's: another's is 404); without it, into a new session owned by the caller (a keyless "
+                    "client without an owner cookie is given one). Errors in the script say where: 'line 7: …' or "
+                    "'lines[3]: …'."
                 ),
                 "parameters": [{"name": "session", "in": "query", "required": False, "schema": {"type": "string"}}],
                 "requestBody": {
@@ -462,8 +472,11 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
                 },
             },
             "get": {
-                "summary": "the scripts rendered into a session (?session=)",
-                "parameters": [{"name": "session", "in": "query", "required": True, "schema": {"type": "string"}}],
+                "summary": "the scripts rendered into a session (?session=; its owner, or with its ?share=)",
+                "parameters": [
+                    {"name": "session", "in": "query", "required": True, "schema": {"type": "string"}},
+                    share,
+                ],
                 "responses": {
                     "200": _ok(
                         "the scripts, oldest first",
@@ -483,7 +496,7 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
         "/api/scripts/{script_id}": {
             "get": {
                 "summary": "a script's state, and per line its status, take, seed and duration",
-                "parameters": [script_id],
+                "parameters": [script_id, share],
                 "responses": {"200": _ok("the script", state), **_common_errors(401, 404)},
             },
             "delete": {
@@ -500,6 +513,7 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
                 "summary": "server-sent events: state (first), progress, line, done, error; resumable (Last-Event-ID)",
                 "parameters": [
                     script_id,
+                    share,
                     {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string"}},
                 ],
                 "responses": {
@@ -514,6 +528,7 @@ def _script_paths(app: web.Application) -> dict[str, Any]:
                 "summary": "the export: lines/NNN-WHO.<ext>, mix.<ext>, cues.csv/.json, captions/*.srt/.vtt",
                 "parameters": [
                     script_id,
+                    share,
                     {"name": "format", "in": "query", "required": False,
                      "schema": {"type": "string", "enum": list(FORMATS)}},
                     {"name": "sample_rate", "in": "query", "required": False,

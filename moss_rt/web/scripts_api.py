@@ -9,12 +9,17 @@
     POST   /api/scripts/{id}/lines/{n}/retake   render line n again: text, instruction, seed, frame (202)
     POST   /api/scripts/{id}/lines/{n}/accept   make a take of the session line n's take: {"take": id}
 
-A script id, like a session id, is an unguessable capability; the routes need nothing else (and the API key when
-one is set). Blocking work (SQLite, files) runs on worker threads inside the service.
+A script is its session's: whoever may reach the session (moss_rt/web/owners.py: the API key's principal, or the
+owner cookie of a keyless server) may reach its scripts, and anyone else is answered 404 ``not_found`` exactly as
+for a script that does not exist. The read-only GETs (state, events, zip, the listing) also take the session's
+share token (``?share=``), as the session's own downloads do. A new script's session is owned by the caller (a
+keyless client without an owner cookie is given one with the 201). Blocking work (SQLite, files) runs on worker
+threads inside the service.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -36,6 +41,7 @@ from moss_rt.session_store import SESSION_ID
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.format_download import wants_other_format
 from moss_rt.web.http_api import expect_within_limit, read_body_limited, write_or_drop
+from moss_rt.web.owners import owner_or_mint, request_owner, set_owner_cookie
 from moss_rt.web.state import STATE
 
 log = logging.getLogger(__name__)
@@ -65,7 +71,7 @@ def _errors(handler: Any) -> Any:
             response: web.StreamResponse = await handler(request)
             return response
         except ProtocolError as err:
-            headers = {"Retry-After": "1"} if err.code == ErrorCode.RATE_LIMITED else None
+            headers = {"Retry-After": "1"} if err.code in (ErrorCode.BUSY, ErrorCode.RATE_LIMITED) else None
             return error_response(err.code, err.message, field=err.field, headers=headers)
 
     wrapped.__name__ = handler.__name__
@@ -143,6 +149,21 @@ def _script_id(request: web.Request) -> str:
     return request.match_info["script_id"]
 
 
+async def _job(request: web.Request, *, read_only: bool = False) -> Job:
+    """The script the request names, if the caller may reach its session: its owner, or (``read_only``) the holder
+    of the session's share token. Anyone else: ``not_found``, as for an unknown script."""
+    share = request.query.get("share") if read_only else None
+    return await _service(request).job_for(_script_id(request), request_owner(request), share=share)
+
+
+async def _still_reaches(service: ScriptService, job: Job, owner: str | None, share: str) -> bool:
+    try:
+        await asyncio.to_thread(service.sessions.check_access, job.session_id, owner, share=share)
+    except ProtocolError:
+        return False
+    return True
+
+
 def _line(request: web.Request) -> int:
     return int(request.match_info["line"])
 
@@ -161,7 +182,10 @@ async def create_script(request: web.Request) -> web.Response:
     if session is not None and not SESSION_ID.match(session):
         raise ProtocolError(ErrorCode.NOT_FOUND, "no such session (it may have been deleted)", field="session")
     _check_voices(request, script)
-    job = await service.create(script, session, request.remote or "unknown")
+    owner, cookie = owner_or_mint(request)
+    if owner is None:
+        raise ProtocolError(ErrorCode.UNAUTHORIZED, "no identity to own a session")
+    job = await service.create(script, session, client=request.remote or "unknown", owner=owner)
     body_out = {
         "script": job.script_id,
         "lines": len(job.lines),
@@ -170,24 +194,30 @@ async def create_script(request: web.Request) -> web.Response:
         # Nothing has been announced yet: a listener that sends this as Last-Event-ID gets every event.
         "event_id": job.log.last_id,
     }
-    return web.json_response(body_out, status=201, headers={"Location": f"/api/scripts/{job.script_id}"})
+    response = web.json_response(body_out, status=201, headers={"Location": f"/api/scripts/{job.script_id}"})
+    set_owner_cookie(response, request, cookie)
+    return response
 
 
 @routes.get("/api/scripts")
 @_errors
 async def list_scripts(request: web.Request) -> web.Response:
-    """The scripts rendered into a session (``?session=``), oldest first."""
+    """The scripts rendered into a session (``?session=``; its owner, or with its ``?share=`` token), oldest
+    first."""
     session = request.query.get("session", "")
     if not SESSION_ID.match(session):
         raise ProtocolError(ErrorCode.INVALID_FIELD, "give ?session= (a session id)", field="session")
-    scripts = await _service(request).of_session(session)
+    service = _service(request)
+    owner, share = request_owner(request), request.query.get("share")
+    await asyncio.to_thread(service.sessions.check_access, session, owner, share=share)  # not_found for others
+    scripts = await service.of_session(session)
     return web.json_response({"session": session, "scripts": scripts})
 
 
 @routes.get(f"/api/scripts/{SCRIPT}")
 @_errors
 async def get_script(request: web.Request) -> web.Response:
-    job = await _service(request).job(_script_id(request))
+    job = await _job(request, read_only=True)
     return web.json_response(job.view())
 
 
@@ -195,7 +225,8 @@ async def get_script(request: web.Request) -> web.Response:
 @_errors
 async def delete_script(request: web.Request) -> web.Response:
     """Stop its render and forget it; the takes it made stay in the session."""
-    await _service(request).delete(_script_id(request))
+    job = await _job(request)
+    await _service(request).delete(job.script_id)
     return web.json_response({"deleted": _script_id(request)})
 
 
@@ -203,9 +234,13 @@ async def delete_script(request: web.Request) -> web.Response:
 @_errors
 async def script_events(request: web.Request) -> web.StreamResponse:
     """Server-sent events, in order: first ``state`` (or what a ``Last-Event-ID`` missed), then ``progress``,
-    ``line``, ``done`` and ``error`` as they happen, until the client leaves or the script is deleted."""
+    ``line``, ``done`` and ``error`` as they happen, until the client leaves or the script is deleted. A stream
+    opened with the session's share token ends within ``KEEPALIVE_SEC`` of the token being revoked."""
     service = _service(request)
-    job = await service.job(_script_id(request))
+    job = await _job(request, read_only=True)
+    owner, share = request_owner(request), request.query.get("share")
+    loop = asyncio.get_running_loop()
+    next_check = loop.time() + KEEPALIVE_SEC
     last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
     listener, first = service.listen(job, last)
     response = web.StreamResponse(
@@ -220,6 +255,10 @@ async def script_events(request: web.Request) -> web.StreamResponse:
         # the client's reconnect (``retry``) reads the state again, wherever the balancer sends it.
         while not job.elsewhere:
             event = await listener.next(KEEPALIVE_SEC)
+            if share is not None and loop.time() >= next_check:
+                next_check = loop.time() + KEEPALIVE_SEC
+                if not await _still_reaches(service, job, owner, share):
+                    break  # the share was revoked (or the session deleted): its holder hears no more
             if event is None:
                 if listener.ended:
                     break
@@ -228,7 +267,7 @@ async def script_events(request: web.Request) -> web.StreamResponse:
             await write_or_drop(request, response, event.encode())
         await response.write_eof()
     except ConnectionResetError:
-        log.debug("event stream of script %s: client %s left", job.script_id, request.remote)
+        log.debug("event stream of script %s: client %s left", job.log_id, request.remote)
     finally:
         listener.close()
     return response
@@ -240,7 +279,7 @@ async def export_script(request: web.Request) -> web.StreamResponse:
     """The zip of the script's lines, mix, cue sheets and captions (docs/scripts.md)."""
     state = request.app[STATE]
     service = _service(request)
-    job: Job = await service.job(_script_id(request))
+    job = await _job(request, read_only=True)
     fmt = None
     if wants_other_format(request.query):
         fmt = parse_audio_format(request.query.get("format", "wav"), request.query.get("sample_rate"))
@@ -289,6 +328,7 @@ async def retake_line(request: web.Request) -> web.Response:
     """Render line n again (at interactive priority): any of ``text``, ``instruction`` (the whole direction),
     ``seed`` (default: a new one), ``frame`` or ``time_sec`` (keep the take up to there). 202; the result comes as
     a ``line`` event and in the script's state, and replaces the line in the next export."""
+    job = await _job(request)
     state = request.app[STATE]
     limits = state.settings.limits
     raw = await read_body_limited(request, limits.max_request_bytes)
@@ -313,7 +353,7 @@ async def retake_line(request: web.Request) -> web.Response:
     service = _service(request)
     number = _line(request)
     job = await service.retake(
-        _script_id(request), number, client=request.remote or "unknown", text=text, instruction=instruction,
+        job.script_id, number, client=request.remote or "unknown", text=text, instruction=instruction,
         seed=values["seed"], frame=min(frame or 0, limits.max_new_tokens),
     )  # fmt: skip
     # Last-Event-ID for a listener that wants every event of this retake.
@@ -325,9 +365,10 @@ async def retake_line(request: web.Request) -> web.Response:
 @_errors
 async def accept_take(request: web.Request) -> web.Response:
     """Make ``take`` (a take of the script's session, e.g. a retake directed in the studio) line n's take."""
+    job = await _job(request)
     limits = request.app[STATE].settings.limits
     obj = decode_json_object(await read_body_limited(request, limits.max_request_bytes) or b"{}")
     take = validate_fields({"take": Field("str", max_length=64)}, obj)["take"]
     number = _line(request)
-    job = await _service(request).accept(_script_id(request), number, take)
+    job = await _service(request).accept(job.script_id, number, take)
     return web.json_response({"script": job.script_id, "line": job.line_view(number)})

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import requests
+
+from tests.helpers import OwnerJar
 
 TINY = ("--engine", "moss", "--model", "tiny", "--codec", "tiny", "--device", "cpu", "--max-slots", "2",
         "--max-seq-len", "1024", "--max-lead-sec", "0")  # fmt: skip
@@ -24,8 +25,8 @@ SCRIPT = "@gap 300ms\n@max_new_tokens 24\n" + "".join(
 GAP = 14400  # 0.3 s at 48 kHz
 
 
-def state_of(url: str, script_id: str) -> dict[str, Any]:
-    r = requests.get(f"{url}/api/scripts/{script_id}", timeout=10)
+def state_of(url: str, script_id: str, jar: OwnerJar) -> dict[str, Any]:
+    r = jar.request("GET", f"{url}/api/scripts/{script_id}")
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -38,12 +39,12 @@ def pcm_of(data: bytes) -> np.ndarray:
 def test_a_render_killed_halfway_resumes_without_rendering_finished_lines(server_process, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     proc = server_process(*TINY, data_dir=data_dir)
-    r = requests.post(f"{proc.url}/api/scripts", data=SCRIPT.encode(), headers={"Content-Type": "text/plain"},
-                      timeout=10)  # fmt: skip
+    jar = OwnerJar()  # the director: the owner cookie outlives the restart (its secret is in the data dir)
+    r = jar.request("POST", f"{proc.url}/api/scripts", data=SCRIPT.encode(), headers={"Content-Type": "text/plain"})
     assert r.status_code == 201, r.text
     script_id, session_id = r.json()["script"], r.json()["session"]
     deadline = time.monotonic() + 120
-    while (before := state_of(proc.url, script_id))["lines_done"] < 2:
+    while (before := state_of(proc.url, script_id, jar))["lines_done"] < 2:
         assert time.monotonic() < deadline, before
         time.sleep(0.01)
     proc.signal(signal.SIGKILL)
@@ -54,25 +55,25 @@ def test_a_render_killed_halfway_resumes_without_rendering_finished_lines(server
 
     proc = server_process(*TINY, data_dir=data_dir)
     deadline = time.monotonic() + 120
-    while (after := state_of(proc.url, script_id))["state"] != "done":
+    while (after := state_of(proc.url, script_id, jar))["state"] != "done":
         assert time.monotonic() < deadline, after
         time.sleep(0.05)
     assert after["lines_done"] == 6 and after["lines_failed"] == 0, after
     for n, line in finished.items():
         # Same take, seed and attempts: a finished line is never rendered again.
         assert after["lines"][n - 1] == line
-    takes = {t["take_id"]: t for t in requests.get(f"{proc.url}/api/sessions/{session_id}", timeout=10).json()["takes"]}
+    takes = {t["take_id"]: t for t in jar.request("GET", f"{proc.url}/api/sessions/{session_id}").json()["takes"]}
     assert sorted(takes) == sorted(x["take"] for x in after["lines"])  # no take made twice
     assert all(takes[line["take"]]["created"] < killed_at for line in finished.values())  # stored before the kill
     # The export: every line as stored, and the mix is the lines joined with their gaps, to the sample.
-    r = requests.get(f"{proc.url}/api/scripts/{script_id}.zip", timeout=60)
+    r = jar.request("GET", f"{proc.url}/api/scripts/{script_id}.zip", timeout=60)
     assert r.status_code == 200, r.text
     z = zipfile.ZipFile(io.BytesIO(r.content))
     lines = []
     for x in after["lines"]:
         name = f"lines/{x['line']:03d}-{x['who']}.wav"
         pcm = pcm_of(z.read(name))
-        take = requests.get(f"{proc.url}/api/sessions/{session_id}/takes/{x['take']}.wav", timeout=10)
+        take = jar.request("GET", f"{proc.url}/api/sessions/{session_id}/takes/{x['take']}.wav")
         assert np.array_equal(pcm, pcm_of(take.content)), name
         lines.append(pcm)
     gap = np.zeros(GAP, dtype="<i2")

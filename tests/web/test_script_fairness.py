@@ -18,7 +18,7 @@ import websockets
 from moss_rt.config import Settings
 from moss_rt.engine.base import TakePriority, TakeSpec
 from moss_rt.engine.scripted import ScriptedEngine
-from tests.helpers import ServerThread, error_of, free_port
+from tests.helpers import OwnerJar, ServerThread, error_of, free_port
 
 SLOTS = 8  # script renders may fill 4 (0.5) in all, one client 3 (0.375)
 
@@ -51,9 +51,9 @@ def script(owner: str, lines: int) -> str:
     return "".join(f"{owner.upper()}: {owner} line {n} of the scene\n" for n in range(lines))
 
 
-def post(url: str, text: str, client: str) -> requests.Response:
-    return requests.post(f"{url}/api/scripts", data=text.encode(), timeout=10,
-                         headers={"Content-Type": "text/plain", "X-Forwarded-For": client})  # fmt: skip
+def post(url: str, text: str, client: str, jar: OwnerJar) -> requests.Response:
+    return jar.request("POST", f"{url}/api/scripts", data=text.encode(),
+                       headers={"Content-Type": "text/plain", "X-Forwarded-For": client})  # fmt: skip
 
 
 async def interactive_take(ws_url: str) -> dict[str, Any]:
@@ -74,26 +74,27 @@ def test_renders_share_the_engine_fairly_and_interactive_takes_get_in(tmp_path: 
     engine = RecordingEngine(frame_ms=8.0, max_slots=SLOTS, max_queue=2, max_lead_sec=0.0)
     thread = ServerThread(settings, engine)
     server = thread.start()
+    alpha, beta = OwnerJar(), OwnerJar()  # two directors, each with its own identity (owner cookie)
     try:
-        first = post(server.url, script("alpha", 16), "10.0.0.1")
-        second = post(server.url, script("alpha", 4), "10.0.0.1")
+        first = post(server.url, script("alpha", 16), "10.0.0.1", alpha)
+        second = post(server.url, script("alpha", 4), "10.0.0.1", alpha)
         assert first.status_code == 201 and second.status_code == 201
-        refused = post(server.url, script("alpha", 2), "10.0.0.1")  # its queue limit: two scripts at once
+        refused = post(server.url, script("alpha", 2), "10.0.0.1", alpha)  # its queue limit: two scripts at once
         assert refused.status_code == 429 and error_of(refused)["code"] == "rate_limited"
         assert refused.headers["Retry-After"] and "2 scripts" in error_of(refused)["message"]
-        other = post(server.url, script("beta", 8), "10.0.0.2")
+        other = post(server.url, script("beta", 8), "10.0.0.2", beta)
         assert other.status_code == 201
-        ids = [r.json()["script"] for r in (first, second, other)]
+        ids = [(r.json()["script"], jar) for r, jar in ((first, alpha), (second, alpha), (other, beta))]
         deadline = time.monotonic() + 30
         while "beta" not in {s.text.split()[0] for s in list(engine.running.values())}:
             assert time.monotonic() < deadline
             time.sleep(0.005)
         end = asyncio.run(asyncio.wait_for(interactive_take(server.ws_url), 30))
         assert end["type"] == "end" and end["reason"] in ("done", "max_frames")
-        states = [requests.get(f"{server.url}/api/scripts/{i}", timeout=10).json()["state"] for i in ids]
+        states = [jar.request("GET", f"{server.url}/api/scripts/{i}").json()["state"] for i, jar in ids]
         assert states.count("done") < 3  # the director was not kept waiting behind the renders
         deadline = time.monotonic() + 60
-        while any(requests.get(f"{server.url}/api/scripts/{i}", timeout=10).json()["state"] != "done" for i in ids):
+        while any(jar.request("GET", f"{server.url}/api/scripts/{i}").json()["state"] != "done" for i, jar in ids):
             assert time.monotonic() < deadline
             time.sleep(0.02)
     finally:
