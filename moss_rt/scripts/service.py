@@ -580,8 +580,13 @@ class ScriptService:
             raise
         task = self._spawn(self._retake_line(job, number, client), f"retake-{script_id}-{number}")
         job.tasks[number] = task
-        self._run(job)  # the lines still to render, if another front end was rendering them
+        self._run_rest(job)
         return job
+
+    def _run_rest(self, job: Job) -> None:
+        """Render the lines still waiting (another front end was rendering them until this one took over)."""
+        if any(n not in job.tasks and line.needs_render for n, line in job.lines.items()):
+            self._run(job)
 
     async def _take_over(self, script_id: str) -> None:
         """Hold the script's lease, whoever held it (a director works on it through this front end now)."""
@@ -631,7 +636,7 @@ class ScriptService:
         )
         job.announced_done = False
         self._emit_line(job, number)
-        self._run(job)  # the lines still to render, if another front end was rendering them
+        self._run_rest(job)
         self._after_line(job)
         return job
 
