@@ -725,9 +725,11 @@ class SessionStore:
         if self._free_disk() < b.reserve_free_bytes:
             raise StorageFull("the disk is nearly full")
 
-    def _room(self, db: Reader, client: str | None) -> int:
+    def _room(self, db: Reader, client: str | None, *, written: int = 0) -> int:
+        """``written``: bytes already on disk for the write being checked (the disk's free space has paid for
+        them; the budgets have not)."""
         b = self.budget
-        room = self._free_disk() - b.reserve_free_bytes
+        room = self._free_disk() + written - b.reserve_free_bytes
         if b.max_bytes:
             total = int(db.scalar("SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM sessions"))
             room = min(room, b.max_bytes - total)
@@ -743,7 +745,7 @@ class SessionStore:
         disk's free space has paid for them)."""
         if grow <= 0:
             return
-        room = self._room(db, client) + (grow if on_disk else 0)
+        room = self._room(db, client, written=grow if on_disk else 0)
         if grow > room:
             raise StorageFull(f"{grow} more bytes would pass the sessions' budget")
 
