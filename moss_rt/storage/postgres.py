@@ -9,12 +9,16 @@ The driver is psycopg 3 with its connection pool (``pip install -r requirements-
   first takes a transaction-level advisory lock (``pg_advisory_xact_lock``), held until it commits: the
   serialized transactions of every front end run one at a time, as SQLite's ``BEGIN IMMEDIATE`` does.
 - The database being unreachable (down, restarting, the network) is :class:`StoreUnavailable` (503 ``busy``),
-  never a traceback; what was in flight was not committed.
+  never a traceback; what was in flight was not committed. A call waits at most :data:`POOL_WAIT_SEC` for a
+  connection; after a failure, calls fail at once for :data:`RETRY_AFTER_SEC` (no pile of waiting threads while
+  the database is away), then the next one tries again; the pool reconnects in the background meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -34,6 +38,8 @@ log = logging.getLogger(__name__)
 # pg_advisory_xact_lock(key1, key2): the first key names moss_rt's locks ("moss"), the second which one.
 LOCK_SPACE = 0x6D6F7373
 SERIAL_LOCK = 1
+POOL_WAIT_SEC = 5.0  # a call's wait for a connection (a free one, or a new one while the database is away)
+RETRY_AFTER_SEC = 2.0  # after a call found the database away, the next ones fail at once for this long
 DRIVER_HINT = (
     "pip install -r requirements-cluster.txt (or the package's 'postgresql' extra: pip install 'moss-rt[postgresql]')"
 )
@@ -104,10 +110,18 @@ class PostgresDatabase(Database):
     shared = True
 
     def __init__(
-        self, url: str, *, max_connections: int = 8, connect_timeout_sec: float = 5.0, wait_sec: float = 10.0
+        self,
+        url: str,
+        *,
+        max_connections: int = 16,
+        connect_timeout_sec: float = 5.0,
+        wait_sec: float | None = None,
     ) -> None:
         psycopg, pool = load_driver()
+        wait_sec = POOL_WAIT_SEC if wait_sec is None else wait_sec
         self._where = redact_url(url)
+        self._down_lock = threading.Lock()
+        self._down_until = 0.0  # monotonic time until which calls fail at once (the database was away)
         # Errors that mean "cannot reach the database now", as opposed to a bad statement (a bug).
         self._unavailable: tuple[type[BaseException], ...] = (
             psycopg.OperationalError,
@@ -137,10 +151,16 @@ class PostgresDatabase(Database):
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
+        if time.monotonic() < self._down_until:
+            raise StoreUnavailable(f"PostgreSQL at {self._where} was unreachable a moment ago")
         try:
             yield
         except self._unavailable as exc:
-            log.warning("session store %s unavailable: %s", self._where, exc)
+            with self._down_lock:
+                first = time.monotonic() >= self._down_until
+                self._down_until = time.monotonic() + RETRY_AFTER_SEC
+            if first:
+                log.warning("session store %s unavailable: %s", self._where, exc)
             raise StoreUnavailable(f"PostgreSQL at {self._where}: {type(exc).__name__}") from exc
 
     def query(self, sql: str, params: Params = ()) -> list[Any]:

@@ -62,7 +62,7 @@ def test_a_session_written_through_one_front_end_is_resumed_through_the_other(
         ws, ch, session = await connect(b, sid, jar)  # the owner cookie a minted is valid on b
         assert session["resumed"] is True and [t["take_id"] for t in session["takes"]] == [take_id]
         await ch.send(type="seek", take=take_id, frame=5, seed=9)  # rebuilt from the codes a stored
-        ack = await ch.until("seek")
+        await ch.until("seek")
         end, pcm = await ch.to_end()
         assert stereo_frames(pcm) == expected_stereo(5, 12, 9)
         await ws.close()
@@ -86,10 +86,15 @@ def test_a_session_written_through_one_front_end_is_resumed_through_the_other(
     assert OwnerJar().request("GET", f"{b.url}/api/sessions/{sid}").status_code == 404  # still only its owner's
 
 
-def test_the_loss_of_the_database_is_503_and_the_service_recovers(make_server: Any, tmp_path: Path) -> None:
+def test_the_loss_of_the_database_is_503_and_the_service_recovers(
+    make_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     reason = why_no_postgres()
     if reason is not None:
         pytest.skip(reason)
+    from moss_rt.storage import postgres
+
+    monkeypatch.setattr(postgres, "POOL_WAIT_SEC", 1.0)  # a call's wait for the database (5 s in service)
     cluster = PostgresCluster().init().start()  # its own server: this test stops it
     try:
         server = make_server(scripted, engine="scripted", frame_ms=FRAME_MS, max_lead_sec=0.0,
