@@ -11,7 +11,7 @@ SERVE_FLAGS := $(if $(filter command line,$(origin HOST)),--host $(HOST)) \
 	$(if $(filter command line,$(origin PORT)),--port $(PORT))
 CLUSTER_STAMP := $(VENV)/.cluster-installed
 
-.PHONY: run run-scripted run-cluster test test-fast test-cluster test-gpu browser soak lint bench-cpu clean
+.PHONY: run run-scripted run-cluster test test-fast test-cluster test-gpu browser postgresql soak lint bench-cpu clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +40,9 @@ run-cluster: $(CLUSTER_STAMP)
 run-scripted: $(RUN_STAMP)
 	$(PY) -m moss_rt serve --engine scripted $(SERVE_FLAGS)
 
-## The whole suite (sets everything up, including Chromium for the browser test).
-test: $(DEV_STAMP) browser
+## The whole suite (sets everything up, including Chromium for the browser test and PostgreSQL for the shared
+## session store's tests).
+test: $(DEV_STAMP) browser postgresql
 	PYTHONASYNCIODEBUG=1 $(PY) -m pytest
 
 ## Everything but the browser test.
@@ -61,6 +62,13 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium could not be installed: the browser test will be skipped"; }
+
+## Debian's PostgreSQL for the shared session store's tests (best effort: those tests skip without it). The tests
+## start their own server in a temporary folder; nothing is started here.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null 2>&1 || { \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
+		|| echo "postgresql could not be installed: the PostgreSQL session-store tests will be skipped"; }
 
 ## Bounded soak test against the tiny model (minutes; not part of `make test`).
 soak: $(DEV_STAMP)

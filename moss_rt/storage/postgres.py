@@ -67,7 +67,7 @@ class _Row(tuple[Any, ...]):
         row._names = names
         return row
 
-    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+    def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):
             return tuple.__getitem__(self, self._names[key])
         return tuple.__getitem__(self, key)
