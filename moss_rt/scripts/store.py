@@ -104,6 +104,10 @@ def _adopt_sqlite(tx: Tx) -> int:
 
 
 PENDING, DONE, FAILED = "pending", "done", "failed"
+# A lease another front end may take (parameters: the runner asking, now): free, its own, run out, or held by a
+# front end that is gone (no longer in the store's front_ends: one on this host whose process died is removed when
+# the next front end opens the store, so a restart resumes at once).
+_FREE = "(runner IS NULL OR runner = ? OR lease_until < ? OR runner NOT IN (SELECT id FROM front_ends))"
 
 
 def new_script_id() -> str:
@@ -240,7 +244,7 @@ class ScriptStore:
         )
         params: list[Any] = [PENDING]
         if runner is not None:
-            sql += " AND (s.runner IS NULL OR s.runner = ? OR s.lease_until < ?)"
+            sql += f" AND {_FREE.replace('runner', 's.runner').replace('lease_until', 's.lease_until')}"
             params += [runner, time.time()]
         rows = self.db.query(sql + " ORDER BY s.created", params)
         return [r[0] for r in rows]
@@ -268,10 +272,11 @@ class ScriptStore:
 
     # ------------------------------------------------------------------ leases
     def claim(self, script_id: str, runner: str, lease_sec: float, *, take_over: bool = False) -> bool:
-        """Hold the script's lease for ``lease_sec``: when it is free, already ``runner``'s or ran out (or, with
-        ``take_over``, whoever held it). False when another front end holds it; ``not_found`` when it is gone."""
+        """Hold the script's lease for ``lease_sec``: when it is free, already ``runner``'s, ran out, or its front
+        end is gone (or, with ``take_over``, whoever held it). False when another front end holds it;
+        ``not_found`` when the script is gone."""
         now = time.time()
-        condition = "" if take_over else " AND (runner IS NULL OR runner = ? OR lease_until < ?)"
+        condition = "" if take_over else f" AND {_FREE}"
         params: tuple[Any, ...] = (runner, now + lease_sec, script_id) + (() if take_over else (runner, now))
         with self.db.transaction() as tx:
             if tx.execute(f"UPDATE scripts SET runner = ?, lease_until = ? WHERE id = ?{condition}", params):

@@ -184,3 +184,13 @@ def test_front_ends_agree_on_one_secret(store_backend: StoreBackend) -> None:
                        lambda: b.shared_secret("owner_cookies", b"b" * 32))  # fmt: skip
     assert results[0] == results[1] and results[0] in (b"a" * 32, b"b" * 32)
     assert store_backend.open().shared_secret("owner_cookies", b"c" * 32) == results[0]
+
+
+def test_the_lease_of_a_front_end_that_is_gone_is_free_at_once(store_backend: StoreBackend) -> None:
+    a, b = store_backend.open(), store_backend.open()
+    sa, sb = store_backend.scripts(a), store_backend.scripts(b)
+    script_id = new_script_id()
+    sa.create(script_id, a.create(), "10.0.0.1", "t", {}, [1], runner=a.front_end, lease_sec=3600)
+    assert sb.unfinished(b.front_end) == []
+    a.close()  # stopped (a crashed front end of this host is removed from the registry by the next one to open)
+    assert sb.unfinished(b.front_end) == [script_id] and sb.claim(script_id, b.front_end, 60)
