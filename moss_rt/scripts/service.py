@@ -52,6 +52,7 @@ from moss_rt.scripts.store import (
 )
 from moss_rt.session import new_take_id, random_seed
 from moss_rt.session_store import SessionStore, StorageFull, StoredTake, short_id
+from moss_rt.storage.database import StoreUnavailable
 from moss_rt.web.state import ServiceState
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,9 @@ class ScriptService:
                         await self._moved(script_id)
                 if self.state.engine.info.ready and not self._closing:
                     await self._adopt_unfinished()
-            except Exception:  # the database away for a while: try again at the next round
+            except StoreUnavailable as exc:  # the database away for a while: try again at the next round
+                log.warning("script leases: %s", exc.message)
+            except Exception:
                 log.exception("script leases: renewal failed")
 
     async def _moved(self, script_id: str) -> None:
@@ -395,6 +398,8 @@ class ScriptService:
         except* LeaseLost:
             job.runner = None
             await self._moved(job.script_id)
+        except* StoreUnavailable:
+            log.warning("script %s: the session store is unavailable; its render resumes once it is back", job.log_id)
         finally:
             job.runner = None
             self._after_line(job)
@@ -406,7 +411,7 @@ class ScriptService:
     async def _batch_line(self, job: Job, number: int, place: _Place) -> None:
         try:
             await self._render(job, number, TakePriority.BATCH, place)
-        except (SessionGone, LeaseLost, asyncio.CancelledError):
+        except (SessionGone, LeaseLost, StoreUnavailable, asyncio.CancelledError):
             raise
         except Exception:  # a bug must cost one line, not the whole batch
             log.exception("script %s line %d: render failed", job.log_id, number)
@@ -601,6 +606,9 @@ class ScriptService:
             await self._session_gone(job, str(gone))
         except LeaseLost:
             await self._moved(job.script_id)
+        except StoreUnavailable:  # the retake stays queued in the database; resumed once it is back
+            log.warning("script %s line %d: the session store is unavailable; the retake waits for it", job.log_id,
+                        number)  # fmt: skip
         except Exception:  # a bug must not leave the line rendering forever
             log.exception("script %s line %d: retake failed", job.log_id, number)
             with contextlib.suppress(SessionGone):
