@@ -345,7 +345,7 @@ class SessionStore:
             ]
         for session_id in gone:
             shutil.rmtree(self._dir(session_id), ignore_errors=True)
-        return len(ids)
+        return len(gone)
 
     # ------------------------------------------------------------------ sharing
     def share(self, session_id: str) -> str:

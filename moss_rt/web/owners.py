@@ -25,6 +25,7 @@ import hmac
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 
 from aiohttp import web
@@ -55,7 +56,13 @@ class OwnerCookies:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            secret = bytes.fromhex(path.read_text().strip())
+            text = path.read_text().strip()
+            for _ in range(40):  # another process sharing the data dir made it a moment ago and is writing it
+                if text or time.time() - path.stat().st_mtime > 5.0:
+                    break
+                time.sleep(0.05)
+                text = path.read_text().strip()
+            secret = bytes.fromhex(text)
             if len(secret) < 16:
                 raise ValueError(f"{path} holds no usable secret; delete it to make a new one") from None
             return cls(secret)
