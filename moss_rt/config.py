@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moss_rt.openai_aliases import DEFAULT_MODEL_ALIASES, DEFAULT_VOICE_ALIASES
 from moss_rt.protocol import Limits
 from moss_rt.protocol.limits import LIMIT_HELP
 
@@ -149,6 +150,14 @@ class Settings:
     )
     cors_origins: tuple[str, ...] = setting((), "origins that get CORS headers")
     token_ttl_sec: float = setting(600.0, "lifetime of browser tokens from POST /api/token")
+    # OpenAI's voice and model names on /v1/audio/speech (docs/openai.md): NAME=TARGET pairs, comma-separated;
+    # empty turns them off. Every OpenAI voice speaks with "none" until mapped to a voice of this service.
+    openai_voice_aliases: tuple[str, ...] = setting(
+        DEFAULT_VOICE_ALIASES, "OpenAI voice names on /v1/audio/speech as NAME=VOICE pairs (empty: none accepted)"
+    )
+    openai_model_aliases: tuple[str, ...] = setting(
+        DEFAULT_MODEL_ALIASES, "OpenAI model names as NAME=MODEL pairs ('default': the default model; empty: none)"
+    )
     # Script renders (docs/scripts.md): their lines run at batch priority, as many at once as these shares of the
     # engine's slots allow; the rest of the slots (and the engine's queue) stay for interactive takes.
     # The total matches the scheduler's share for batch work, so lines wait here (fairly, per client) rather than

@@ -128,6 +128,15 @@ def installed_server(venv: Path, tmp_path: Path) -> Iterator[str]:
 def test_installed_service_serves_the_studio_and_speech(installed_server: str) -> None:
     page = requests.get(installed_server + "/", timeout=10)
     assert page.status_code == 200 and "<html" in page.text.lower()
+    # The page's styles and ES modules (a subfolder of the package data) are installed and served as such.
+    assets = [ROOT / "static" / "studio.css", *sorted((ROOT / "static" / "js").glob("*.js"))]
+    assert len(assets) > 10
+    for asset in assets:
+        path = asset.relative_to(ROOT / "static").as_posix()
+        r = requests.get(f"{installed_server}/static/{path}", timeout=10)
+        assert r.status_code == 200 and r.content == asset.read_bytes(), path
+        kind = "text/css" if path.endswith(".css") else "text/javascript"
+        assert r.headers["Content-Type"].startswith(kind), (path, r.headers["Content-Type"])
     speech = requests.post(
         installed_server + "/v1/audio/speech",
         json={"model": "v2-best", "voice": "none", "input": "Installed.", "response_format": "wav"},

@@ -24,7 +24,7 @@ from moss_rt.web.cross_site import cross_site_middleware
 from moss_rt.web.guards import ArchiveSlots, ClientConnections, ClientRequestRate, ClientTakes
 from moss_rt.web.http_api import routes
 from moss_rt.web.metrics import metrics_handler, service_registry
-from moss_rt.web.openai_api import openai_errors_middleware
+from moss_rt.web.openai_api import OPENAI_ALIASES, openai_aliases, openai_errors_middleware
 from moss_rt.web.openai_api import routes as openai_routes
 from moss_rt.web.owners import OwnerCookies
 from moss_rt.web.proxies import forwarded_for_middleware, parse_networks
@@ -40,6 +40,7 @@ from moss_rt.web.security import (
 from moss_rt.web.session_upkeep import session_retention, session_upkeep
 from moss_rt.web.sessions_api import routes as session_routes
 from moss_rt.web.state import STATE, ServiceState
+from moss_rt.web.static_files import add_static_routes
 from moss_rt.web.voices_api import routes as voice_routes
 from moss_rt.web.words_api import routes as words_routes
 from moss_rt.web.ws import websocket_handler
@@ -98,13 +99,14 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
     app.add_routes(routes)
     app.add_routes(voice_routes)
     app.add_routes(openai_routes)
+    app[OPENAI_ALIASES] = openai_aliases(settings)  # a malformed alias setting fails here, at start
     app.add_routes(session_routes)
     app.add_routes(words_routes)
     app.add_routes(script_routes)
     app.router.add_get("/api/ws", websocket_handler)
     app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():
-        app.router.add_static("/static/", settings.static_dir, show_index=False)
+        add_static_routes(app, settings.static_dir)
     app.cleanup_ctx.append(_sessions_lifecycle)  # first in, last out: everything below may use the store
     app.cleanup_ctx.append(_engine_lifecycle)
     app.cleanup_ctx.append(_aligner_lifecycle)
@@ -200,6 +202,14 @@ async def _sessions_lifecycle(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        # Takes cut off by clients that left are being stored: let them finish (bounded), then close the store.
+        keeps = {task for tasks in state.closing_keeps.values() for task in tasks}
+        if keeps:
+            _, late = await asyncio.wait(keeps, timeout=settings.shutdown_grace_sec)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
         await asyncio.to_thread(store.close)
 
 

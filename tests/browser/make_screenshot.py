@@ -44,6 +44,9 @@ def main(out: Path, engine: str = "tiny") -> None:
     ):
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
         pg = browser.new_page(viewport={"width": 1440, "height": 1000})
+        # The studio is ES modules: one that fails to load leaves an inert page, not a picture worth keeping.
+        errors: list[str] = []
+        pg.on("pageerror", lambda e: errors.append(str(e)))
         pg.goto(url + "/")
         pg.wait_for_function("window.studio && window.studio.connected", timeout=15_000)
         pg.fill("#instruction", INSTRUCTION)
@@ -87,6 +90,8 @@ def main(out: Path, engine: str = "tiny") -> None:
         pg.mouse.move(0, 0)
         pg.evaluate("window.scrollTo(0, 0)")
         time.sleep(0.05)
+        if errors:
+            raise SystemExit(f"the studio raised errors, no screenshot written: {errors}")
         out.parent.mkdir(parents=True, exist_ok=True)
         pg.screenshot(path=str(out))
         browser.close()

@@ -1,0 +1,58 @@
+/* The comp: regions of any takes queued in order ("Add to comp"), joined sample for sample into a new take made
+ * here, playable, comparable and exportable as WAV. Owns the queue. */
+import { $, el, fmtSec, plural } from './util.js';
+import { PcmStore } from './pcm.js';
+import { announce } from './status.js';
+import { takeEvents, takeTitle } from './takes.js';
+import { openLocalTake, selectedTake } from './selection.js';
+import { currentRegion } from './editor.js';
+
+let comp = [];        // [{take, from, to}] samples, whole frames
+let compSeq = 0;
+
+/* The queued regions (read only). */
+export function compSegments() { return comp; }
+
+function renderComp() {
+  $('comp').hidden = !comp.length;
+  $('compList').replaceChildren(...comp.map((seg, i) => el('li', {},
+    takeTitle(seg.take) + ' ' + fmtSec(seg.from) + ' – ' + fmtSec(seg.to),
+    el('button', { type: 'button', class: 'x', text: '×', 'aria-label': 'Remove region ' + (i + 1) + ' from the comp', onclick: () => { comp.splice(i, 1); renderComp(); } }))));
+  const total = comp.reduce((a, g) => a + g.to - g.from, 0);
+  $('compInfo').textContent = comp.length ? plural(comp.length, 'region') + ' · ' + fmtSec(total) : '';
+  $('compBuild').disabled = !comp.length;
+}
+function addToComp() {
+  const R = currentRegion(), t = selectedTake(); if (!R || !t || R.to <= R.from) return;
+  comp.push({ take: t, from: R.from, to: R.to });
+  renderComp(); announce('Region added to the comp.');
+}
+function compJoins() {
+  const joins = []; let at = 0;
+  comp.forEach((g, i) => { if (i) joins.push({ sample: at, kind: 'comp join' }); at += g.to - g.from; });
+  return joins;
+}
+/* The regions joined in order, sample for sample (mono regions are doubled when any region is stereo). */
+function buildComp() {
+  if (!comp.length) return null;
+  const ch = Math.max(...comp.map((g) => g.take.pcm.ch));
+  const out = new PcmStore(ch, comp.reduce((a, g) => a + g.to - g.from, 0));
+  for (const g of comp) {
+    const src = g.take.pcm, n = g.to - g.from;
+    if (src.ch === ch) out.append(src.data.subarray(g.from * ch, g.to * ch));
+    else { const d = new Int16Array(n * ch); for (let i = 0; i < n; i++) for (let c = 0; c < ch; c++) d[i * ch + c] = src.sample(g.from + i, 0); out.append(d); }
+  }
+  const n = ++compSeq;
+  const t = openLocalTake(out, { req: { text: 'Comp ' + n + ' of ' + comp.map((g) => g.take.name).join(', ') }, title: 'Comp ' + n,
+    comp: comp.map((g) => ({ take: g.take.key, from: g.from, to: g.to })),
+    splices: compJoins() });
+  announce('Built ' + takeTitle(t) + ', ' + fmtSec(out.length) + '.');
+  return t;
+}
+
+export function initComp() {
+  takeEvents.on('removed', (take) => { comp = comp.filter((g) => g.take !== take); renderComp(); });
+  $('compAdd').addEventListener('click', addToComp);
+  $('compBuild').addEventListener('click', buildComp);
+  $('compClear').addEventListener('click', () => { comp = []; renderComp(); });
+}

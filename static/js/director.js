@@ -1,0 +1,344 @@
+/* Directing runs: what the page asked the service for and what it is receiving. Sends start (Speak), seek (replay
+ * or retake from a frame) and cancel; matches the service's answers (start, seek, end, error) to the requests;
+ * routes incoming PCM into the take being generated (or into a replay's store); mirrors which takes the service
+ * still holds. Owns the requests in flight and the live take. */
+import { SR, FRAME, now, fmtSec, plural } from './util.js';
+import { PcmStore } from './pcm.js';
+import { audio } from './audio-out.js';
+import { conn, onClose, onMessage, onPcm } from './connection.js';
+import { limits } from './service.js';
+import { setStatus, setConn, showAlert, hideAlert, announce, markField } from './status.js';
+import { paramValue, SAMPLING_KEYS } from './params.js';
+import { collectRequest, validateScene, saveScene, seedIsFixed } from './scene.js';
+import { voiceName } from './voices.js';
+import * as playback from './playback.js';
+import { addTake, allTakes, holds, newTake, pinTakes, removeTake, setTakeId, takeById, takeTitle, takeUpdated } from './takes.js';
+import { selectTake, lastTakeSummary, openLocalTake } from './selection.js';
+import { sessionId, sessionLost, sessionEvents } from './sessions.js';
+import * as render from './render.js';
+
+export const XFADE = 480;   // 10 ms: the crossfade where a region retake gives way to the old tail
+
+let starts = [];     // start requests sent, in order, each waiting for its server start (or error): [{take, cancelled}]
+let seekReq = null;  // the seek sent and not yet acknowledged: {mode, frame, source, take, tail, preroll, cancelled}
+let rx = null;       // where incoming PCM goes: {kind:'take', take} | {kind:'replay', take, store, base}
+let live = null;     // the take the server is generating for us
+let held = [];       // ids of this connection's takes the service keeps (it drops the oldest beyond limits.max_takes_kept)
+
+export const stats = {
+  samplesReceived: 0, pcmMessages: 0, strayPcm: 0, replayMismatches: 0,
+  takesStarted: 0, takesEnded: 0, lastTtfaMs: null, lastEnd: null, lastSeek: null, lastSplice: null, errors: [],
+};
+
+/* The take being generated for this page, or null. */
+export function liveTake() { return live; }
+/* A start or seek sent and not answered yet. */
+export function hasPending() { return starts.length > 0 || !!seekReq; }
+/* The service is re-sending a take (a replay). */
+export function replaying() { return !!(rx && rx.kind === 'replay'); }
+
+/* Speak: the scene as a new take. */
+export function speak() {
+  if (!conn.ready) { showAlert('offline', 'Not connected yet.'); return; }
+  const req = collectRequest();
+  if (!validateScene(req)) { setStatus('Check the scene', 'Some fields need attention.'); return; }
+  hideAlert();
+  audio.init().catch(() => {});
+  playback.stopPlayback();
+  const take = newTake({ req: { ...req, referenceName: voiceName(req.reference) } });
+  take.sentAt = now();
+  const r = { take };
+  starts.push(r);
+  const msg = { type: 'start', ...req, take: take.key, channels: req.channels || 1 };
+  if (!seedIsFixed()) delete msg.seed;
+  if (!conn.send(msg)) { starts.pop(); return; }
+  setStatus('Requesting a take…', 'Waiting for the first audio.');
+  render.refresh();
+  saveScene();
+}
+
+/* Cancel: stop the audio, and whatever the service is generating or about to. */
+export function cancelAll() {
+  const hadPlayback = !!playback.current();
+  playback.stopPlayback();
+  if (live || hasPending() || replaying()) {
+    conn.send({ type: 'cancel' });
+    if (live) live.cancelling = true;
+    setStatus('Cancelling…', 'Audio stopped.');
+    const pend = [...starts, seekReq].filter(Boolean);
+    for (const r of pend) r.cancelled = true;      // whatever the service still sends for them is kept silent
+    if (pend.length) setTimeout(() => {            // a request cancelled while being admitted may never be answered
+      const before = starts.length + (seekReq ? 1 : 0);
+      starts = starts.filter((r) => !pend.includes(r));
+      if (pend.includes(seekReq)) seekReq = null;
+      if (starts.length + (seekReq ? 1 : 0) !== before) { if (!live) setStatus('Cancelled', ''); render.refresh(); }
+    }, 5000);
+  } else if (hadPlayback) setStatus('Stopped', '');
+  if (replaying()) { rx.store.complete = true; rx = null; }
+  render.refresh();
+}
+
+/* Replay (mode 'replay') or retake (mode 'retake') `src` from the frame at sample `at`.
+ * direction(): the retake's direction {seedMode, seed, instruction, text, useSampling, prerollSec}, or null when
+ * it is not valid (it marks the field); tail: keep the old tail after a region ({to, source}). */
+export function seek(mode, src, at, { direction = null, tail = null } = {}) {
+  const frame = Math.floor(at / FRAME);
+  audio.init().catch(() => {});
+  playback.stopPlayback();
+  const msg = { type: 'seek', take: src.id, frame, mode };
+  let take = null, preroll = 0;
+  if (mode === 'retake') {
+    const d = direction ? direction() : { seedMode: 'new', instruction: '', text: '', useSampling: false, prerollSec: 0 };
+    if (!d) return;
+    if (d.seedMode === 'same') msg.seed = src.seed;
+    else if (d.seedMode === 'fixed') msg.seed = d.seed;
+    // 'new': the service picks a fresh seed and reports it in its start
+    if (d.instruction.trim()) msg.instruction = d.instruction;
+    if (d.text.trim()) msg.text = d.text;
+    const req = { ...(src.req || {}), seed: msg.seed ?? null };
+    if (msg.instruction) req.instruction = msg.instruction;
+    if (msg.text) req.text = msg.text;
+    if (d.useSampling) for (const k of SAMPLING_KEYS) { const v = paramValue(k); if (v !== undefined) { msg[k] = v; req[k] = v; } }
+    take = newTake({ req });
+    take.seed = msg.seed ?? null;
+    take.sentAt = now();
+    preroll = d.prerollSec;
+  }
+  seekReq = { mode, frame, source: src, take, tail, preroll };
+  if (!conn.send(msg)) { seekReq = null; return; }
+  setStatus(mode === 'retake' ? 'Retaking ' + src.name + ' from ' + fmtSec(frame * FRAME) + '…' : 'Replaying ' + src.name + '…',
+    mode === 'retake' ? 'Everything before frame ' + frame + ' is kept exactly.' : 'The service re-sends the stored audio.');
+  render.refresh();
+}
+
+/* ------------------------------------------------------------------ the service's answers */
+
+function onHello() { held = []; }
+
+function onStart(msg) {
+  let take = null;
+  if (rx && rx.kind === 'replay' && msg.take === rx.take.id) { rx.started = true; return; }
+  if (msg.replay) return;                 // a replay we stopped listening to
+  if (rx && rx.kind === 'take' && rx.take.id === msg.take) take = rx.take;                  // retake after its seek ack
+  else if (starts.length) {
+    // The server answers start requests in order (each with a start, or an error). If it echoes our
+    // label, trust that instead: requests before the labelled one will never start.
+    let i = msg.label != null ? starts.findIndex((r) => r.take.key === msg.label) : -1;
+    if (i < 0) i = 0;
+    const r = starts[i]; starts.splice(0, i + 1);
+    take = r.take; take.muted = !!r.cancelled;
+  }
+  else take = newTake({ req: null });                                                         // not ours (should not happen)
+  if (!take.id) setTakeId(take, msg.take);
+  serviceKeeps(take.id);
+  take.seed = msg.seed != null ? String(msg.seed) : take.seed;
+  take.model = msg.model || take.model;
+  take.gpuFirstMs = msg.gpu_first_ms;
+  take.status = 'streaming';
+  take.conn = conn.serial;
+  const ch = msg.channels || 1;
+  if (!take.pcm) take.pcm = new PcmStore(ch);
+  else if (take.pcm.ch !== ch) take.pcm = new PcmStore(ch);
+  take.startAt = now();
+  rx = { kind: 'take', take };
+  live = take;
+  stats.takesStarted++;
+  if (!holds(take)) addTake(take);
+  if (!take.isRetake) {             // a fresh take: follow it and play it as it streams
+    selectTake(take, 0);
+    if (!take.muted) playback.startStream(take, take.pcm, 0, 0, 'live');
+    announce('Speaking ' + take.name + '.');
+    render.showWaveOnPhone();
+  }
+  takeUpdated(take); render.refresh(); render.drawAll();
+}
+
+function onAudio(pcm) {
+  stats.pcmMessages++;
+  if (!rx) { stats.strayPcm += pcm.length; return; }
+  if (rx.kind === 'take') {
+    const take = rx.take, before = take.pcm.length;
+    take.pcm.append(pcm);
+    const n = take.pcm.length - before;
+    stats.samplesReceived += n;
+    if (take.firstPcmAt == null) {
+      take.firstPcmAt = now();
+      take.ttfaClient = take.firstPcmAt - take.sentAt;
+      stats.lastTtfaMs = take.ttfaClient;
+    }
+    take.lastPcmAt = now();
+    const ts = take.tailSplice;
+    if (ts && !ts.cut && take.pcm.length >= ts.to + XFADE) { ts.cut = true; conn.send({ type: 'cancel' }); }   // the region is re-done
+  } else {
+    const before = rx.store.length;
+    rx.store.append(pcm);
+    stats.samplesReceived += rx.store.length - before;
+    const heldPcm = rx.take.pcm, ch = heldPcm.ch;
+    const from = rx.base + before, to = Math.min(rx.base + rx.store.length, heldPcm.length);
+    for (let i = from; i < to; i++) if (heldPcm.data[i * ch] !== rx.store.data[(i - rx.base) * ch]) { stats.replayMismatches++; break; }
+  }
+  playback.feed();
+  render.scheduleDraw();
+}
+
+function onSeekAck(msg) {
+  const p = seekReq;
+  seekReq = null;
+  const source = takeById(msg.from_take);
+  stats.lastSeek = { take: msg.take, from_take: msg.from_take, frame: msg.frame, sample: msg.sample, requestedFrame: p ? p.frame : null, mode: p ? p.mode : null };
+  if (!source) { showAlert('seek', 'The service acknowledged a seek on a take this page does not hold.'); return; }
+  if (msg.sample !== msg.frame * FRAME) showAlert('protocol', `seek ack sample ${msg.sample} is not frame ${msg.frame} × ${FRAME}`);
+  const sample = msg.sample;
+  if (msg.take === msg.from_take) {                                  // replay: the same take re-sent from the sample
+    if (p && p.cancelled) return;
+    const store = new PcmStore(source.pcm.ch);
+    rx = { kind: 'replay', take: source, store, base: sample };
+    selectTake(source, sample);
+    playback.startStream(source, store, 0, sample, 'replay');
+    setStatus('Replaying ' + source.name, 'From ' + fmtSec(sample) + ' (frame ' + msg.frame + '), re-sent by the service.');
+    render.refresh();
+    return;
+  }
+  // Retake: the new take keeps the source's samples before the splice exactly, then the continuation.
+  const take = p && p.take ? p.take : newTake({ req: source.req });
+  setTakeId(take, msg.take);
+  serviceKeeps(take.id);
+  take.parent = source.key; take.spliceSample = sample; take.spliceFrame = msg.frame; take.isRetake = true;
+  if (p && p.tail && p.tail.source === source) take.tailSplice = p.tail;     // a region retake that keeps the old tail
+  take.pcm = source.pcm.prefix(sample);
+  take.status = 'streaming'; take.conn = conn.serial;
+  stats.lastSplice = { take: msg.take, from_take: msg.from_take, frame: msg.frame, sample, prefixSamples: take.pcm.length,
+    parentHeld: source.pcm.length, padded: source.pcm.length < sample };
+  rx = { kind: 'take', take };
+  live = take;
+  addTake(take);
+  selectTake(take, sample);
+  const pre = Math.round((p ? p.preroll : 0) * SR);
+  take.muted = !!(p && p.cancelled);
+  if (!take.muted) playback.startStream(take, take.pcm, Math.max(0, sample - pre), 0, 'retake');
+  announce('Retaking ' + source.name + ' from ' + fmtSec(sample) + ' as ' + take.name + '.');
+  render.showWaveOnPhone();
+  takeUpdated(take); render.refresh(); render.drawAll();
+}
+
+function onEnd(msg) {
+  if (rx && rx.kind === 'replay' && rx.take.id === msg.take) {
+    rx.store.complete = true; rx = null; playback.feed(); render.refresh(); return;
+  }
+  if (msg.replay) return;                 // the end of a replay we stopped listening to: the take itself is unchanged
+  if (msg.take) serviceKeeps(msg.take);
+  let take = takeById(msg.take);
+  if (!take && starts.length) take = starts.shift().take;    // ended before it ever started
+  if (!take) return;
+  take.end = msg;
+  take.status = msg.reason || 'done';
+  if (sessionId() && msg.n_frames > 0 && take.conn === conn.serial) take.stored = sessionId();   // kept before its end was sent
+  take.endAt = now();
+  if (take.pcm) take.pcm.complete = true;
+  if (rx && rx.take === take) rx = null;
+  if (live === take) live = null;
+  stats.takesEnded++;
+  stats.lastEnd = { ...msg, receivedSamples: take.pcm ? take.pcm.length : 0 };
+  if (take.pcm && msg.n_frames != null && take.pcm.length !== msg.n_frames * FRAME) take.mismatch = `holds ${take.pcm.length} samples, the service reports ${msg.n_frames} frames`;
+  playback.feed();
+  const kept = !!(take.pcm && take.pcm.length);
+  // Nothing to keep: no audio, or replaced by a new Speak before the director heard a quarter second of it.
+  if (!kept && (msg.reason === 'replaced' || msg.reason === 'cancelled')) removeTake(take);
+  else if (msg.reason === 'replaced' && (take.heardSamples || 0) < SR / 4 && !take.title && !take.starred && !take.note) removeTake(take);
+  else takeUpdated(take);
+  if (take.tailSplice) {
+    const ts = take.tailSplice;
+    if (take.pcm && take.pcm.length >= ts.to + XFADE && holds(ts.source)) {
+      const spliced = spliceOldTail(take, ts.source, ts.to);
+      announce(takeTitle(spliced) + ': the region re-done, the old tail back after ' + fmtSec(ts.to) + '.');
+      setStatus('Spliced', takeTitle(spliced) + ': new audio ' + fmtSec(take.spliceSample) + ' – ' + fmtSec(ts.to) + ', then ' + ts.source.name + '\'s tail (10 ms crossfade).');
+    } else showAlert('splice', 'The retake ended before the region\'s end, so the old tail was not brought back.', { info: true });
+    render.refresh(); render.drawAll();
+    return;
+  }
+  if (!live && !hasPending()) {
+    const what = { done: 'finished', max_frames: 'reached its frame limit', cancelled: 'cancelled', replaced: 'replaced', shutdown: 'stopped: the service is shutting down', error: 'ended with an error' }[msg.reason] || msg.reason;
+    if (kept || msg.reason !== 'replaced') announce(take.name + ' ' + what + (kept ? ', ' + fmtSec(take.pcm.length) + '.' : '.'));
+    if (!playback.current() || msg.reason === 'cancelled') setStatus(msg.reason === 'cancelled' ? 'Cancelled' : 'Ready', msg.reason === 'cancelled' ? take.name + ' cancelled at ' + fmtSec(kept ? take.pcm.length : 0) + '.' : lastTakeSummary());
+  }
+  render.refresh(); render.drawAll();
+  if (msg.reason === 'error') showAlert('error', 'The take ended with an error.');
+}
+
+function onServerError(msg) {
+  stats.errors.push({ code: msg.code, message: msg.message, field: msg.field, take: msg.take });
+  if (stats.errors.length > 50) stats.errors.shift();
+  if (msg.field === 'session') { sessionLost(msg); return; }      // an answer to resume, not to a take
+  if (!(msg.take && takeById(msg.take))) {          // not about a take we know: a request of ours was refused
+    if (seekReq && (msg.field === 'take' || msg.field === 'frame' || !starts.length)) seekReq = null;
+    else if (starts.length) starts.shift();
+  }
+  if (msg.take) {
+    const t = takeById(msg.take);
+    if (t && t.status === 'streaming') { t.status = 'error'; t.pcm && (t.pcm.complete = true); if (live === t) live = null; if (rx && rx.take === t) rx = null; takeUpdated(t); }
+  }
+  if (msg.field) markField(msg.field, msg.message);
+  const retry = msg.code === 'busy' || msg.code === 'loading' || msg.code === 'rate_limited';
+  showAlert(msg.code || 'error', msg.message || 'The service reported an error.', { retry });
+  if (!live && !playback.current()) setStatus(msg.code === 'busy' ? 'Service busy' : msg.code === 'loading' ? 'Model loading' : msg.code === 'rate_limited' ? 'Limit reached' : 'Not started', msg.message || '');
+  render.refresh(); playback.feed();
+}
+
+function onDisconnected(ev) {
+  setConn('closed', 'Disconnected');
+  const lost = live;
+  if (lost) { lost.status = 'disconnected'; lost.pcm && (lost.pcm.complete = true); takeUpdated(lost); }
+  if (replaying()) rx.store.complete = true;
+  live = null; rx = null; starts = []; seekReq = null;
+  playback.feed();                // let the player drain what it holds
+  render.refresh();
+  for (const t of allTakes()) takeUpdated(t);
+  if (ev && ev.code === 1008) showAlert('closed', 'The service closed the connection: ' + (ev.reason || 'policy violation'));
+}
+
+/* The service keeps the last limits.max_takes_kept takes of a connection (the running one never goes): mirror
+ * that, so a take it has dropped is not offered for replay, retake or service download (they would fail). */
+function serviceKeeps(id) {
+  if (sessionId()) return;            // bound to a stored session: the service keeps takes until deleted
+  if (held.includes(id)) return;
+  held.push(id);
+  const max = limits().max_takes_kept || 32;
+  while (held.length > max) {
+    const i = held.findIndex((x) => !(live && live.id === x));
+    if (i < 0) break;
+    const [gone] = held.splice(i, 1);
+    const t = takeById(gone);
+    if (t) { t.dropped = true; takeUpdated(t); }
+  }
+  render.refresh();
+}
+
+/* new[0, to) + a crossfade into old[to, to + XFADE) + old[to + XFADE, end): the region re-done, the rest kept. */
+function spliceOldTail(retake, source, to) {
+  const ch = retake.pcm.ch, out = new PcmStore(ch, source.pcm.length + SR);
+  out.append(retake.pcm.data.subarray(0, to * ch));
+  const x = new Int16Array(XFADE * ch);
+  for (let i = 0; i < XFADE; i++) {
+    const w = (i + 0.5) / XFADE;
+    for (let c = 0; c < ch; c++) x[i * ch + c] = Math.round(retake.pcm.sample(to + i, c) * (1 - w) + source.pcm.sample(to + i, c) * w);
+  }
+  out.append(x);
+  out.append(source.pcm.data.subarray((to + XFADE) * ch, source.pcm.length * ch));
+  return openLocalTake(out, { req: retake.req, seed: retake.seed, parent: source.key, spliceSample: retake.spliceSample, spliceFrame: retake.spliceFrame,
+    splices: [{ sample: to, kind: 'crossfade ' + Math.round(XFADE / SR * 1000) + ' ms' }], spliceOf: { retake: retake.key, source: source.key, to } });
+}
+
+export function initDirector() {
+  pinTakes((t) => t === live);
+  onMessage('hello', onHello);
+  onMessage('start', onStart);
+  onMessage('seek', onSeekAck);
+  onMessage('end', onEnd);
+  onMessage('error', onServerError);
+  onPcm(onAudio);
+  onClose(onDisconnected);
+  sessionEvents.on('resumed', (fresh) => {
+    if (!live && !hasPending()) setStatus('Session resumed', plural(fresh, 'take') + ' back from the service, every one playable and retakeable.');
+  });
+  playback.playbackEvents.on('drained', () => { if (!live && !hasPending()) setStatus('Ready', lastTakeSummary()); });
+}

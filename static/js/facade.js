@@ -1,0 +1,67 @@
+/* window.studio: the page's test and automation facade. Counters (stats, a live view over each module's own
+ * counters) and read-only views of what the page holds, plus a few commands (select, place the playhead, set a
+ * region, drop the connection). The browser tests (tests/browser/) drive and check the page through it. */
+import { FRAME, describeRtf } from './util.js';
+import { hello } from './service.js';
+import { audio, stats as audioStats } from './audio-out.js';
+import { conn, stats as connectionStats } from './connection.js';
+import * as playback from './playback.js';
+import { allTakes, findTake, holds, takeByKey } from './takes.js';
+import { cursorSample, selectTake, selectedTake, setCursor } from './selection.js';
+import { hasPending, liveTake, stats as directorStats } from './director.js';
+import { sessionId, stats as sessionStats } from './sessions.js';
+import { currentRegion, setRegion, viewRange } from './editor.js';
+import { compSegments } from './comp.js';
+
+/* One object whose properties read through to the modules' counters (each counter has one owner). */
+function liveStats(...sources) {
+  const view = {};
+  for (const src of sources) for (const key of Object.keys(src)) {
+    if (key in view) throw new Error('two modules count ' + key);
+    Object.defineProperty(view, key, { get: () => src[key], enumerable: true });
+  }
+  return view;
+}
+
+function describeTake(t) {
+  return { key: t.key, name: t.name, id: t.id, status: t.status, seed: t.seed, samples: t.pcm ? t.pcm.length : 0,
+    channels: t.pcm ? t.pcm.ch : null, parent: t.parent ? (takeByKey(t.parent) || {}).id || null : null, spliceSample: t.spliceSample || 0,
+    spliceFrame: t.spliceFrame || 0, end: t.end || null, ttfaMs: t.ttfaClient ?? null, heardMs: t.heardMs ?? null, mismatch: t.mismatch || null, request: t.req,
+    underruns: t.underruns || 0, dropped: !!t.dropped, title: t.title || null, starred: !!t.starred, note: t.note || '',
+    local: !!t.local, stored: !!t.stored, loaded: !!(t.pcm && t.pcm.complete), splices: (t.splices || []).map((x) => ({ ...x })), markers: (t.markers || []).map((m) => ({ ...m })) };
+}
+
+export function installFacade() {
+  window.studio = {
+    stats: liveStats(connectionStats, directorStats, playback.stats, audioStats, sessionStats),
+    get connected() { return conn.ready; },
+    get hello() { return hello(); },
+    get audioMode() { return audio.mode; },
+    get audioState() { return audio.ctx ? audio.ctx.state : null; },
+    get busy() { return !!(hasPending() || liveTake()); },
+    get playing() { return !!playback.current(); },
+    get cursor() { return cursorSample(); },
+    get selected() { const t = selectedTake(); return t ? t.key : null; },
+    get playingTake() { const p = playback.current(); return p ? p.take.key : null; },
+    get playhead() { return playback.playheadSample(); },
+    get connectionSerial() { return conn.serial; },
+    get session() { return sessionId(); },
+    takes() { return allTakes().map(describeTake); },
+    take(idOrKey) { const t = findTake(idOrKey); return t ? (holds(t) ? describeTake(t) : undefined) : null; },
+    /* Samples [from, to) of channel c of a take, as a plain array (tests check splices with it). */
+    samples(idOrKey, from, to, c = 0) {
+      const t = findTake(idOrKey); if (!t || !t.pcm) return null;
+      const out = []; for (let i = Math.max(0, from); i < Math.min(to, t.pcm.length); i++) out.push(t.pcm.sample(i, c)); return out;
+    },
+    setCursorFrame(frame) { setCursor(frame * FRAME); return cursorSample(); },
+    select(idOrKey) { const t = findTake(idOrKey); if (t) selectTake(t, cursorSample()); return !!t; },
+    disconnect() { conn.drop(4001, 'test'); },
+    describeRtf,
+    setRegion(fromFrame, toFrame) { setRegion(fromFrame == null ? null : fromFrame * FRAME, toFrame * FRAME); return currentRegion(); },
+    get region() { return currentRegion(); },
+    get view() { const t = selectedTake(); return t && t.pcm ? viewRange(t) : null; },
+    get loop() { const l = playback.loopRegion(); return l ? { ...l } : null; },
+    get comp() { return compSegments().map((g) => ({ key: g.take.key, from: g.from, to: g.to })); },
+    markers(idOrKey) { const t = findTake(idOrKey); return t ? (t.markers || []).map((m) => ({ ...m })) : null; },
+  };
+}

@@ -1,0 +1,105 @@
+/* moss_rt directing studio: the entry point (<script type="module" src="/static/js/main.js">). No build step.
+ * Starts every module in order, connects the page-wide pieces no single module owns (the service's hello, the
+ * keyboard shortcuts, what render.refresh() and the redraw do), installs the window.studio facade, and boots.
+ * The module map is static/README.md. */
+import { $, FRAME } from './util.js';
+import * as render from './render.js';
+import { setTitlePrefix, setConn, setStatus, hideAlert } from './status.js';
+import { initAuth, authEvents } from './auth.js';
+import { audio, resumeAudioOnGesture } from './audio-out.js';
+import { conn, onMessage } from './connection.js';
+import { initTopbar, applyHelloToTopbar } from './topbar.js';
+import { initVoices, loadVoices } from './voices.js';
+import { initRecorder, isRecording, stopRecording } from './recorder.js';
+import { initScene, restoreScene, applyHelloToScene } from './scene.js';
+import * as playback from './playback.js';
+import { allTakes } from './takes.js';
+import { initSelection, selectedTake, cursorSample, setCursor } from './selection.js';
+import { initSessions, resumeSession } from './sessions.js';
+import { initDirector, cancelAll, hasPending, liveTake, speak } from './director.js';
+import * as editor from './editor.js';
+import { initCompare, playAB, switchAB, refreshCompare } from './compare.js';
+import { initComp } from './comp.js';
+import { initTakeList, drawAllMinis, drawLiveCards } from './takelist.js';
+import { initTransport, refreshTransport, updateMeters } from './transport.js';
+import { installFacade } from './facade.js';
+
+/* ------------------------------------------------------------------ the modules, in order */
+// Listeners run in the order modules subscribe: the order below is the order panels follow a change.
+initAuth();
+resumeAudioOnGesture();
+initTopbar();
+initVoices();
+initRecorder();
+initScene();
+initDirector();
+initSessions();
+initTakeList();
+editor.initEditor();
+initCompare();
+initComp();
+initSelection();
+initTransport();
+
+render.onRefresh(refreshTransport);
+render.onRefresh(editor.refreshEditorButtons);
+render.onRefresh(refreshCompare);
+render.onRefresh(editor.refreshRegion);
+render.onDraw(editor.drawEditor);
+render.onDraw(updateMeters);
+render.onDraw(drawLiveCards);
+render.keepDrawingWhile(() => !!(playback.current() || liveTake()));
+setTitlePrefix(() => (liveTake() ? '● ' : playback.current() ? '▶ ' : ''));
+
+/* ------------------------------------------------------------------ the service's hello */
+onMessage('hello', (msg) => {
+  applyHelloToScene(msg);
+  applyHelloToTopbar(msg);
+  setConn('open', 'Connected');
+  conn.startPings();
+  if (msg.sessions) resumeSession();
+  loadVoices();
+  render.refresh();
+  if (!hasPending() && !liveTake()) setStatus('Ready', 'Write a scene and press Speak.');
+  hideAlert(['offline', 'protocol']);
+});
+authEvents.on('key', () => { conn.attempt = 0; conn.connect(); });
+
+/* ------------------------------------------------------------------ page-wide */
+new ResizeObserver(() => { render.scheduleDraw(); drawAllMinis(); }).observe(document.body);
+new ResizeObserver(() => document.body.style.setProperty('--transport-h', $('transport').offsetHeight + 'px')).observe($('transport'));
+window.addEventListener('beforeunload', (e) => {   // comps and splices live only in this page
+  if (allTakes().some((t) => t.local)) { e.preventDefault(); e.returnValue = ''; }
+});
+
+document.addEventListener('keydown', (e) => {
+  const typing = /^(INPUT|TEXTAREA|SELECT)$/.test(e.target.tagName) || e.target.isContentEditable;
+  if ((e.ctrlKey || e.metaKey) && e.key === 'Enter') {
+    e.preventDefault();
+    if (e.shiftKey) { if (!$('retakeBtn').disabled) editor.seekFromPlayhead('retake'); } else if (!$('speak').disabled) speak();
+    return;
+  }
+  if (e.key === 'Escape') { if (isRecording()) stopRecording(); else cancelAll(); return; }
+  if (typing || e.ctrlKey || e.metaKey || e.altKey) return;
+  const t = selectedTake();
+  if (e.key === ' ') { if (/^(BUTTON|A|SUMMARY)$/.test(e.target.tagName)) return; e.preventDefault(); $('edPlay').click(); }
+  else if (e.key === 'a' || e.key === 'A') playAB('a');
+  else if (e.key === 'b' || e.key === 'B') playAB('b');
+  else if (e.key === 'x' || e.key === 'X') switchAB();
+  else if (e.key === '[' && t) editor.markRegionStart();
+  else if (e.key === ']' && t) editor.markRegionEnd();
+  else if (e.key === 'l' || e.key === 'L') editor.toggleLoop();
+  else if (e.key === 'm' || e.key === 'M') editor.addMarker();
+  else if ((e.key === 'ArrowLeft' || e.key === 'ArrowRight') && t) {
+    e.preventDefault(); setCursor(cursorSample() + (e.key === 'ArrowLeft' ? -1 : 1) * FRAME * (e.shiftKey ? 10 : 1));
+  }
+});
+
+installFacade();
+
+/* ------------------------------------------------------------------ boot */
+restoreScene();
+render.refresh();
+render.scheduleDraw();
+conn.connect();
+audio.init().catch(() => {});   // starts suspended without a gesture in most browsers; resumed on the first click

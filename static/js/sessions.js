@@ -1,0 +1,146 @@
+/* The directing session the service keeps on disk: its takes (codes, parameters, seeds), the director's notes and
+ * the audio as heard. The page binds each connection to it with `resume` (its id is kept in this browser, or given
+ * as ?session= in the address), so a reload, a reconnect or a server restart brings every take back, playable and
+ * retakeable. Notes and deletions go over plain HTTP (/api/sessions/...). Comps and region splices are made here
+ * from held audio and are not kept (main.js asks before the page is closed with one). */
+import { $, FRAME, plural } from './util.js';
+import { createEmitter } from './events.js';
+import { PcmStore, parseWav } from './pcm.js';
+import { auth, apiFetch } from './auth.js';
+import { conn, onMessage } from './connection.js';
+import { showAlert, announce } from './status.js';
+import { voiceName } from './voices.js';
+import { addTake, holds, holdAtLeast, newTake, setTakeId, takeById, takeEvents, takeUpdated } from './takes.js';
+import { cursorSample, selectTake, selectedTake } from './selection.js';
+import * as render from './render.js';
+
+const SESSION_KEY = 'moss_rt.studio.session';
+
+/* 'resumed' (n): n takes came back from the session. */
+export const sessionEvents = createEmitter();
+export const stats = { notesSaved: 0 };
+
+let id = null;       // the session this page is bound to
+let max = null;      // its quota of takes
+const dirty = new Set();
+let timer = null;
+
+export function sessionId() { return id; }
+
+/* Bind the connection to the session (the kept one, or a new one). */
+export function resumeSession() { const sid = id || initialId(); conn.send(sid ? { type: 'resume', session: sid } : { type: 'resume' }); }
+
+/* The service's answer to resume was an error about the session. */
+export function sessionLost(msg) {
+  if (msg.code !== 'not_found') { showAlert(msg.code || 'session', msg.message || 'The session could not be resumed.'); return; }
+  try { localStorage.removeItem(SESSION_KEY); } catch (e) { /* private mode */ }
+  id = null;
+  if (conn.ready) conn.send({ type: 'resume' });       // a new session
+  showAlert('session', 'That session is not kept by this service (deleted, or another data dir); a new one was started.', { info: true });
+}
+
+function initialId() { return new URLSearchParams(location.search).get('session') || localStorage.getItem(SESSION_KEY); }
+function path(p) { return '/api/sessions/' + encodeURIComponent(id) + p; }
+
+function saveNotes(t) {
+  if (!t.stored || t.stored !== id) return;
+  dirty.add(t); clearTimeout(timer); timer = setTimeout(flushNotes, 300);
+}
+async function flushNotes() {
+  const items = [...dirty]; dirty.clear();
+  for (const t of items) {
+    if (!holds(t)) continue;
+    const body = { title: t.title || '', starred: !!t.starred, note: t.note || '', markers: (t.markers || []).map((m) => ({ sample: m.sample, label: m.label })) };
+    try {
+      const r = await apiFetch(path('/takes/' + encodeURIComponent(t.id)), { method: 'PATCH', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+      if (!r.ok) { const b = await r.json().catch(() => null); throw new Error((b && b.error && b.error.message) || 'HTTP ' + r.status); }
+      stats.notesSaved++;
+    } catch (e) { showAlert('session', 'The notes of ' + t.name + ' were not saved: ' + e.message); }
+  }
+}
+/* A take removed from the page leaves the session too (deleted, or junk the director never heard). */
+async function forget(t, retry = true) {
+  if (!t.stored || t.stored !== id || !t.id) return;
+  try {
+    const r = await apiFetch(path('/takes/' + encodeURIComponent(t.id)), { method: 'DELETE' });
+    if (r.status === 404 && retry) { setTimeout(() => forget(t, false), 1000); return; }   // not stored yet
+    if (!r.ok) throw new Error('HTTP ' + r.status);
+  } catch (e) { showAlert('session', t.name + ' could not be deleted from the session: ' + e.message); }
+}
+
+function onSession(msg) {
+  id = msg.session; max = msg.max_takes || null;
+  holdAtLeast(max);
+  try { localStorage.setItem(SESSION_KEY, msg.session); } catch (e) { /* private mode */ }
+  const fresh = (msg.takes || []).filter((rec) => !takeById(rec.take_id)).length;
+  for (const rec of msg.takes || []) adoptStoredTake(rec);
+  refreshSessionUi(); render.refresh(); render.drawAll();
+  if (msg.resumed && fresh) {
+    announce(plural(fresh, 'take') + ' back from the session.');
+    sessionEvents.emit('resumed', fresh);
+  }
+}
+
+function adoptStoredTake(rec) {
+  const known = takeById(rec.take_id);
+  if (known) { known.conn = conn.serial; known.dropped = false; known.stored = id; takeUpdated(known); return; }
+  const req = { ...(rec.request || {}) }; delete req.type; delete req.take;
+  req.referenceName = voiceName(req.reference);
+  const t = newTake({ req });
+  setTakeId(t, rec.take_id);
+  t.seed = String(rec.seed); t.status = rec.reason || 'done';
+  t.end = { type: 'end', take: rec.take_id, reason: rec.reason, n_frames: rec.n_frames, ...(rec.stats || {}) };
+  const parent = rec.parent && takeById(rec.parent);
+  if (parent) t.parent = parent.key;
+  t.spliceFrame = rec.branch_frame || 0; t.spliceSample = t.spliceFrame * FRAME; t.isRetake = !!rec.parent;
+  t.title = rec.title || ''; t.starred = !!rec.starred; t.note = rec.note || ''; t.markers = rec.markers || [];
+  t.created = new Date((rec.created || Date.now() / 1000) * 1000);
+  t.conn = conn.serial; t.stored = id;
+  t.pcm = new PcmStore(rec.channels || 1, 1);
+  addTake(t);
+  if (!selectedTake()) selectTake(t, 0);
+  loadStoredAudio(t);
+}
+
+async function loadStoredAudio(t) {
+  try {
+    const r = await apiFetch(path('/takes/' + encodeURIComponent(t.id) + '.wav'), { cache: 'no-store' });
+    if (!r.ok) throw new Error('HTTP ' + r.status);
+    const { ch, pcm } = parseWav(await r.arrayBuffer());
+    const store = new PcmStore(ch, pcm.length / ch);
+    store.append(pcm); store.complete = true;
+    t.pcm = store;
+    if (t.end && t.end.n_frames != null && store.length !== t.end.n_frames * FRAME) t.mismatch = `holds ${store.length} samples, the session says ${t.end.n_frames} frames`;
+  } catch (e) { showAlert('session', 'The audio of ' + t.name + ' could not be loaded: ' + e.message); }
+  takeUpdated(t);
+  if (selectedTake() === t) selectTake(t, cursorSample());
+  render.refresh(); render.scheduleDraw();
+}
+
+function refreshSessionUi() {
+  const on = !!id;
+  $('sessionBar').hidden = !on;
+  if (!on) return;
+  $('sessionExport').href = auth.query(path('/archive'));
+  $('sessionInfo').textContent = 'Kept by the service' + (max ? ' · up to ' + max + ' takes' : '');
+  $('sessionInfo').title = 'Session ' + id + ': takes stay until you delete them, across reloads and restarts.';
+}
+
+export function initSessions() {
+  onMessage('session', onSession);
+  takeEvents.on('removed', (take) => forget(take));
+  takeEvents.on('notes', saveNotes);
+  $('sessionNew').addEventListener('click', () => { try { localStorage.removeItem(SESSION_KEY); } catch (e) { /* private mode */ } location.href = location.pathname; });
+  $('sessionImportBtn').addEventListener('click', () => $('sessionImport').click());
+  $('sessionImport').addEventListener('change', async () => {
+    const f = $('sessionImport').files[0]; if (!f) return;
+    try {
+      const r = await apiFetch('/api/sessions/import', { method: 'POST', body: f, headers: { 'Content-Type': 'application/zip' } });
+      const body = await r.json().catch(() => null);
+      if (!r.ok) throw new Error((body && body.error && body.error.message) || 'HTTP ' + r.status);
+      try { localStorage.setItem(SESSION_KEY, body.session); } catch (e) { /* private mode */ }
+      location.href = location.pathname + '?session=' + encodeURIComponent(body.session);
+    } catch (e) { showAlert('import', 'The session could not be imported: ' + e.message); }
+    $('sessionImport').value = '';
+  });
+}
