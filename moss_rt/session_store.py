@@ -222,6 +222,7 @@ class SessionStore:
                 adopt=session_schema.adopt_sqlite if self.db.dialect == SQLITE else None,
             )
             front_ends.register(self.db, self.front_end)
+            self._check_files_dir()
             self.sweep_orphans()
         except BaseException:
             self.db.close()
@@ -654,6 +655,18 @@ class SessionStore:
             shutil.rmtree(final, ignore_errors=True)
             raise
         return session_id
+
+    def _check_files_dir(self) -> None:
+        """Say so when the files directory holds none of the latest takes the records name: front ends sharing a
+        database must share the files too (``--session-files`` on a shared mount), or resumes find no audio."""
+        rows = self.db.query("SELECT session_id, take_id FROM takes ORDER BY created DESC LIMIT 5")
+        if rows and not any(self._pcm_path(r[0], r[1]).exists() for r in rows):
+            log.warning(
+                "sessions: none of the latest stored takes is in %s; front ends sharing %s must share their files "
+                "directory too (--session-files on a shared mount)",
+                self.root,
+                self.db.describe(),
+            )
 
     # ------------------------------------------------------------------ orphans
     def sweep_orphans(self) -> int:

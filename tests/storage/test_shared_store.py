@@ -194,3 +194,19 @@ def test_the_lease_of_a_front_end_that_is_gone_is_free_at_once(store_backend: St
     assert sb.unfinished(b.front_end) == []
     a.close()  # stopped (a crashed front end of this host is removed from the registry by the next one to open)
     assert sb.unfinished(b.front_end) == [script_id] and sb.claim(script_id, b.front_end, 60)
+
+
+def test_a_front_end_that_does_not_share_the_files_says_so(
+    postgres_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from moss_rt.session_store import open_session_store
+
+    a = open_session_store(postgres_url, tmp_path / "shared")
+    try:
+        a.put_take(a.create(), *make_take("t_a", 2))
+        with caplog.at_level("WARNING", logger="moss_rt.session_store"):
+            b = open_session_store(postgres_url, tmp_path / "not-shared")  # its own local folder: a mistake
+        b.close()
+    finally:
+        a.close()
+    assert any("must share their files directory" in r.getMessage() for r in caplog.records)

@@ -205,3 +205,22 @@ def test_both_backends_have_the_same_migrations() -> None:
     for migrations in (session_schema.MIGRATIONS, SCRIPT_MIGRATIONS):
         for m in migrations:
             assert m.sqlite and m.postgresql, m.name
+
+
+def test_the_store_setting_is_checked_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from moss_rt.session_store import check_store_setting
+    from moss_rt.storage.url import POSTGRESQL, SQLITE, parse_store_setting, redact_url
+
+    assert parse_store_setting("").backend == SQLITE and parse_store_setting("sqlite").backend == SQLITE
+    for url in ("postgresql://moss@db:5432/moss_rt", "postgres://db/x", "host=/run/postgresql dbname=moss"):
+        assert parse_store_setting(url).backend == POSTGRESQL
+    with pytest.raises(StoreConfigError, match="expected empty") as err:
+        check_store_setting("mysql://moss:hunter2@db/x")
+    assert "hunter2" not in str(err.value)  # a password never reaches a message or a log
+    assert redact_url("postgresql://moss:hunter2@db:5432/x?sslmode=require") == (
+        "postgresql://moss:***@db:5432/x?sslmode=require"
+    )
+    assert "hunter2" not in redact_url("host=db password=hunter2 dbname=x")
+    monkeypatch.setitem(__import__("sys").modules, "psycopg", None)  # the driver not installed
+    with pytest.raises(StoreConfigError, match="requirements-cluster.txt"):
+        check_store_setting("postgresql://moss@db/x")
