@@ -75,6 +75,13 @@ class Job:
         lines = {r.line: LineState(cues[r.line], r) for r in row.lines if r.line in cues}
         return cls(row.script_id, row.session_id, row.client, script, row.created, lines, failure=row.failure)
 
+    def refresh(self, row: ScriptRow) -> None:
+        """Take the rows as the database has them now (another front end renders the script)."""
+        self.failure = row.failure
+        for r in row.lines:
+            if r.line in self.lines:
+                self.lines[r.line].row = r
+
     # -- state ------------------------------------------------------------------------------
 
     @property

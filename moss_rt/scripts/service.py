@@ -79,6 +79,9 @@ class _Place:
             self._held = False
             self._share.release(self._client)
 
+    def on_done(self, _task: asyncio.Task[Any]) -> None:
+        self.release()
+
     async def again(self) -> None:
         if not self._held:
             await self._share.acquire(self._client)
@@ -98,7 +101,8 @@ class ScriptService:
         self._closing = False
         self.exports_running = 0  # zip exports streaming now (bounded by settings.max_script_exports)
         self.runner = sessions.front_end  # this front end's name on the scripts' leases
-        self._held: set[str] = set()  # scripts whose lease this front end holds
+        self._held: set[str] = set()  # scripts whose lease this front end holds (its job here is their truth)
+        self._adopting = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -167,24 +171,26 @@ class ScriptService:
         await self._adopt_unfinished()
 
     async def _adopt_unfinished(self) -> None:
-        """Run every unfinished script this front end may run: its own, unleased, or whose lease ran out."""
-        for script_id in await asyncio.to_thread(self.store.unfinished, self.runner):
-            running = self._jobs.get(script_id)
-            if running is not None and self._running_here(running):
-                continue
-            try:
-                if not await asyncio.to_thread(self.store.claim, script_id, self.runner, LEASE_SEC):
-                    continue  # another front end was quicker
+        """Run every unfinished script this front end may run: its own, unleased, or whose lease ran out (one
+        pass at a time: the start's and the lease keeper's never run the same script twice)."""
+        async with self._adopting:
+            for script_id in await asyncio.to_thread(self.store.unfinished, self.runner):
+                running = self._jobs.get(script_id)
+                if running is not None and self._running_here(running):
+                    continue
+                try:
+                    if not await asyncio.to_thread(self.store.claim, script_id, self.runner, LEASE_SEC):
+                        continue  # another front end was quicker
+                    job = await self._load(script_id, fresh=True)
+                except ProtocolError:
+                    continue
                 self._held.add(script_id)
-                job = await self.job(script_id)
-            except ProtocolError:
-                continue
-            log.info(
-                "resuming script %s (%d lines to render)",
-                short_script_id(script_id),
-                sum(line.needs_render for line in job.lines.values()),
-            )
-            self._run(job)
+                log.info(
+                    "resuming script %s (%d lines to render)",
+                    short_script_id(script_id),
+                    sum(line.needs_render for line in job.lines.values()),
+                )
+                self._run(job)
 
     async def _keep_leases(self) -> None:
         """Renew the leases held here, stop the scripts another front end took over, and pick up scripts whose
@@ -274,9 +280,7 @@ class ScriptService:
                     await asyncio.to_thread(self.sessions.delete_session, session_id)
             raise
         self._held.add(script_id)
-        row = await asyncio.to_thread(self.store.get, script_id)
-        job = Job.of_row(row)
-        self._remember(job)
+        job = await self._load(script_id)
         self._run(job)
         log.info(
             "script %s: %d lines for session %s, from %s",
@@ -319,24 +323,32 @@ class ScriptService:
         return job
 
     async def job(self, script_id: str) -> Job:
-        """The script's job: the one rendering here, else read from the database (another front end may have
-        changed it); not_found if unknown."""
+        """The script's job: as this front end has it while it holds the script's lease (it is the only writer
+        then), else as the database has it now (another front end may be rendering it); not_found if unknown."""
         job = self._jobs.get(script_id)
-        if job is not None and self._running_here(job):
+        if job is not None and self._authoritative(job):
             self._jobs.move_to_end(script_id)
             return job
+        return await self._load(script_id)
+
+    def _authoritative(self, job: Job) -> bool:
+        return job.script_id in self._held or self._running_here(job)
+
+    async def _load(self, script_id: str, *, fresh: bool = False) -> Job:
+        """The script's job with its rows read now (``fresh``: even while this front end holds the lease, as when
+        it has just claimed it). One object per script: an existing job is refreshed in place, so renders and
+        listeners that hold it keep seeing the same one."""
         row: ScriptRow = await asyncio.to_thread(self.store.get, script_id)
         job = self._jobs.get(script_id)  # loaded, or started, meanwhile
-        if job is not None and self._running_here(job):
+        if job is not None and (self._running_here(job) or (not fresh and script_id in self._held)):
             return job
-        fresh = Job.of_row(row)
-        if job is not None:
-            fresh.log = job.log  # its listeners stay subscribed
-        fresh.elsewhere = (
-            row.runner is not None and row.runner != self.runner and (row.lease_until or 0.0) > time.time()
-        )
-        self._remember(fresh)
-        return fresh
+        if job is None:
+            job = Job.of_row(row)
+        else:
+            job.refresh(row)
+        job.elsewhere = row.runner is not None and row.runner != self.runner and (row.lease_until or 0.0) > time.time()
+        self._remember(job)
+        return job
 
     async def of_session(self, session_id: str) -> list[dict[str, Any]]:
         """The scripts rendered into a session (the caller's access to it is checked by the web layer)."""
@@ -345,7 +357,7 @@ class ScriptService:
         out = []
         for row in rows:
             job = self._jobs.get(row.script_id)
-            if job is None or not self._running_here(job):
+            if job is None or not self._authoritative(job):
                 job = Job.of_row(row)
             out.append({**job.progress(), "title": job.script.title, "created": job.created})
         return out
@@ -392,7 +404,11 @@ class ScriptService:
                         self.share.release(job.client)
                         continue
                     place = _Place(self.share, job.client)
-                    job.tasks[number] = group.create_task(self._batch_line(job, number, place), name=f"line-{number}")
+                    task = group.create_task(self._batch_line(job, number, place), name=f"line-{number}")
+                    # Released however the task ends: one cancelled before it ever ran (its group failing on
+                    # another line) never reaches its own ``finally``.
+                    task.add_done_callback(place.on_done)
+                    job.tasks[number] = task
         except* SessionGone as gone:
             await self._session_gone(job, str(gone.exceptions[0]))
         except* LeaseLost:
@@ -597,6 +613,7 @@ class ScriptService:
         """Hold the script's lease, whoever held it (a director works on it through this front end now)."""
         if script_id not in self._held:
             await asyncio.to_thread(self.store.claim, script_id, self.runner, LEASE_SEC, take_over=True)
+            await self._load(script_id, fresh=True)  # what the front end that had it recorded, before writing
             self._held.add(script_id)
 
     async def _retake_line(self, job: Job, number: int, client: str) -> None:
