@@ -126,11 +126,11 @@ class ScriptService:
             job.log.close()
         held, self._held = list(self._held), set()
         if held:  # another front end may resume them at once (a render cut short here stays queued)
-            release = asyncio.ensure_future(asyncio.to_thread(self._release_all, held))
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(release), CLOSE_TIMEOUT_SEC)
+            await asyncio.to_thread(self._release_all, held)
 
     def _release_all(self, script_ids: list[str]) -> None:
+        """Give the leases up (bounded: the database away fails the first call within its wait, the rest at
+        once; their leases then run out by themselves)."""
         for script_id in script_ids:
             with contextlib.suppress(ProtocolError):
                 self.store.release(script_id, self.runner)
