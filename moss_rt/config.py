@@ -99,6 +99,10 @@ class Settings:
     # Prompt blocks stay in the KV pool after their take until the room is needed, so later takes whose
     # prompts open with the same rows (one voice, one direction) share them instead of prefilling them.
     prompt_cache: bool = setting(True, "keep prompt blocks for later takes whose prompts open the same way")
+    # Batch work (script renders, TakeSpec.priority BATCH) runs with what interactive takes leave: it is admitted
+    # only while no interactive take waits, prepared with what a prefill pass has left, and holds at most this share
+    # of the slots and of the KV cache, so directors always find room.
+    batch_share: float = setting(0.5, "share of slots and KV cache batch work (script renders) may hold at once")
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")

@@ -9,6 +9,8 @@
 - ``retake`` renders one line again (new words, direction, seed, or from a frame of its take) at interactive
   priority; ``accept`` makes any take of the session the line's (a retake directed in the studio). Either replaces
   the line in the next export; nothing else is rendered again.
+- Word timing: a line's render ends once its take's words are aligned and kept (when the server has an aligner),
+  so an export has its captions by word at once (:mod:`moss_rt.scripts.words`).
 - Restarts: a render's take id, request and seed are written before the engine is asked, so ``start`` resumes
   every unfinished script where it stopped and finished lines are never rendered again.
 - Several front ends on one store: a script renders on the front end holding its lease (moss_rt/scripts/store.py);
@@ -30,9 +32,9 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from moss_rt.align.base import WordTime
 from moss_rt.engine.base import TakePriority
 from moss_rt.protocol import ErrorCode, ProtocolError
-from moss_rt.scripts.captions import Word
 from moss_rt.scripts.events import EventLog
 from moss_rt.scripts.fairness import FairShare
 from moss_rt.scripts.format import Script
@@ -50,6 +52,8 @@ from moss_rt.scripts.store import (
     not_found,
     short_script_id,
 )
+from moss_rt.scripts.timeline import Timeline
+from moss_rt.scripts.words import LineWords
 from moss_rt.session import new_take_id, random_seed
 from moss_rt.session_store import SessionStore, StorageFull, StoredTake, short_id
 from moss_rt.storage.database import StoreUnavailable
@@ -103,6 +107,7 @@ class ScriptService:
         self.runner = sessions.front_end  # this front end's name on the scripts' leases
         self._held: set[str] = set()  # scripts whose lease this front end holds (its job here is their truth)
         self._adopting = asyncio.Lock()
+        self.words = LineWords(state, sessions, self._spawn)  # the lines' word timing (moss_rt/scripts/words.py)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -502,6 +507,7 @@ class ScriptService:
                 number, DONE, done.seed, done.take_id, done.n_frames, text, instruction, line.row.attempts
             )
             self._emit_line(job, number)
+            await self.words.after_render(job.session_id, done.take_id)  # the script is done once they are kept
             return
 
     async def _recorded(self, call: Any, *args: Any, **kwargs: Any) -> None:
@@ -663,6 +669,7 @@ class ScriptService:
         self._emit_line(job, number)
         self._run_rest(job)
         self._after_line(job)
+        self.words.in_background(job.session_id, take.take_id)  # a studio take may have been made without words
         return job
 
     @staticmethod
@@ -674,10 +681,10 @@ class ScriptService:
             )
         return line
 
-    async def words_of(self, job: Job) -> dict[int, list[Word]]:
-        """Word timing of each line's take, by line number, where the session store keeps it (none yet: the
-        word-timing component stores words with a take; captions by word then appear in the export)."""
-        return {}
+    async def words_of(self, session_id: str, timeline: Timeline) -> dict[int, list[WordTime]]:
+        """The words of each line an export places (by line number, timed from its take's sample 0): stored with
+        the take, else aligned now when the server has an aligner (bounded; :mod:`moss_rt.scripts.words`)."""
+        return await self.words.of_lines(session_id, timeline.placed)
 
     # ------------------------------------------------------------------ events
     def listen(self, job: Job, last_event_id: str | None) -> tuple[Any, list[Any]]:

@@ -300,8 +300,9 @@ async def export_script(request: web.Request) -> web.StreamResponse:
         return busy_response(2.0)
     service.exports_running += 1
     try:
-        export = ScriptExport(job, service.sessions, fmt, await service.words_of(job))
+        export = ScriptExport(job, service.sessions, fmt)
         await export.check()
+        export.words = await service.words_of(job.session_id, export.timeline)  # aligned now where missing
 
         async def write(response: web.StreamResponse, data: bytes) -> None:
             await write_or_drop(request, response, data)

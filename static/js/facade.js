@@ -12,6 +12,9 @@ import { hasPending, liveTake, stats as directorStats } from './director.js';
 import { sessionId, stats as sessionStats } from './sessions.js';
 import { currentRegion, setRegion, viewRange } from './editor.js';
 import { compSegments } from './comp.js';
+import { currentScript, stats as scriptJobStats } from './script-job.js';
+import { stats as scriptPanelStats } from './script-panel.js';
+import { stats as wordStats, wordsOf } from './words.js';
 
 /* One object whose properties read through to the modules' counters (each counter has one owner). */
 function liveStats(...sources) {
@@ -33,7 +36,7 @@ function describeTake(t) {
 
 export function installFacade() {
   window.studio = {
-    stats: liveStats(connectionStats, directorStats, playback.stats, audioStats, sessionStats),
+    stats: liveStats(connectionStats, directorStats, playback.stats, audioStats, sessionStats, wordStats, scriptJobStats, scriptPanelStats),
     get connected() { return conn.ready; },
     get hello() { return hello(); },
     get audioMode() { return audio.mode; },
@@ -62,6 +65,10 @@ export function installFacade() {
     get view() { const t = selectedTake(); return t && t.pcm ? viewRange(t) : null; },
     get loop() { const l = playback.loopRegion(); return l ? { ...l } : null; },
     get comp() { return compSegments().map((g) => ({ key: g.take.key, from: g.from, to: g.to })); },
+    /* The script the Script panel follows, as the service last said it ({script, state, lines: [...]}), or null. */
+    get script() { const s = currentScript(); return s ? JSON.parse(JSON.stringify(s)) : null; },
     markers(idOrKey) { const t = findTake(idOrKey); return t ? (t.markers || []).map((m) => ({ ...m })) : null; },
+    /* A take's word timing as the page holds it: {words: [{word, start, end, flags?}], complete, loading, error}. */
+    words(idOrKey) { const s = wordsOf(findTake(idOrKey)); return s ? JSON.parse(JSON.stringify({ words: s.words, complete: s.complete && !s.gap, loading: s.loading, error: s.error })) : null; },
   };
 }

@@ -22,6 +22,8 @@ import { initCompare, playAB, switchAB, refreshCompare } from './compare.js';
 import { initComp } from './comp.js';
 import { initTakeList, drawAllMinis, drawLiveCards } from './takelist.js';
 import { initTransport, refreshTransport, updateMeters } from './transport.js';
+import { initWords, refreshWords, drawWords } from './words.js';
+import { initScriptPanel, refreshScriptPanel } from './script-panel.js';
 import { installFacade } from './facade.js';
 
 /* ------------------------------------------------------------------ the modules, in order */
@@ -36,16 +38,21 @@ initDirector();
 initSessions();
 initTakeList();
 editor.initEditor();
+initWords();
 initCompare();
 initComp();
 initSelection();
 initTransport();
+initScriptPanel();        // after sessions.js: it reads the session's takes when the service lists them
 
 render.onRefresh(refreshTransport);
 render.onRefresh(editor.refreshEditorButtons);
 render.onRefresh(refreshCompare);
 render.onRefresh(editor.refreshRegion);
+render.onRefresh(refreshWords);
+render.onRefresh(refreshScriptPanel);
 render.onDraw(editor.drawEditor);
+render.onDraw(drawWords);
 render.onDraw(updateMeters);
 render.onDraw(drawLiveCards);
 render.keepDrawingWhile(() => !!(playback.current() || liveTake()));

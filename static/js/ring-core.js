@@ -42,6 +42,11 @@ export class RingCore {
       this.reset(0);
       return;
     }
+    if (this.active && !this.primed && this.ended && this.level < (this.step === 1 ? 1 : 2)) {
+      // The end came after the ring ran dry (a take's end can follow its last audio by a while, e.g. while its
+      // last words are aligned): nothing is left to play, so the stream has drained.
+      this.drained = true; this.active = false; this.event = true;
+    }
     if (this.active && !this.primed && (this.level >= this.cushion || (this.ended && this.level > 0))) {
       this.primed = true; this.fadeIn = 64; this.event = true;   // 1.3 ms ramp: no click when starting mid-signal
     }

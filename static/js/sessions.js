@@ -16,7 +16,7 @@ import * as render from './render.js';
 
 const SESSION_KEY = 'moss_rt.studio.session';
 
-/* 'resumed' (n): n takes came back from the session. */
+/* 'resumed' (n): n takes came back from the session; 'synced' (n): n takes stored since (syncSession) joined. */
 export const sessionEvents = createEmitter();
 export const stats = { notesSaved: 0 };
 
@@ -24,11 +24,21 @@ let id = null;       // the session this page is bound to
 let max = null;      // its quota of takes
 const dirty = new Set();
 let timer = null;
+let syncs = 0;       // resumes sent by syncSession not answered yet: their answers are no resume to announce
 
 export function sessionId() { return id; }
 
 /* Bind the connection to the session (the kept one, or a new one). */
 export function resumeSession() { const sid = id || initialId(); conn.send(sid ? { type: 'resume', session: sid } : { type: 'resume' }); }
+
+/* Ask the service again for the session's takes, so those stored since by something else than this connection (a
+ * script render's lines, docs/scripts.md) join the page like any other: playable, retakeable. Quietly: the answer
+ * is 'synced', not 'resumed'. False when there is no session or connection to ask on. */
+export function syncSession() {
+  if (!id || !conn.ready || !conn.send({ type: 'resume', session: id })) return false;
+  syncs++;
+  return true;
+}
 
 /* The service's answer to resume was an error about the session. */
 export function sessionLost(msg) {
@@ -75,7 +85,8 @@ function onSession(msg) {
   const fresh = (msg.takes || []).filter((rec) => !takeById(rec.take_id)).length;
   for (const rec of msg.takes || []) adoptStoredTake(rec);
   refreshSessionUi(); render.refresh(); render.drawAll();
-  if (msg.resumed && fresh) {
+  if (syncs > 0 && msg.session === id && msg.resumed) { syncs--; sessionEvents.emit('synced', fresh); }
+  else if (msg.resumed && fresh) {
     announce(plural(fresh, 'take') + ' back from the session.');
     sessionEvents.emit('resumed', fresh);
   }
@@ -83,7 +94,12 @@ function onSession(msg) {
 
 function adoptStoredTake(rec) {
   const known = takeById(rec.take_id);
-  if (known) { known.conn = conn.serial; known.dropped = false; known.stored = id; takeUpdated(known); return; }
+  if (known) {
+    const changed = known.conn !== conn.serial || known.dropped || known.stored !== id;   // a sync re-lists them all
+    known.conn = conn.serial; known.dropped = false; known.stored = id;
+    if (changed) takeUpdated(known);
+    return;
+  }
   const req = { ...(rec.request || {}) }; delete req.type; delete req.take;
   req.referenceName = voiceName(req.reference);
   const t = newTake({ req });
@@ -128,6 +144,7 @@ function refreshSessionUi() {
 
 export function initSessions() {
   onMessage('session', onSession);
+  onMessage('hello', () => { syncs = 0; });   // a new connection: syncs sent on the old one are never answered
   takeEvents.on('removed', (take) => forget(take));
   takeEvents.on('notes', saveNotes);
   $('sessionNew').addEventListener('click', () => { try { localStorage.removeItem(SESSION_KEY); } catch (e) { /* private mode */ } location.href = location.pathname; });

@@ -7,9 +7,11 @@ import { limits } from './service.js';
 
 let voiceById = new Map();
 
-/* 'uploaded': a new voice was uploaded and chosen (the scene saves). */
+/* 'uploaded': a new voice was uploaded and chosen (the scene saves); 'listed': the list came (again). */
 export const voiceEvents = createEmitter();
 
+/* The voices the service offers, as it listed them ({id, name, kind, duration}); read only. */
+export function listedVoices() { return [...voiceById.values()]; }
 /* The voice the picker holds ('none' for the model's own voice). */
 export function chosenVoice() { return $('voice').value; }
 /* A voice's display name (its id when the service does not list it; null for none). */
@@ -31,6 +33,7 @@ export async function loadVoices(selectId) {
   if (builtin.length) sel.append(el('optgroup', { label: 'Built-in' }, ...builtin.map(opt)));
   if (uploaded.length) sel.append(el('optgroup', { label: 'Uploaded' }, ...uploaded.map(opt)));
   setVoice(keep && (keep === 'none' || voiceById.has(keep)) ? keep : 'none');
+  voiceEvents.emit('listed');
 }
 
 export function setVoice(id) {

@@ -31,6 +31,17 @@ def state_of(url: str, script_id: str, jar: OwnerJar) -> dict[str, Any]:
     return r.json()
 
 
+def store_words_of(lines: list[dict[str, Any]], url: str, session_id: str, jar: OwnerJar) -> bool:
+    """Every line's take has its words in the session, a prefix of its text (what its audio reached)."""
+    for x in lines:
+        r = jar.request("GET", f"{url}/api/sessions/{session_id}/takes/{x['take']}/words")
+        said = [w["word"] for w in r.json()["words"]]
+        spoken = f"this is line number {x['line']} of the scene".split()
+        if r.status_code != 200 or not said or said != spoken[: len(said)]:
+            return False
+    return True
+
+
 def pcm_of(data: bytes) -> np.ndarray:
     with wave.open(io.BytesIO(data)) as w:
         return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
@@ -79,3 +90,10 @@ def test_a_render_killed_halfway_resumes_without_rendering_finished_lines(server
     gap = np.zeros(GAP, dtype="<i2")
     expected = np.concatenate([part for pcm in lines for part in (gap, pcm)][1:])
     assert np.array_equal(pcm_of(z.read("mix.wav")), expected)
+    # Captions by word for every line: kept as the lines rendered, or aligned for the export (a line whose words
+    # the kill cut off) and kept then. The tiny model's words are estimates, and its 24-frame lines may reach only
+    # their first words.
+    srt = z.read("captions/words.srt").decode()
+    assert store_words_of(after["lines"], proc.url, session_id, jar)
+    for x in after["lines"]:
+        assert f"\n{x['who']}: this is" in srt
