@@ -57,10 +57,12 @@ class PostgresCluster:
         bin_dir = pg_bin_dir()
         assert bin_dir is not None
         self.bin_dir = bin_dir
-        self.folder = Path(tempfile.mkdtemp(prefix="moss_rt-pg-"))
+        self._as_postgres = os.geteuid() == 0
+        # As root the server runs as 'postgres', who must reach the folder: under /tmp, not a private TMPDIR.
+        where = "/tmp" if self._as_postgres and os.path.isdir("/tmp") else None
+        self.folder = Path(tempfile.mkdtemp(prefix="moss_rt-pg-", dir=where))
         self.data = self.folder / "data"
         self.user = "moss"
-        self._as_postgres = os.geteuid() == 0
         if self._as_postgres:
             account = pwd.getpwnam("postgres")
             os.chown(self.folder, account.pw_uid, account.pw_gid)
