@@ -18,6 +18,7 @@ import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from prometheus_client import generate_latest
@@ -107,7 +108,7 @@ class ReplicaStatus:
 
 def writable(spec: TakeSpec) -> TakeSpec:
     """Ray hands numpy arrays over read-only (zero copy); the engine owns its own copies."""
-    changes = {
+    changes: dict[str, Any] = {
         name: np.array(value, dtype=np.int64)
         for name in ("prefix_codes", "reference_codes")
         if (value := getattr(spec, name)) is not None

@@ -179,7 +179,7 @@ class ClusterEngine(EngineLifecycle):
         """The first ready replica's info, with the cluster's readiness, metrics and replica list."""
         statuses = [r.status for r in self._replicas if r.status is not None and r.status.info is not None]
         ready = [s for s in statuses if s.ready]
-        base = (ready or statuses or [None])[0]
+        base = next(iter(ready or statuses), None)
         cluster = {
             "cluster": self.settings.cluster or "auto",
             "replicas": str(len(self._replicas)),

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ _off = 0  # nesting depth of ``disabled()``
 
 
 @functools.cache
-def _triton():
+def _triton() -> Any:
     """The jitted kernels, built on first use (so TRITON_INTERPRET is read then); None without Triton."""
     try:
         import triton
@@ -170,12 +171,13 @@ def residual_norm(
     D = x.shape[-1]
     rows = x.numel() // D
     has_res = update is not None
+    res = update.contiguous() if update is not None else x
     xo = torch.empty_like(x) if has_res else x
     h = torch.empty(x.shape, device=x.device, dtype=out_dtype)
     if rows:
         blk = _block(D)
         kern[(rows,)](
-            x, update.contiguous() if has_res else x, scale if has_res else x,
+            x, res, scale if has_res else x,
             norm.weight if norm is not None else x, norm.bias if norm is not None else x,
             xo, h, D, float(norm.eps) if norm is not None else 0.0,
             HAS_RES=has_res, HAS_NORM=norm is not None, BLOCK=blk, num_warps=_warps(blk),

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -460,13 +460,14 @@ class MossEngine(EngineLifecycle):
         plan = self._plan_memory(loaded.config, codec, where.device, where.dtype)
         slots, seq_len = plan.max_slots, plan.max_seq_len
         graphs = where.device.type == "cuda" and "cuda_graphs" in inspect.signature(StreamingDecoder).parameters
+        extra: dict[str, Any] = {"cuda_graphs": True} if graphs else {}
         decoder = StreamingDecoder(
             codec,
             device=where.device,
             dtype=where.dtype,
             max_streams=slots + CODEC_EXTRA_STREAMS,  # every slot, a render and the warm-up
             max_chunk_frames=CODEC_CHUNK_FRAMES,
-            **({"cuda_graphs": True} if graphs else {}),
+            **extra,
         )
         # Captures under load are deferred to the scheduler's rounds (see codec_batch), whether or not the
         # codec overlaps: the same calls then get graphs at the same points either way.

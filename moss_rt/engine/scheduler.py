@@ -603,7 +603,11 @@ class Scheduler:
         per_call = max(1, int(getattr(self.codec, "max_batch", len(rebuilding))))
         frames = min(REBUILD_CHUNK_FRAMES, int(self.decoder.max_chunk_frames), rebuilding[0].rebuild_left)
         members = [t for t in rebuilding if min(frames, t.rebuild_left) == frames][:per_call]
-        items = [(t, t.decoder, t.codes_array(t.rebuilt, t.rebuilt + frames)) for t in members]
+        items = [
+            (t, state, t.codes_array(t.rebuilt, t.rebuilt + frames))
+            for t in members
+            if (state := t.decoder) is not None
+        ]
         note_call = getattr(self.codec, "note_call", None)
         if note_call is not None:
             note_call([codes for _, _, codes in items])  # counted on this thread, like the streamed chunks
@@ -615,7 +619,7 @@ class Scheduler:
         self.metrics.codec_rebuild_frames.inc(frames * len(members))
         return True
 
-    def _rebuild_on_worker(self, items: list[tuple[Take, DecoderState | None, np.ndarray]]) -> None:
+    def _rebuild_on_worker(self, items: list[tuple[Take, DecoderState, np.ndarray]]) -> None:
         """On the codec worker: advance the states through their kept frames; a failure fails those takes."""
         try:
             self.codec.advance([state for _, state, _ in items], [codes for _, _, codes in items])
@@ -716,9 +720,9 @@ class Scheduler:
         """Hand the due chunks to the codec worker as one batched call; returns without waiting for it
         (unless the worker is max_pending calls behind)."""
         chunks = [
-            _Chunk(t, t.decoder, t.flushed, t.codes_array(t.flushed, t.frames))
+            _Chunk(t, state, t.flushed, t.codes_array(t.flushed, t.frames))
             for t in takes
-            if t.pending > 0 and t.decoder is not None and t.codec_error is None
+            if t.pending > 0 and (state := t.decoder) is not None and t.codec_error is None
         ]
         if not chunks:
             return
@@ -854,7 +858,7 @@ class _Chunk:
     """Frames of one take handed to the codec: its state, where they start, the codes."""
 
     take: Take
-    state: DecoderState | None
+    state: DecoderState
     first_frame: int
     codes: np.ndarray
 

@@ -176,6 +176,7 @@ class StreamEncoder:
             options = {**_MUX_OPTIONS, **(_OGG_OPTIONS if muxer == "ogg" else {})}
             self._container = av.open(self._sink, mode="w", format=muxer, options=options)
             stream = self._container.add_stream(codec, rate=fmt.sample_rate, layout=_LAYOUTS[channels])
+            assert isinstance(stream, av.audio.stream.AudioStream)  # an audio codec's stream
             if bit_rate is not None:
                 stream.bit_rate = bit_rate * channels
             self._stream = stream

@@ -12,6 +12,7 @@ the host, so the same code runs eagerly and inside CUDA graphs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -200,7 +201,7 @@ class Qwen3Backbone(nn.Module):
         """
         if fused_layers.available(x):
             return self._forward_fused(x, cos, sin, k_caches, v_caches, index, key_mask)
-        for layer_index, layer in enumerate(self.layers):
+        for layer_index, layer in enumerate(cast("list[Qwen3DecoderLayer]", self.layers)):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn(h, cos, sin, k_caches[layer_index], v_caches[layer_index], index, key_mask)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -220,7 +221,7 @@ class Qwen3Backbone(nn.Module):
         batch, tq, hidden = x.shape
         residual = x.reshape(batch * tq, hidden)
         delta: torch.Tensor | None = None  # the block output still to be added (none before the first layer)
-        for layer_index, layer in enumerate(self.layers):
+        for layer_index, layer in enumerate(cast("list[Qwen3DecoderLayer]", self.layers)):
             norm = layer.input_layernorm
             residual, h = fused_layers.add_rmsnorm(residual, delta, norm.weight, norm.eps)
             attn = layer.self_attn.forward_fused(
@@ -310,7 +311,7 @@ class LocalTransformer(nn.Module):
         if fused_local.available(x):
             return self._step_fused(x, cos, sin, buffers, pos)
         h = x.unsqueeze(1)
-        for index, block in enumerate(self.h):
+        for index, block in enumerate(cast("list[LocalBlock]", self.h)):
             h = h + block.attn(block.ln_1(h), cos, sin, buffers[2 * index], buffers[2 * index + 1], pos)
             h = h + block.mlp(block.ln_2(h))
         return self.ln_f(h)[:, 0]
@@ -322,7 +323,7 @@ class LocalTransformer(nn.Module):
         k/v writes and the attention are one kernel; the GEMMs and the activation are the torch path's."""
         residual = x
         delta: torch.Tensor | None = None  # the block output still to be added (none before the first block)
-        for index, block in enumerate(self.h):
+        for index, block in enumerate(cast("list[LocalBlock]", self.h)):
             attn = block.attn
             residual, h = fused_local.add_layernorm(residual, delta, block.ln_1.weight, block.ln_1.bias, block.ln_1.eps)
             heads = fused_local.rope_write_attention(

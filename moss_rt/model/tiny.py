@@ -18,6 +18,7 @@ import logging
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -74,7 +75,7 @@ def tiny_config() -> MossTTSConfig:
         audio_pad_token_id=1024,
         local_text_head_mode="binary",
         sampling_rate=48000,
-        **ids,
+        **cast("dict[str, Any]", ids),  # the special tokens' ids, by the config's field names
     )
 
 

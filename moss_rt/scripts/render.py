@@ -22,7 +22,8 @@ from moss_rt.generation import FRAME_SAMPLES, N_CODEBOOKS
 from moss_rt.protocol import DEFAULT_CHUNK_FRAMES, ErrorCode, ProtocolError, StartTake
 from moss_rt.scripts.format import Cue, Script, line_take_title
 from moss_rt.session import TakeRecord
-from moss_rt.session_store import SessionFull, SessionStore, StorageFull, StoredTake
+from moss_rt.session_records import SessionFull, StorageFull, StoredTake
+from moss_rt.session_store import SessionStore
 from moss_rt.storage.database import StoreUnavailable
 from moss_rt.web.state import ServiceState
 from moss_rt.web.takes import reference_codes

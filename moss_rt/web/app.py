@@ -178,7 +178,7 @@ def session_store(settings: Settings) -> SessionStore:
     return open_session_store(
         settings.session_store,
         settings.session_files_dir,
-        max_takes=limits.max_session_takes,
+        max_session_takes=limits.max_session_takes,
         limits=limits,
         budget=budget,
     )

@@ -32,7 +32,7 @@ from moss_rt.formats import FORMATS, MAX_SPEED, MIN_SPEED, SAMPLE_RATES
 from moss_rt.protocol import SAMPLING_DEFAULTS, ErrorCode, Limits, stream_fields
 from moss_rt.protocol.schema import Field
 from moss_rt.scripts.store import SCRIPT_ID_PATTERN
-from moss_rt.session_store import SESSION_ID, TAKE_ID
+from moss_rt.session_records import SESSION_ID, TAKE_ID
 from moss_rt.voices import REF_ID_PATTERN, UPLOAD_EXTENSIONS
 from moss_rt.web.state import STATE
 

@@ -57,7 +57,7 @@ from moss_rt.session import (
     TakeStatus,
     WordsCheckpoint,
 )
-from moss_rt.session_store import StoredTake, short_id
+from moss_rt.session_records import StoredTake, short_id
 from moss_rt.web.audio_out import AudioOuts
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
@@ -496,7 +496,7 @@ class Connection:
         stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
         # The session's limit first: adopted into a history still bounded like a connection without a
         # session (max_takes_kept), the oldest stored takes would be dropped again at once (issue 23, finding 6).
-        self.lifecycle.keep_takes(store.max_takes)
+        self.lifecycle.keep_takes(store.max_session_takes)
         codebook = self.state.engine.info.codebook_size
         held = {t.take_id for t in self.lifecycle.history.takes}
         for record in stored:
@@ -523,7 +523,8 @@ class Connection:
         self.session_id = session_id
         await self.send_message(
             SessionResumed(
-                session=session_id, resumed=resumed, max_takes=store.max_takes, takes=[t.public() for t in stored]
+                session=session_id, resumed=resumed, max_takes=store.max_session_takes,
+                takes=[t.public() for t in stored],
             )
         )
 
