@@ -741,10 +741,10 @@ class Scheduler:
         self._stop_preparing(take, EndReason.ERROR, error=error)
 
     def _promote_ready(self) -> bool:
-        """Takes with their prompt in the cache and every kept frame handed to their codec state start running (a
-        rebuild call still in flight runs before their first chunk: the codec worker keeps the order)."""
+        """Takes with their prompt in the cache, their codec state open and every kept frame handed to it start running
+        (a rebuild call still in flight runs before their first chunk: the codec worker keeps the order)."""
         ready = [t for t in self.preparing
-                 if not self._rows_left(t) and t.rebuild_left <= 0 and t.codec_error is None and t.decoder is not None]
+                 if not self._rows_left(t) and t.rebuild_left <= 0 and t.codec_error is None and t.codec_after is None]
         for take in ready:
             self.preparing.remove(take)
             self.prompts.unclaim(take.take_id)
