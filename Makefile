@@ -12,7 +12,7 @@ SERVE_FLAGS := $(if $(filter command line,$(origin HOST)),--host $(HOST)) \
 CLUSTER_STAMP := $(VENV)/.cluster-installed
 PACKAGE_STAMP := $(VENV)/.package-installed
 
-.PHONY: install run run-scripted run-cluster test test-fast test-cluster test-gpu browser soak lint bench-cpu clean
+.PHONY: install run run-scripted run-cluster test test-fast test-cluster test-gpu browser postgresql soak lint bench-cpu clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,8 +50,9 @@ run-cluster: $(CLUSTER_STAMP) $(PACKAGE_STAMP)
 run-scripted: $(PACKAGE_STAMP)
 	$(PY) -m moss_rt serve --engine scripted $(SERVE_FLAGS)
 
-## The whole suite (sets everything up, including Chromium for the browser test).
-test: $(DEV_STAMP) browser
+## The whole suite (sets everything up, including Chromium for the browser test and PostgreSQL for the shared
+## session store's tests).
+test: $(DEV_STAMP) browser postgresql
 	PYTHONASYNCIODEBUG=1 $(PY) -m pytest
 
 ## Everything but the browser test.
@@ -71,6 +72,13 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium could not be installed: the browser test will be skipped"; }
+
+## Debian's PostgreSQL for the shared session store's tests (best effort: those tests skip without it). The tests
+## start their own server in a temporary folder; nothing is started here.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null 2>&1 || { \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
+		|| echo "postgresql could not be installed: the PostgreSQL session-store tests will be skipped"; }
 
 ## Bounded soak test against the tiny model (minutes; not part of `make test`).
 soak: $(DEV_STAMP)

@@ -67,6 +67,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 def run_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from moss_rt.storage.database import StoreConfigError, StoreUnavailable
     from moss_rt.web import create_app
     from moss_rt.web.state import STATE
 
@@ -78,19 +79,26 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a malformed setting (an alias map, ...): say which, no traceback
         print(f"moss_rt: {exc}", file=sys.stderr)
         return 2
+    except StoreConfigError as exc:  # --session-store cannot be used (scheme, driver): say why
+        print(f"moss_rt: the session store cannot be opened: {exc}", file=sys.stderr)
+        return 2
     log.info("moss_rt on http://%s:%d (engine %s%s)", settings.host, settings.port, settings.engine,
              f", cluster {settings.cluster}" if settings.cluster else "")
     # run_app turns SIGTERM and SIGINT into a graceful exit: stop listening, then the app's
     # on_shutdown ends running takes with reason "shutdown" and closes sockets with 1001.
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        print=None,
-        handler_cancellation=True,
-        shutdown_timeout=settings.shutdown_grace_sec,
-        reuse_port=settings.reuse_port or None,
-    )
+    try:
+        web.run_app(
+            app,
+            host=settings.host,
+            port=settings.port,
+            print=None,
+            handler_cancellation=True,
+            shutdown_timeout=settings.shutdown_grace_sec,
+            reuse_port=settings.reuse_port or None,
+        )
+    except (StoreConfigError, StoreUnavailable) as exc:  # the store could not be opened at start: say why
+        print(f"moss_rt: the session store cannot be opened: {exc}", file=sys.stderr)
+        return 1
     failure = app[STATE].engine_failure
     if failure is not None:
         print(f"moss_rt: the engine failed to start: {failure}", file=sys.stderr)

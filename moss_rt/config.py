@@ -53,6 +53,17 @@ class Settings:
     session_storage_per_client_mb: int = setting(
         4096, "MB the sessions one client address created may take; past it: 507 (0: no cap)"
     )
+    # Where the sessions' records live (docs/cluster.md "One session store"): empty is SQLite in
+    # data_dir/sessions (one machine, nothing to run); a postgresql:// URL is a PostgreSQL database several
+    # front ends share, their takes' files then in session_files, a directory every front end mounts.
+    session_store: str = setting(
+        "",
+        "where directing sessions' records live: empty: SQLite in the data dir; postgresql://USER@HOST/DB: "
+        "PostgreSQL shared by several front ends (with --session-files on a shared directory)",
+    )
+    session_files: str = setting(
+        "", "directory of the stored takes' codes and audio (empty: DATA_DIR/sessions); shared by the front ends"
+    )
     # Session imports unpack and check whole takes on worker threads: at most this many at once (one per client),
     # so they cannot crowd out the threads others' requests need; exports (packed at their reader's pace) may be
     # four times as many. More: 503 busy / 429.
@@ -185,6 +196,11 @@ class Settings:
     # SO_REUSEPORT: several front-end processes (or servers) listen on one port; the kernel spreads
     # connections over them (docs/cluster.md).
     reuse_port: bool = setting(False, "listen with SO_REUSEPORT, so several processes share the port")
+
+    @property
+    def session_files_dir(self) -> Path:
+        """Where stored takes' files live (and the SQLite store's database)."""
+        return Path(self.session_files) if self.session_files else self.data_dir / "sessions"
 
     @property
     def voices_store_dir(self) -> Path:

@@ -251,7 +251,9 @@ async def script_events(request: web.Request) -> web.StreamResponse:
         await write_or_drop(request, response, f"retry: {RETRY_MS}\n\n".encode())
         for event in first:
             await write_or_drop(request, response, event.encode())
-        while True:
+        # Rendered by another front end now: its events are not seen here. The stream ends after the state, and
+        # the client's reconnect (``retry``) reads the state again, wherever the balancer sends it.
+        while not job.elsewhere:
             event = await listener.next(KEEPALIVE_SEC)
             if share is not None and loop.time() >= next_check:
                 next_check = loop.time() + KEEPALIVE_SEC
