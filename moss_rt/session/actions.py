@@ -45,9 +45,13 @@ class Admit:
     engine_take_id: str | None = None
     parent_take: str | None = None
     max_frames: int | None = None
+    # It interrupted the take this socket was streaming (barge-in): the engine admits it with retakes.
+    barge_in: bool = False
 
     def spec(self, reference_codes: np.ndarray | None) -> TakeSpec:
         spec = self.take.engine_spec(reference_codes=reference_codes, prefix_codes=self.prefix_codes)
+        if self.barge_in:
+            spec = dataclasses.replace(spec, barge_in=True)
         if self.engine_take_id is None:
             return spec
         return dataclasses.replace(
