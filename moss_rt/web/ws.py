@@ -99,6 +99,7 @@ class RunStage(enum.Enum):
     ADMITTING = "admitting"  # a take: the client's take slot, its voice, the engine's submit
     STREAMING = "streaming"  # a take the engine admitted: a stop cancels its engine take (``handle``)
     STREAMED = "streamed"  # a take whose events are over: its task is winding down
+    QUEUED = "queued"  # a replay whose task has not begun (it takes its client's take slot first)
     FETCHING = "fetching"  # a replay getting its audio (held, or rendered): a stop cancels the task
     SENDING = "sending"  # a replay sending its audio: it stops by itself (each chunk is checked before it goes)
 
@@ -281,8 +282,8 @@ class Connection:
         else:
             pacer = Pacer(self.state.settings.max_lead_sec)
             self._take_pacer = None if replay else (take_id, pacer)
-        # A replay's audio may be fetched (rendered) as soon as its task runs: a stop from then on cancels it.
-        stage = RunStage.FETCHING if replay else RunStage.ADMITTING
+        # Not cancelled before its body runs (its ``finally`` forgets the run): a replay is cancellable once fetching.
+        stage = RunStage.QUEUED if replay else RunStage.ADMITTING
         io = self._runs[run] = RunIO(run, take_id, replay, pacer, stage)
         io.task = asyncio.create_task(self._owned(run, body), name=f"{'replay' if replay else 'take'}-{take_id}")
 
@@ -363,7 +364,8 @@ class Connection:
         try:
             # A replay streams (and renders) like a take, so it counts toward the client's take cap.
             with self.state.client_takes.hold(self.client):
-                io = self._runs[run]  # FETCHING: a Stop cancels the fetch (a render nobody will hear)
+                io = self._runs[run]
+                io.stage = RunStage.FETCHING  # a Stop cancels the fetch (a render nobody will hear)
                 try:
                     async with held_take_audio(self.state, action.take, client=self.client) as pcm:
                         io.stage = RunStage.SENDING
