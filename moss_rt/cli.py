@@ -289,7 +289,6 @@ def add_render(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run_render(args: argparse.Namespace) -> int:
     import json
-    import os
 
     from moss_rt.scripts.client import OwnerFile, RenderError, default_owner_file, render_script, serve_in_process
 
@@ -309,9 +308,10 @@ def run_render(args: argparse.Namespace) -> int:
 
     async def _render() -> object:
         url, runner, owners_key = args.url, None, None
+        base = settings_from_env()  # MOSS_RT_API_KEY authenticates to the service; with --local, the settings
         if args.local:
             overrides = {k: getattr(args, k) for k in ("engine", "model", "codec", "device", "data_dir")}
-            settings = settings_from_env().replace(**{k: v for k, v in overrides.items() if v is not None})
+            settings = base.replace(**{k: v for k, v in overrides.items() if v is not None})
             url, runner = await serve_in_process(settings)
             # A new port every run: the owner is the data dir's (its secret signs the cookie).
             owners_key = f"local:{settings.data_dir.resolve()}"
@@ -319,7 +319,7 @@ def run_render(args: argparse.Namespace) -> int:
             return await render_script(
                 url, args.output, script_path=args.script, script_id=args.script_id, cast=cast,
                 session=args.session, fmt=args.format, sample_rate=args.sample_rate,
-                api_key=os.environ.get("MOSS_RT_API_KEY"), progress=not args.no_progress, owners=owners,
+                api_key=base.api_key, progress=not args.no_progress, owners=owners,
                 owners_key=owners_key,
             )  # fmt: skip
         finally:
