@@ -580,6 +580,19 @@ class SessionResumed(ServerMessage):
     resumed: bool = False  # False: a new session was created
     max_takes: int | Unset = UNSET
     takes: list[dict[str, Any]] = field(default_factory=list)  # stored take records, oldest first
+    next_number: int | Unset = UNSET  # the number the session's next stored take gets ("Take 8")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TakeStored(ServerMessage):
+    """``stored``: a take of this connection was kept in its bound session as take ``number`` (given once, never
+    reused in the session); sent right before the take's ``end``."""
+
+    type: ClassVar[str] = "stored"
+    required: ClassVar[tuple[str, ...]] = ("take", "number")
+    take: str
+    number: int
+    session: str | Unset = UNSET
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -600,7 +613,8 @@ class Words(ServerMessage):
 
 
 SERVER_TYPES: dict[str, type[ServerMessage]] = {
-    cls.type: cls for cls in (Hello, TakeStarted, SeekAck, TakeEnded, ErrorMessage, Pong, SessionResumed, Words)
+    cls.type: cls
+    for cls in (Hello, TakeStarted, SeekAck, TakeEnded, ErrorMessage, Pong, SessionResumed, Words, TakeStored)
 }
 
 
