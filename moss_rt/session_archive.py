@@ -477,7 +477,7 @@ def _audio_frames(z: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], take_
     name = f"takes/{take_id}.wav"
     info = _member(members, name, take_id)
     with _reading(name), z.open(info) as f, wave.open(f) as w:
-        samples = w.getnframes()
+        samples = int(w.getnframes())
     if samples % FRAME_SAMPLES:
         raise bad(f"{name}: holds {samples} samples, not whole {FRAME_SAMPLES}-sample frames")
     n = samples // FRAME_SAMPLES

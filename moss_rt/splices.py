@@ -163,7 +163,8 @@ def crossfade(fading_out: np.ndarray, fading_in: np.ndarray) -> np.ndarray:
     n = fading_in.shape[0]
     w = ((np.arange(n, dtype=np.float64) + 0.5) / n)[:, None]
     mixed = fading_out.astype(np.float64) * (1.0 - w) + fading_in.astype(np.float64) * w
-    return np.clip(np.floor(mixed + 0.5), -32768, 32767).astype(np.int16)
+    out: np.ndarray = np.clip(np.floor(mixed + 0.5), -32768, 32767).astype(np.int16)
+    return out
 
 
 @dataclass(frozen=True)

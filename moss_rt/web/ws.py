@@ -32,6 +32,7 @@ from moss_rt.protocol import (
     AUDIO_SAMPLE_RATES,
     UNSET,
     ClientMessage,
+    Discard,
     ErrorCode,
     ErrorMessage,
     ProtocolError,
@@ -142,6 +143,7 @@ class Connection:
         # Splices and comps of the bound session adopted for retakes and replays: their audio is their stored PCM,
         # not their codes' decoding (moss_rt/splices.py), held as heard before either (_edit_audio_for_seek).
         self._edits: set[str] = set()
+        self._unkept: set[str] = set()  # running takes the client discarded: not kept when they end (discard)
         self.owner: str | None = None  # who the connection acts as for stored sessions (moss_rt/web/owners.py)
         # Takes that asked for ``words``: their word aligners (by take id).
         self._words: dict[str, TakeWords] = {}
@@ -222,7 +224,7 @@ class Connection:
         for action in self.lifecycle.close():
             if isinstance(action, Stop):
                 self._stop(action)
-            else:
+            elif action.take.take_id not in self._unkept:
                 self._keeps_on_close.append(action.take)
 
     # -- performing the lifecycle's actions -----------------------------------------------
@@ -469,6 +471,9 @@ class Connection:
             if isinstance(msg, Resume):
                 await self._resume(msg)
                 return
+            if isinstance(msg, Discard):
+                self._discard(msg.take)
+                return
             if (isinstance(msg, StartTake) and msg.words) or (isinstance(msg, Seek) and msg.words):
                 require_aligner(self.state)
             if isinstance(msg, Seek) and msg.word is not None:
@@ -583,9 +588,22 @@ class Connection:
         if self.session_id is not None and self.state.sessions is not None:
             await asyncio.to_thread(self.state.sessions.check_room, self.session_id)
 
+    def _discard(self, take: str) -> None:
+        """The client never had the take (an id, or a start's label: it replaced it before hearing it, perhaps
+        before it started): it is not kept when it ends (or when its words are done); one kept already stays."""
+        takes = self.lifecycle.history.takes
+        named = {t.take_id for t in takes if t.take_id == take or (t.label == take and t.status is TakeStatus.RUNNING)}
+        if not named:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no take {take!r} in this session", field="take")
+        # Bounded by the history: a take that ended without being kept (no frames) never comes to _keep.
+        self._unkept = (self._unkept | named) & {t.take_id for t in takes}
+
     async def _keep(self, take: TakeRecord) -> None:
         """Store an ended take in the bound session: its record, codes and the audio as it was streamed; the client
         is told its number (``stored``), or why it was not kept."""
+        if take.take_id in self._unkept:
+            self._unkept.discard(take.take_id)
+            return
         kept = await self._store_take(take)
         if isinstance(kept, ProtocolError):
             await self.send_error(kept, take=take.take_id)

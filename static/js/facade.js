@@ -31,7 +31,9 @@ function describeTake(t) {
     channels: t.pcm ? t.pcm.ch : null, parent: t.parent ? (takeByKey(t.parent) || {}).id || null : null, spliceSample: t.spliceSample || 0,
     spliceFrame: t.spliceFrame || 0, end: t.end || null, ttfaMs: t.ttfaClient ?? null, heardMs: t.heardMs ?? null, mismatch: t.mismatch || null, request: t.req,
     underruns: t.underruns || 0, dropped: !!t.dropped, title: t.title || null, starred: !!t.starred, note: t.note || '',
-    local: !!t.local, stored: !!t.stored, loaded: !!(t.pcm && t.pcm.complete), splices: (t.splices || []).map((x) => ({ ...x })), markers: (t.markers || []).map((m) => ({ ...m })) };
+    local: !!t.local, stored: !!t.stored, loaded: !!(t.pcm && t.pcm.complete), splices: (t.splices || []).map((x) => ({ ...x })), markers: (t.markers || []).map((m) => ({ ...m })),
+    number: t.n ?? null, numbered: !!t.numbered, kind: t.kind || (t.local ? (t.comp ? 'comp' : 'splice') : 'take'), hasCodes: t.hasCodes !== false,
+    crossfade: t.crossfade || 0, parts: (t.parts || []).map((p) => ({ ...p })) };
 }
 
 export function installFacade() {

@@ -7,7 +7,7 @@ import { auth, authEvents } from './auth.js';
 import { serviceDefaults } from './params.js';
 import * as playback from './playback.js';
 import { drawWaveform, fitCanvas } from './waveform.js';
-import { allTakes, serverHolds, takeByKey, takeEvents, takeTitle } from './takes.js';
+import { allTakes, partTitle, serverHolds, takeByKey, takeEvents, takeTitle } from './takes.js';
 import { cursorSample, playTake, selectTake, selectedTake, selectionEvents } from './selection.js';
 import { liveTake } from './director.js';
 import { compared, setAB } from './compare.js';
@@ -69,11 +69,12 @@ function updateCard(t) {
   const view = cards.get(t); if (!view) return;
   const u = view.ui, card = view.card;
   u.badge.className = 'badge ' + t.status;
-  u.badge.textContent = t.status === 'streaming' ? 'live' : t.local ? (t.comp ? 'comp' : 'splice') : t.status;
+  u.badge.textContent = t.status === 'streaming' ? 'live' : t.kind && t.kind !== 'take' ? t.kind : t.local ? (t.comp ? 'comp' : 'splice') : t.status;
   const dur = t.pcm ? fmtSec(t.pcm.length) : '';
   u.when.textContent = t.created.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' }) + (dur ? ' · ' + dur : '');
   const parent = t.parent && takeByKey(t.parent);
-  u.lineage.textContent = parent ? '↳ from ' + parent.name + ' @ ' + fmtSec(t.spliceSample) : '';
+  u.lineage.textContent = t.parts && t.parts.length ? '↳ ' + t.parts.map(partTitle).join(' + ')
+    : parent ? '↳ from ' + takeTitle(parent) + ' @ ' + fmtSec(t.spliceSample) : '';
   const r = t.req || {};
   u.meta.textContent = ['seed ' + (t.seed ?? '—') + (r.seed != null && r.seed !== '' ? ' (fixed)' : ''), r.referenceName && r.reference !== 'none' ? 'voice ' + r.referenceName : null,
     r.language || null, paramSummary(r), t.end && t.end.rtf != null ? 'rtf ' + t.end.rtf : null, t.heardMs != null ? 'heard after ' + t.heardMs.toFixed(0) + ' ms' : null,
@@ -102,7 +103,7 @@ function updateCard(t) {
   const a = compared('a'), b = compared('b');
   u.aB.classList.toggle('on', a === t); u.bB.classList.toggle('on', b === t); u.bB.classList.toggle('bsel', b === t);
   if (t.id) u.srvB.href = auth.query('/api/takes/' + encodeURIComponent(t.id) + '.wav'); else u.srvB.removeAttribute('href');
-  u.srvB.hidden = !serverHolds(t) || t.status === 'streaming';
+  u.srvB.hidden = !serverHolds(t) || t.status === 'streaming' || (t.kind && t.kind !== 'take');   // a splice: its audio is the one held
   updateCaptionLinks(t, u.capLinks);
   u.branchB.disabled = !(has && serverHolds(t));
   drawMini(t);
