@@ -15,6 +15,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -73,6 +74,9 @@ class TakeRecord:
     status: TakeStatus = TakeStatus.RUNNING
     reason: str | None = None
     stats: dict[str, float] = field(default_factory=dict)
+    # Whether the director gave the seed (False: the server picked it). Stored takes keep their request as asked,
+    # without a picked seed, so a studio can tell a fixed seed from a random one after a reload.
+    seed_given: bool = True
     # When each word of its text is said (moss_rt.align), once aligned: streamed with the take (``words``), or on
     # demand for downloads and ``seek`` by word. None: not aligned (yet).
     words: list[WordTime] | None = None
@@ -123,6 +127,14 @@ class TakeRecord:
             prefix_codes=prefix_codes if prefix_codes is not None and len(prefix_codes) else None,
             parent_take=self.parent,
         )
+
+    def request_as_asked(self) -> dict[str, Any]:
+        """The request as the director sent it: its ``seed`` only when one was given (the take's one seed is
+        :attr:`seed`). What a stored take keeps."""
+        asked = self.request.to_dict()
+        if not self.seed_given:
+            asked.pop("seed", None)
+        return asked
 
     def summary(self) -> dict[str, object]:
         return {
@@ -269,7 +281,10 @@ class TakeHistory:
 
     def plan_start(self, request: StartTake) -> StartPlan:
         seed = request.seed if request.seed is not None else self._new_seed()
-        take = TakeRecord(self._new_id(), dataclasses.replace(request, seed=seed), label=request.take)
+        take = TakeRecord(
+            self._new_id(), dataclasses.replace(request, seed=seed), label=request.take,
+            seed_given=request.seed is not None,
+        )  # fmt: skip
         self._remember(take)
         self.running = take
         return StartPlan(take)
@@ -299,8 +314,9 @@ class TakeHistory:
             words=parent.words if msg.words is None else msg.words,
         )
         take = TakeRecord(
-            self._new_id(), request, parent=source.take_id, branch_frame=msg.frame, label=source.label
-        )
+            self._new_id(), request, parent=source.take_id, branch_frame=msg.frame, label=source.label,
+            seed_given=msg.seed is not None,
+        )  # fmt: skip
         if msg.frame:
             take.append(0, source.codes[: msg.frame])
         if source.words is not None and request.words:

@@ -908,7 +908,28 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
                     ),
                     **_common_errors(401, 403, 404, 429),
                 },
-            }
+            },
+            "patch": {
+                "summary": "rename an uploaded voice (its owner or the admin); the name is kept on disk",
+                "parameters": [voice_id],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        JSON: {
+                            "schema": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["name"],
+                                "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 64}},
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": _ok("the voice as listed", voice),
+                    **_common_errors(400, 401, 403, 404, 413, 415, 422, 429),
+                },
+            },
         },
         "/api/admin/voices": {
             "get": {

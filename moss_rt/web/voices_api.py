@@ -73,6 +73,31 @@ async def delete_voice(request: web.Request) -> web.Response:
     return web.json_response({"deleted": voice.id})
 
 
+@routes.patch(r"/api/voices/{voice_id}")
+async def rename_voice(request: web.Request) -> web.Response:
+    """Rename an uploaded voice (its owner or the admin): a JSON object ``{"name": "..."}`` (1-64 characters
+    without control characters, trimmed); any other key is refused. Answers the voice as listed."""
+    from moss_rt.web.http_api import read_json_request  # http_api imports this module (voice_owner)
+
+    voice_id = request.match_info["voice_id"]
+    if not REF_ID_PATTERN.match(voice_id):
+        return error_response(ErrorCode.NOT_FOUND, "only uploaded voices (ref_…) can be renamed", field="voice")
+    try:
+        body = await read_json_request(request)  # bad_json / too_large / unsupported_media_type, never a 500
+        unknown = sorted(set(body) - {"name"})
+        if unknown:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, f"unknown voice field {unknown[0][:40]!r}", field=unknown[0][:40]
+            )
+        if "name" not in body:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "'name' is required", field="name")
+        owner = voice_owner(request)
+        voice = await request.app[STATE].voices.rename(voice_id, body["name"], owner=owner, admin=is_admin(request))
+    except ProtocolError as err:
+        return protocol_error_response(err)
+    return web.json_response(_listed(voice, owner))
+
+
 @routes.get("/api/admin/voices")
 async def admin_voices(request: web.Request) -> web.Response:
     """Every stored voice with its owner and usage per owner (API key holders only)."""

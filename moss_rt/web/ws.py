@@ -426,7 +426,8 @@ class Connection:
                 codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
                 if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= codebook):
                     raise ValueError(f"codes outside the codebook [0, {codebook})")
-                # The take's one seed rides on its request (stored with it; the record's is the same).
+                # The take's one seed rides on its request (the record's; its stored request has it only when the
+                # director gave it).
                 request = dataclasses.replace(
                     StartTake.parse(record.request, self.state.settings.limits), seed=record.seed
                 )
@@ -435,7 +436,7 @@ class Connection:
                 continue
             take = TakeRecord(
                 record.take_id, request, parent=record.parent, branch_frame=record.branch_frame,
-                reason=record.reason, stats=dict(record.stats),
+                reason=record.reason, stats=dict(record.stats), seed_given="seed" in record.request,
             )  # fmt: skip
             take.append(0, codes)
             take.words = await self._stored_words(session_id, record.take_id)
@@ -470,7 +471,7 @@ class Connection:
         if store is None or session_id is None:
             return
         record = StoredTake(
-            take_id=take.take_id, request=take.request.to_dict(), seed=take.seed, n_frames=take.n_frames,
+            take_id=take.take_id, request=take.request_as_asked(), seed=take.seed, n_frames=take.n_frames,
             channels=take.request.channels, parent=take.parent, branch_frame=take.branch_frame, reason=take.reason,
             stats={k: v for k, v in take.stats.items() if isinstance(v, int | float)},
         )  # fmt: skip
