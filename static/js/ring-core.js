@@ -42,6 +42,11 @@ export class RingCore {
       this.reset(0);
       return;
     }
+    if (this.active && this.ended && this.level < (this.step === 1 ? 1 : 2)) {
+      // Ended with nothing (more) to play: drained, primed or not. The end can come after the player ran dry
+      // (the last audio played, then a late end) or for a stream with no audio at all.
+      this.drained = true; this.active = false; this.event = true;
+    }
     if (this.active && !this.primed && (this.level >= this.cushion || (this.ended && this.level > 0))) {
       this.primed = true; this.fadeIn = 64; this.event = true;   // 1.3 ms ramp: no click when starting mid-signal
     }

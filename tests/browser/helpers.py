@@ -127,11 +127,24 @@ def takes(pg: Any) -> list[dict[str, Any]]:
     return pg.evaluate("window.studio.takes()")
 
 
+# The parameters the service counts in 80 ms frames; the studio asks them in seconds.
+FRAME_PARAMS = ("tokens", "max_new_tokens", "chunk_frames")
+
+
+def seconds_of(frames: int | str) -> str:
+    """``frames`` codec frames as the studio's duration fields take them (seconds: 30 → "2.40")."""
+    return f"{int(frames) * FRAME / SR:.2f}"
+
+
 def set_param(pg: Any, key: str, value: str) -> None:
+    """Set a sampling-panel field as a director would. The frame-counted parameters (``FRAME_PARAMS``) are given
+    in frames, as the service counts them, and typed as the seconds the studio asks for."""
     if not pg.locator("#advanced").evaluate("d => d.open"):
         pg.click("#advanced > summary")
     if key == "channels":
         pg.select_option("#channels", value)
+    elif key in FRAME_PARAMS:
+        pg.fill(f"#{key}", seconds_of(value))
     else:
         pg.fill(f"#{key}", value)
 

@@ -171,7 +171,7 @@ def test_tiny_model_speak_streams_and_plays(page: Any, server: str) -> None:
     card = pg.locator("article.take").first
     assert "seed 11" in card.inner_text()
     assert card.locator(".badge").text_content() == "max_frames"
-    assert pg.locator("#mFrames").inner_text() == "40"
+    assert pg.locator("#mFrames").inner_text() == "3.20 s"  # 40 frames
     shot(pg, "tiny-after-take")
 
 
