@@ -177,6 +177,8 @@ function onAudio(pcm) {
     take.pcm.append(pcm);
     const n = take.pcm.length - before;
     stats.samplesReceived += n;
+    if (!take.firstChunks) take.firstChunks = [];
+    if (take.firstChunks.length < 8) take.firstChunks.push(n / FRAME);   // frames per message: sound starts from the first
     if (take.firstPcmAt == null) {
       take.firstPcmAt = now();
       take.ttfaClient = take.firstPcmAt - take.sentAt;

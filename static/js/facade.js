@@ -30,7 +30,7 @@ function describeTake(t) {
   return { key: t.key, name: t.name, id: t.id, status: t.status, seed: t.seed, samples: t.pcm ? t.pcm.length : 0,
     channels: t.pcm ? t.pcm.ch : null, parent: t.parent ? (takeByKey(t.parent) || {}).id || null : null, spliceSample: t.spliceSample || 0,
     spliceFrame: t.spliceFrame || 0, end: t.end || null, ttfaMs: t.ttfaClient ?? null, heardMs: t.heardMs ?? null,
-    heardAtMs: t.heardAtMs ?? null, prerollMs: t.prerollMs ?? null, mismatch: t.mismatch || null, request: t.req, deleting: !!t.deleting,
+    heardAtMs: t.heardAtMs ?? null, prerollMs: t.prerollMs ?? null, firstChunks: t.firstChunks || [], mismatch: t.mismatch || null, request: t.req, deleting: !!t.deleting,
     underruns: t.underruns || 0, dropped: !!t.dropped, title: t.title || null, starred: !!t.starred, note: t.note || '',
     local: !!t.local, stored: !!t.stored, loaded: !!(t.pcm && t.pcm.complete), splices: (t.splices || []).map((x) => ({ ...x })), markers: (t.markers || []).map((m) => ({ ...m })) };
 }
@@ -48,6 +48,7 @@ export function installFacade() {
     get selected() { const t = selectedTake(); return t ? t.key : null; },
     get playingTake() { const p = playback.current(); return p ? p.take.key : null; },
     get playhead() { return playback.playheadSample(); },
+    get audioLatencyMs() { return audio.latencyMs(); },
     get connectionSerial() { return conn.serial; },
     get session() { return sessionId(); },
     takes() { return allTakes().map(describeTake); },

@@ -2,10 +2,11 @@
  * shared; each part of it has one writer:
  *   takes.js     key, n, name (and the id index: setTakeId)
  *   director.js  id, req, seed, model, status, pcm while it streams, conn, end, parent, spliceSample/Frame,
- *                isRetake, tailSplice, muted, cancelling, dropped, stored, mismatch, and its timings
- *                (sentAt, startAt, firstPcmAt, ttfaClient, lastPcmAt, endAt, gpuFirstMs)
+ *                isRetake, tailSplice, muted, cancelling, dropped, stored, mismatch, streamText, firstChunks
+ *                (frames per message), and its timings (sentAt, startAt, firstPcmAt, ttfaClient, lastPcmAt,
+ *                endAt, gpuFirstMs)
  *   sessions.js  the same for takes that come back from the session (and their audio when it loads)
- *   playback.js  what the director heard of it: heardMs, heardSamples, underruns
+ *   playback.js  what the director heard of it: heardMs, heardAtMs, prerollMs, heardSamples, underruns
  *   editor.js    the director's notes: title, starred, note, markers (then notesChanged)
  *   deletes.js   deleting (deleted, still undoable: views hide it)
  *   typing.js    req.text of a take fed with text as it is typed (what was sent so far)

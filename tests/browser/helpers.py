@@ -76,13 +76,15 @@ def run_server(
     engine: Sequence[str] = SCRIPTED_ENGINE,
     ready_timeout: float = 60.0,
     port: int | None = None,
+    module: str = "moss_rt",
 ) -> Iterator[str]:
     """The real service as a subprocess (by default on the scripted engine); yields its base URL. The same
-    ``base`` (data dir) and ``port`` again is a restart of the same service (same origin for the browser)."""
+    ``base`` (data dir) and ``port`` again is a restart of the same service (same origin for the browser).
+    ``module`` is what ``python -m`` runs: ``moss_rt``, or a test launcher that wraps its CLI."""
     port = port or free_port()
     log_path = base / "server.log"
     cmd = [
-        sys.executable, "-m", "moss_rt", "serve", *engine,
+        sys.executable, "-m", module, "serve", *engine,
         "--host", "127.0.0.1", "--port", str(port),
         "--data-dir", str(base / "data"), "--voices-dir", str(base / "voices"),
         *extra,

@@ -306,24 +306,23 @@ def test_tiny_model_download_take_as_wav(page: Any, server: str, tmp_path: Path)
     assert takes(pg)[0]["end"]["reason"] == "max_frames"
 
 
-def test_tiny_model_sound_starts_within_250_ms(page: Any) -> None:
-    """Default chunk (8) and cushion (200 ms): the first-chunk policy sends the first frames one by one, so sound
-    starts about three frames after Speak, measured by the page (Speak click → first sample out of the player)."""
+def test_tiny_model_sound_starts_from_the_first_frames(page: Any) -> None:
+    """Default chunk (8) and cushion (200 ms): the first-chunk policy sends a take's first frames one by one, so the
+    player starts on them rather than after a whole chunk; the page reports when the director heard the take (Speak
+    click → first sample out of the player), with the service's own first-audio time beside it. How many ms that is
+    on a given machine is for the benchmark (bench/studio_bench.py prints it), not an assertion: this shared CPU box
+    runs the tiny model anywhere from 0.5x to 4x real time."""
     pg = page
     set_param(pg, "text_temperature", "0")
     set_param(pg, "max_new_tokens", "30")
-    runs = []
-    for n in range(1, 6):
+    for n in range(1, 3):
         pg.click("#speak")
         wait_take_ended(pg, n, timeout=WAIT_MS)
         wait_playback_drained(pg, timeout=WAIT_MS)
         take = takes(pg)[n - 1]
-        assert take["heardMs"] is not None and take["heardMs"] >= take["ttfaMs"]
-        runs.append((take["heardMs"], take["end"]["rtf"]))
+        assert take["firstChunks"][:3] == [1, 1, 1], take["firstChunks"]
+        assert take["heardMs"] is not None and take["heardMs"] >= take["ttfaMs"], take
+        assert take["end"]["ttfa_ms"] is not None
+    assert pg.locator("#mTtfa").inner_text().replace(" ", "") == f"{round(take['heardMs'])}ms"
+    assert f"service {round(take['end']['ttfa_ms'])} ms" in pg.locator("#mTtfaS").inner_text()
     shot(pg, "tiny-heard-after")
-    # The promise is for an engine with headroom: the takes this shared CPU box ran at least twice as fast as real
-    # time (it is usually 2-4x on the tiny model, slower while other work runs); best of those, for the noise.
-    fast = [heard for heard, rtf in runs if rtf is not None and rtf >= 2.0]
-    if not fast:
-        pytest.skip(f"no take ran at 2x real time on this busy box (heard ms, rtf): {runs}")
-    assert min(fast) <= 250, runs
