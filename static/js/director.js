@@ -55,7 +55,7 @@ export function speak({ streamText = false } = {}) {
   hideAlert();
   audio.init().catch(() => {});
   playback.stopPlayback();
-  const take = newTake({ req: { ...req, referenceName: voiceName(req.reference) } });
+  const take = newTake({ req: { ...req, referenceName: voiceName(req.reference), ...(streamText ? { stream_text: true } : {}) } });
   take.sentAt = now();
   const r = { take };
   starts.push(r);

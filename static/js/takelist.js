@@ -5,11 +5,12 @@
  * stored on the take). */
 import { $, el, SR, FRAME, now, fmtSec, plural, fileSlug } from './util.js';
 import { wavBlob } from './pcm.js';
-import { auth, authEvents } from './auth.js';
+import { apiFetch } from './auth.js';
 import { serviceDefaults } from './params.js';
 import { framesToSeconds, showFrames, unitEvents } from './units.js';
 import { listedVoice, voiceEvents } from './voices.js';
 import { sessionFileStem, sessionId } from './sessions.js';
+import { showAlert } from './status.js';
 import * as playback from './playback.js';
 import { drawWaveform, fitCanvas } from './waveform.js';
 import { allTakes, serverHolds, takeByKey, takeEvents, takeTitle } from './takes.js';
@@ -64,11 +65,24 @@ function audioDiffers(t) {
 }
 /* A take's WAV file name: the session, then the take's name ("moss_rt-Vb2x0Zq1-keeper-take-2.wav"). */
 export function wavName(t, suffix = '') { return sessionFileStem() + '-' + fileSlug(takeTitle(t)) + suffix + '.wav'; }
-function serviceWavUrl(t) {
+function serviceWavPath(t) {
   const sid = sessionId();
-  const path = t.stored && t.stored === sid ? '/api/sessions/' + encodeURIComponent(sid) + '/takes/' + encodeURIComponent(t.id) + '.wav'
+  return t.stored && t.stored === sid ? '/api/sessions/' + encodeURIComponent(sid) + '/takes/' + encodeURIComponent(t.id) + '.wav'
     : '/api/takes/' + encodeURIComponent(t.id) + '.wav';
-  return auth.query(path);
+}
+/* Save a blob under `name` (a download the browser names as the page says, whatever the server would call it). */
+function saveAs(blob, name) {
+  const a = el('a', { href: URL.createObjectURL(blob), download: name });
+  document.body.append(a); a.click(); a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 30000);
+}
+/* The service's rendering of the take, saved under the take's name. */
+async function downloadRendered(t) {
+  try {
+    const r = await apiFetch(serviceWavPath(t), { cache: 'no-store' });
+    if (!r.ok) throw new Error('HTTP ' + r.status);
+    saveAs(await r.blob(), wavName(t, '-rendered'));
+  } catch (e) { showAlert('download', 'The service\'s rendering of ' + takeTitle(t) + ' could not be downloaded: ' + e.message); }
 }
 
 function buildCard(t) {
@@ -89,7 +103,7 @@ function buildCard(t) {
   const aB = btn('A', 'Compare: set as A', () => setAB('a', t));
   const bB = btn('B', 'Compare: set as B', () => setAB('b', t));
   const wavB = btn('WAV', 'Download this take as a 16-bit WAV', () => downloadTake(t));
-  const srvB = el('a', { class: 'btn small', title: 'Download the service\'s rendering of this take (it differs from what this page played)', text: 'WAV as rendered', download: '', onclick: (e) => e.stopPropagation() });
+  const srvB = btn('WAV as rendered', 'Download the service\'s rendering of this take (it differs from what this page played)', () => downloadRendered(t));
   const branchB = btn('Retake from…', 'Open in the editor: place the playhead, then Retake from here', () => {
     const wave = $('wave');
     selectTake(t, selectedTake() === t ? cursorSample() : Math.floor((t.pcm ? t.pcm.length : 0) / 2 / FRAME) * FRAME);
@@ -148,7 +162,6 @@ function updateCard(t) {
   const a = compared('a'), b = compared('b');
   u.aB.classList.toggle('on', a === t); u.bB.classList.toggle('on', b === t); u.bB.classList.toggle('bsel', b === t);
   u.srvB.hidden = !differs;
-  if (differs) { u.srvB.href = serviceWavUrl(t); u.srvB.setAttribute('download', wavName(t, '-rendered')); } else u.srvB.removeAttribute('href');
   u.branchB.disabled = !(has && serverHolds(t));
   drawMini(t);
 }
@@ -176,10 +189,7 @@ export function drawLiveCards() {
 
 function downloadTake(t) {
   if (!t.pcm || !t.pcm.length) return;
-  const blob = wavBlob(t.pcm.data.subarray(0, t.pcm.length * t.pcm.ch), t.pcm.ch, SR);
-  const a = el('a', { href: URL.createObjectURL(blob), download: wavName(t) });
-  document.body.append(a); a.click(); a.remove();
-  setTimeout(() => URL.revokeObjectURL(a.href), 30000);
+  saveAs(wavBlob(t.pcm.data.subarray(0, t.pcm.length * t.pcm.ch), t.pcm.ch, SR), wavName(t));
 }
 
 function takeVisible(t) {
@@ -219,7 +229,6 @@ export function initTakeList() {
     if (a) a.card.classList.remove('selected');
     if (b) b.card.classList.add('selected');
   });
-  authEvents.on('renewed', () => { for (const t of allTakes()) updateCard(t); });
   $('takeFilter').addEventListener('change', applyFilter);
   $('takeSearch').addEventListener('input', applyFilter);
 }

@@ -304,7 +304,9 @@ def test_busy_until_every_take_ended_when_a_replaced_take_ends_late(browser: Any
     new requests meanwhile, so a replaced take's ``end`` can reach the page after the next takes' ``start`` and even
     after the last take's ``end``. The page then said "not busy" while it still waited for a take's end (it followed
     one live take). A store that is slow with short takes makes that order certain here."""
-    with run_server(tmp_path, engine=("--engine", "scripted", "--frame-ms", "40"), module="tests.browser.slow_store") as url:
+    with run_server(
+        tmp_path, engine=("--engine", "scripted", "--frame-ms", "40"), module="tests.browser.slow_store"
+    ) as url:
         context = browser.new_context(viewport={"width": 1440, "height": 960})
         pg = context.new_page()
         try:
