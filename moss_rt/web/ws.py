@@ -93,6 +93,11 @@ class Connection:
         self._bucket = TokenBucket(limits.ws_messages_per_sec, limits.ws_message_burst)
         self._refused_in_row = 0
         self._send_lock = asyncio.Lock()
+        # The session's actions are performed from several tasks (the receive loop, each run's task), and some await
+        # (a take is stored, its words finished, before its `end`). Their control actions go out one list at a time,
+        # in the order the session made them, so nothing of a later state overtakes an `end` still being stored
+        # (docs/protocol.md, "Barge-in"). Audio (paced) and stops never wait for it.
+        self._order = asyncio.Lock()
         # The transport side of the session's runs, by run number: one task each (admission and
         # stream, or replay), the engine handle once admitted, the pacer of its audio.
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -154,33 +159,49 @@ class Connection:
     # -- performing the session's actions -------------------------------------------------
 
     async def _perform(self, actions: Sequence[Action]) -> None:
-        for action in actions:
-            if isinstance(action, Stop):
-                self._stop(action)
-            elif isinstance(action, Admit):
-                self._outs.track(action.run, action.take)
-                self._follow_words(action.run, action.take)
-                take_id = action.take.take_id
-                self._spawn(action.run, functools.partial(self._run_take, action), f"take-{take_id}", take_id)
-            elif isinstance(action, Replay):
-                self._replay_runs.add(action.run)
-                self._outs.track(action.run, action.take, replay=True)
-                self._spawn(action.run, functools.partial(self._run_replay, action), f"replay-{action.take.take_id}")
-            elif isinstance(action, Keep):
-                await self._keep(action.take)
-            elif isinstance(action, FinishWords):
-                await self._finish_words(action)
-            elif isinstance(action, WordsCheckpoint):
-                words = self._words.get(action.take.take_id)
+        """Perform a list of the session's actions in order: its runs of control actions (messages, stores, runs
+        started) under the order lock, its audio and stops directly."""
+        i = 0
+        while i < len(actions):
+            if isinstance(actions[i], SendAudio | Stop):
+                await self._perform_one(actions[i])
+                i += 1
+                continue
+            j = i
+            while j < len(actions) and not isinstance(actions[j], SendAudio | Stop):
+                j += 1
+            async with self._order:
+                for action in actions[i:j]:
+                    await self._perform_one(action)
+            i = j
+
+    async def _perform_one(self, action: Action) -> None:
+        if isinstance(action, Stop):
+            self._stop(action)
+        elif isinstance(action, Admit):
+            self._outs.track(action.run, action.take)
+            self._follow_words(action.run, action.take)
+            take_id = action.take.take_id
+            self._spawn(action.run, functools.partial(self._run_take, action), f"take-{take_id}", take_id)
+        elif isinstance(action, Replay):
+            self._replay_runs.add(action.run)
+            self._outs.track(action.run, action.take, replay=True)
+            self._spawn(action.run, functools.partial(self._run_replay, action), f"replay-{action.take.take_id}")
+        elif isinstance(action, Keep):
+            await self._keep(action.take)
+        elif isinstance(action, FinishWords):
+            await self._finish_words(action)
+        elif isinstance(action, WordsCheckpoint):
+            words = self._words.get(action.take.take_id)
+            if words is not None:
+                words.checkpoint(action.text)
+        else:
+            pacer = self._pacers.get(action.run) if isinstance(action, SendAudio) else None
+            await send_action(action, self.send_frame, pacer, self._outs)
+            if isinstance(action, SendAudio):
+                words = self._words.get(self._run_takes.get(action.run, ""))
                 if words is not None:
-                    words.checkpoint(action.text)
-            else:
-                pacer = self._pacers.get(action.run) if isinstance(action, SendAudio) else None
-                await send_action(action, self.send_frame, pacer, self._outs)
-                if isinstance(action, SendAudio):
-                    words = self._words.get(self._run_takes.get(action.run, ""))
-                    if words is not None:
-                        words.audio(action.pcm)
+                    words.audio(action.pcm)
 
     # -- word timing (docs/words.md) -----------------------------------------------------
 
