@@ -38,8 +38,7 @@ export function deleteTake(t) {
     selectTake(rest[rest.length - 1] || null, 0);
   }
   takeUpdated(t);
-  showBar();
-  announce(takeTitle(t) + ' deleted ' + deleteWording(t) + '. Undo is offered for a few seconds.');
+  showBar();                           // a live region: screen readers hear it, with its Undo
   clearTimeout(timer);
   timer = setTimeout(commit, GRACE_MS);
   render.refresh();

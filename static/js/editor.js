@@ -237,6 +237,7 @@ export function refreshRegion() {
   const R = region, t = selectedTake();
   const pos = $('regionPos'); pos.replaceChildren();
   if (R && R.to > R.from) pos.append('Region ' + fmtSec(R.from) + ' – ' + fmtSec(R.to) + ' ', el('small', { text: fmtSec(R.to - R.from) + (showFrames() ? ' · frames ' + R.from / FRAME + '–' + R.to / FRAME : '') + ' · drag its ends to change it' }));
+  else if (matchMedia('(pointer: coarse)').matches) pos.append('No region ', el('small', { text: 'Long-press and drag on the waveform' }));
   else pos.append('No region ', el('small', {}, 'Long-press and drag on the waveform (or Shift+drag, ', el('kbd', { text: '[' }), ' ', el('kbd', { text: ']' }), ')'));
   const has = !!(R && R.to > R.from && t && t.pcm);
   const looping = !!playback.loopRegion();

@@ -129,6 +129,9 @@ class Studio:
                 cdp.send("Input.dispatchTouchEvent", {"type": "touchEnd", "touchPoints": []})
             finally:
                 cdp.detach()
+            # Chromium's gesture recognizer settles after a lift (a tap right after a long press is sometimes taken
+            # as part of it, without a click), as a finger would take a moment to reach the next button.
+            self.pg.wait_for_timeout(400)
         else:
             self.pg.mouse.move(x0, y)
             self.pg.mouse.down()
