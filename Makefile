@@ -10,8 +10,9 @@ DEV_STAMP := $(VENV)/.dev-installed
 SERVE_FLAGS := $(if $(filter command line,$(origin HOST)),--host $(HOST)) \
 	$(if $(filter command line,$(origin PORT)),--port $(PORT))
 CLUSTER_STAMP := $(VENV)/.cluster-installed
+PACKAGE_STAMP := $(VENV)/.package-installed
 
-.PHONY: run run-scripted run-cluster test test-fast test-cluster test-gpu browser soak lint bench-cpu clean
+.PHONY: install run run-scripted run-cluster test test-fast test-cluster test-gpu browser postgresql soak lint bench-cpu clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,20 +29,30 @@ $(CLUSTER_STAMP): requirements.txt requirements-cluster.txt | $(VENV)/bin/python
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements-cluster.txt
 	touch $@ $(RUN_STAMP)
 
+# The package itself, editable (the checkout is the code that runs), so $(VENV)/bin/moss-rt exists. Offline and
+# quick: --no-deps (requirements.txt brings every dependency) and --no-build-isolation (its setuptools builds it).
+$(PACKAGE_STAMP): pyproject.toml $(RUN_STAMP)
+	$(PY) -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .
+	touch $@
+
+## The runtime dependencies and the `moss-rt` command in .venv/bin (`make run` does this first).
+install: $(PACKAGE_STAMP)
+
 ## Start the service (default http://127.0.0.1:8770; real model on a CUDA GPU, else the tiny demo model).
-run: $(RUN_STAMP)
+run: $(PACKAGE_STAMP)
 	$(PY) -m moss_rt serve $(SERVE_FLAGS)
 
 ## The service as engine replicas on Ray (one per GPU; joins `ray start` or starts a local cluster): docs/cluster.md.
-run-cluster: $(CLUSTER_STAMP)
+run-cluster: $(CLUSTER_STAMP) $(PACKAGE_STAMP)
 	$(PY) -m moss_rt serve --cluster auto $(SERVE_FLAGS)
 
 ## The service on the scripted test engine (no model): for UI work.
-run-scripted: $(RUN_STAMP)
+run-scripted: $(PACKAGE_STAMP)
 	$(PY) -m moss_rt serve --engine scripted $(SERVE_FLAGS)
 
-## The whole suite (sets everything up, including Chromium for the browser test).
-test: $(DEV_STAMP) browser
+## The whole suite (sets everything up, including Chromium for the browser test and PostgreSQL for the shared
+## session store's tests).
+test: $(DEV_STAMP) browser postgresql
 	PYTHONASYNCIODEBUG=1 $(PY) -m pytest
 
 ## Everything but the browser test.
@@ -61,6 +72,13 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium could not be installed: the browser test will be skipped"; }
+
+## Debian's PostgreSQL for the shared session store's tests (best effort: those tests skip without it). The tests
+## start their own server in a temporary folder; nothing is started here.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null 2>&1 || { \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
+		|| echo "postgresql could not be installed: the PostgreSQL session-store tests will be skipped"; }
 
 ## Bounded soak test against the tiny model (minutes; not part of `make test`).
 soak: $(DEV_STAMP)

@@ -249,17 +249,17 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*(take(i, t0 + args.seconds, counters) for i in range(args.takes)))
         wall = time.perf_counter() - t0
         busy = aligner.gpu_seconds - before
-        return {"wall_sec": round(wall, 2), "aligner_gpu_sec": round(busy, 3),
+        params = sum(p.numel() for p in aligner._model.parameters())  # before close() lets the model go
+        return {"wall_sec": round(wall, 2), "aligner_gpu_sec": round(busy, 3), "params_m": round(params / 1e6, 1),
                 "gpu_share": round(busy / wall, 4), **counters}  # fmt: skip
 
     try:
         result = asyncio.run(drive())
     finally:
         service.close()
-    params = sum(p.numel() for p in aligner._model.parameters())
     name = torch.cuda.get_device_name() if cuda else "cpu"
     return {
-        "bench": "words gpu", "device": name, "size": args.size, "params_m": round(params / 1e6, 1),
+        "bench": "words gpu", "device": name, "size": args.size,
         "dtype": str(aligner._dtype).removeprefix("torch."), "takes": args.takes, **result, "target_share": 0.05,
     }  # fmt: skip
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,8 @@ from moss_rt.config import Settings, add_setting_flags, settings_from_env, setti
 from moss_rt.engine.base import Engine
 
 log = logging.getLogger("moss_rt")
+# Connection errors that mean "nothing answers there": refused, host or network unreachable, timed out.
+_UNREACHABLE = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT, errno.EADDRNOTAVAIL}
 
 
 def setup_logging(level: str) -> None:
@@ -63,26 +67,38 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 def run_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from moss_rt.storage.database import StoreConfigError, StoreUnavailable
     from moss_rt.web import create_app
     from moss_rt.web.state import STATE
 
     settings = settings_from_flags(args, args.base)
     setup_logging(settings.log_level)
     engine = build_engine(settings)
-    app = create_app(settings, engine, exit_on_engine_failure=True)
+    try:
+        app = create_app(settings, engine, exit_on_engine_failure=True)
+    except ValueError as exc:  # a malformed setting (an alias map, ...): say which, no traceback
+        print(f"moss_rt: {exc}", file=sys.stderr)
+        return 2
+    except StoreConfigError as exc:  # --session-store cannot be used (scheme, driver): say why
+        print(f"moss_rt: the session store cannot be opened: {exc}", file=sys.stderr)
+        return 2
     log.info("moss_rt on http://%s:%d (engine %s%s)", settings.host, settings.port, settings.engine,
              f", cluster {settings.cluster}" if settings.cluster else "")
     # run_app turns SIGTERM and SIGINT into a graceful exit: stop listening, then the app's
     # on_shutdown ends running takes with reason "shutdown" and closes sockets with 1001.
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        print=None,
-        handler_cancellation=True,
-        shutdown_timeout=settings.shutdown_grace_sec,
-        reuse_port=settings.reuse_port or None,
-    )
+    try:
+        web.run_app(
+            app,
+            host=settings.host,
+            port=settings.port,
+            print=None,
+            handler_cancellation=True,
+            shutdown_timeout=settings.shutdown_grace_sec,
+            reuse_port=settings.reuse_port or None,
+        )
+    except (StoreConfigError, StoreUnavailable) as exc:  # the store could not be opened at start: say why
+        print(f"moss_rt: the session store cannot be opened: {exc}", file=sys.stderr)
+        return 1
     failure = app[STATE].engine_failure
     if failure is not None:
         print(f"moss_rt: the engine failed to start: {failure}", file=sys.stderr)
@@ -111,7 +127,8 @@ def add_say(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--output",
         type=Path,
         default=None,
-        help="file to write (default out.wav); .mp3 .opus .aac .flac .pcm write that format, anything else WAV",
+        help="file to write (default out.wav); its extension picks the format: .wav, .mp3, .opus or .ogg (Opus in "
+        "Ogg), .aac (ADTS), .flac, .pcm or .raw (int16, no header); none: WAV; any other is refused",
     )
     p.add_argument("--words", type=Path, default=None, help="write the take's word timings here (JSON)")
     p.add_argument("--srt", type=Path, default=None, help="write the take's captions here (SubRip)")
@@ -148,12 +165,29 @@ def _say_fields(args: argparse.Namespace) -> dict[str, Any]:
     return fields
 
 
-def write_audio(path: Path, pcm: bytes, channels: int) -> None:
-    """Write 48 kHz int16 PCM as the format the file's extension names (wav when it names none)."""
-    from moss_rt.formats import FORMATS, AudioFormat
+# The file extensions `say -o` writes, and the delivery format each means. .ogg is Opus in Ogg, which is what the
+# opus format is; an .m4a (AAC in MP4) needs a seekable muxer this encoder does not use: refused, as is any other.
+OUTPUT_FORMATS = {
+    "": "wav", "wav": "wav", "mp3": "mp3", "opus": "opus", "ogg": "opus", "oga": "opus", "aac": "aac", "flac": "flac",
+    "pcm": "pcm", "raw": "pcm",
+}  # fmt: skip
 
-    name = path.suffix.lower().lstrip(".")
-    if name not in FORMATS or name == "wav":
+
+def output_format(path: Path) -> str:
+    """The format ``say`` writes ``path`` in, from its extension; ValueError for one it cannot write."""
+    ext = path.suffix.lower().lstrip(".")
+    if ext not in OUTPUT_FORMATS:
+        known = ", ".join(f".{e}" for e in OUTPUT_FORMATS if e)
+        raise ValueError(f"cannot write {path.suffix!r} files; use one of {known} (no extension: WAV)")
+    return OUTPUT_FORMATS[ext]
+
+
+def write_audio(path: Path, pcm: bytes, channels: int) -> None:
+    """Write 48 kHz int16 PCM in the format the file's extension names (:func:`output_format`)."""
+    from moss_rt.formats import AudioFormat
+
+    name = output_format(path)
+    if name == "wav":
         from moss_rt.audio import wav_bytes
 
         path.write_bytes(wav_bytes(pcm, 48000, channels))
@@ -163,14 +197,30 @@ def write_audio(path: Path, pcm: bytes, channels: int) -> None:
     path.write_bytes(encode_all(pcm, AudioFormat(name), channels))
 
 
+def unreachable_hint(url: str, exc: BaseException) -> str:
+    """What to do when no service answers at ``url``."""
+    return (
+        f"no moss_rt service answers at {url} ({exc}). Start one with `moss-rt serve` (or `make run`), point "
+        "--url at a running service, or run a checkpoint locally with --model PATH"
+    )
+
+
 def run_say(args: argparse.Namespace) -> int:
     setup_logging("WARNING")
     if args.model is not None:
         from moss_rt.model.commands import say_codes_command
 
         return say_codes_command(args)
+    from websockets.exceptions import InvalidHandshake, InvalidURI
+
     from moss_rt.client import DirectingClient, ServerError, fetch_words, http_stream
 
+    output = args.output or Path("out.wav")
+    try:
+        output_format(output)  # refused before anything is generated
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     fields = _say_fields(args)
     want_words = args.words is not None or args.srt is not None or args.vtt is not None
     if want_words and args.transport == "ws":
@@ -187,10 +237,21 @@ def run_say(args: argparse.Namespace) -> int:
         else:
             fields.pop("channels")
             take = asyncio.run(http_stream(args.url, text=args.text, **fields))
-    except (ServerError, OSError) as exc:
+    except ConnectionError as exc:  # refused, reset: nothing listens there (aiohttp's connector errors too)
+        print(f"error: {unreachable_hint(args.url, exc)}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if isinstance(exc, socket.gaierror) or getattr(exc, "errno", None) in _UNREACHABLE:
+            print(f"error: {unreachable_hint(args.url, exc)}", file=sys.stderr)
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (InvalidHandshake, InvalidURI) as exc:  # not a moss_rt WebSocket there (or it refused the upgrade)
+        print(f"error: the service at {args.url} did not accept the WebSocket: {exc}", file=sys.stderr)
+        return 1
+    except ServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    output = args.output or Path("out.wav")
     write_audio(output, bytes(take.pcm), take.channels)  # type: ignore[attr-defined]
     try:
         _write_words(args, take, fetch_words)

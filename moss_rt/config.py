@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moss_rt.openai_aliases import DEFAULT_MODEL_ALIASES, DEFAULT_VOICE_ALIASES
 from moss_rt.protocol import Limits
 from moss_rt.protocol.limits import LIMIT_HELP
 
@@ -51,6 +52,17 @@ class Settings:
     session_storage_mb: int = setting(20480, "MB all stored sessions may take in the data dir; past it: 507")
     session_storage_per_client_mb: int = setting(
         4096, "MB the sessions one client address created may take; past it: 507 (0: no cap)"
+    )
+    # Where the sessions' records live (docs/cluster.md "One session store"): empty is SQLite in
+    # data_dir/sessions (one machine, nothing to run); a postgresql:// URL is a PostgreSQL database several
+    # front ends share, their takes' files then in session_files, a directory every front end mounts.
+    session_store: str = setting(
+        "",
+        "where directing sessions' records live: empty: SQLite in the data dir; postgresql://USER@HOST/DB: "
+        "PostgreSQL shared by several front ends (with --session-files on a shared directory)",
+    )
+    session_files: str = setting(
+        "", "directory of the stored takes' codes and audio (empty: DATA_DIR/sessions); shared by the front ends"
     )
     # Session imports unpack and check whole takes on worker threads: at most this many at once (one per client),
     # so they cannot crowd out the threads others' requests need; exports (packed at their reader's pace) may be
@@ -87,6 +99,10 @@ class Settings:
     # Prompt blocks stay in the KV pool after their take until the room is needed, so later takes whose
     # prompts open with the same rows (one voice, one direction) share them instead of prefilling them.
     prompt_cache: bool = setting(True, "keep prompt blocks for later takes whose prompts open the same way")
+    # Batch work (script renders, TakeSpec.priority BATCH) runs with what interactive takes leave: it is admitted
+    # only while no interactive take waits, prepared with what a prefill pass has left, and holds at most this share
+    # of the slots and of the KV cache, so directors always find room.
+    batch_share: float = setting(0.5, "share of slots and KV cache batch work (script renders) may hold at once")
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")
@@ -138,6 +154,14 @@ class Settings:
     )
     cors_origins: tuple[str, ...] = setting((), "origins that get CORS headers")
     token_ttl_sec: float = setting(600.0, "lifetime of browser tokens from POST /api/token")
+    # OpenAI's voice and model names on /v1/audio/speech (docs/openai.md): NAME=TARGET pairs, comma-separated;
+    # empty turns them off. Every OpenAI voice speaks with "none" until mapped to a voice of this service.
+    openai_voice_aliases: tuple[str, ...] = setting(
+        DEFAULT_VOICE_ALIASES, "OpenAI voice names on /v1/audio/speech as NAME=VOICE pairs (empty: none accepted)"
+    )
+    openai_model_aliases: tuple[str, ...] = setting(
+        DEFAULT_MODEL_ALIASES, "OpenAI model names as NAME=MODEL pairs ('default': the default model; empty: none)"
+    )
     # Script renders (docs/scripts.md): their lines run at batch priority, as many at once as these shares of the
     # engine's slots allow; the rest of the slots (and the engine's queue) stay for interactive takes.
     # The total matches the scheduler's share for batch work, so lines wait here (fairly, per client) rather than
@@ -167,6 +191,11 @@ class Settings:
     # SO_REUSEPORT: several front-end processes (or servers) listen on one port; the kernel spreads
     # connections over them (docs/cluster.md).
     reuse_port: bool = setting(False, "listen with SO_REUSEPORT, so several processes share the port")
+
+    @property
+    def session_files_dir(self) -> Path:
+        """Where stored takes' files live (and the SQLite store's database)."""
+        return Path(self.session_files) if self.session_files else self.data_dir / "sessions"
 
     @property
     def voices_store_dir(self) -> Path:

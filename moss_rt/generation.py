@@ -39,6 +39,8 @@ class EndReason(enum.StrEnum):
     REPLACED = "replaced"
     SHUTDOWN = "shutdown"
     ERROR = "error"
+    # A take fed with text (stream_text) that waited for text while the socket stayed idle for the idle timeout.
+    TIMEOUT = "timeout"
 
 
 # --------------------------------------------------------------------------- sampling

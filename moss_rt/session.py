@@ -522,7 +522,12 @@ class DirectingSession:
       replaced take's ``end`` goes out before anything of the new one;
     - every take that was started gets exactly one ``end`` (or one take-level ``error``);
     - reports about a run the session has let go of (replaced while still being admitted, a replay
-      stopped) are ignored, and an engine take admitted too late is stopped at once.
+      stopped) are ignored, and an engine take admitted too late is stopped at once;
+    - a run's audio goes out only while it is the current run (:meth:`is_current`): the transport
+      checks that right before each frame, since it sends a replay's chunks long after
+      :meth:`replay_audio` answered them, and a replay let go of (cancel, barge-in) has its ``end``
+      sent at once. A streaming take told to stop stays current until its end (its last frames go
+      out first).
     """
 
     def __init__(
@@ -575,10 +580,21 @@ class DirectingSession:
 
     @property
     def busy(self) -> bool:
-        """A take is being admitted, streamed, replayed or stopped (the socket is not idle)."""
-        return self._phase is not Phase.IDLE
+        """A take is being admitted, streamed, replayed or stopped (the socket is not idle).
+
+        A take waiting for text (``stream_text``) is not: it sends nothing until the client sends text, so
+        a client that sends nothing for the idle timeout is idle (issue 23, finding 11)."""
+        return self._phase not in (Phase.IDLE, Phase.WAITING)
+
+    def idle_timeout(self) -> list[Action]:
+        """The socket had no message for the idle timeout while not :attr:`busy`: a take waiting for text
+        ends with reason ``timeout`` (its file ended, kept like any take), before the socket closes."""
+        if self._phase is not Phase.WAITING:
+            return []
+        return self._stop_current(EndReason.TIMEOUT)
 
     def is_current(self, run: int) -> bool:
+        """Run ``run`` is the session's current one: its audio may still go out (its end has not)."""
         return self._current is not None and self._current.run == run
 
     # -- client messages --------------------------------------------------------------------
@@ -695,12 +711,14 @@ class DirectingSession:
         take = run.take
         text_stats = self._text_stats(run)
         self.history.record_end(take, reason.value, dict(text_stats))
-        if run.started:  # a take fed with text, between two continuations: its audio file ends here
-            actions.append(FinishAudio(run.run, take))
-        else:
+        if not run.started:
             actions.append(SendMessage(self._started(run, None)))
         if take.request.words:
             actions.append(FinishWords(run.run, take, complete=False))
+        if run.started:  # a take fed with text, between two continuations: its audio file ends here
+            if self._keeping and take.n_frames > 0:
+                actions.append(Keep(take))  # what it spoke is a take like any other (its words first)
+            actions.append(FinishAudio(run.run, take))
         actions.append(
             SendMessage(
                 TakeEnded(
@@ -973,19 +991,30 @@ class DirectingSession:
             return []
         return self._stop_current(EndReason.SHUTDOWN)
 
-    def close(self) -> list[Stop]:
-        """The client is gone: stop what runs (nothing is sent any more); takes stay downloadable."""
+    def close(self) -> list[Stop | Keep]:
+        """The client is gone (a reload, a network drop): stop what runs; nothing is sent any more.
+
+        Takes stay downloadable. A take cut off while its audio was going out ends ``cancelled``, as for a
+        ``cancel``, and when the session keeps takes it is kept as heard, with the frames made up to now
+        (a :class:`Keep` after the stops; issue 23, finding 5)."""
         self._refusing = "the connection is closed"
-        actions: list[Stop] = []
+        actions: list[Stop | Keep] = []
+        keeps: list[Keep] = []
         for run in (self._current, self._pending):
-            if run is not None:
-                actions.append(Stop(run.run, EndReason.CANCELLED))
-                if run.take.status is TakeStatus.RUNNING:
-                    self.history.record_end(run.take, EndReason.CANCELLED.value, {})
+            if run is None:
+                continue
+            actions.append(Stop(run.run, EndReason.CANCELLED))
+            take = run.take
+            if run.replay_frame is not None or take.status is not TakeStatus.RUNNING:
+                continue  # a replay's take ended long ago (and was kept then)
+            reason = run.stop_reason or EndReason.CANCELLED
+            self.history.record_end(take, reason.value, dict(self._text_stats(run)))
+            if self._keeping and run.started and take.n_frames > 0:
+                keeps.append(Keep(take))
         self._current = self._pending = None
         self._queued = []
         self._phase = Phase.IDLE
-        return actions
+        return actions + keeps
 
     # -- messages ---------------------------------------------------------------------------
 

@@ -11,7 +11,10 @@ available, else the scripted test engine, and says which), then runs for ``--dur
   dropped by the send-stall timeout), request bodies that stop arriving (each must get 408),
   cross-origin / text-plain posts (each must be refused 403 / 415), and session imports: a hostile
   archive (tests/reliability/archives.py: broken zips, bombs, JSON too large or deep, forged codes,
-  lying audio; each must be a 4xx) then a valid one, which must import whole and be deleted by its owner.
+  lying audio; each must be a 4xx) then a valid one, which must import whole and be deleted by its owner;
+* ``--droppers`` clients that drop formatted takes mid-stream with a TCP reset, right after their first
+  encoded bytes: WebSocket takes with a ``format`` and ``/v1/audio/speech`` requests (issue 23, finding 1:
+  this crashed the server in FFmpeg; the server must live through every one).
 
 It reports requests, errors by kind, takes by end reason and server RSS at start (after warm-up)
 and end, and fails on any 5xx, any ``internal`` error, any stuck take (started but never ended
@@ -33,6 +36,7 @@ import os
 import random
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -288,11 +292,18 @@ class WsClient:
             self.sent.pop(seq, None)
 
     async def read(self, ws: websockets.ClientConnection) -> None:
+        open_take: str | None = None  # between a start and its end: the only time audio may arrive
         async for data in ws:
             tag, obj = frame_of(data)
             if tag != 0:
+                if open_take is None:  # issue 23, finding 3: a cancelled replay's audio after its end
+                    self.stats.fail(f"tag-{tag} audio outside a take; recent traffic: {list(self.log)}")
                 continue
             kind = obj["type"]
+            if kind == "start":
+                open_take = obj["take"]
+            elif kind == "end":
+                open_take = None
             if kind != "pong":
                 self.log.append(f"{time.strftime('%H:%M:%S')} < {json.dumps(obj)[:160]}")
             if kind == "end":
@@ -574,6 +585,72 @@ VALID_TAKES = 3
 VALID_ARCHIVE = valid_archive(VALID_TAKES, 25)
 
 
+# --------------------------------------------------------------------------- formatted takes dropped mid-stream
+
+DROP_FORMATS = ["mp3", "opus", "aac", "flac", "wav"]
+
+
+def reset(transport: Any) -> None:
+    """Abort a connection with a TCP reset (SO_LINGER 0), as a client that vanishes does."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+async def drop_ws_take(ws_url: str, stats: Stats, rng: random.Random) -> None:
+    """A WebSocket take in a delivery format, reset after its first few tag-2 frames."""
+    async with websockets.connect(ws_url, max_size=None, open_timeout=20) as ws:
+        start = {"type": "start", "text": rng.choice(TEXTS) * 4, "max_new_tokens": rng.randint(40, 200),
+                 "chunk_frames": rng.choice([1, 4, 20]), "format": rng.choice(DROP_FORMATS),
+                 "sample_rate": rng.choice([48000, 24000, 16000])}
+        await ws.send(json.dumps(start))
+        wanted, seen = rng.randint(1, 4), 0
+        async with asyncio.timeout(30):
+            while seen < wanted:
+                tag, obj = frame_of(await ws.recv())
+                if tag == 2:
+                    seen += 1
+                elif tag == 0 and obj["type"] in ("end", "error"):
+                    return  # refused or already over: nothing to drop
+        stats.requests["drop_ws_formatted"] += 1
+        reset(ws.transport)
+
+
+async def drop_speech(port: int, stats: Stats, rng: random.Random) -> None:
+    """A /v1/audio/speech request (mp3 by default, as OpenAI's), reset after its first bytes."""
+    body = json.dumps({"input": rng.choice(TEXTS) * 4, "voice": "none", "max_new_tokens": rng.randint(40, 200),
+                       "chunk_frames": rng.choice([1, 4, 20]),
+                       **({"response_format": rng.choice(DROP_FORMATS)} if rng.random() < 0.5 else {})})
+    head = (f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}").encode()
+    reader, writer = await raw_connection(port, head)
+    try:
+        async with asyncio.timeout(30):
+            status = (await reader.readuntil(b"\r\n\r\n"))[9:12].decode(errors="replace")
+            stats.http_status[status] += 1
+            if status.startswith("5") and status != "503":
+                stats.fail(f"/v1/audio/speech answered {status}")
+            if status == "200":
+                await reader.read(rng.choice([1, 512, 4096]))  # its first encoded bytes
+                stats.requests["drop_speech"] += 1
+    finally:
+        reset(writer.transport)
+
+
+async def dropper(ws_url: str, port: int, stats: Stats, rng: random.Random, until: float) -> None:
+    while time.monotonic() < until:
+        try:
+            if rng.random() < 0.5:
+                await drop_ws_take(ws_url, stats, rng)
+            else:
+                await drop_speech(port, stats, rng)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, websockets.WebSocketException) as exc:
+            stats.errors[f"dropper:{type(exc).__name__}"] += 1
+        await asyncio.sleep(rng.uniform(0.02, 0.3))
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -590,6 +667,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "duration_sec": args.duration,
         "ws_clients": args.ws_clients,
         "http_clients": args.http_clients,
+        "droppers": args.droppers,
         "server_log": str(workdir / "server.log"),
     }
     try:
@@ -626,6 +704,12 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     name="soak-hostile",
                 )
             )
+            tasks += [
+                asyncio.create_task(
+                    dropper(ws_url, port, stats, random.Random(rng.random()), until), name=f"soak-drop-{i}"
+                )
+                for i in range(args.droppers)
+            ]
             rss_peak = rss_start
             rss_timeline: list[tuple[int, float]] = [(0, round(rss_start, 1))]  # (s, MB) every 15 s: leak or plateau?
             while not all(t.done() for t in tasks):
@@ -708,6 +792,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=float(os.environ.get("SOAK_DURATION", 120)))
     p.add_argument("--ws-clients", type=int, default=8)
     p.add_argument("--http-clients", type=int, default=3)
+    p.add_argument("--droppers", type=int, default=2, help="clients that reset formatted takes mid-stream")
     p.add_argument("--engine", choices=("auto", "moss", "scripted"), default="auto")
     p.add_argument("--take-timeout", type=float, default=60.0, help="a take request without an end after this is stuck")
     p.add_argument("--rss-growth-mb", type=float, default=150.0)

@@ -34,8 +34,9 @@ BEN: Morning to you.
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     tmp = tmp_path_factory.mktemp("render-cli")
+    # No word aligner: its worker processes would only slow these runs (captions by word: tests/web/test_words.py).
     settings = Settings(host="127.0.0.1", port=free_port(), data_dir=tmp / "data", voices_dir=tmp / "voices",
-                        engine="scripted", frame_ms=2.0, max_lead_sec=0.0)  # fmt: skip
+                        engine="scripted", frame_ms=2.0, max_lead_sec=0.0, aligner="none")  # fmt: skip
     thread = ServerThread(settings, scripted(settings))
     yield thread.start()
     thread.stop()
@@ -69,8 +70,9 @@ def test_render_against_a_running_service(server: RunningServer, tmp_path: Path)
     assert "wrote" in result.stdout and "2 lines" in result.stdout
     assert "line/s" in result.stderr or "2/2" in result.stderr  # the progress bar
     names = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert names == ["captions/lines.srt", "captions/lines.vtt", "cues.csv", "cues.json", "lines/001-ANNA.flac",
-                     "lines/002-BEN.flac", "mix.flac", "script.json"]  # fmt: skip
+    assert names == ["captions/lines.srt", "captions/lines.vtt", "captions/words.srt", "captions/words.vtt",
+                     "cues.csv", "cues.json", "lines/001-ANNA.flac", "lines/002-BEN.flac", "mix.flac",
+                     "script.json"]  # fmt: skip
     rendered = json.loads((out / "script.json").read_text())["rendered"]
     assert [x["instruction"] for x in rendered] == ["warm. softly", "gruff"]  # the cast file was laid over
     # Plain WAV by default, and a JSON script works the same way.
@@ -115,7 +117,7 @@ def test_a_later_run_acts_as_the_same_owner_on_a_keyless_server(server: RunningS
 def test_render_against_a_keyed_service(tmp_path: Path) -> None:
     key = "k" * 32
     settings = Settings(host="127.0.0.1", port=free_port(), data_dir=tmp_path / "data", voices_dir=tmp_path / "v",
-                        engine="scripted", frame_ms=2.0, max_lead_sec=0.0, api_key=key)  # fmt: skip
+                        engine="scripted", frame_ms=2.0, max_lead_sec=0.0, api_key=key, aligner="none")  # fmt: skip
     thread = ServerThread(settings, scripted(settings))
     server = thread.start()
     try:
@@ -151,7 +153,7 @@ def test_render_reports_a_bad_script_and_a_missing_service(server: RunningServer
 def test_render_in_process(tmp_path: Path) -> None:
     script = tmp_path / "scene.txt"
     script.write_text(SCRIPT)
-    env = {"MOSS_RT_FRAME_MS": "2", "MOSS_RT_MAX_LEAD_SEC": "0"}
+    env = {"MOSS_RT_FRAME_MS": "2", "MOSS_RT_MAX_LEAD_SEC": "0", "MOSS_RT_ALIGNER": "none"}
     local = ("--local", "--engine", "scripted", "--data-dir", str(tmp_path / "data"), "--no-progress")
     state = tmp_path / "state"
     result = render(str(script), "-o", str(tmp_path / "out"), *local, env=env, state=state)

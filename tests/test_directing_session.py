@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
@@ -264,7 +264,7 @@ OPS = st.lists(
     st.tuples(
         st.sampled_from(
             ["start", "retake", "replay", "cancel", "admit", "refuse", "chunk", "finish", "replay_io",
-             "start_fed", "append", "end_of_text"]
+             "start_fed", "append", "end_of_text", "replay_send"]
         ),
         st.integers(0, 7),
     ),
@@ -274,6 +274,9 @@ OPS = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(OPS)
+# A replay's chunk sent after a cancel let go of the replay (issue 23, finding 3).
+@example([("start", 0), ("admit", 0), ("chunk", 0), ("finish", 0), ("replay", 0), ("replay_io", 0), ("cancel", 0),
+          ("replay_send", 0)])
 def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -> None:
     """Client messages and late run reports in any order: what the client receives is always
     start, audio, end of one take after another (never interleaved), each started take ends once,
@@ -283,10 +286,14 @@ def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -
     engine: dict[int, list[int]] = {}  # admitted runs still generating → [next frame]
     stopped: set[int] = set()  # runs told to stop
     replays: list[Replay] = []
+    replay_chunks: dict[int, list[SendAudio]] = {}  # a replay's audio, sent a chunk at a time (replay_send)
+    run_take: dict[int, str] = {}  # run → the take whose audio it sends
     wire: list[Action] = []
 
     def perform(actions: list[Action]) -> None:
         for a in actions:
+            if isinstance(a, Admit | Replay):
+                run_take[a.run] = a.take.take_id
             if isinstance(a, Admit):
                 admitting.append(a)
             elif isinstance(a, Replay):
@@ -300,7 +307,7 @@ def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -
         ended = [t for t in s.history.takes if t.status == "ended" and t.n_frames > 0]
         try:
             if op == "start":
-                perform(s.handle(StartTake(text="x", seed=n)))
+                perform(s.handle(StartTake(text="x", seed=n, chunk_frames=1 + n % 2)))
             elif op == "retake" and ended:
                 take = ended[n % len(ended)]
                 perform(s.handle(Seek(take=take.take_id, frame=n % (take.n_frames + 1))))
@@ -338,8 +345,20 @@ def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -
                 perform(s.take_event(run, TakeFinished(reason, frame[0], 1.0)))
         elif op == "replay_io" and replays:
             r = replays.pop(0)
-            perform(s.replay_audio(r.run, b"\x00" * 3840 * 2 * r.take.n_frames))
-            perform(s.replay_finished(r.run))
+            actions = s.replay_audio(r.run, b"\x00" * 3840 * 2 * r.take.n_frames)
+            perform([a for a in actions if not isinstance(a, SendAudio)])
+            replay_chunks[r.run] = [a for a in actions if isinstance(a, SendAudio)]
+        elif op == "replay_send" and replay_chunks:
+            # The transport sends a replay's chunks one by one, later, while client messages keep coming;
+            # the rule it keeps: a chunk goes out only while its run is the session's current one.
+            run = sorted(replay_chunks)[n % len(replay_chunks)]
+            if replay_chunks[run]:
+                chunk_action = replay_chunks[run].pop(0)
+                if s.is_current(run):
+                    wire.append(chunk_action)
+            else:
+                del replay_chunks[run]
+                perform(s.replay_finished(run))
         running = [run for run in engine if run not in stopped]
         assert len(running) <= 1, "two engine takes for one session"
 
@@ -349,6 +368,9 @@ def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -
     for a in wire:
         if isinstance(a, SendAudio | FinishAudio):
             assert open_take is not None, "audio outside a take"
+            assert run_take.get(a.run, a.take.take_id if isinstance(a, FinishAudio) else None) == open_take, (
+                "audio of another take"
+            )
             continue
         d = a.message.to_dict()
         if d["type"] == "start":
@@ -413,3 +435,93 @@ def test_a_replay_replaced_before_its_audio_still_gets_a_start_before_its_end() 
     assert wire[0].message.to_dict()["replay"] is True and wire[1].message.to_dict()["reason"] == "replaced"
     assert not any(isinstance(a, SendAudio | FinishAudio) for a in actions)
     assert s.replay_audio(replay.run, b"\x00" * 3840 * 2 * 3) == []  # its late PCM is stale
+
+
+def test_only_the_current_run_may_send_audio_so_a_replay_let_go_sends_nothing_after_its_end() -> None:
+    """Issue 23, finding 3: the transport sends a replay's chunks one by one, long after ``replay_audio``
+    answered them; it checks ``is_current(run)`` right before each. A replay that was cancelled or replaced
+    is not current the moment its end is decided; a streaming take told to stop still is, until its end
+    (the frames it made go out before that end)."""
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a", chunk_frames=1))
+    stream(s, a.run, frames=6)
+    (replay,) = only(s.handle(Seek(take="t0", frame=0, mode="replay")), Replay)
+    chunks = only(s.replay_audio(replay.run, b"\x00" * 3840 * 2 * 6), SendAudio)
+    assert len(chunks) == 6 and s.is_current(replay.run)
+    assert sent(s.handle(Cancel())) == [("end", "t0", "cancelled")] and not s.is_current(replay.run)
+
+    (replay,) = only(s.handle(Seek(take="t0", frame=2, mode="replay")), Replay)
+    s.replay_audio(replay.run, b"\x00" * 3840 * 2 * 6)
+    actions = s.handle(StartTake(text="b"))  # barge-in
+    (b,) = only(actions, Admit)
+    assert sent(actions) == [("end", "t0", "replaced")]
+    assert not s.is_current(replay.run) and s.is_current(b.run)
+
+    s.admitted(b.run)
+    s.take_event(b.run, chunk(0))
+    assert s.handle(Cancel()) == [Stop(b.run, EndReason.CANCELLED)] and s.is_current(b.run)
+    assert sent(s.take_event(b.run, chunk(2))) == [("pcm",)]  # made before the stop took effect: still its own
+    assert sent(s.take_event(b.run, TakeFinished(EndReason.CANCELLED, 4, 1.0))) == [("end", "t1", "cancelled")]
+    assert not s.is_current(b.run)
+
+
+def test_a_take_cut_off_by_the_client_leaving_is_kept_as_heard() -> None:
+    """Issue 23, finding 5: a reload or a network drop ends the take like a cancel, and a session that keeps
+    takes keeps it, with the frames made so far; a take that never sounded is not kept, a replay not again."""
+    from moss_rt.session import Keep
+
+    s = make_session()
+    s.keep_takes(200)
+    (a,) = only(s.handle(StartTake(text="a", seed=1)), Admit)
+    s.admitted(a.run)
+    s.take_event(a.run, chunk(0, 3))
+    s.handle(StartTake(text="b"))  # a barge-in: a is stopping, b pending
+    actions = s.close()
+    assert actions[:2] == [Stop(a.run, EndReason.CANCELLED), Stop(a.run + 1, EndReason.CANCELLED)]
+    (keep,) = only(actions, Keep)
+    assert keep.take is a.take and (a.take.n_frames, a.take.reason, a.take.status) == (3, "replaced", "ended")
+    assert s.take_event(a.run, chunk(3)) == [] and a.take.n_frames == 3  # frozen as heard
+
+    s = make_session()
+    s.keep_takes(200)
+    (a,) = only(s.handle(StartTake(text="a")), Admit)
+    assert not only(s.close(), Keep)  # still being admitted: nothing was heard
+
+    s = make_session()
+    s.keep_takes(200)
+    (a,) = only(s.handle(StartTake(text="a", chunk_frames=1)), Admit)
+    stream(s, a.run, frames=2)
+    s.handle(Seek(take="t0", frame=0, mode="replay"))
+    assert not only(s.close(), Keep)  # a replay: its take was kept when it ended
+
+
+def test_a_take_fed_with_text_cancelled_while_waiting_for_text_is_kept() -> None:
+    from moss_rt.session import Keep
+
+    s = make_session()
+    s.keep_takes(200)
+    (a,) = only(s.handle(StartTake(text="One. ", stream_text=True)), Admit)
+    stream(s, a.run, frames=2)
+    assert s.phase is Phase.WAITING
+    actions = s.handle(Cancel())
+    (keep,) = only(actions, Keep)
+    assert keep.take.n_frames == 2 and actions.index(keep) < actions.index(only(actions, FinishAudio)[0])
+    assert sent(actions) == [("end", "t0", "cancelled")]
+
+
+def test_a_take_waiting_for_text_is_idle_and_the_idle_timeout_ends_it() -> None:
+    """Issue 23, finding 11: a take waiting for text does not hold the socket busy; the idle timeout ends it
+    (``timeout``), and touches nothing else."""
+    s = make_session()
+    assert only(s.handle(StartTake(text="", stream_text=True)), Admit) == []
+    assert s.phase is Phase.WAITING and not s.busy  # no text ready yet: it waits at once
+    assert sent(s.idle_timeout()) == [("start", "t0"), ("end", "t0", "timeout")] and s.phase is Phase.IDLE
+
+    (b,) = only(s.handle(StartTake(text="One. ", stream_text=True)), Admit)
+    assert s.busy and s.idle_timeout() == []  # speaking: a listener that only listens is not idle
+    actions = stream(s, b.run, frames=2)
+    assert sent(actions) == [("start", "t1"), ("pcm",)] and not s.busy
+    actions = s.idle_timeout()
+    assert sent(actions) == [("end", "t1", "timeout")] and only(actions, FinishAudio)
+    assert s.history.get("t1").reason == "timeout" and s.history.get("t1").n_frames == 2
+    assert s.idle_timeout() == []

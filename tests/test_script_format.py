@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
+from moss_rt.align.base import WordTime
+from moss_rt.captions import to_srt, to_vtt
 from moss_rt.protocol import ErrorCode, Limits
-from moss_rt.scripts.captions import Word, line_captions, to_srt, to_vtt, word_captions
 from moss_rt.scripts.events import LISTENER_QUEUE, EventLog
 from moss_rt.scripts.fairness import FairShare
 from moss_rt.scripts.format import CastMember, Pause, SceneBreak, ScriptError, parse_json_script, parse_text_script
-from moss_rt.scripts.timeline import LineAudio, Placed, Silence, cue_sheet_csv, layout
+from moss_rt.scripts.timeline import LineAudio, Placed, Silence, cue_sheet_csv, layout, line_captions, word_captions
 from moss_rt.web.scripts_api import parse_script_body
 
 LIMITS = Limits()
@@ -264,13 +265,37 @@ def test_captions_by_line_and_by_word() -> None:
     vtt = to_vtt(line_captions(timeline))
     assert vtt.startswith("WEBVTT\n\n00:00:00.000 --> 00:00:03.000\n<v A>Hello there. How are you?\n")
     assert "<v B>Fine &lt;thanks&gt; &amp; you" in vtt
-    words = {1: [Word("Hello", 0.1, 0.4), Word("there.", 0.45, 0.8), Word("How", 1.0, 1.2), Word("are", 1.2, 1.4),
-                 Word("you?", 1.4, 1.9)]}  # fmt: skip
+    words = {1: [said("Hello", 0.1, 0.4), said("there.", 0.45, 0.8), said("How", 1.0, 1.2), said("are", 1.2, 1.4),
+                 said("you?", 1.4, 1.9)]}  # fmt: skip
     cues = word_captions(timeline, words)
+    # A short cue stays up 0.8 s when the next leaves room (the caption writer's rule): "Hello there." to 0.9.
     assert [(c.text, round(c.start, 3), round(c.end, 3)) for c in cues] == [
-        ("Hello there.", 0.1, 0.8), ("How are you?", 1.0, 1.9), ("Fine <thanks> & you", 3.4, 4.4),
+        ("Hello there.", 0.1, 0.9), ("How are you?", 1.0, 1.9), ("Fine <thanks> & you", 3.4, 4.4),
     ]  # fmt: skip
-    assert Word.from_dict({"word": "x", "start": 1, "end": 2}) == Word("x", 1.0, 2.0)
+    assert [c.speaker for c in cues] == ["A", "A", "B"]
+    assert WordTime.from_record({"word": "x", "start": 1, "end": 2}) == WordTime("x", 1.0, 2.0, text="x")
+
+
+def said(text: str, start: float, end: float) -> WordTime:
+    return WordTime(text.strip(".,!?"), start, end, text=text)
+
+
+def test_captions_by_word_stay_within_their_line() -> None:
+    script = parse_text_script("A: Yes.\nB: No way out.\nC: Fine.", LIMITS)
+    timeline = layout(script, {n: LineAudio(f"t{n}", n, 48000) for n in (1, 2, 3)})  # 1 s each, 0.4 s gaps
+    words = {
+        1: [said("Yes.", 0.1, 0.3)],
+        # "out." runs past the take's end and a word after it is beyond the audio: cut and left out.
+        2: [said("No", 0.0, 0.2), said("way", 0.3, 0.5), said("out.", 0.6, 1.4), said("again", 1.2, 1.3)],
+    }
+    cues = word_captions(timeline, words)
+    assert [(c.speaker, c.text, round(c.start, 3), round(c.end, 3)) for c in cues] == [
+        ("A", "Yes.", 0.1, 0.9),  # stays up 0.8 s, into the gap after the line
+        ("B", "No way out.", 1.4, 2.4),
+        ("C", "Fine.", 2.8, 3.8),  # no words: the line's own cue
+    ]
+    short = {1: [said("Yes.", 0.9, 0.95)]}
+    assert round(word_captions(timeline, short)[0].end, 3) == 1.4  # held at most until the next line starts
 
 
 # --------------------------------------------------------------------------- fair shares

@@ -6,5 +6,5 @@
   the engine's device, batched), selected by ``--aligner`` (:mod:`~moss_rt.align.select`);
 - :mod:`~moss_rt.align.track`: a take's words while its audio streams (stable once sent);
 - :mod:`~moss_rt.align.service`: the worker threads and the bounded queue every alignment goes through;
-- :mod:`~moss_rt.align.captions`: SRT and WebVTT cues.
+- captions from the words are :mod:`moss_rt.captions` (the project's one caption writer).
 """

@@ -16,14 +16,28 @@ one per slot: the memory plan's promise that every take can grow to the full win
 Block size: a whole number of frames per stage (4..8 frames, the size whose ring of ``context + chunk - 1``
 tokens wastes least), so a stream's holdings grow in steps of about half a second.
 
-Host bookkeeping only (no torch work but the table copy); the worker thread that owns the decoder owns this.
+Sharing (retakes): blocks are reference-counted, like the backbone's paged KV cache (model/blocks.py). A stream that
+ends can leave its blocks behind as a :class:`KeptBlocks` (no slot: :meth:`BlockTables.detach`); a retake from frame
+N opens a stream that shares them (:meth:`BlockTables.attach`) and continues at N without decoding anything, as long
+as every key its first queries can see is still there (:meth:`BlockTables.can_resume`: the parent's ring has not
+gone round over positions ``N * tpf - context .. N * tpf - 1`` at any stage). The first write into a shared block
+copies it first (copy on write: :meth:`BlockTables.grow` returns the copies to make on the device before the
+chunk's keys are written), so sharing never changes anyone's numbers. Keys a shared block holds past N (the
+parent's later frames) are never seen by the retake: the window kernel reads only positions the stream has reached,
+and the masked path counts those entries as older (out of the window) or never written.
+
+Host bookkeeping only (no torch work but the table copy). The decoder's worker thread decodes; the scheduler's
+thread opens, shares and closes streams: every method holds :attr:`BlockTables.lock`, and :meth:`sync` holds it
+while it copies the table, so a change made by the other thread is never half copied nor lost.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .config import TransformerSpec
@@ -32,6 +46,7 @@ from .modules import ProjectedTransformer
 
 __all__ = [
     "BlockTables",
+    "KeptBlocks",
     "NoFreeBlocks",
     "StageGeometry",
     "geometries",
@@ -125,6 +140,24 @@ def scratch_state_bytes(
     return sum(g.scratch_blocks * g.block_bytes for g in geoms.values())
 
 
+@dataclass(eq=False)
+class KeptBlocks:
+    """A stream's K/V blocks kept without a slot after it ended (one reference each), for retakes to share.
+
+    ``frames`` is how far the stream had decoded; ``blocks[i]`` are its blocks of stage i in ring order. Give it
+    back with :meth:`BlockTables.drop` (the decoder does that when it is collected, too).
+    """
+
+    blocks: list[list[int]]
+    frames: int
+    dropped: bool = False
+    _release: object = field(default=None, repr=False)  # the decoder's finalizer (drops it if collected)
+
+    @property
+    def block_count(self) -> int:
+        return sum(len(b) for b in self.blocks)
+
+
 class BlockTables:
     """Free lists, reservations and the block table of every stage (see the module docstring).
 
@@ -149,6 +182,10 @@ class BlockTables:
         self._free = [list(range(n - 1, g.scratch_blocks - 1, -1)) for n, g in zip(self.n_blocks, self.geoms,
                                                                                    strict=True)]
         self._reserved = [0] * len(self.geoms)  # promised to open streams, not yet taken
+        # References per block: streams holding it in their table and KeptBlocks (0: free; scratch blocks: 1).
+        self._refs = [np.zeros(n, dtype=np.int32) for n in self.n_blocks]
+        for refs, g in zip(self._refs, self.geoms, strict=True):
+            refs[: g.scratch_blocks] = 1
         self._held: dict[int, list[list[int]]] = {}
         self._promised: dict[int, list[int]] = {}
         self._host = torch.zeros(rows + 1, c, dtype=torch.int32)
@@ -156,6 +193,7 @@ class BlockTables:
             self._host[rows, col : col + g.ring_blocks] = torch.arange(g.ring_blocks) % g.scratch_blocks
         self.table = self._host if device.type == "cpu" else self._host.to(device)
         self._dirty = False
+        self.lock = threading.RLock()
 
     # ------------------------------------------------------------------ figures
     @property
@@ -178,67 +216,166 @@ class BlockTables:
         return [g.ring_blocks if max_frames is None else g.blocks_for(max_frames) for g in self.geoms]
 
     def can_open(self, max_frames: int | None = None) -> bool:
-        return all(n <= u for n, u in zip(self.blocks_needed(max_frames), self.unreserved_blocks, strict=True))
+        with self.lock:
+            return all(n <= u for n, u in zip(self.blocks_needed(max_frames), self.unreserved_blocks, strict=True))
+
+    def refcount(self, stage: int, block: int) -> int:
+        return int(self._refs[stage][block])
+
+    def can_resume(self, kept: KeptBlocks, frames: int) -> bool:
+        """Whether a stream sharing ``kept`` may continue at ``frames`` exactly: at every stage the keys of
+        positions ``frames * tpf - context .. frames * tpf - 1`` (those its next queries see) are still in the kept
+        ring, i.e. the ring has not gone round over them since (it holds the last ``ring`` positions)."""
+        if kept.dropped or not 0 < frames <= kept.frames:
+            return False
+        for g in self.geoms:
+            oldest_kept = kept.frames * g.tokens_per_frame - g.ring  # positions before this were overwritten
+            oldest_needed = max(0, frames * g.tokens_per_frame - g.context)
+            if oldest_needed < oldest_kept:
+                return False
+        return True
 
     # ------------------------------------------------------------------ lifecycle
     def open(self, slot: int, max_frames: int | None = None) -> None:
         """Reserve the blocks a stream in ``slot`` may hold: its whole ring, or what ``max_frames`` frames need."""
-        need = self.blocks_needed(max_frames)
-        if not self.can_open(max_frames):
-            raise NoFreeBlocks(
-                f"codec state pools cannot reserve {need} blocks per stage (unreserved: {self.unreserved_blocks})"
-            )
-        for i, n in enumerate(need):
-            self._reserved[i] += n
-        self._promised[slot] = need
-        self._held[slot] = [[] for _ in self.geoms]
-        self._point_at_scratch(slot)
+        with self.lock:
+            need = self.blocks_needed(max_frames)
+            if not self.can_open(max_frames):
+                raise NoFreeBlocks(
+                    f"codec state pools cannot reserve {need} blocks per stage (unreserved: {self.unreserved_blocks})"
+                )
+            for i, n in enumerate(need):
+                self._reserved[i] += n
+            self._promised[slot] = need
+            self._held[slot] = [[] for _ in self.geoms]
+            self._point_at_scratch(slot)
 
-    def grow(self, wants: Sequence[tuple[int, int]]) -> None:
-        """Give each ``(slot, frames)`` stream the blocks ``frames`` decoded frames need. All or nothing: raises
-        NoFreeBlocks (nothing taken) if a stream outgrows its reservation and the pool has no spare block."""
-        extra = [0] * len(self.geoms)  # blocks beyond reservations, per stage
-        plan: list[tuple[int, int, int]] = []  # (slot, stage, count)
-        for slot, frames in wants:
-            held, promised = self._held[slot], self._promised[slot]
-            for i, g in enumerate(self.geoms):
-                n = g.blocks_for(frames) - len(held[i])
-                if n > 0:
-                    plan.append((slot, i, n))
-                    extra[i] += max(0, n - promised[i])
-        short = [e > u for e, u in zip(extra, self.unreserved_blocks, strict=True)]
-        if any(short):
-            raise NoFreeBlocks(f"codec state pools out of blocks (stages {[i for i, s in enumerate(short) if s]}): "
-                               "a stream outgrew its reservation")
-        for slot, i, n in plan:
-            promised = self._promised[slot]
-            from_promise = min(n, promised[i])
-            promised[i] -= from_promise
-            self._reserved[i] -= from_promise
-            held = self._held[slot][i]
-            col = self.cols[i]
-            for _ in range(n):
-                self._host[slot, col + len(held)] = blk = self._free[i].pop()
-                held.append(blk)
-            self._dirty = True
+    def _touched(self, g: StageGeometry, start: int, end: int) -> range | set[int]:
+        """Ring indices of the blocks a chunk of frames [start, end) writes its keys into."""
+        if end <= start:
+            return range(0)
+        first = start * g.tokens_per_frame // g.block
+        last = (end * g.tokens_per_frame - 1) // g.block
+        if last - first + 1 >= g.ring_blocks:
+            return range(g.ring_blocks)
+        return {b % g.ring_blocks for b in range(first, last + 1)}
+
+    def grow(self, wants: Sequence[tuple[int, int] | tuple[int, int, int]]) -> list[list[tuple[int, int]]]:
+        """Make each stream writable for its next chunk: ``(slot, frames)`` (the blocks ``frames`` decoded frames
+        need) or ``(slot, start, end)`` (also: the shared blocks frames ``[start, end)`` write into are replaced by
+        copies). All or nothing: raises NoFreeBlocks (nothing taken) if a stream outgrows its reservation and the
+        pool has no spare block. Returns, per stage, the (source, destination) block copies the caller must make on
+        the device before the chunk's keys are written."""
+        with self.lock:
+            extra = [0] * len(self.geoms)  # blocks beyond reservations, per stage
+            plan: list[tuple[int, int, int, list[int]]] = []  # (slot, stage, new blocks, ring indices to copy)
+            for want in wants:
+                slot, end = want[0], want[-1]
+                start = want[1] if len(want) == 3 else end
+                held, promised = self._held[slot], self._promised[slot]
+                for i, g in enumerate(self.geoms):
+                    n = max(0, g.blocks_for(end) - len(held[i]))
+                    cow = [j for j in self._touched(g, start, end) if j < len(held[i])
+                           and self._refs[i][held[i][j]] > 1]
+                    if n or cow:
+                        plan.append((slot, i, n, sorted(cow)))
+                        extra[i] += max(0, n + len(cow) - promised[i])
+            short = [e > u for e, u in zip(extra, self.unreserved_blocks, strict=True)]
+            if any(short):
+                raise NoFreeBlocks(f"codec state pools out of blocks (stages {[i for i, s in enumerate(short) if s]}): "
+                                   "a stream outgrew its reservation")
+            copies: list[list[tuple[int, int]]] = [[] for _ in self.geoms]
+            for slot, i, n, cow in plan:
+                held = self._held[slot][i]
+                col = self.cols[i]
+                for j in cow:  # copy on write: this stream's own copy of a block it shares
+                    fresh = self._take(slot, i)
+                    copies[i].append((held[j], fresh))
+                    self._unref(i, held[j])
+                    held[j] = fresh
+                    self._host[slot, col + j] = fresh
+                for _ in range(n):
+                    self._host[slot, col + len(held)] = blk = self._take(slot, i)
+                    held.append(blk)
+                self._dirty = True
+            return copies
+
+    def _take(self, slot: int, stage: int) -> int:
+        """A free block for ``slot`` (from its promise while it lasts; grow checked that a spare one exists)."""
+        promised = self._promised[slot]
+        if promised[stage] > 0:
+            promised[stage] -= 1
+            self._reserved[stage] -= 1
+        block = self._free[stage].pop()
+        self._refs[stage][block] = 1
+        return block
+
+    def _unref(self, stage: int, block: int) -> None:
+        refs = self._refs[stage]
+        refs[block] -= 1
+        if refs[block] == 0:
+            self._free[stage].append(block)
+        elif refs[block] < 0:  # pragma: no cover - a bookkeeping bug
+            raise RuntimeError(f"codec block {block} of stage {stage} given back twice")
 
     def close(self, slot: int) -> None:
-        """Return the stream's blocks and what is left of its reservation."""
-        held = self._held.pop(slot, None)
-        promised = self._promised.pop(slot, None)
-        if held is None or promised is None:
-            return
-        for i, blocks in enumerate(held):
-            self._free[i].extend(reversed(blocks))
-            self._reserved[i] -= promised[i]
-        self._point_at_scratch(slot)
+        """Give back the stream's block references and what is left of its reservation."""
+        with self.lock:
+            held = self._held.pop(slot, None)
+            promised = self._promised.pop(slot, None)
+            if held is None or promised is None:
+                return
+            for i, blocks in enumerate(held):
+                for block in reversed(blocks):
+                    self._unref(i, block)
+                self._reserved[i] -= promised[i]
+            self._point_at_scratch(slot)
+
+    # ------------------------------------------------------------------ sharing
+    def detach(self, slot: int, frames: int) -> KeptBlocks:
+        """The stream in ``slot`` ends but its blocks stay (their references move to the returned KeptBlocks); the
+        slot and what is left of its reservation are given back."""
+        with self.lock:
+            held = self._held.pop(slot)
+            promised = self._promised.pop(slot)
+            for i in range(len(self.geoms)):
+                self._reserved[i] -= promised[i]
+            self._point_at_scratch(slot)
+            return KeptBlocks(held, int(frames))
+
+    def attach(self, slot: int, kept: KeptBlocks) -> None:
+        """The freshly opened stream in ``slot`` shares every block of ``kept`` (one more reference each), in the
+        same ring places; its writes copy them first (grow)."""
+        with self.lock:
+            if kept.dropped:
+                raise ValueError("cannot share blocks that were given back")
+            if any(self._held[slot]):
+                raise ValueError(f"codec slot {slot} already holds blocks")
+            self._held[slot] = [list(blocks) for blocks in kept.blocks]
+            for i, blocks in enumerate(kept.blocks):
+                col = self.cols[i]
+                for j, block in enumerate(blocks):
+                    self._refs[i][block] += 1
+                    self._host[slot, col + j] = block
+            self._dirty = True
+
+    def drop(self, kept: KeptBlocks) -> None:
+        """Give back the references ``kept`` holds (once)."""
+        with self.lock:
+            if kept.dropped:
+                return
+            kept.dropped = True
+            for i, blocks in enumerate(kept.blocks):
+                for block in blocks:
+                    self._unref(i, block)
 
     def sync(self) -> torch.Tensor:
         """The device table, updated with any change since the last call (one small copy)."""
-        if self._dirty and self.table is not self._host:
-            self.table.copy_(self._host)
-        self._dirty = False
-        return self.table
+        with self.lock:
+            if self._dirty and self.table is not self._host:
+                self.table.copy_(self._host)
+            self._dirty = False
+            return self.table
 
     def _point_at_scratch(self, slot: int) -> None:
         self._host[slot] = 0

@@ -13,6 +13,11 @@ gives it (upstream's ring of exactly ``context`` entries drops some for multi-fr
 stream reserves the blocks it may hold, so a stream once opened never runs out. Chunks longer than
 ``max_chunk_frames`` are split internally.
 
+Retakes share state (:meth:`StreamingDecoder.detach`, :meth:`StreamingDecoder.resume`): a stream that ends leaves
+its blocks behind (reference-counted, no slot), and a retake from frame N continues from them at N without decoding
+a frame, copying a shared block only when it first writes into it (paged_state). Where the kept ring no longer
+holds what frame N needs (:meth:`StreamingDecoder.can_resume`), the state is rebuilt from the codes instead.
+
 Attention: on CUDA the Triton kernel of :mod:`.window_attention` reads, for each stream, only the keys
 its queries can see, in place through the block table (``attention="kernel"``, the default). Elsewhere
 (CPU, ``MOSS_RT_CODEC_KERNEL=0``, ``attention="sdpa"``) each layer's ring of every stream is gathered
@@ -46,6 +51,7 @@ from .model import DEFAULT_DECODE_LEVELS, CodecModel, Patch
 from .modules import ProjectedTransformer, acc_dtype, rope_rotation, rope_tables, run_layers_fused
 from .paged_state import (
     BlockTables,
+    KeptBlocks,
     NoFreeBlocks,
     StageGeometry,
     geometries,
@@ -55,6 +61,7 @@ from .paged_state import (
 
 __all__ = [
     "DecoderState",
+    "KeptBlocks",
     "NoFreeBlocks",
     "NoFreeSlot",
     "StreamingDecoder",
@@ -106,8 +113,17 @@ class _Stage:
     module: ProjectedTransformer
     geom: StageGeometry
     col: int  # first column of this stage in the block table
-    k_pool: list[torch.Tensor]  # per layer [blocks, H, block, Dh]
+    k_all: torch.Tensor  # [layers, blocks, H, block, Dh]: every layer's keys, so one copy moves a block of all layers
+    v_all: torch.Tensor
+    k_pool: list[torch.Tensor]  # per layer [blocks, H, block, Dh] (views of k_all)
     v_pool: list[torch.Tensor]
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy on write: blocks ``src`` into ``dst`` for every layer (two device copies per stage)."""
+        src = torch.tensor([a for a, _ in pairs], device=self.k_all.device)
+        dst = torch.tensor([b for _, b in pairs], device=self.k_all.device)
+        self.k_all[:, dst] = self.k_all[:, src]
+        self.v_all[:, dst] = self.v_all[:, src]
 
 
 class StreamingDecoder:
@@ -172,6 +188,8 @@ class StreamingDecoder:
         # Slots of closed or collected states, given back (with their blocks) by the owning thread: a finalizer
         # may run in any thread that triggers garbage collection, and only deque.append is safe there.
         self._released: deque[int] = deque()
+        self._kept_released: deque[KeptBlocks] = deque()  # kept blocks collected without drop()
+        self.copies = 0  # blocks copied on write so far (retakes writing into blocks they share)
         geoms = geometries(codec, self.max_chunk_frames, dtype, block_frames)
         self._tables = BlockTables(
             list(geoms.values()), self.max_streams,
@@ -182,13 +200,11 @@ class StreamingDecoder:
             m = codec.decoder[idx]
             assert isinstance(m, ProjectedTransformer)
             spec = m.spec
-            shape = (n_blocks, spec.num_heads, g.block, spec.head_dim)
+            shape = (spec.num_layers, n_blocks, spec.num_heads, g.block, spec.head_dim)
+            k_all = torch.zeros(shape, device=self.device, dtype=dtype)
+            v_all = torch.zeros(shape, device=self.device, dtype=dtype)
             self._stages[idx] = _Stage(
-                module=m,
-                geom=g,
-                col=col,
-                k_pool=[torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)],
-                v_pool=[torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)],
+                module=m, geom=g, col=col, k_all=k_all, v_all=v_all, k_pool=list(k_all), v_pool=list(v_all),
             )
         log.info(
             "streaming decoder: %d slots, chunks <= %d frames, K/V block pools %.1f MB on %s (%s): "
@@ -199,11 +215,15 @@ class StreamingDecoder:
 
     # ---------------------------------------------------------------- states
     def _drain(self) -> None:
-        """Give back the slots and blocks of states closed or collected since the last call."""
-        while self._released:
-            slot = self._released.popleft()
-            self._tables.close(slot)
-            self._free.append(slot)
+        """Give back the slots and blocks of states closed or collected since the last call (either thread may
+        call it: the tables' lock covers the slot list too)."""
+        with self._tables.lock:
+            while self._released:
+                slot = self._released.popleft()
+                self._tables.close(slot)
+                self._free.append(slot)
+            while self._kept_released:
+                self._tables.drop(self._kept_released.popleft())
 
     @property
     def free_slots(self) -> int:
@@ -233,17 +253,68 @@ class StreamingDecoder:
 
         Raises NoFreeSlot when all slots are taken, NoFreeBlocks when the pools cannot promise the blocks.
         """
-        self._drain()
-        if not self._free:
-            raise NoFreeSlot(f"all {self.max_streams} codec decoder slots are in use")
-        slot = self._free[-1]
-        self._tables.open(slot, max_frames)  # raises before the slot is taken
-        self._free.pop()
+        with self._tables.lock:
+            self._drain()
+            if not self._free:
+                raise NoFreeSlot(f"all {self.max_streams} codec decoder slots are in use")
+            slot = self._free[-1]
+            self._tables.open(slot, max_frames)  # raises before the slot is taken
+            self._free.pop()
         state = DecoderState(slot=slot)
         # The finalizer runs on close() or when the state is garbage-collected; it holds no
         # reference to the state itself, only to the release queue.
         state._release = weakref.finalize(state, self._released.append, slot)
         return state
+
+    # ---------------------------------------------------------------- sharing (retakes)
+    def detach(self, state: DecoderState) -> KeptBlocks:
+        """End ``state`` but keep its blocks (no slot) for retakes to share; its slot is free again. Give the
+        result back with :meth:`drop` (or let it be collected). No call on ``state`` may be running."""
+        if state.closed:
+            raise ValueError("detach of a closed DecoderState")
+        with self._tables.lock:
+            self._drain()
+            state.closed = True
+            if state._release is not None:
+                state._release.detach()  # its slot goes back here, its blocks into the kept reference
+            kept = self._tables.detach(state.slot, state.frames)
+            self._free.append(state.slot)
+        # Collected without drop(): its references go back on the next call (a finalizer may run on any thread). The
+        # finalizer holds a twin of the reference, not the reference itself, or it would never be collected.
+        kept._release = weakref.finalize(kept, self._kept_released.append, KeptBlocks(kept.blocks, kept.frames))
+        return kept
+
+    def can_resume(self, kept: KeptBlocks, frames: int) -> bool:
+        """Whether :meth:`resume` may continue from ``kept`` at ``frames`` exactly (see BlockTables.can_resume)."""
+        return self._tables.can_resume(kept, frames)
+
+    def resume(self, kept: KeptBlocks, frames: int, max_frames: int | None = None) -> DecoderState:
+        """A new stream at ``frames`` sharing ``kept``'s blocks: the state after frames ``[0, frames)`` of the stream
+        ``kept`` came from, with nothing decoded (exact; its writes copy shared blocks first). ``max_frames`` as in
+        :meth:`new_state` (counting the kept frames). Raises ValueError where :meth:`can_resume` says no."""
+        if not self.can_resume(kept, frames):
+            raise ValueError(f"kept codec state of {kept.frames} frames cannot resume at frame {frames}")
+        state = self.new_state(max_frames)
+        try:
+            self._tables.attach(state.slot, kept)
+        except BaseException:
+            state.close()
+            raise
+        state.frames = int(frames)
+        return state
+
+    def drop(self, kept: KeptBlocks) -> None:
+        """Give back a kept state's blocks (those no retake shares are free again)."""
+        fin = kept._release
+        if isinstance(fin, weakref.finalize):
+            fin.detach()
+        self._tables.drop(kept)
+
+    def kept_bytes(self, kept: KeptBlocks) -> int:
+        """Bytes of K/V blocks a kept state holds (some may be shared with retakes)."""
+        return 0 if kept.dropped else sum(
+            len(b) * st.geom.block_bytes for b, st in zip(kept.blocks, self._stages.values(), strict=True)
+        )
 
     def scratch_state(self) -> DecoderState:
         """A state on the scratch row (never a stream's; its own few blocks): for padding rows of a batched call,
@@ -332,10 +403,16 @@ class StreamingDecoder:
         return [a for a in out if a is not None]
 
     def _grow(self, states: Sequence[DecoderState], frames: Sequence[int]) -> None:
-        """Blocks for each live state's tokens up to ``frames`` (the scratch row has its own)."""
-        wants = [(s.slot, f) for s, f in zip(states, frames, strict=True) if s.slot != self.max_streams]
-        if wants:
-            self._tables.grow(wants)
+        """Blocks for each live state's tokens from its position up to ``frames``, shared blocks those frames write
+        into copied first (the scratch row has its own blocks)."""
+        wants = [(s.slot, s.frames, f) for s, f in zip(states, frames, strict=True) if s.slot != self.max_streams]
+        if not wants:
+            return
+        copies = self._tables.grow(wants)
+        for stage, pairs in zip(self._stages.values(), copies, strict=True):
+            if pairs:
+                stage.copy_blocks(pairs)
+                self.copies += len(pairs)
 
     def _as_codes(self, codes: np.ndarray | torch.Tensor, allow_empty: bool = False) -> torch.Tensor:
         t = torch.as_tensor(np.asarray(codes) if not isinstance(codes, torch.Tensor) else codes)

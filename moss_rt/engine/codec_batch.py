@@ -168,6 +168,18 @@ class CodecBatcher:
                 out[i] = a
         return [a for a in out if a is not None]
 
+    def advance(self, states: Sequence[DecoderState], chunks: Sequence[np.ndarray]) -> None:
+        """Advance each state through its chunk and throw the audio away (rebuilding retakes' states from their
+        kept frames): the same batched, graphed calls as :meth:`decode`, no copy to the host. Returns once the
+        device is done, like every codec call (the worker's stream is idle whenever the worker is)."""
+        for t, idxs in self._groups(chunks):
+            self._decode_group([states[i] for i in idxs], [chunks[i] for i in idxs], t, self.decoder.decode_tensors)
+        device = getattr(self.decoder, "device", None)
+        if device is not None and getattr(device, "type", None) == "cuda":
+            import torch  # here: importing the scheduler needs no torch
+
+            torch.cuda.current_stream(device).synchronize()
+
     def decode_pcm(
         self, states: Sequence[DecoderState], chunks: Sequence[np.ndarray], channels: Sequence[int]
     ) -> list[bytes]:

@@ -2,10 +2,12 @@
 
 The scheduler hands it work as plain callables and goes on stepping:
 
-- ``submit(fn)`` queues a decode of due chunks and returns its sequence number at once; the decode pushes its
-  PCM to the takes' channels itself, so audio goes out as soon as it is ready, not a model step later;
-- ``call(fn)`` queues ``fn`` and waits for its result (codec rebuilds of retakes, renders, encodes, graph
-  captures): the decoder is not thread-safe, so nothing but this worker ever runs it;
+- ``submit(fn)`` queues a decode of due chunks (or a batched rebuild of retakes' codec states) and returns its
+  sequence number at once; a decode pushes its PCM to the takes' channels itself, so audio goes out as soon as it
+  is ready, not a model step later;
+- ``call(fn)`` queues ``fn`` and waits for its result (renders, encodes, graph captures): the decoder's forwards
+  are not thread-safe, so nothing but this worker ever runs them (its block bookkeeping is under a lock: the
+  scheduler opens, shares and closes streams from its own thread);
 - ``done(seq)`` / ``wait(seq)`` / ``drain()``: work is done strictly in order, so "call ``seq`` is done" means
   every earlier one is done too. A take ends (its codec state is closed, its end event pushed) only once the
   last call holding its frames is done, so chunks of a take always precede its end and no state is ever

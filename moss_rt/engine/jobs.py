@@ -62,6 +62,11 @@ class RenderJob(Job):
     def __post_init__(self) -> None:
         Job.__init__(self)
 
+    @property
+    def started(self) -> bool:
+        """Whether its codec stream is open (a render's first piece opens it)."""
+        return self._state is not None
+
     def advance(self) -> bool:
         n = int(self.codes.shape[0])
         if n == 0:

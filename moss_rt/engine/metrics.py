@@ -107,6 +107,29 @@ class EngineMetrics:
         )
         self.retained_caches = Gauge("moss_rt_retained_caches", "Finished takes whose cache is kept for retakes",
                                      registry=r)
+        self.codec_states = Counter(
+            "moss_rt_codec_states_total",
+            "How takes' codec streaming states began: fresh, shared (a retake continuing from its parent's kept "
+            "blocks, nothing decoded) or rebuilt (the kept frames decoded again)",
+            ["source"], registry=r,
+        )
+        self.codec_rebuild_calls = Counter(
+            "moss_rt_codec_rebuild_calls_total",
+            "Batched codec calls that rebuilt retakes' streaming states (every preparing take's next frames in one)",
+            registry=r,
+        )
+        self.codec_rebuild_frames = Counter(
+            "moss_rt_codec_rebuild_frames_total", "Kept frames decoded again to rebuild codec states", registry=r
+        )
+        self.codec_kept_states = Gauge(
+            "moss_rt_codec_kept_states",
+            "Finished takes whose codec state blocks are kept for retakes (given back when room is needed)",
+            registry=r,
+        )
+        self.codec_blocks_free = Gauge(
+            "moss_rt_codec_blocks_free", "Blocks of the codec state pools held by no stream or kept state",
+            registry=r,
+        )
         self.plan_bytes = Gauge(
             "moss_rt_memory_plan_bytes",
             "The start-up memory plan by part (total, in_use, budget, backbone_cache, codec_state, work, margin)",

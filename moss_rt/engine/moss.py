@@ -363,6 +363,9 @@ class MossEngine(EngineLifecycle):
             if not job.begin():
                 self._jobs.popleft()
                 continue
+            if isinstance(job, RenderJob) and not job.started and self._scheduler is not None:
+                # Its codec stream reserves a window: kept codec states of finished takes make room first.
+                self._scheduler.make_codec_room()
             try:
                 done = worker.call(job.advance)  # renders and encodes use the codec: on its worker
             except Exception as exc:
@@ -493,14 +496,15 @@ class MossEngine(EngineLifecycle):
             SchedulerConfig(
                 max_slots=slots,
                 prefill_chunk=s.prefill_chunk,
-                prep_budget_s=s.prefill_budget_ms / 1000.0,
                 retain_slots=slots,
                 prefill_max_rows=s.prefill_max_rows,
                 prompt_cache=s.prompt_cache,
+                batch_share=min(1.0, max(0.0, s.batch_share)),
             ),
             on_take_done=self._take_done,
             sync=self._sync,
             worker=worker,
+            arrivals=lambda: not self._inbox.empty(),
         )
         self._scheduler.prompts.journal = self.kept_prompts
         demo = model_choice.demo or codec_choice.demo

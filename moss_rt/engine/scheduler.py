@@ -1,24 +1,32 @@
 """The frame scheduler: admits takes into slots, prefills them, steps all runnable slots together.
 
 Runs only on the engine's worker thread (it owns the model runner and the streaming decoder).
-One :meth:`Scheduler.iterate` is one scheduling round:
+One :meth:`Scheduler.iterate` is one scheduling round. It serves, in this order (DESIGN.md, wave 3):
 
-1. takes whose channel was cancelled end now (a running one first sends the frames it already made);
-2. waiting takes get slots while slots are free;
-3. preparing takes advance their prompt prefill / codec rebuild, within a time budget while other
-   takes are streaming. Prompt rows kept in the cache from earlier takes (prompt_cache) are shared, not
-   prefilled, and a take waits for rows another take is computing; the next prompt chunks of all the
-   others go through the backbone in ONE batched prefill pass (at most ``prefill_max_rows`` padded rows;
-   while takes stream, one pass per round of at most ``stream_rows``, sized to the budget at warm-up
-   (prefill_pace), so a burst of arrivals goes in as chunks interleaved with frames and never holds a
-   running stream for more than about one frame);
-4. every runnable slot (running, not paused) advances by one frame in ONE batched model step;
-5. slots whose chunk is due (first audio after one frame, then every ``chunk_frames``) are handed to the
-   codec worker as one batched streaming codec call (decoded, converted to int16 and pushed to their
-   channels on the worker's thread, overlapped with the next model steps; see codec_worker);
-6. takes that drew the stop head, reached their frame budget, were cancelled or failed end once the codec
-   call holding their last frames is done (their end always follows their audio, and their codec state is
-   never closed under a running decode).
+1. **interactive control**: takes whose channel was cancelled (a cancel, a seek or a new ``start`` on a streaming
+   socket: the session cancels the running take first) stop now; a running one hands the frames it already made
+   to the codec at once and ends as soon as that call is done, before any preparation work of this round;
+2. **running streams' next frames**: every runnable slot (running, not paused) advances by one frame in ONE batched
+   model step; slots whose chunk is due (first audio after one frame, then every ``chunk_frames``) go to the codec
+   worker as one batched streaming codec call (decoded, converted to int16 and pushed to their channels on the
+   worker's thread, overlapped with the next model steps; see codec_worker);
+3. **interactive admissions and their preparation**: waiting takes get slots while slots are free (retakes and
+   continuations first, then new takes, then batch work); preparing takes advance their prompt prefill and codec
+   state. Prompt rows kept from earlier takes (prompt_cache) are shared, not prefilled, and a take waits for rows
+   another take is computing; the next prompt chunks of all the others go through the backbone in ONE batched
+   prefill pass (at most ``prefill_max_rows`` padded rows; while takes stream, one pass per round of at most
+   ``stream_rows``, sized to the budget at warm-up (prefill_pace), so a burst of arrivals goes in as chunks
+   interleaved with frames and never holds a running stream for more than about one frame). A retake's codec state
+   continues from its parent's kept blocks (nothing decoded) where they still hold what its branch frame needs;
+   otherwise the kept frames are decoded again, every rebuilding take's next chunk in ONE batched codec call per
+   round, handed to the codec worker without waiting for it (the take's later decodes queue behind it);
+4. **batch work** (``TakePriority.BATCH``, script renders) last: admitted only while no interactive take waits and
+   within ``batch_share`` of the slots and KV cache, prepared with what a pass has left after interactive chunks.
+
+Takes that drew the stop head, reached their frame budget, were cancelled or failed end once the codec call
+holding their last frames is done (their end always follows their audio, and their codec state is never closed or
+kept under a running decode). A finished take's KV blocks and codec state blocks are kept for retakes
+(:class:`~moss_rt.engine.slots.RetainedCaches`) until the room is needed.
 
 The scheduler's decisions (which takes step, which chunks are due, which takes share a codec call) never
 depend on when the codec finishes, so a take's codes and PCM are the same with the codec overlapped or inline.
@@ -51,7 +59,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REBUILD_CHUNK_FRAMES = 25  # prefix frames fed to a rebuilt codec state per unit of work
+# Kept frames a rebuilding take hands to its codec state per round: the codec's full chunk, whose graph every batch
+# bucket has, so one batched call decodes every rebuilding take's next chunk.
+REBUILD_CHUNK_FRAMES = 8
+DEFAULT_BATCH_SHARE = 0.5  # slots and KV blocks batch work may hold at most (interactive takes keep the rest)
 # Attention scores of a pass grow with its padded rows x its longest key window (x heads), not with
 # rows alone: a re-prefill deep into a long take next to fresh prompts would give every one of them
 # its window. A pass keeps rows x keys within prefill_max_rows x this many keys (8192 x 1024 x 32
@@ -68,11 +79,16 @@ SCORE_BOUND_MIN_ROWS = 128
 class SchedulerConfig:
     max_slots: int
     prefill_chunk: int  # prompt rows per take per prefill pass
-    prep_budget_s: float  # prefill/rebuild time per round while other takes stream
     retain_slots: int  # finished takes whose cache blocks are kept for retakes (they hold no slot)
     prefill_max_rows: int = 8192  # padded rows per batched prefill pass (takes x longest chunk)
     prefill_keys_per_row: int = PREFILL_KEYS_PER_ROW  # with it, bounds padded rows x longest key window
     prompt_cache: bool = True  # keep prompt blocks for later takes that open with the same rows
+    batch_share: float = DEFAULT_BATCH_SHARE  # share of slots and KV blocks batch takes may hold at once
+
+    @property
+    def batch_slots(self) -> int:
+        """Slots batch takes may hold at once (at least one, so batch work always advances)."""
+        return max(1, int(self.max_slots * self.batch_share))
 
 
 class Scheduler:
@@ -86,6 +102,7 @@ class Scheduler:
         on_take_done: Callable[[Take], None] = lambda take: None,
         sync: Callable[[], None] = lambda: None,
         worker: CodecWorker | None = None,
+        arrivals: Callable[[], bool] = lambda: False,
     ) -> None:
         self.runner = runner
         self.codec = codec
@@ -97,9 +114,15 @@ class Scheduler:
         self.config = config
         self._on_done = on_take_done
         self._sync = sync  # waits for queued device work, so host timings mean something
+        # True when new takes wait to be added (the engine's inbox): a preparation loop with nothing streaming stops
+        # there, so they join the next pass instead of waiting for every pass of the takes before them.
+        self._arrivals = arrivals
         self.waiting: deque[Take] = deque()
-        self.preparing: list[Take] = []
+        self.preparing: list[Take] = []  # interactive takes first, then batch work (each in admission order)
         self.running: list[Take] = []
+        # Takes that ended while preparing (cancelled, failed) with a codec call on their state in flight: they end
+        # once it is done (their codec state is never closed under a running decode).
+        self.stopping: list[Take] = []
         self.retained = RetainedCaches(config.retain_slots)
         pool = getattr(runner, "blocks", None)  # test stand-ins without a pool keep no prompts
         self.prompts = PromptCache(pool, enabled=config.prompt_cache and pool is not None)
@@ -112,7 +135,7 @@ class Scheduler:
     # ------------------------------------------------------------------ bookkeeping
     @property
     def active_count(self) -> int:
-        return len(self.preparing) + len(self.running)
+        return len(self.preparing) + len(self.running) + len(self.stopping)
 
     @property
     def has_paused(self) -> bool:
@@ -120,7 +143,7 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not (self.waiting or self.preparing or self.running)
+        return not (self.waiting or self.preparing or self.running or self.stopping)
 
     def add(self, take: Take) -> None:
         self.waiting.append(take)
@@ -137,20 +160,31 @@ class Scheduler:
             m.kv_blocks_total.set(blocks.num_blocks - 1)
             m.kv_blocks_promised.set(blocks.promised)
         m.retained_caches.set(len(self.retained))
+        m.codec_kept_states.set(len(self.retained.codec_states()))
+        if self.decoder is not None and hasattr(self.decoder, "free_blocks"):
+            m.codec_blocks_free.set(sum(self.decoder.free_blocks))
         m.prompt_cache_blocks.set(len(self.prompts))
         m.codec_pending.set(self.worker.pending)
 
     # ------------------------------------------------------------------ one round
     def iterate(self) -> bool:
         """One scheduling round; False when there was nothing to do (the caller may sleep)."""
-        worked = self._reap_cancelled()
-        worked |= self._admit()
-        worked |= self._prepare()
-        worked |= self._step()
-        worked |= self._flush_and_finish()
+        worked = self._control()  # 1. interactive control
+        worked |= self._step()  # 2. running streams' next frames...
+        worked |= self._flush_and_finish()  # ...to the codec; ends whose last frames are decoded
+        worked |= self._admit()  # 3. admissions (interactive first; 4. batch work with what is left)
+        worked |= self._prepare()  # ...and preparation (interactive first, batch work with what is left)
         worked |= self._capture_wanted()
         self._update_gauges()
         return worked
+
+    def _control(self) -> bool:
+        """Cancels first: waiting and preparing takes end now (a preparing one with a codec call in flight as soon as
+        it is done); running ones stop stepping and hand the frames they made to the codec at once. Then every
+        take whose last codec call is done ends (its end goes out before this round's preparation work)."""
+        found = self._reap_cancelled()
+        found |= self._finish_ended()
+        return found
 
     def _reap_cancelled(self) -> bool:
         found = False
@@ -160,51 +194,119 @@ class Scheduler:
             found = True
         for take in [t for t in self.preparing if t.channel.cancel_reason is not None]:
             self.preparing.remove(take)
-            self._finish(take, take.channel.cancel_reason or EndReason.CANCELLED)
+            self._stop_preparing(take, take.channel.cancel_reason or EndReason.CANCELLED)
             found = True
+        stopped = []
         for take in self.running:
             reason = take.channel.cancel_reason
             if reason is not None and take.ending is None:
-                # It stops stepping now; the frames it already made still reach the client, and it ends
-                # (this round, or once the codec is done with its frames) in _flush_and_finish.
+                # It stops stepping now; the frames it already made still reach the client (handed to the codec
+                # right here, not after this round's step and preparation), and it ends once they are decoded.
                 take.ending = reason
+                stopped.append(take)
                 found = True
+        flush = [t for t in stopped if t.pending > 0]
+        if flush:
+            self._submit_chunks(flush)
+        return found
+
+    def _stop_preparing(self, take: Take, reason: EndReason, error: str | None = None) -> None:
+        """End a take taken out of ``preparing``: now, or (a codec call on its state in flight) once that is done."""
+        if self.worker.done(take.codec_seq):
+            self._release(take, keep=False)
+            self._finish(take, reason, error=error)
+            return
+        take.ending, take.error = reason, error if reason is EndReason.ERROR else take.error
+        self.stopping.append(take)
+
+    def _finish_ended(self) -> bool:
+        """End the takes whose last codec call is done (running takes that stopped, takes stopped while
+        preparing)."""
+        found = False
+        for take in [t for t in self.running if t.ending]:
+            if not self.worker.done(take.codec_seq):
+                continue  # its last frames are still being decoded: it ends in a later round
+            self._absorb_codec_error(take)  # that decode may have failed
+            self.running.remove(take)
+            self._finish(take, take.ending or EndReason.DONE)
+            found = True
+        for take in [t for t in self.stopping if self.worker.done(t.codec_seq)]:
+            self.stopping.remove(take)
+            self._release(take, keep=False)
+            self._finish(take, take.ending or EndReason.CANCELLED)
+            found = True
         return found
 
     # ------------------------------------------------------------------ admission
     def _admit(self) -> bool:
-        """Waiting takes start, oldest first, while a slot is free and the KV pool can promise them every
-        block they may need (kept caches of finished takes are evicted for room first); otherwise they
-        wait, so a running take never finds the pool empty."""
+        """Waiting takes start while a slot is free and the KV pool can promise them every block they may need
+        (kept caches of finished takes are evicted for room first); otherwise they wait, so a running take never
+        finds the pool empty. Retakes and continuations go first, then new interactive takes (each oldest first),
+        then batch work, which also waits while it holds its share of the slots (``batch_share``)."""
         admitted = False
         while self.waiting and self.active_count < self.config.max_slots:
-            take = self.waiting[0]
+            take = min(self.waiting, key=lambda t: t.admission_class)  # the first of the lowest class
+            if take.batch and self._batch_count() >= self.config.batch_slots:
+                break  # batch work waits for its own takes to end; interactive takes never wait behind it
             try:
                 started = self._begin(take)
             except Exception as exc:  # a bad prompt must not take other streams down
                 log.warning("take %s could not start: %s", take.take_id, exc)
-                self.waiting.popleft()
+                self.waiting.remove(take)
                 self._release(take, keep=False)
                 self._finish(take, EndReason.ERROR, error=str(exc))
                 continue
             if not started:
                 break  # the pool is full: the queue waits for blocks to come back
-            self.waiting.popleft()
-            self.preparing.append(take)
+            self.waiting.remove(take)
+            if take.batch:
+                self.preparing.append(take)
+            else:  # interactive takes prepare before batch work
+                at = next((i for i, t in enumerate(self.preparing) if t.batch), len(self.preparing))
+                self.preparing.insert(at, take)
             admitted = True
         return admitted
 
-    def _room_for(self, need: int, keep: str | None, spare: frozenset[int] = frozenset()) -> bool:
+    def _batch_count(self) -> int:
+        return sum(1 for group in (self.preparing, self.running, self.stopping) for t in group if t.batch)
+
+    def _interactive_present(self) -> bool:
+        return any(not t.batch for group in (self.waiting, self.preparing, self.running, self.stopping) for t in group)
+
+    def _batch_blocks(self) -> int:
+        return sum(t.blocks_promised for group in (self.preparing, self.running) for t in group if t.batch)
+
+    def _room_for(
+        self, need: int, keep: str | None, spare: frozenset[int] = frozenset(), batch: bool = False
+    ) -> bool:
         """Make ``need`` blocks available: kept prompt blocks go first (least recently used, never those in
-        ``spare``), then kept caches of finished takes (oldest first, never ``keep``)."""
+        ``spare``), then kept caches of finished takes (batch work's first, oldest first, never ``keep``; for
+        ``batch`` work only batch work's: it never takes a director's kept takes away)."""
         runner = self.runner
         while runner.blocks.available < need:
             if self.prompts.evict(need, spare):
                 continue  # dropping a finished take's cache may have left more prompt blocks to the cache alone
-            ref = self.retained.evict_oldest(keep=keep)
-            if ref is None:
+            item = self.retained.evict_oldest(keep=keep, batch_only=batch)
+            if item is None:
                 return False
-            runner.drop(ref)
+            self._drop_retained(item)
+        return True
+
+    def _drop_retained(self, item: Retained) -> None:
+        self.runner.drop(item.blocks)
+        if item.codec is not None:
+            self.decoder.drop(item.codec)
+            item.codec = None
+
+    def make_codec_room(self, frames: int | None = None, keep: str | None = None) -> bool:
+        """Give back kept codec states (least recently used first, never ``keep``'s) until a new stream of at most
+        ``frames`` frames can open (None: a whole window). False when it still cannot."""
+        decoder = self.decoder
+        while not decoder.can_open(frames):
+            kept = self.retained.evict_codec(keep=keep)
+            if kept is None:
+                return False
+            decoder.drop(kept)
         return True
 
     def _begin(self, take: Take) -> bool:
@@ -220,8 +322,8 @@ class Scheduler:
             else np.zeros((0, N_CODEBOOKS), dtype=np.int64)
         )
         # The rule submit already checked (a PromptTooLong here is a ValueError: _admit ends the take).
-        room = frames_room(len(prompt), n, int(runner.max_seq_len))
-        frame_cap = min(n + spec.max_frames, room)
+        frames_left = frames_room(len(prompt), n, int(runner.max_seq_len))
+        frame_cap = min(n + spec.max_frames, frames_left)
         kept = self.retained.get(spec.parent_take) if spec.parent_take else None
         share = kept is not None and self._can_truncate(kept, prompt, prefix)
         if share:
@@ -243,7 +345,19 @@ class Scheduler:
         # allocated block by block as it grows; a shared prefix costs nothing (its branch block one copy).
         need = runner.blocks_needed(take.positions, shared)
         spare = frozenset(match.blocks) if match is not None else frozenset()
-        if not self._room_for(need, keep=spec.parent_take if share else None, spare=spare):
+        codec_share = kept is not None and self._can_resume_codec(kept, prefix)
+        batch_cap = self.config.batch_share * (runner.blocks.num_blocks - 1)
+        if take.batch and self._batch_count() and self._batch_blocks() + need > batch_cap:
+            return False  # batch work holds its share of the cache: it waits for its own takes to end
+        room = self._room_for(need, keep=spec.parent_take if share or codec_share else None, spare=spare,
+                              batch=take.batch)
+        if not room and codec_share and not share:
+            # The parent's kept KV blocks are in the way: give them (and its codec state) up, rebuild instead.
+            codec_share = False
+            room = self._room_for(need, keep=None, spare=spare, batch=take.batch)
+        if not room and take.batch and not self._interactive_present():
+            room = self._room_for(need, keep=None, spare=spare)  # no director here: kept takes of theirs may go
+        if not room:
             if not self.active_count:
                 raise ValueError(
                     f"the take needs {need} KV cache blocks but the pool has {runner.blocks.available} "
@@ -252,7 +366,8 @@ class Scheduler:
             return False
         take.phase = Phase.PREPARING
         take.prep_started = time.monotonic()
-        take.capped_by_cache = n + spec.max_frames > room
+        take.capped_by_cache = n + spec.max_frames > frames_left
+        take.blocks_promised = need
         take.frames = take.flushed = n
         take.codes = list(prefix)
         take.model_slot = runner.alloc_slot()
@@ -278,11 +393,37 @@ class Scheduler:
         runner.set_sampling(
             take.model_slot, spec.sampling, spec.seed, frame_index=n, history=prefix if n else None
         )
-        take.decoder = self.decoder.new_state()
-        take.rebuilt = 0
+        take.decoder = self._open_codec_state(take, kept if codec_share else None)
         if n:
             self.metrics.seeks.labels(take.reuse_path).inc()
+        self.metrics.codec_states.labels(take.codec_source).inc()
         return True
+
+    def _can_resume_codec(self, kept: Retained, prefix: np.ndarray) -> bool:
+        """Whether a retake with these kept frames can continue from the parent's kept codec state exactly."""
+        n = len(prefix)
+        return (
+            n > 0
+            and kept.codec is not None
+            and kept.codes.shape[0] >= n
+            and bool(np.array_equal(kept.codes[:n], prefix))
+            and self.decoder.can_resume(kept.codec, n)
+        )
+
+    def _open_codec_state(self, take: Take, kept: Retained | None) -> DecoderState:
+        """The take's codec stream, holding what its frame cap needs: a retake continues from its parent's kept
+        blocks at its branch frame (``kept``: nothing to decode), any other take with kept frames starts empty and
+        has them decoded again (rebuild calls, batched in _prepare)."""
+        n, cap = take.spec.start_frame, take.frame_cap
+        keep = take.spec.parent_take if kept is not None else None
+        if not self.make_codec_room(cap, keep=keep):  # pragma: no cover - the pools hold a window per stream
+            log.warning("codec state pools full although every kept state was given back")
+        if kept is not None and kept.codec is not None and self.decoder.can_resume(kept.codec, n):
+            state = self.decoder.resume(kept.codec, n, max_frames=cap)
+            take.rebuilt, take.codec_source = n, "shared"
+            return state
+        take.rebuilt, take.codec_source = 0, ("rebuilt" if n else "fresh")
+        return self.decoder.new_state(max_frames=cap)
 
     @staticmethod
     def _can_truncate(kept: Retained, prompt: np.ndarray, prefix: np.ndarray) -> bool:
@@ -334,43 +475,41 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill / rebuild
     def _prepare(self) -> bool:
+        # Alone on the device: prepare everything now (lowest first-audio latency). Once takes stream (that
+        # includes takes this loop just made ready, so a burst larger than one pass starts streaming pass by pass
+        # instead of all after the last), a round runs at most one prefill pass (stream_rows bounds its stall: sized
+        # to prefill_budget_ms at warm-up) and one codec rebuild call. A pass is never cut short.
+        # Every round runs a pass if one is wanted: promoting a take that needed no work (a retake whose
+        # parent's cache holds its whole prompt) is not one, or such takes could starve the rest.
+        # No decision here reads the clock or the codec's progress, so rounds are the same with the codec
+        # overlapped or inline.
+        # Between units a cancel is honoured at once (interactive control before any further preparation), and
+        # with nothing streaming new arrivals end the loop (they join the next pass rather than wait for all).
         if not self.preparing:
             return False
-        # Alone on the device: prepare everything now (lowest first-audio latency). Once takes stream,
-        # stop after the budget so they keep their pace; that includes takes this loop just made ready,
-        # so a burst larger than one pass starts streaming pass by pass instead of all after the last.
-        # A batched prefill pass is one unit: never cut short. While takes stream a round runs at most one
-        # (stream_rows bounds its stall: sized to the budget, a second one would overrun it).
-        # Every round runs at least one unit: promoting a take that needed no work (a retake whose
-        # parent's cache holds its whole prompt) is not one, or such takes could starve the rest.
-        t0 = time.monotonic()
+        self._fail_broken_rebuilds()
         self._catch_up()
         promoted = self._promote_ready()
         units = passes = 0
-        # Takes waiting for prompt blocks another take computes have no unit of their own (_catch_up moves them).
-        while (oldest := next((t for t in self.preparing if t.waits_for is None), None)) is not None:
-            if self.running and units and time.monotonic() - t0 >= self.config.prep_budget_s:
+        # Codec rebuilds: one batched call a round (every rebuilding take's next chunk), handed to the codec worker
+        # without waiting; alone on the device, every call now (the worker's bounded queue paces them).
+        while self._rebuild_call():
+            units += 1
+            promoted |= self._promote_ready()
+            if self.running:
                 break
-            if self.running and passes and self._rows_left(oldest):
+        # Takes waiting for prompt blocks another take computes have no unit of their own (_catch_up moves them).
+        while any(t.waits_for is None and self._rows_left(t) for t in self.preparing):
+            if self.running and passes:
                 break  # the next unit would be a second prefill pass
-            passes += self._prepare_unit(oldest)
+            if units and (self._reap_cancelled() or self._arrivals()):
+                break  # control first: a cancelled take ends, new takes are admitted, before the next pass
+            self._prefill(self._prefill_batch())
+            passes += 1
             self._catch_up()
             self._promote_ready()
             units += 1
         return promoted or units > 0
-
-    def _prepare_unit(self, oldest: Take) -> int:
-        """One bounded piece of preparation, chosen by the oldest preparing take's need (of those not waiting).
-
-        Its prompt is not fully prefilled: one batched prefill pass over it and every other take
-        with prompt rows left. Otherwise: one chunk of its codec rebuild. Either way some take
-        advances or ends, so the caller's loop makes progress. Returns the prefill passes run (0 or 1).
-        """
-        if self._rows_left(oldest):
-            self._prefill(self._prefill_batch())
-            return 1
-        self._rebuild_unit(oldest)
-        return 0
 
     @staticmethod
     def _rows_left(take: Take) -> int:
@@ -452,31 +591,54 @@ class Scheduler:
         with_whole = self.prompts.wants_whole(keys, take.prefilled) and self.runner.blocks.reserve(slot, 1)
         self.prompts.keep(keys, self.runner.blocks.slot_blocks(slot), take.prefilled, with_whole=with_whole)
 
-    def _rebuild_unit(self, take: Take) -> None:
-        """The codec state at frame n is rebuilt exactly by decoding the kept frames (audio discarded)."""
-        end = min(take.spec.start_frame, take.rebuilt + REBUILD_CHUNK_FRAMES)
-        state, codes = take.decoder, take.codes_array(take.rebuilt, end)
+    def _rebuild_call(self) -> bool:
+        """One batched codec call rebuilding preparing takes' codec states from their kept frames (audio thrown
+        away): the next chunk of every rebuilding take whose next chunk has the oldest one's length (one forward,
+        graphed where the codec has that shape), at most one codec call's streams, interactive takes first. Handed
+        to the codec worker without waiting: the take's later decodes run after it, in order. False: nothing to
+        rebuild."""
+        rebuilding = [t for t in self.preparing if t.rebuild_left > 0 and t.decoder is not None
+                      and t.codec_error is None]
+        if not rebuilding:
+            return False
+        per_call = max(1, int(getattr(self.codec, "max_batch", len(rebuilding))))
+        frames = min(REBUILD_CHUNK_FRAMES, int(self.decoder.max_chunk_frames), rebuilding[0].rebuild_left)
+        members = [t for t in rebuilding if min(frames, t.rebuild_left) == frames][:per_call]
+        items = [(t, t.decoder, t.codes_array(t.rebuilt, t.rebuilt + frames)) for t in members]
+        note_call = getattr(self.codec, "note_call", None)
+        if note_call is not None:
+            note_call([codes for _, _, codes in items])  # counted on this thread, like the streamed chunks
+        seq = self.worker.submit(lambda: self._rebuild_on_worker(items))
+        for take in members:
+            take.rebuilt += frames
+            take.codec_seq = seq
+        self.metrics.codec_rebuild_calls.inc()
+        self.metrics.codec_rebuild_frames.inc(frames * len(members))
+        return True
 
-        def rebuild() -> None:
-            with self.codec.eager():
-                self.decoder.decode([state], [codes])  # to the host: the call ends when the device is done
-
+    def _rebuild_on_worker(self, items: list[tuple[Take, DecoderState | None, np.ndarray]]) -> None:
+        """On the codec worker: advance the states through their kept frames; a failure fails those takes."""
         try:
-            self.worker.call(rebuild)  # the take's own fresh state: no chunk of it is in flight
+            self.codec.advance([state for _, state, _ in items], [codes for _, _, codes in items])
         except Exception as exc:
-            log.exception("take %s failed while preparing", take.take_id)
-            self._fail_preparing(take, f"codec rebuild failed: {exc}")
-            return
-        take.rebuilt = end
+            log.exception("codec rebuild failed for %d takes", len(items))
+            for take, _, _ in items:
+                take.codec_error = f"codec rebuild failed: {exc}"
+
+    def _fail_broken_rebuilds(self) -> None:
+        """Preparing takes whose rebuild call failed end with its error."""
+        for take in [t for t in self.preparing if t.codec_error is not None]:
+            self._fail_preparing(take, take.codec_error or "codec rebuild failed")
 
     def _fail_preparing(self, take: Take, error: str) -> None:
         self.preparing.remove(take)
-        self._release(take, keep=False)
-        self._finish(take, EndReason.ERROR, error=error)
+        self._stop_preparing(take, EndReason.ERROR, error=error)
 
     def _promote_ready(self) -> bool:
-        """Takes with their prompt in the cache and their codec state rebuilt start running."""
-        ready = [t for t in self.preparing if not self._rows_left(t) and t.rebuilt >= t.spec.start_frame]
+        """Takes with their prompt in the cache and every kept frame handed to their codec state start running (a
+        rebuild call still in flight runs before their first chunk: the codec worker keeps the order)."""
+        ready = [t for t in self.preparing
+                 if not self._rows_left(t) and t.rebuild_left <= 0 and t.codec_error is None]
         for take in ready:
             self.preparing.remove(take)
             self.prompts.unclaim(take.take_id)
@@ -539,14 +701,7 @@ class Scheduler:
         if due:
             self._submit_chunks(due)
             worked = True
-        for take in [t for t in self.running if t.ending]:
-            if not self.worker.done(take.codec_seq):
-                continue  # its last frames are still being decoded: it ends in a later round
-            self._absorb_codec_error(take)  # that decode may have failed
-            self.running.remove(take)
-            self._finish(take, take.ending or EndReason.DONE)
-            worked = True
-        return worked
+        return self._finish_ended() or worked
 
     def _absorb_codec_error(self, take: Take) -> None:
         """A decode of the take failed on the codec worker: it ends with that error (unless it was cancelled,
@@ -639,26 +794,34 @@ class Scheduler:
         )
 
     def _release(self, take: Take, *, keep: bool) -> None:
-        """Give back the codec state and the slot; keep the cache blocks for retakes when they are usable."""
-        if take.decoder is not None:
-            take.decoder.close()
-            take.decoder = None
+        """Give back the codec state and the slot; keep the cache blocks (KV and codec state) for retakes when they
+        are usable. Called only once no codec call on the take's state is in flight."""
+        usable = (
+            keep and take.phase is Phase.RUNNING and take.frames > 0 and take.retain_key is not None
+            and take.model_slot is not None and self.retained.capacity > 0
+        )
+        state, take.decoder = take.decoder, None
+        codec = None
+        if state is not None:
+            if usable and take.codec_error is None and state.frames > 0 and not state.closed:
+                codec = self.decoder.detach(state)  # its blocks stay for retakes; its slot is free again
+            else:
+                state.close()
         self.prompts.unclaim(take.take_id)
         slot, take.model_slot = take.model_slot, None
         if slot is None:
             return
-        usable = keep and take.phase is Phase.RUNNING and take.frames > 0 and take.retain_key is not None
-        if usable and take.retain_key is not None and self.retained.capacity > 0:
-            item = Retained(self.runner.detach(slot), take.retain_key, take.codes_array())
+        if usable and take.retain_key is not None:
+            item = Retained(self.runner.detach(slot), take.retain_key, take.codes_array(), codec, take.batch)
             for evicted in self.retained.put(take.take_id, item):
-                self.runner.drop(evicted)
+                self._drop_retained(evicted)
         else:
             self.runner.free_slot(slot)
 
     def fail_all(self, error: str) -> None:
         """End every take with an error and give back whatever it held (after an unexpected failure)."""
         self.worker.drain()  # no codec state is closed under a running decode
-        for take in [*self.waiting, *self.preparing, *self.running]:
+        for take in [*self.waiting, *self.preparing, *self.running, *self.stopping]:
             try:
                 self._finish(take, EndReason.ERROR, error=error)
             except Exception:  # keep ending the others
@@ -666,6 +829,7 @@ class Scheduler:
         self.waiting.clear()
         self.preparing.clear()
         self.running.clear()
+        self.stopping.clear()
         self.prompts.clear()  # after an unexpected failure the device's copies are not to be trusted
         self._update_gauges()
 
@@ -676,12 +840,12 @@ class Scheduler:
         for take in list(self.waiting):
             self._finish(take, EndReason.SHUTDOWN)
         self.waiting.clear()
-        for group in (self.preparing, self.running):
+        for group in (self.preparing, self.running, self.stopping):
             for take in list(group):
                 self._finish(take, EndReason.SHUTDOWN)
             group.clear()
-        for ref in self.retained.clear():
-            self.runner.drop(ref)
+        for item in self.retained.clear():
+            self._drop_retained(item)
         self.prompts.clear()
         self._update_gauges()
 

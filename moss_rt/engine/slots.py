@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moss_rt.engine.base import EndReason, TakeSpec, chunk_target
+from moss_rt.engine.base import EndReason, TakePriority, TakeSpec, chunk_target
 from moss_rt.engine.channel import TakeChannel
 from moss_rt.generation import N_CODEBOOKS
 
 if TYPE_CHECKING:
-    from moss_rt.codec.streaming import DecoderState
+    from moss_rt.codec.streaming import DecoderState, KeptBlocks
     from moss_rt.engine.prompt_cache import PromptKeys
     from moss_rt.model.blocks import BlockRef
 
@@ -55,7 +55,9 @@ class Take:
     prefilled: int = 0  # rows of prompt_rows already in the cache
     prompt_keys: PromptKeys | None = None  # what the prompt cache names prompt_rows' blocks by (None: not used)
     waits_for: str | None = None  # the preparing take computing this take's next prompt block right now
-    rebuilt: int = 0  # prefix frames already fed to the codec state
+    rebuilt: int = 0  # prefix frames already handed to the codec state (shared, or in rebuild calls)
+    codec_source: str = "fresh"  # how its codec state began: fresh | shared (the parent's blocks) | rebuilt
+    blocks_promised: int = 0  # KV blocks its admission reserved (what a batch take counts against its share)
     frames: int = 0  # frames of the take so far (the next frame's index)
     frame_cap: int = 0  # total frames allowed (prefix + max_new_tokens, bounded by the cache)
     capped_by_cache: bool = False
@@ -78,6 +80,24 @@ class Take:
     @property
     def take_id(self) -> str:
         return self.spec.take_id
+
+    @property
+    def batch(self) -> bool:
+        """Batch work (a script render): served with what interactive takes leave (scheduler)."""
+        return self.spec.priority is TakePriority.BATCH
+
+    @property
+    def admission_class(self) -> int:
+        """Admission order (lower first): retakes and continuations of interactive takes (a director waits on a
+        take that already streamed), then other interactive takes, then batch work."""
+        if self.batch:
+            return 2
+        return 0 if self.spec.parent_take is not None else 1
+
+    @property
+    def rebuild_left(self) -> int:
+        """Kept frames not yet handed to its codec state (a rebuild from the codes)."""
+        return self.spec.start_frame - self.rebuilt
 
     @property
     def positions(self) -> int:
@@ -114,11 +134,13 @@ class Take:
 
 @dataclass
 class Retained:
-    """A finished take's cache (its KV blocks, no slot), kept so retakes of it share its blocks."""
+    """A finished take's caches (its KV blocks and codec state blocks, no slot), kept so retakes share them."""
 
     blocks: BlockRef
     prompt_rows: np.ndarray
     codes: np.ndarray  # [frames, 12] frames whose rows are in the cache after the prompt
+    codec: KeptBlocks | None = None  # its codec state after its last decoded frame (None: not kept, or given back)
+    batch: bool = False  # kept from batch work (evicted first when an interactive take needs room)
 
 
 class RetainedCaches:
@@ -131,15 +153,15 @@ class RetainedCaches:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, take_id: str, item: Retained) -> list[BlockRef]:
-        """Keep ``item`` (most recent); returns references that fell out of the LRU (to drop)."""
+    def put(self, take_id: str, item: Retained) -> list[Retained]:
+        """Keep ``item`` (most recent); returns the items that fell out of the LRU (their caches to drop)."""
         if self.capacity == 0:
-            return [item.blocks]
+            return [item]
         self._items[take_id] = item
         self._items.move_to_end(take_id)
         evicted = []
         while len(self._items) > self.capacity:
-            evicted.append(self._items.popitem(last=False)[1].blocks)
+            evicted.append(self._items.popitem(last=False)[1])
         return evicted
 
     def get(self, take_id: str | None) -> Retained | None:
@@ -149,17 +171,35 @@ class RetainedCaches:
         self._items.move_to_end(take_id)
         return self._items[take_id]
 
-    def evict_oldest(self, keep: str | None = None) -> BlockRef | None:
-        for take_id in self._items:
-            if take_id != keep:
-                return self._items.pop(take_id).blocks
+    def evict_oldest(self, keep: str | None = None, batch_only: bool = False) -> Retained | None:
+        """The least recently used item (batch work's first), removed; never ``keep``; with ``batch_only`` only
+        items kept from batch work."""
+        for only_batch in (True, False):
+            for take_id, item in self._items.items():
+                if take_id != keep and (item.batch or not only_batch):
+                    return self._items.pop(take_id)
+            if batch_only:
+                return None
+        return None
+
+    def evict_codec(self, keep: str | None = None) -> KeptBlocks | None:
+        """The codec state of the least recently used item that still has one (never ``keep``'s), taken from it:
+        its KV blocks stay kept (a retake of it then rebuilds its codec state from the codes)."""
+        for take_id, item in self._items.items():
+            if take_id != keep and item.codec is not None:
+                kept, item.codec = item.codec, None
+                return kept
         return None
 
     def refs(self) -> list[BlockRef]:
         """The kept caches' block references (oldest first)."""
         return [item.blocks for item in self._items.values()]
 
-    def clear(self) -> list[BlockRef]:
-        refs = [item.blocks for item in self._items.values()]
+    def codec_states(self) -> list[KeptBlocks]:
+        """The kept codec states (oldest first)."""
+        return [item.codec for item in self._items.values() if item.codec is not None]
+
+    def clear(self) -> list[Retained]:
+        items = list(self._items.values())
         self._items.clear()
-        return refs
+        return items

@@ -43,10 +43,12 @@ class EncoderClosed(RuntimeError):
 class AsyncEncoder:
     """A :class:`~moss_rt.formats.encoder.StreamEncoder` whose work runs off the event loop."""
 
-    def __init__(self, fmt: AudioFormat, channels: int, *, speed: float = 1.0) -> None:
+    def __init__(
+        self, fmt: AudioFormat, channels: int, *, speed: float = 1.0, total_samples: int | None = None
+    ) -> None:
         from moss_rt.formats.encoder import StreamEncoder
 
-        self._encoder: StreamEncoder = StreamEncoder(fmt, channels, speed=speed)
+        self._encoder: StreamEncoder = StreamEncoder(fmt, channels, speed=speed, total_samples=total_samples)
         self._format = fmt
         self._order = asyncio.Lock()  # calls are made in the order they were asked for
         self._owner = threading.Lock()  # held by the one thread inside FFmpeg for this encoder
@@ -59,12 +61,27 @@ class AsyncEncoder:
         return self._format
 
     @property
+    def samples_out(self) -> int:
+        """Samples per channel handed to the codec so far (read it once ``finish`` has returned)."""
+        return self._encoder.samples_out
+
+    @property
     def closed(self) -> bool:
         """True once the container has been released (no FFmpeg call can still be running)."""
         return self._closed
 
-    async def encode(self, pcm: bytes) -> bytes:
-        return await self._call(lambda: self._encoder.encode(pcm))
+    async def encode(self, pcm: bytes, *, sink: Callable[[bytes], None] | None = None) -> bytes:
+        """The bytes ready after ``pcm``. With ``sink`` they are handed to it by the worker thread instead
+        (and b"" is returned), so a caller cancelled while the call runs loses nothing: the bytes are in the
+        sink before any later call (``finish``) starts."""
+        if sink is None:
+            return await self._call(lambda: self._encoder.encode(pcm))
+
+        def encode_into_sink() -> bytes:
+            sink(self._encoder.encode(pcm))
+            return b""
+
+        return await self._call(encode_into_sink)
 
     async def finish(self) -> bytes:
         return await self._call(self._encoder.finish)

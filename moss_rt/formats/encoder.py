@@ -28,6 +28,7 @@ import av.error
 import numpy as np
 import soxr
 
+from moss_rt.formats.flac_length import DeclaredLength, set_total_samples
 from moss_rt.formats.spec import MAX_SPEED, MIN_SPEED, AudioFormat
 from moss_rt.protocol import SAMPLE_RATE
 
@@ -138,7 +139,18 @@ class StreamEncoder:
     1.0 leaves the audio untouched.
     """
 
-    def __init__(self, fmt: AudioFormat, channels: int, *, speed: float = 1.0, input_rate: int = SAMPLE_RATE) -> None:
+    def __init__(
+        self,
+        fmt: AudioFormat,
+        channels: int,
+        *,
+        speed: float = 1.0,
+        input_rate: int = SAMPLE_RATE,
+        total_samples: int | None = None,
+    ) -> None:
+        """``total_samples``: FLAC only, the samples per channel (at the format's rate) the stream will hold,
+        when known before encoding starts: its header then says so (else "unknown", which libsndfile,
+        ``soundfile.read``, cannot read; see :mod:`moss_rt.formats.flac_length`)."""
         if channels not in _LAYOUTS:
             raise ValueError(f"channels must be 1 or 2, got {channels}")
         if not MIN_SPEED <= speed <= MAX_SPEED:
@@ -155,6 +167,9 @@ class StreamEncoder:
         self._container: av.container.OutputContainer | None = None
         self._stream: av.audio.stream.AudioStream | None = None
         self._sink = _Sink()
+        if total_samples is not None and fmt.name != "flac":
+            raise ValueError("total_samples is a FLAC header field")
+        self._length = DeclaredLength(total_samples) if total_samples is not None else None
         self.samples_in = 0  # per channel, at the input rate
         self.samples_out = 0  # per channel, at the format's rate, handed to the encoder
         if not fmt.is_raw_pcm:
@@ -186,7 +201,11 @@ class StreamEncoder:
             for packet in self._stream.encode(None):
                 self._container.mux(packet)
             self._container.close()
-            out += self._sink.drain()
+            out += self._drain()
+        if self._length is not None:
+            out += self._length.flush()
+            if self.samples_out != self._length.total:
+                log.warning("FLAC stream declared %d samples, holds %d", self._length.total, self.samples_out)
         return out
 
     def close(self) -> None:
@@ -215,11 +234,17 @@ class StreamEncoder:
             frame.sample_rate = self.format.sample_rate
             for packet in self._stream.encode(frame):
                 self._container.mux(packet)
-        return self._sink.drain()
+        return self._drain()
+
+    def _drain(self) -> bytes:
+        out = self._sink.drain()
+        return out if self._length is None else self._length.feed(out)
 
 
 def encode_all(pcm: bytes, fmt: AudioFormat, channels: int, *, speed: float = 1.0) -> bytes:
-    """A whole clip in one call (the same stream a client would have received chunk by chunk)."""
+    """A whole clip in one call: the stream a client would have received chunk by chunk, except that a
+    FLAC file's header states its length (the whole file is at hand; soundfile needs it)."""
     encoder = StreamEncoder(fmt, channels, speed=speed)
-    return encoder.encode(pcm) + encoder.finish()
+    data = encoder.encode(pcm) + encoder.finish()
+    return set_total_samples(data, encoder.samples_out) if fmt.name == "flac" else data
 

@@ -4,7 +4,7 @@
     lines/001-KEEPER.<ext>        each line's accepted take, named by its number and character
     cues.csv, cues.json           the cue sheet: line, scene, character, start, end, take, seed (and samples)
     captions/lines.srt, .vtt      captions by line (speaker named)
-    captions/words.srt, .vtt      by word, when the lines' takes have word timing
+    captions/words.srt, .vtt      by word where a line's take has word timing, else by line
     script.json                   the script as rendered (the canonical JSON form)
 
 Nothing is assembled whole: the zip is written to a sink that is drained to the client after every piece
@@ -30,13 +30,24 @@ from typing import Any
 
 from aiohttp import web
 
+from moss_rt.align.base import WordTime
 from moss_rt.audio import wav_header
+from moss_rt.captions import to_srt, to_vtt
 from moss_rt.formats import AudioFormat
 from moss_rt.generation import FRAME_SAMPLES, SAMPLE_RATE
 from moss_rt.protocol import ErrorCode, ProtocolError
-from moss_rt.scripts.captions import Word, line_captions, to_srt, to_vtt, word_captions
 from moss_rt.scripts.job import Job
-from moss_rt.scripts.timeline import Placed, Silence, Timeline, cue_sheet_csv, cue_sheet_json, layout, line_file_stem
+from moss_rt.scripts.timeline import (
+    Placed,
+    Silence,
+    Timeline,
+    cue_sheet_csv,
+    cue_sheet_json,
+    layout,
+    line_captions,
+    line_file_stem,
+    word_captions,
+)
 from moss_rt.session_store import SessionStore
 
 log = logging.getLogger(__name__)
@@ -152,20 +163,22 @@ async def _silence(n_bytes: int) -> AsyncGenerator[bytes, None]:
 
 
 class ScriptExport:
-    """One export of ``job``: its timeline fixed when made (later retakes go into the next export)."""
+    """One export of ``job``: its timeline fixed when made (later retakes go into the next export). ``words``: the
+    placed lines' words by line number (:meth:`~moss_rt.scripts.service.ScriptService.words_of`), set before
+    :meth:`stream`."""
 
     def __init__(
         self,
         job: Job,
         sessions: SessionStore,
         fmt: AudioFormat | None,
-        words: Mapping[int, Sequence[Word]] | None = None,
+        words: Mapping[int, Sequence[WordTime]] | None = None,
     ) -> None:
         self.job = job
         self.session_id = job.session_id
         self.sessions = sessions
         self.fmt = fmt
-        self.words = dict(words or {})
+        self.words: Mapping[int, Sequence[WordTime]] = dict(words or {})
         self.timeline: Timeline = layout(job.spoken_script(), job.audio())
         self.extension = fmt.extension if fmt is not None else "wav"
 
@@ -239,12 +252,11 @@ class ScriptExport:
             await _write_audio(write, self._mix_pieces(), timeline.total_samples * 2, fmt)
         await archive.text("cues.csv", cue_sheet_csv(timeline, ext))
         await archive.text("cues.json", cue_sheet_json(timeline, ext, mix_file=f"mix.{ext}"))
-        await archive.text("captions/lines.srt", to_srt(line_captions(timeline)))
-        await archive.text("captions/lines.vtt", to_vtt(line_captions(timeline)))
-        if self.words:
-            captions = word_captions(timeline, self.words)
-            await archive.text("captions/words.srt", to_srt(captions))
-            await archive.text("captions/words.vtt", to_vtt(captions))
+        by_line, by_word = line_captions(timeline), word_captions(timeline, self.words)
+        await archive.text("captions/lines.srt", to_srt(by_line))
+        await archive.text("captions/lines.vtt", to_vtt(by_line))
+        await archive.text("captions/words.srt", to_srt(by_word))
+        await archive.text("captions/words.vtt", to_vtt(by_word))
         await archive.text("script.json", json.dumps(self._script_json(), indent=1, ensure_ascii=False))
         await archive.close()
 

@@ -23,6 +23,7 @@ from moss_rt.protocol import DEFAULT_CHUNK_FRAMES, ErrorCode, ProtocolError, Sta
 from moss_rt.scripts.format import Cue, Script, line_take_title
 from moss_rt.session import TakeRecord
 from moss_rt.session_store import SessionFull, SessionStore, StorageFull, StoredTake
+from moss_rt.storage.database import StoreUnavailable
 from moss_rt.web.state import ServiceState
 from moss_rt.web.takes import reference_codes
 
@@ -153,6 +154,8 @@ async def ensure_room(sessions: SessionStore, session_id: str) -> None:
 
 def _refusal(err: ProtocolError) -> Exception:
     """What the store's refusal to keep a line's take means for the line."""
+    if isinstance(err, StoreUnavailable):  # the database is away: the render stops and resumes once it is back
+        return err
     if err.code is ErrorCode.NOT_FOUND and err.field == "session":
         return SessionGone(err.message)
     if isinstance(err, StorageFull | SessionFull):

@@ -5,6 +5,9 @@ The mix is the lines in script order, mono, 48 kHz, with silence between them: `
 pauses before the first line or after the last stay at the start or the end). Each silence is rounded to whole
 samples on its own, so the mix equals the lines joined with those silences exactly. A line without audio (failed,
 or not rendered yet in a partial export) is left out with no gap of its own.
+
+The mix's captions are placed the same way (:func:`line_captions`, :func:`word_captions`); the cues and the files
+are the project's one caption writer's (:mod:`moss_rt.captions`).
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from moss_rt.align.base import WordTime
+from moss_rt.captions import Cue as CaptionCue
+from moss_rt.captions import group_cues, line_cue
 from moss_rt.generation import SAMPLE_RATE
 from moss_rt.scripts.format import Cue, Pause, SceneBreak, Script
 
@@ -158,3 +164,33 @@ def cue_sheet_json(timeline: Timeline, extension: str, *, mix_file: str) -> str:
         "missing": [{"line": c.number, "character": c.who, "text": c.text} for c in timeline.missing],
     }
     return json.dumps(body, indent=1, ensure_ascii=False)
+
+
+# --------------------------------------------------------------------------- captions
+
+
+def line_captions(timeline: Timeline) -> list[CaptionCue]:
+    """One caption per line, spanning its audio in the mix, the speaker named."""
+    return [line_cue(p.start / SAMPLE_RATE, p.end / SAMPLE_RATE, p.cue.text, p.cue.who) for p in timeline.placed]
+
+
+def word_captions(timeline: Timeline, words: Mapping[int, Sequence[WordTime]]) -> list[CaptionCue]:
+    """Captions by word: each line's words (by line number, timed from its take's sample 0, as the session store
+    keeps them) grouped into readable cues and moved to where the line's take sits in the mix; a line without
+    words is one cue of its own. Words past the end of the line's audio are left out (and one running past it is
+    cut there), and a line's last cue may stay up into the silence after it, never into the next line."""
+    out: list[CaptionCue] = []
+    placed = timeline.placed
+    for i, line in enumerate(placed):
+        offset, length = line.start / SAMPLE_RATE, line.audio.samples / SAMPLE_RATE
+        said = [
+            WordTime(w.word, w.start, min(w.end, length), w.flags, w.text, w.chars)
+            for w in words.get(line.cue.number, ())
+            if 0 <= w.start < length
+        ]
+        if not said:
+            out.append(line_cue(offset, line.end / SAMPLE_RATE, line.cue.text, line.cue.who))
+            continue
+        until = placed[i + 1].start if i + 1 < len(placed) else timeline.total_samples
+        out += group_cues([w.shifted(offset) for w in said], speaker=line.cue.who, hold_until=until / SAMPLE_RATE)
+    return out

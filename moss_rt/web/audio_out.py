@@ -6,9 +6,18 @@ the bytes of one file in that format and rate, encoded in a worker thread as eac
 so its first bytes leave with the first frames. The take's PCM is still recorded as usual (replays,
 downloads and retakes work on it); only what is sent changes. The session says when a file is
 complete (:class:`~moss_rt.session.FinishAudio`), right before the take's ``end``.
+
+Encoding and sending are two steps, so a sender can check right before each send that its run may
+still send (a replay let go of by the session must send nothing after its ``end``): :meth:`AudioOuts.encode`
+puts a chunk's bytes in its file's queue of bytes ready to go, :meth:`AudioOuts.ready` takes them out as a
+frame to send, and :meth:`AudioOuts.finish` sends what is left in the queue with the end of the file. The
+encoder's worker thread fills the queue, so bytes encoded for a sender that was cancelled or went stale are
+not lost: they leave with the file's end, in order, and the file has no hole.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from moss_rt.formats import AudioFormat
 from moss_rt.formats.async_encoder import AsyncEncoder, EncoderClosed
@@ -23,30 +32,48 @@ def requested_format(request: StartTake) -> AudioFormat | None:
 
 
 class AudioOut:
-    """One file being written: PCM chunk in → tag-2 frames out."""
+    """One file being written: PCM chunks in, its bytes queued until sent (tag-2 frames)."""
 
     def __init__(self, fmt: AudioFormat, channels: int) -> None:
         self.format = fmt
         self._encoder = AsyncEncoder(fmt, channels)
+        # Encoded, not yet sent; appended by the encoder's worker thread (deque appends are thread-safe).
+        self._ready: deque[bytes] = deque()
 
-    async def frames(self, pcm: bytes) -> list[bytes]:
-        """The next bytes of the file; none once it was closed (its connection is going away)."""
+    async def encode(self, pcm: bytes) -> None:
+        """Encode the next chunk into the queue of bytes ready to send (nothing once the file was closed)."""
         try:
-            data = await self._encoder.encode(pcm)
+            await self._encoder.encode(pcm, sink=self._ready.append)
         except EncoderClosed:
-            return []
+            return
+
+    def ready(self) -> list[bytes]:
+        """The queued bytes as one tag-2 frame (none when nothing is queued); they leave the queue."""
+        data = self._drain()
         return [encode_audio_frame(data)] if data else []
 
+    async def frames(self, pcm: bytes) -> list[bytes]:
+        """Encode ``pcm`` and take what is ready (a sender with nothing to check in between)."""
+        await self.encode(pcm)
+        return self.ready()
+
     async def finish(self) -> list[bytes]:
-        """The rest of the file (codec and container flushed)."""
+        """The rest of the file: what is still queued, then the codec and container flushed."""
         try:
-            data = await self._encoder.finish()
+            tail = await self._encoder.finish()
         except EncoderClosed:
-            return []
+            tail = b""
+        data = self._drain() + tail
         return [encode_audio_frame(data)] if data else []
 
     def close(self) -> None:
         self._encoder.close()
+
+    def _drain(self) -> bytes:
+        parts: list[bytes] = []
+        while self._ready:
+            parts.append(self._ready.popleft())
+        return b"".join(parts)
 
 
 class AudioOuts:
@@ -77,17 +104,35 @@ class AudioOuts:
 
     async def audio(self, run: int, pcm: bytes) -> list[bytes]:
         """The frames that carry ``pcm`` of run ``run``: tag-1 PCM, or the next bytes of its file."""
+        await self.encode(run, pcm)
+        return self.ready(run, pcm)
+
+    async def encode(self, run: int, pcm: bytes) -> None:
+        """A run with a file: encode ``pcm`` into its queue of bytes ready to send; nothing for PCM runs."""
+        out = self._file(run)
+        if out is not None:
+            await out.encode(pcm)
+
+    def ready(self, run: int, pcm: bytes) -> list[bytes]:
+        """What to send now for run ``run``'s chunk ``pcm``: the tag-1 frame of a PCM run, or the bytes its
+        file has ready (after :meth:`encode`)."""
+        entry = self._runs.get(run)
+        if entry is None or requested_format(entry[1].request) is None:
+            return [encode_pcm_frame(pcm)]
+        out = self._files.get(entry[0])
+        return [] if out is None else out.ready()
+
+    def _file(self, run: int) -> AudioOut | None:
+        """The file run ``run`` writes (made at its first audio); None for PCM, or once closing."""
         entry = self._runs.get(run)
         fmt = None if entry is None else requested_format(entry[1].request)
         if entry is None or fmt is None:
-            return [encode_pcm_frame(pcm)]
+            return None
         key, take = entry
         out = self._files.get(key)
-        if out is None:
-            if self._closed:
-                return []
+        if out is None and not self._closed:
             out = self._files[key] = AudioOut(fmt, take.request.channels)
-        return await out.frames(pcm)
+        return out
 
     async def finish(self, take: TakeRecord, *, run: int, replay: bool = False) -> list[bytes]:
         """The rest of the file (nothing for PCM, or when the take never sounded)."""

@@ -17,7 +17,7 @@ from aiohttp import web
 from moss_rt.engine.base import EngineBusy
 from moss_rt.formats import AudioFormat
 from moss_rt.formats.async_encoder import AsyncEncoder
-from moss_rt.protocol import FRAME_SAMPLES, ProtocolError
+from moss_rt.protocol import FRAME_SAMPLES, SAMPLE_RATE, ProtocolError
 from moss_rt.session import TakeRecord
 from moss_rt.web.downloads import ReadPiece
 
@@ -50,7 +50,9 @@ async def send_encoded(
             "X-Channels": str(channels),
         }
     )
-    encoder = AsyncEncoder(fmt, channels)
+    # The whole take is known before the first byte: a FLAC header states its length (soundfile needs it).
+    length = take.n_frames * FRAME_SAMPLES * fmt.sample_rate // SAMPLE_RATE if fmt.name == "flac" else None
+    encoder = AsyncEncoder(fmt, channels, total_samples=length)
     try:
         await response.prepare(request)
         for offset in range(0, total, piece):

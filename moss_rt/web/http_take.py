@@ -29,14 +29,16 @@ class HttpTake:
     def take(self) -> TakeRecord:
         return self.one.take
 
-    async def stream(self, send: SendFrame) -> None:
-        """Send the take's frames (start, audio, end) as the WebSocket channel would."""
-        await self.one.stream(send, max_lead_sec=self.state.settings.max_lead_sec)
+    async def stream(self, send: SendFrame, *, paced: bool = True) -> None:
+        """Send the take's frames (start, audio, end) as the WebSocket channel would. ``paced``: hold the
+        client to real time plus ``max_lead_sec``; not for a file sent only once complete (nobody plays it
+        meanwhile, and pacing would only delay its first byte)."""
+        await self.one.stream(send, max_lead_sec=self.state.settings.max_lead_sec if paced else 0.0)
 
     def release(self) -> None:
-        """Stop the take if it still runs (a client that left must free its engine slot) and give
-        back the client's take place."""
-        self.one.handle.cancel(EndReason.CANCELLED)
+        """Stop the take if it still runs (a client that left must free its engine slot), end its record
+        (``cancelled`` when its end never came) and give back the client's take place."""
+        self.one.close(EndReason.CANCELLED)
         self.state.http_takes.discard(self.one.handle)
         self.state.client_takes.release(self.client)
 

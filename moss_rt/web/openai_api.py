@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import time
@@ -28,9 +29,12 @@ from typing import Any
 
 from aiohttp import web
 
-from moss_rt.engine.base import EndReason, EngineBusy, EngineLoading
-from moss_rt.formats import MAX_SPEED, MIN_SPEED, AudioFormat, parse_audio_format
+from moss_rt.config import Settings
+from moss_rt.engine.base import EndReason, EngineBusy, EngineInfo, EngineLoading
+from moss_rt.formats import MAX_SPEED, MIN_SPEED, AudioFormat, flac_length, parse_audio_format
 from moss_rt.formats.async_encoder import AsyncEncoder
+from moss_rt.formats.held_file import HeldFile
+from moss_rt.openai_aliases import OpenAIAliases
 from moss_rt.protocol import (
     SAMPLE_RATE,
     SAMPLING_DEFAULTS,
@@ -50,6 +54,13 @@ from moss_rt.web.state import STATE
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
+# OpenAI's voice and model names accepted here (settings openai_voice_aliases / openai_model_aliases).
+OPENAI_ALIASES: web.AppKey[OpenAIAliases] = web.AppKey("moss_rt_openai_aliases", OpenAIAliases)
+
+
+def openai_aliases(settings: Settings) -> OpenAIAliases:
+    """The alias maps of ``settings``; ValueError names the setting of a malformed entry."""
+    return OpenAIAliases.parse(settings.openai_voice_aliases, settings.openai_model_aliases)
 
 STREAM_FORMATS = ("audio", "sse")
 # OpenAI documents raw ``pcm`` as 24 kHz; the other formats carry their rate and default to ours.
@@ -115,32 +126,77 @@ def parse_speech_request(obj: Any, limits: Limits) -> SpeechRequest:
     return SpeechRequest(start, fmt, float(speed), str(stream_format))
 
 
-def check_voice(voices: VoiceStore, voice: str) -> None:
-    """An unknown voice is a 400 that lists the valid ones (OpenAI's names are not ours)."""
+def check_voice(voices: VoiceStore, voice: str, aliases: OpenAIAliases | None = None) -> None:
+    """An unknown voice is a 400 that lists the valid ones (and the OpenAI names accepted)."""
     try:
         voices.resolve(voice)
     except ProtocolError:
         ids = [v.id for v in voices.list()]
         shown = ", ".join(["none", *ids[:VOICES_LISTED]])
         more = f" and {len(ids) - VOICES_LISTED} more" if len(ids) > VOICES_LISTED else ""
+        named = sorted(aliases.voices) if aliases is not None else []
+        openai = f"; OpenAI's names: {', '.join(named)}" if named else ""
         raise ProtocolError(
             ErrorCode.INVALID_FIELD,
-            f"unknown voice {short_repr(voice)}; valid voices: {shown}{more} "
+            f"unknown voice {short_repr(voice)}; valid voices: {shown}{more}{openai} "
             "(GET /api/voices lists them; POST /api/upload_ref adds one)",
             field="voice",
         ) from None
 
 
+def apply_aliases(speech: SpeechRequest, aliases: OpenAIAliases, voices: VoiceStore, info: EngineInfo) -> SpeechRequest:
+    """OpenAI's voice and model names → ours (a name that is one of ours stays ours); see docs/openai.md."""
+    start = speech.start
+    voice = start.reference
+    if not _is_voice(voices, voice) and (target := aliases.voice(voice)) is not None:
+        if not _is_voice(voices, target):
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"voice {short_repr(voice)} is mapped to {short_repr(target)} (openai_voice_aliases), which is not "
+                "a voice of this service; GET /api/voices lists them",
+                field="voice",
+            )
+        start = dataclasses.replace(start, reference=target)
+    model = start.model
+    if model not in ("", info.default_model, *info.models):
+        target = aliases.model(model, info.default_model)
+        if target is not None:
+            start = dataclasses.replace(start, model=target)
+    return dataclasses.replace(speech, start=start)
+
+
+def _is_voice(voices: VoiceStore, voice: str) -> bool:
+    try:
+        voices.resolve(voice)
+    except ProtocolError:
+        return False
+    return True
+
+
 # --------------------------------------------------------------------------- output
 
 
-class SpeechWriter:
-    """Turns the take path's frames into the response body: encoded audio, raw or as SSE events."""
+def holds_whole_file(fmt: AudioFormat) -> bool:
+    """Formats sent only once complete: a FLAC header must state the length (soundfile cannot read one that
+    says "unknown"), which is known only at the take's end (see :mod:`moss_rt.formats.flac_length`)."""
+    return fmt.name == "flac"
 
-    def __init__(self, encoder: AsyncEncoder, write: Callable[[bytes], Awaitable[None]], *, sse: bool) -> None:
+
+class SpeechWriter:
+    """Turns the take path's frames into the response body: encoded audio, raw or as SSE events.
+
+    A format whose header needs the take's length (:func:`holds_whole_file`) is held (:class:`HeldFile`,
+    spilling to a temporary file past 1 MB) until the take ends, then its header is completed and the file
+    is sent in pieces; the others are sent as they are encoded.
+    """
+
+    def __init__(
+        self, encoder: AsyncEncoder, write: Callable[[bytes], Awaitable[None]], *, sse: bool, hold: bool = False
+    ) -> None:
         self._encoder = encoder
         self._write = write
         self._sse = sse
+        self._held = HeldFile() if hold else None
         self.end: dict[str, Any] = {}
         self.error: dict[str, Any] | None = None
         self.bytes_out = 0
@@ -148,7 +204,10 @@ class SpeechWriter:
     async def on_frame(self, frame: bytes) -> None:
         decoded = decode_frame(frame)
         if decoded.tag == TAG_PCM:
-            await self._emit(await self._encoder.encode(decoded.payload))
+            if self._held is not None:  # written by the encoder's thread: no file I/O on the loop
+                await self._encoder.encode(decoded.payload, sink=self._held.write)
+            else:
+                await self._emit(await self._encoder.encode(decoded.payload))
             return
         message = decoded.json()
         if message.get("type") == "error":
@@ -157,7 +216,11 @@ class SpeechWriter:
             self.end = message
 
     async def finish(self) -> None:
-        await self._emit(await self._encoder.finish())
+        tail = await self._encoder.finish()
+        if self._held is None:
+            await self._emit(tail)
+        else:
+            await self._emit_held(tail)
         if self._sse:
             frames = int(self.end.get("new_frames", self.end.get("n_frames", 0)) or 0)
             done = {
@@ -173,6 +236,26 @@ class SpeechWriter:
         """SSE only: an error event (a raw audio stream cannot carry one; its connection is cut)."""
         event = {"type": "error", "error": {"message": message, "type": "server_error", "code": "internal"}}
         await self._write(_sse_event(event))
+
+    async def _emit_held(self, tail: bytes) -> None:
+        """The held file, complete: its last bytes added, its header stating its length, sent in pieces."""
+        held = self._held
+        assert held is not None
+        total = self._encoder.samples_out
+
+        def complete() -> None:
+            held.write(tail)
+            held.rewrite_head(flac_length.HEADER_BYTES, lambda head: flac_length.set_total_samples(head, total))
+
+        await asyncio.to_thread(complete)
+        offset = 0
+        while piece := await asyncio.to_thread(held.read, offset):
+            offset += len(piece)
+            await self._emit(piece)
+
+    def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
 
     async def _emit(self, data: bytes) -> None:
         if not data:
@@ -193,19 +276,29 @@ def _sse_event(obj: dict[str, Any]) -> bytes:
 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
-    info = request.app[STATE].engine.info
-    return web.json_response({"object": "list", "data": [_model_entry(m) for m in info.models]})
+    return web.json_response({"object": "list", "data": list(_model_entries(request.app).values())})
 
 
 @routes.get("/v1/models/{model_id:.+}")
 async def get_model(request: web.Request) -> web.Response:
-    info = request.app[STATE].engine.info
+    entries = _model_entries(request.app)
     model_id = request.match_info["model_id"]
-    if model_id not in info.models:
+    if model_id not in entries:
         return error_response(
-            ErrorCode.NOT_FOUND, f"unknown model {short_repr(model_id)}; available: {list(info.models)}", field="model"
+            ErrorCode.NOT_FOUND, f"unknown model {short_repr(model_id)}; available: {list(entries)}", field="model"
         )
-    return web.json_response(_model_entry(model_id))
+    return web.json_response(entries[model_id])
+
+
+def _model_entries(app: web.Application) -> dict[str, dict[str, Any]]:
+    """Our models, then the OpenAI model names accepted for them (``alias_of`` says which)."""
+    info = app[STATE].engine.info
+    entries = {m: _model_entry(m) for m in info.models}
+    for name in app[OPENAI_ALIASES].models:
+        target = app[OPENAI_ALIASES].model(name, info.default_model)
+        if name not in entries and target in info.models:
+            entries[name] = {**_model_entry(name), "alias_of": target}
+    return entries
 
 
 def _model_entry(model_id: str) -> dict[str, Any]:
@@ -220,7 +313,9 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         return error_response(ErrorCode.BUSY, "the service is shutting down", headers={"Retry-After": "5"})
     try:
         speech = parse_speech_request(await read_json_request(request), state.settings.limits)
-        check_voice(state.voices, speech.start.reference)
+        aliases = request.app[OPENAI_ALIASES]
+        speech = apply_aliases(speech, aliases, state.voices, state.engine.info)
+        check_voice(state.voices, speech.start.reference, aliases)
         admitted = await admit_http_take(state, request.remote or "unknown", speech.start, t_request=t_request)
     except ProtocolError as err:
         headers = {"Retry-After": "1"} if err.code == ErrorCode.RATE_LIMITED else None
@@ -231,6 +326,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     take_id = admitted.take.take_id
     sse = speech.stream_format == "sse"
     encoder: AsyncEncoder | None = None
+    writer: SpeechWriter | None = None
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream" if sse else speech.format.media_type,
@@ -247,9 +343,9 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
 
     try:
         encoder = AsyncEncoder(speech.format, speech.start.channels, speed=speech.speed)
-        writer = SpeechWriter(encoder, write, sse=sse)
+        writer = SpeechWriter(encoder, write, sse=sse, hold=holds_whole_file(speech.format))
         await response.prepare(request)
-        await admitted.stream(writer.on_frame)
+        await admitted.stream(writer.on_frame, paced=not holds_whole_file(speech.format))
         ended = str(writer.end.get("reason", "error"))
         if ended in (EndReason.DONE.value, EndReason.MAX_FRAMES.value):
             await writer.finish()
@@ -272,6 +368,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         admitted.release()
         if encoder is not None:
             encoder.close()
+        if writer is not None:
+            writer.close()
     return response
 
 
@@ -306,4 +404,13 @@ async def openai_errors_middleware(request: web.Request, handler: Callable[..., 
     return web.json_response(body, status=status, headers=headers)
 
 
-__all__ = ["SpeechRequest", "check_voice", "openai_errors_middleware", "parse_speech_request", "routes"]
+__all__ = [
+    "OPENAI_ALIASES",
+    "SpeechRequest",
+    "apply_aliases",
+    "check_voice",
+    "openai_aliases",
+    "openai_errors_middleware",
+    "parse_speech_request",
+    "routes",
+]

@@ -78,9 +78,13 @@ def _speech_request_schema(app: web.Application) -> dict[str, Any]:
     stream = _stream_fields(limits)
     props: dict[str, Any] = {
         "input": {**_field_schema(stream["text"]), "pattern": NON_BLANK, "description": "what to say"},
-        "model": {**_field_schema(stream["model"]), "description": "a model id from GET /v1/models"},
+        "model": {
+            **_field_schema(stream["model"]),
+            "description": "a model id from GET /v1/models (OpenAI's names such as tts-1 are aliases of ours)",
+        },
         "voice": {
-            "description": "none (also null), a built-in voice id or a ref_id from /api/upload_ref (or {\"id\": ...})",
+            "description": "none (also null), a built-in voice id or a ref_id from /api/upload_ref (or {\"id\": ...}); "
+            "OpenAI's voice names (alloy, ...) are aliases (settings openai_voice_aliases)",
             "nullable": True,
             "oneOf": [
                 {"type": "string", "maxLength": 128},
@@ -118,6 +122,7 @@ def _v1_paths(app: web.Application) -> dict[str, Any]:
             "object": {"type": "string", "enum": ["model"]},
             "created": {"type": "integer"},
             "owned_by": {"type": "string"},
+            "alias_of": {"type": "string", "description": "an OpenAI model name accepted for this model of ours"},
         },
     }
     audio_types = sorted({AudioFormat(name).media_type for name in FORMATS})

@@ -251,7 +251,9 @@ async def script_events(request: web.Request) -> web.StreamResponse:
         await write_or_drop(request, response, f"retry: {RETRY_MS}\n\n".encode())
         for event in first:
             await write_or_drop(request, response, event.encode())
-        while True:
+        # Rendered by another front end now: its events are not seen here. The stream ends after the state, and
+        # the client's reconnect (``retry``) reads the state again, wherever the balancer sends it.
+        while not job.elsewhere:
             event = await listener.next(KEEPALIVE_SEC)
             if share is not None and loop.time() >= next_check:
                 next_check = loop.time() + KEEPALIVE_SEC
@@ -298,8 +300,9 @@ async def export_script(request: web.Request) -> web.StreamResponse:
         return busy_response(2.0)
     service.exports_running += 1
     try:
-        export = ScriptExport(job, service.sessions, fmt, await service.words_of(job))
+        export = ScriptExport(job, service.sessions, fmt)
         await export.check()
+        export.words = await service.words_of(job.session_id, export.timeline)  # aligned now where missing
 
         async def write(response: web.StreamResponse, data: bytes) -> None:
             await write_or_drop(request, response, data)

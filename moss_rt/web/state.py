@@ -54,6 +54,9 @@ class ServiceState:
     # Reverse proxies whose X-Forwarded-For is believed (parsed from settings.trusted_proxies).
     trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
     ws_slots: int = 0  # WebSocket connections admitted (reserved before the upgrade completes)
+    # Closing connections still storing the takes their client's leaving cut off, by stored session id: a
+    # resume of the session waits for them (a reload finds the take it interrupted); shutdown too.
+    closing_keeps: dict[str, set[asyncio.Task[None]]] = field(default_factory=dict)
     metrics_registry: CollectorRegistry = field(default_factory=CollectorRegistry)  # the service's gauges
     # Set when the engine failed to load or warm up ("Type: message"); /readyz reports it. With
     # exit_on_engine_failure (the command line) the process then stops and exits non-zero.

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 
 import numpy as np
 
-from moss_rt.engine.base import EngineBusy, EngineLoading, TakeHandle
+from moss_rt.engine.base import EndReason, EngineBusy, EngineLoading, TakeHandle
 from moss_rt.protocol import ErrorCode, ProtocolError, ServerMessage, StartTake, encode_json_frame, encode_pcm_frame
 from moss_rt.session import (
     Action,
@@ -200,3 +200,10 @@ class OneTake:
             await pump_events(self.handle, self.run, self.session, perform)
         finally:
             outs.close()
+
+    def close(self, reason: EndReason = EndReason.CANCELLED) -> None:
+        """The request is over, however it ended: stop the engine take if it still runs, and end its record
+        if its end never came through (the client left): a record left running is never evicted from the
+        take store (issue 23, finding 7)."""
+        self.handle.cancel(reason)
+        self.session.close()  # a one-take session: its only action is the stop just made

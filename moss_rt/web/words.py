@@ -8,7 +8,8 @@ the rest and sends the last batch (``final``) before the take's ``end``. One ali
 streaming one is skipped (not queued) when the aligner's queue is full, so the work stays bounded.
 
 :func:`take_words` aligns a finished take that has no words yet (downloads, ``seek`` by word), once per take even
-when several ask at the same time.
+when several ask at the same time. :func:`stored_take_words` does the same for a take of a stored session (its
+session routes, a script's lines): from the audio stored with it, and keeps the words with it.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from moss_rt.align.track import WordTrack
 from moss_rt.engine.base import EngineBusy
 from moss_rt.protocol import FRAME_RATE, SAMPLE_RATE, UNSET, ErrorCode, ProtocolError, Words, encode_json_frame
 from moss_rt.session import TakeRecord, TakeStatus, bytes_per_frame
+from moss_rt.session_store import SessionStore, StoredTake
 from moss_rt.web.state import ServiceState
 from moss_rt.web.takes import held_take_audio
 
 log = logging.getLogger(__name__)
+
+STORED_PIECE_BYTES = 2 * SAMPLE_RATE * 2  # a stored take's audio is read for alignment 1 s (stereo) to 2 s at a time
 
 SendFrame = Callable[[bytes], Awaitable[None]]
 
@@ -85,6 +89,79 @@ async def take_words(state: ServiceState, take: TakeRecord) -> list[WordTime]:
     words = await asyncio.shield(task)
     take.words = words
     return list(words)
+
+
+# --------------------------------------------------------------------------- takes of stored sessions
+
+
+def read_stored_words(store: SessionStore, session_id: str, take_id: str) -> list[WordTime] | None:
+    """A stored take's words as kept with it (blocking: call it in a worker thread); None when they never were, or
+    their row is unreadable (then they are aligned again). ``not_found`` when the take is not in the session."""
+    records = store.words(session_id, take_id)
+    if records is None:
+        return None
+    try:
+        return [WordTime.from_record(r) for r in records]
+    except (KeyError, TypeError, ValueError):
+        log.warning("the stored words of take %s are unreadable; aligning it again", take_id)
+        return None
+
+
+async def stored_take_words(state: ServiceState, session_id: str, take: StoredTake) -> list[WordTime]:
+    """The words of ``take`` of a stored session: as kept with it, else aligned now and kept with it.
+
+    The alignment reads the take's stored audio (what its downloads and a script's export play) in pieces, keeps
+    its parent's stored words that end before its branch frame (the frames it kept are its parent's), and runs on
+    the aligner's workers. One alignment per take however many ask at once; it finishes and keeps its words even
+    when the caller stops waiting (an export that waited long enough), unless the service shuts down.
+    ``invalid_field`` (field ``words``) without an aligner, ``not_found`` when the take or its session is gone."""
+    store = state.sessions
+    if store is None:
+        raise ProtocolError(ErrorCode.NOT_FOUND, "this service keeps no sessions", field="session")
+    words = await asyncio.to_thread(read_stored_words, store, session_id, take.take_id)
+    if words is not None:
+        return words
+    service = require_aligner(state)
+    key = f"stored:{session_id}:{take.take_id}"
+    task = state.words_inflight.get(key)
+    if task is None:
+        task = asyncio.create_task(_align_stored(service, store, session_id, take), name=f"words-{take.take_id}")
+        state.words_inflight[key] = task  # cancelled at shutdown (moss_rt/web/app.py)
+        task.add_done_callback(lambda _t: state.words_inflight.pop(key, None))
+    return list(await asyncio.shield(task))
+
+
+async def _align_stored(
+    service: AlignService, store: SessionStore, session_id: str, take: StoredTake
+) -> list[WordTime]:
+    text = str(take.request.get("text", ""))
+    kept: list[WordTime] = []
+    if take.parent and take.branch_frame > 0:
+        try:
+            parent = await asyncio.to_thread(read_stored_words, store, session_id, take.parent)
+        except ProtocolError:  # the parent was deleted since: its words are aligned again with the rest
+            parent = None
+        if parent is not None:
+            kept = kept_words(parent, text, take.branch_frame / FRAME_RATE)
+    track = WordTrack(text, sample_rate=service.aligner.sample_rate, input_rate=SAMPLE_RATE, kept=kept)
+    # Reading and resampling are real work: off the loop, and the stored file in pieces rather than whole.
+    try:
+        await asyncio.to_thread(_feed_stored, track, store, session_id, take)
+    except OSError:
+        log.exception("the stored audio of take %s could not be read for its words", take.take_id)
+        raise ProtocolError(
+            ErrorCode.NOT_FOUND, f"the stored audio of take {take.take_id!r} could not be read", field="take"
+        ) from None
+    await run_final(service, track, complete=take.reason == "done")
+    words = list(track.words)
+    await asyncio.to_thread(store.put_words, session_id, take.take_id, [w.to_record() for w in words], service.name)
+    return words
+
+
+def _feed_stored(track: WordTrack, store: SessionStore, session_id: str, take: StoredTake) -> None:
+    with store.open_pcm(session_id, take.take_id) as f:
+        while piece := f.read(STORED_PIECE_BYTES):
+            track.add_pcm(piece, take.channels)
 
 
 class TakeWords:

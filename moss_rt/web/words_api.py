@@ -20,12 +20,12 @@ import soxr
 from aiohttp import web
 
 from moss_rt.align.base import AlignResult, WordTime
-from moss_rt.align.captions import to_srt, to_vtt
 from moss_rt.align.normalize import tokenize
 from moss_rt.align.service import AlignerBusy, AlignerUnavailable
 from moss_rt.align.track import WordTrack
+from moss_rt.captions import group_cues, to_srt, to_vtt
 from moss_rt.engine.base import EngineBusy, EngineLoading
-from moss_rt.protocol import ErrorCode, Limits, ProtocolError, StartTake
+from moss_rt.protocol import ErrorCode, Limits, ProtocolError
 from moss_rt.protocol.frames import decode_json_object
 from moss_rt.session import TakeRecord, TakeStatus
 from moss_rt.voices import InvalidUpload, probe_audio
@@ -33,7 +33,7 @@ from moss_rt.web.errors import busy_response, error_response, protocol_error_res
 from moss_rt.web.http_api import expect_within_limit, read_body_limited
 from moss_rt.web.owners import request_owner
 from moss_rt.web.state import STATE, ServiceState
-from moss_rt.web.words import require_aligner, take_words
+from moss_rt.web.words import require_aligner, stored_take_words, take_words
 
 routes = web.RouteTableDef()
 
@@ -61,7 +61,8 @@ async def _words_answer(state: ServiceState, take: TakeRecord, fmt: str) -> web.
 def _render(take_id: str, words: list[WordTime], fmt: str, *, complete: bool) -> web.Response:
     if fmt == "json":
         return web.json_response({"take": take_id, "complete": complete, "words": [w.to_dict() for w in words]})
-    body = to_srt(words) if fmt == "srt" else to_vtt(words)
+    cues = group_cues(words)
+    body = to_srt(cues) if fmt == "srt" else to_vtt(cues)
     return web.Response(
         text=body,
         content_type=CAPTION_TYPES[fmt],
@@ -95,32 +96,9 @@ async def get_take_vtt(request: web.Request) -> web.StreamResponse:
 # --------------------------------------------------------------------------- takes of stored sessions
 
 
-async def _stored_take(state: ServiceState, session_id: str, take_id: str) -> TakeRecord:
-    """A stored take as a record (its words from the store, or aligned now and then stored)."""
-    held = state.takes.get(take_id)
-    if held is not None and held.status is TakeStatus.ENDED:
-        return held
-    store = state.sessions
-    if store is None:
-        raise ProtocolError(ErrorCode.NOT_FOUND, "this service keeps no sessions", field="session")
-    stored = await asyncio.to_thread(store.get_take, session_id, take_id)
-    codes = await asyncio.to_thread(store.codes, session_id, take_id)
-    try:
-        request = dataclasses.replace(StartTake.parse(stored.request, state.settings.limits), seed=stored.seed)
-    except ProtocolError as err:
-        raise ProtocolError(ErrorCode.NOT_FOUND, f"take {take_id} can no longer be read: {err.message}") from None
-    take = TakeRecord(
-        take_id, request, parent=stored.parent, branch_frame=stored.branch_frame, reason=stored.reason,
-        status=TakeStatus.ENDED,
-    )  # fmt: skip
-    take.append(0, codes)
-    records = await asyncio.to_thread(store.words, session_id, take_id)
-    if records is not None:
-        take.words = [WordTime.from_record(r) for r in records]
-    return take
-
-
 async def _session_words(request: web.Request, fmt: str) -> web.StreamResponse:
+    """A stored take's words: as streamed (the take still in memory) or kept with it, else aligned now from its
+    stored audio and kept (:func:`~moss_rt.web.words.stored_take_words`)."""
     state = request.app[STATE]
     session_id, take_id = request.match_info["session_id"], request.match_info["take_id"]
     try:
@@ -130,16 +108,16 @@ async def _session_words(request: web.Request, fmt: str) -> web.StreamResponse:
         # As the session's other reads: its owner, or whoever holds its share token (anyone else: not_found).
         share = request.query.get("share")
         await asyncio.to_thread(store.check_access, session_id, request_owner(request), share=share)
-        take = await _stored_take(state, session_id, take_id)
-        had_words = take.words is not None
-        words = await take_words(state, take)
-        if not had_words and state.sessions is not None and state.aligner is not None:
-            records = [w.to_record() for w in words]
-            await asyncio.to_thread(state.sessions.put_words, session_id, take_id, records, state.aligner.name)
+        stored = await asyncio.to_thread(store.get_take, session_id, take_id)  # this session's take, or not_found
+        held = state.takes.get(take_id)
+        if held is not None and held.status is TakeStatus.ENDED and held.words is not None:
+            words = list(held.words)  # streamed with it; the connection keeps them with the stored take
+        else:
+            words = await stored_take_words(state, session_id, stored)
+            if held is not None and held.status is TakeStatus.ENDED:
+                held.words = list(words)  # a seek by word on a connection that holds it needs no second alignment
     except ProtocolError as err:
         return protocol_error_response(err)
-    except EngineBusy as busy:
-        return busy_response(busy.retry_after_sec, loading=isinstance(busy, EngineLoading))
     return _render(take_id, words, fmt, complete=True)
 
 

@@ -69,6 +69,8 @@ log = logging.getLogger(__name__)
 
 # How long a closing connection waits for its runs to wind down before giving up on them.
 RUNS_TIMEOUT_SEC = 5.0
+# A resume waits at most this long for a closing connection of the same session to store its cut-off take.
+RESUME_WAIT_SEC = 10.0
 # A close handshake with a client that does not read cannot complete; give it this long, then abort.
 CLOSE_TIMEOUT_SEC = 1.0
 # Close codes (docs/limits.md).
@@ -104,10 +106,12 @@ class Connection:
         self._handles: dict[int, TakeHandle] = {}
         self._pacers: dict[int, Pacer] = {}
         self._replay_runs: set[int] = set()
+        self._replay_fetching: set[int] = set()  # replays still fetching (or rendering) their audio
         self._outs = AudioOuts()  # the files of takes that asked for a format (tag-2 frames)
         self._take_pacer: tuple[str, Pacer] | None = None  # the pacer of the last take admitted
         self._dead = False  # set once the client is known gone or dropped: no more sends
         self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
+        self._keeps_on_close: list[TakeRecord] = []  # takes the client's leaving cut off, stored by close()
         self.owner: str | None = None  # who the connection acts as for stored sessions (moss_rt/web/owners.py)
         # Takes that asked for ``words``: their word aligners (by take id), and each engine run's take.
         self._words: dict[str, TakeWords] = {}
@@ -122,21 +126,50 @@ class Connection:
         send is what bounds the buffer; the timeout is what frees the take of a dead reader.
         """
         async with self._send_lock:
-            if self._dead or self.ws.closed:
-                raise ConnectionResetError("the connection is closed")
-            try:
-                # A timeout scope, not wait_for: no task per frame (a relaying front end sends hundreds a second).
-                async with asyncio.timeout(self.state.settings.send_stall_timeout_sec):
-                    await self.ws.send_bytes(frame)
-            except TimeoutError:
-                log.warning(
-                    "client %s stopped reading for %.1f s; dropping it",
-                    self.client,
-                    self.state.settings.send_stall_timeout_sec,
-                )
-                # No close frame: the socket buffer it would go through is the one that is full.
-                self._abort()
-                raise ConnectionResetError("client stopped reading") from None
+            await self._write(frame)
+
+    async def _write(self, frame: bytes) -> None:
+        """One frame out; the caller holds the send lock."""
+        if self._dead or self.ws.closed:
+            raise ConnectionResetError("the connection is closed")
+        try:
+            # A timeout scope, not wait_for: no task per frame (a relaying front end sends hundreds a second).
+            async with asyncio.timeout(self.state.settings.send_stall_timeout_sec):
+                await self.ws.send_bytes(frame)
+        except TimeoutError:
+            log.warning(
+                "client %s stopped reading for %.1f s; dropping it",
+                self.client,
+                self.state.settings.send_stall_timeout_sec,
+            )
+            # No close frame: the socket buffer it would go through is the one that is full.
+            self._abort()
+            raise ConnectionResetError("client stopped reading") from None
+
+    async def _send_audio(self, action: SendAudio) -> bool:
+        """Send one chunk of a run's audio, only while the session still has the run as its current take.
+
+        The session may let go of a run at any moment (a cancel or a barge-in on a replay ends it from the
+        reader, which sends its ``end`` at once), so the check is made before the pacing wait, before encoding,
+        and again under the send lock right before the frame goes out: every end goes through that lock too,
+        so no audio of a run can follow its end (issue 23, finding 3). Bytes a stale run had encoded stay in
+        its file's queue and leave with the file's end (``FinishAudio``), before the ``end``. False: not sent.
+        """
+        run = action.run
+        if not self.session.is_current(run):
+            return False
+        pacer = self._pacers.get(run)
+        if pacer is not None and action.paced:
+            await pacer.wait(action.seconds)
+        if not self.session.is_current(run):
+            return False
+        await self._outs.encode(run, action.pcm)
+        async with self._send_lock:
+            if not self.session.is_current(run):
+                return False
+            for frame in self._outs.ready(run, action.pcm):
+                await self._write(frame)
+        return True
 
     async def send_message(self, message: ServerMessage) -> None:
         await self.send_frame(encode_json_frame(message.to_dict()))
@@ -151,10 +184,17 @@ class Connection:
         its window shut; abort discards them. The reader then sees EOF and the handler ends.
         """
         self._dead = True
-        for action in self.session.close():
-            self._stop(action)
+        self._close_session()
         if self._transport is not None:
             self._transport.abort()
+
+    def _close_session(self) -> None:
+        """The client is gone: stop the session's runs; the takes it cut off are stored by :meth:`close`."""
+        for action in self.session.close():
+            if isinstance(action, Stop):
+                self._stop(action)
+            else:
+                self._keeps_on_close.append(action.take)
 
     # -- performing the session's actions -------------------------------------------------
 
@@ -195,13 +235,13 @@ class Connection:
             words = self._words.get(action.take.take_id)
             if words is not None:
                 words.checkpoint(action.text)
-        else:
-            pacer = self._pacers.get(action.run) if isinstance(action, SendAudio) else None
-            await send_action(action, self.send_frame, pacer, self._outs)
-            if isinstance(action, SendAudio):
+        elif isinstance(action, SendAudio):
+            if await self._send_audio(action):
                 words = self._words.get(self._run_takes.get(action.run, ""))
                 if words is not None:
                     words.audio(action.pcm)
+        else:
+            await send_action(action, self.send_frame, None, self._outs)
 
     # -- word timing (docs/words.md) -----------------------------------------------------
 
@@ -257,13 +297,17 @@ class Connection:
             self._outs.forget(run)
 
     def _stop(self, action: Stop) -> None:
-        """Stop a run: an engine take is cancelled (its end then comes through the session); a replay's
-        task is cancelled (the session already sent its end). A run still being admitted is left to
-        finish admission: the session stops what it admits as soon as it reports back."""
+        """Stop a run: an engine take is cancelled (its end then comes through the session). A replay
+        (whose end the session already sent) stops sending by itself: each of its chunks is checked against
+        the session right before it goes out; one still fetching its audio (a render) is cancelled. A run
+        still being admitted is left to finish admission: the session stops what it admits as soon as it
+        reports back."""
         handle = self._handles.get(action.run)
         if handle is not None:
             handle.cancel(action.reason)
-        elif action.run in self._replay_runs and action.run in self._tasks:
+        elif action.run in self._replay_fetching and action.run in self._tasks:
+            # Only while fetching: cancelling a task in the middle of a send or an encode would not stop
+            # anything sooner (Python 3.11's wait_for can even swallow the cancel) and could lose encoded bytes.
             self._tasks[action.run].cancel()
 
     @property
@@ -315,9 +359,14 @@ class Connection:
         try:
             # A replay streams (and renders) like a take, so it counts toward the client's take cap.
             with self.state.client_takes.hold(self.client):
-                async with held_take_audio(self.state, action.take, client=self.client) as pcm:
-                    await self._perform(self.session.replay_audio(run, pcm))
-                    await self._perform(self.session.replay_finished(run))
+                self._replay_fetching.add(run)  # a Stop cancels the fetch (a render nobody will hear)
+                try:
+                    async with held_take_audio(self.state, action.take, client=self.client) as pcm:
+                        self._replay_fetching.discard(run)
+                        await self._perform(self.session.replay_audio(run, pcm))
+                        await self._perform(self.session.replay_finished(run))
+                finally:
+                    self._replay_fetching.discard(run)
         except ProtocolError as err:
             await self._perform(self.session.replay_failed(run, err))
         except EngineBusy as busy:
@@ -358,6 +407,8 @@ class Connection:
                 except TimeoutError:
                     if self.session.busy:
                         continue  # a listener that only listens is not idle
+                    # A take still waiting for text that never came ends first, with reason "timeout".
+                    await self._perform(self.session.idle_timeout())
                     log.info("closing idle websocket of %s after %.0f s", self.client, idle)
                     await self._close(CLOSE_IDLE, b"idle timeout")
                     break
@@ -370,8 +421,7 @@ class Connection:
                     break
         finally:
             self._dead = self._dead or self.ws.closed
-            for action in self.session.close():
-                self._stop(action)
+            self._close_session()
 
     async def _close(self, code: int, message: bytes) -> None:
         """Close with ``code``; a peer that does not complete the handshake in time is aborted."""
@@ -437,7 +487,11 @@ class Connection:
             await asyncio.to_thread(store.touch, session_id)  # in use: retention counts from now
         else:
             session_id = await asyncio.to_thread(store.create, owner=self.owner, client=self.client)
+        await self._wait_for_closing_keeps(session_id)  # a reload: the take its old socket cut off, stored first
         stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
+        # The session's limit first: adopted into a history still bounded like a connection without a
+        # session (max_takes_kept), the oldest stored takes would be dropped again at once (issue 23, finding 6).
+        self.session.keep_takes(store.max_takes)
         codebook = self.state.engine.info.codebook_size
         held = {t.take_id for t in self.session.history.takes}
         for record in stored:
@@ -463,12 +517,17 @@ class Connection:
             take.words = await self._stored_words(session_id, record.take_id)
             self.session.history.adopt(take)  # a retake of it rebuilds the model state from these codes
         self.session_id = session_id
-        self.session.keep_takes(store.max_takes)
         await self.send_message(
             SessionResumed(
                 session=session_id, resumed=resumed, max_takes=store.max_takes, takes=[t.public() for t in stored]
             )
         )
+
+    async def _wait_for_closing_keeps(self, session_id: str) -> None:
+        """A reload right after a disconnect: the old connection may still be storing the take it cut off."""
+        keeps = set(self.state.closing_keeps.get(session_id, ()))
+        if keeps:
+            await asyncio.wait(keeps, timeout=RESUME_WAIT_SEC)
 
     async def _stored_words(self, session_id: str, take_id: str) -> list[WordTime] | None:
         store = self.state.sessions
@@ -488,25 +547,64 @@ class Connection:
 
     async def _keep(self, take: TakeRecord) -> None:
         """Store an ended take in the bound session: its record, codes and the audio as it was streamed."""
+        err = await self._store_take(take)
+        if err is not None:
+            await self.send_error(err, take=take.take_id)
+
+    async def _store_take(self, take: TakeRecord) -> ProtocolError | None:
+        """Store ``take`` in the bound session; the error to tell the client when that failed."""
         store, session_id = self.state.sessions, self.session_id
         if store is None or session_id is None:
-            return
+            return None
         record = StoredTake(
             take_id=take.take_id, request=take.request_as_asked(), seed=take.seed, n_frames=take.n_frames,
             channels=take.request.channels, parent=take.parent, branch_frame=take.branch_frame, reason=take.reason,
             stats={k: v for k, v in take.stats.items() if isinstance(v, int | float)},
         )  # fmt: skip
         try:
+            # The PCM as streamed, exactly the take's frames so far (held, else rendered from the codes).
             async with held_take_audio(self.state, take, client=self.client) as pcm:
                 await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
             if take.words is not None and self.state.aligner is not None:
                 words = [w.to_record() for w in take.words]
                 await asyncio.to_thread(store.put_words, session_id, take.take_id, words, self.state.aligner.name)
         except ProtocolError as err:  # the session is full, out of storage, or was deleted meanwhile
-            await self.send_error(err, take=take.take_id)
+            return err
         except (OSError, ValueError, EngineBusy):
             log.exception("could not keep take %s in session %s", take.take_id, short_id(session_id))
-            await self.send_error(ProtocolError(ErrorCode.INTERNAL, "the take could not be stored"), take=take.take_id)
+            return ProtocolError(ErrorCode.INTERNAL, "the take could not be stored")
+        return None
+
+    def _keep_cut_off_takes(self) -> asyncio.Task[None] | None:
+        """Start storing the takes the client's leaving cut off (a reload, a network drop), as heard so far.
+
+        The store runs as a task of its own, registered in the service state at once: aiohttp cancels the
+        handler of a client that left (and whatever it awaits), and the take must be stored anyway; a resume of
+        the session (the reload) waits for the task, and so does shutdown.
+        """
+        takes, self._keeps_on_close = self._keeps_on_close, []
+        session_id = self.session_id
+        if not takes or session_id is None:
+            return None
+        task = asyncio.create_task(self._store_cut_off(takes), name=f"keep-cut-off-{short_id(session_id)}")
+        keeps = self.state.closing_keeps
+        keeps.setdefault(session_id, set()).add(task)
+
+        def forget(done: asyncio.Task[None]) -> None:
+            waiting = keeps.get(session_id)
+            if waiting is not None:
+                waiting.discard(done)
+                if not waiting:
+                    del keeps[session_id]
+
+        task.add_done_callback(forget)
+        return task
+
+    async def _store_cut_off(self, takes: list[TakeRecord]) -> None:
+        for take in takes:
+            err = await self._store_take(take)
+            if err is not None:  # nobody left to tell
+                log.warning("take %s cut off by a disconnect was not kept: %s", take.take_id, err.message)
 
     async def _refuse_rate(self) -> None:
         """Drop a message over the rate; say so once per run of refusals; close a flood."""
@@ -538,16 +636,18 @@ class Connection:
     async def close(self) -> None:
         """Release everything the connection holds; bounded, never leaves a task behind."""
         self._dead = True
-        for action in self.session.close():
-            self._stop(action)
-        for words in list(self._words.values()):
-            await words.close()
-        self._words.clear()
+        self._close_session()
+        keeping = self._keep_cut_off_takes()  # registered before anything is awaited: a resume waits for it
         pending = {t for t in self._tasks.values() if not t.done()}
         for task in pending:
             # Cancelling a run also closes its event iterator, which cancels its engine take; an
             # engine's submit is cancel-safe (a cancelled submit admits nothing).
             task.cancel()
+        for words in list(self._words.values()):
+            await words.close()
+        self._words.clear()
+        if keeping is not None:
+            await asyncio.shield(keeping)
         if pending:
             _, late = await asyncio.wait(pending, timeout=RUNS_TIMEOUT_SEC)
             if late:

@@ -30,7 +30,6 @@ export function deleteTake(t) {
   if (!t || t === liveTake() || t.deleting || !holds(t)) return;
   t.deleting = true;
   pending.push(t);
-  rememberDelete(t);
   const p = playback.current();
   if (p && p.take === t) playback.stopPlayback();
   if (selectedTake() === t) {
@@ -79,6 +78,15 @@ function hideBar() { $('undoBar').hidden = true; }
 
 export function initDeletes() {
   $('undoDelete').addEventListener('click', undoDelete);
-  // Closing the page within the Undo time: the delete still happens (sessions.js keeps it until confirmed).
-  window.addEventListener('pagehide', () => { if (pending.length) deleteOnUnload(pending); });
+  // Leaving the page within the Undo time: the delete still happens. Kept in this browser while the page is hidden
+  // (a phone may close it without another word), sent as the page goes, and completed on the next visit if that
+  // request was lost (sessions.js); back on the page, the Undo is still there and nothing is kept.
+  document.addEventListener('visibilitychange', () => {
+    for (const t of pending) if (document.visibilityState === 'hidden') rememberDelete(t); else forgetDelete(t);
+  });
+  window.addEventListener('pagehide', () => {
+    if (!pending.length) return;
+    for (const t of pending) rememberDelete(t);
+    deleteOnUnload(pending);
+  });
 }

@@ -10,7 +10,7 @@ import { conn, onClose, onMessage, onPcm } from './connection.js';
 import { limits } from './service.js';
 import { setStatus, setConn, showAlert, hideAlert, announce, markField } from './status.js';
 import { paramValue, SAMPLING_KEYS } from './params.js';
-import { collectRequest, validateScene, saveScene, seedIsFixed } from './scene.js';
+import { collectRequest, validateScene, saveScene, seedIsFixed, wordsChoice } from './scene.js';
 import { voiceName } from './voices.js';
 import * as playback from './playback.js';
 import { addTake, allTakes, holds, newTake, pinTakes, removeTake, setTakeId, takeById, takeTitle, takeUpdated } from './takes.js';
@@ -115,6 +115,8 @@ export function seek(mode, src, at, { direction = null, tail = null } = {}) {
     if (msg.instruction) req.instruction = msg.instruction;
     if (msg.text) req.text = msg.text;
     if (d.useSampling) for (const k of SAMPLING_KEYS) { const v = paramValue(k); if (v !== undefined) { msg[k] = v; req[k] = v; } }
+    const words = wordsChoice();                 // the Scene's "Word timing" now, not the source take's
+    if (words != null) { msg.words = words; req.words = words; }
     take = newTake({ req });
     take.seed = msg.seed ?? null;
     take.sentAt = now();

@@ -15,6 +15,9 @@ import { compSegments } from './comp.js';
 import { compared, playingSide } from './compare.js';
 import { pendingDeletes, stats as deleteStats } from './deletes.js';
 import { typedSoFar, typingOpen, stats as typingStats } from './typing.js';
+import { currentScript, stats as scriptJobStats } from './script-job.js';
+import { stats as scriptPanelStats } from './script-panel.js';
+import { stats as wordStats, wordsOf } from './words.js';
 
 /* One object whose properties read through to the modules' counters (each counter has one owner). */
 function liveStats(...sources) {
@@ -37,7 +40,8 @@ function describeTake(t) {
 
 export function installFacade() {
   window.studio = {
-    stats: liveStats(connectionStats, directorStats, playback.stats, audioStats, sessionStats, editorStats, deleteStats, typingStats),
+    stats: liveStats(connectionStats, directorStats, playback.stats, audioStats, sessionStats, editorStats, deleteStats, typingStats,
+      wordStats, scriptJobStats, scriptPanelStats),
     get connected() { return conn.ready; },
     get hello() { return hello(); },
     get audioMode() { return audio.mode; },
@@ -71,6 +75,10 @@ export function installFacade() {
     get ab() { const a = compared('a'), b = compared('b'); return { a: a ? a.key : null, b: b ? b.key : null, playing: playingSide() }; },
     get pendingDeletes() { return pendingDeletes().map((t) => t.key); },
     get typing() { return { open: typingOpen(), sent: typedSoFar() }; },
+    /* The script the Script panel follows, as the service last said it ({script, state, lines: [...]}), or null. */
+    get script() { const s = currentScript(); return s ? JSON.parse(JSON.stringify(s)) : null; },
     markers(idOrKey) { const t = findTake(idOrKey); return t ? (t.markers || []).map((m) => ({ ...m })) : null; },
+    /* A take's word timing as the page holds it: {words: [{word, start, end, flags?}], complete, loading, error}. */
+    words(idOrKey) { const s = wordsOf(findTake(idOrKey)); return s ? JSON.parse(JSON.stringify({ words: s.words, complete: s.complete && !s.gap, loading: s.loading, error: s.error })) : null; },
   };
 }

@@ -25,6 +25,8 @@ import { initCompare, playAB, switchAB, refreshCompare, refreshComparePlaying } 
 import { initComp } from './comp.js';
 import { initTakeList, drawAllMinis, drawLiveCards } from './takelist.js';
 import { initTransport, refreshTransport, updateMeters } from './transport.js';
+import { initWords, refreshWords, drawWords } from './words.js';
+import { initScriptPanel, refreshScriptPanel } from './script-panel.js';
 import { installFacade } from './facade.js';
 
 /* ------------------------------------------------------------------ the modules, in order */
@@ -41,17 +43,22 @@ initDeletes();
 initSessions();
 initTakeList();
 editor.initEditor();
+initWords();
 initCompare();
 initComp();
 initSelection();
 initTransport();
+initScriptPanel();        // after sessions.js: it reads the session's takes when the service lists them
 
 render.onRefresh(refreshTransport);
 render.onRefresh(editor.refreshEditorButtons);
 render.onRefresh(refreshCompare);
 render.onRefresh(editor.refreshRegion);
 render.onRefresh(refreshTyping);
+render.onRefresh(refreshWords);
+render.onRefresh(refreshScriptPanel);
 render.onDraw(editor.drawEditor);
+render.onDraw(drawWords);
 render.onDraw(updateMeters);
 render.onDraw(drawLiveCards);
 render.onDraw(refreshComparePlaying);

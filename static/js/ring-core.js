@@ -42,9 +42,9 @@ export class RingCore {
       this.reset(0);
       return;
     }
-    if (this.active && this.ended && this.level < (this.step === 1 ? 1 : 2)) {
-      // Ended with nothing (more) to play: drained, primed or not. The end can come after the player ran dry
-      // (the last audio played, then a late end) or for a stream with no audio at all.
+    if (this.active && !this.primed && this.ended && this.level < (this.step === 1 ? 1 : 2)) {
+      // The end came after the ring ran dry (a take's end can follow its last audio by a while, e.g. while its
+      // last words are aligned): nothing is left to play, so the stream has drained.
       this.drained = true; this.active = false; this.event = true;
     }
     if (this.active && !this.primed && (this.level >= this.cushion || (this.ended && this.level > 0))) {

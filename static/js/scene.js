@@ -1,8 +1,8 @@
-/* The Scene panel: direction (instruction), text, language, voice choice, seed, and the sampling panel
- * (params.js); the cue chips; character counts against the service's limits; the scene saved in this browser
+/* The Scene panel: direction (instruction), text, language, voice choice, seed, word timing, and the sampling
+ * panel (params.js); the cue chips; character counts against the service's limits; the scene saved in this browser
  * (not the takes: the service keeps those). Turns the panel into a start request (collectRequest). */
 import { $, el, takeTitle } from './util.js';
-import { limits } from './service.js';
+import { hello, limits } from './service.js';
 import { markField, clearFieldErrors, setStatus } from './status.js';
 import { chosenModel } from './topbar.js';
 import { chosenVoice, setVoice, voiceEvents, wantVoice } from './voices.js';
@@ -28,6 +28,10 @@ const caretPos = { instruction: null, text: null };
 
 export function seedIsFixed() { return seedMode === 'fixed'; }
 
+/* Word timing (docs/words.md) for a new take or a retake: the Scene's box while the service has an aligner
+ * (hello.words), else null: not asked at all (the service would refuse "words"). */
+export function wordsChoice() { const h = hello(); return h && h.words ? $('wantWords').checked : null; }
+
 /* The start request the scene describes (without type and take key). */
 export function collectRequest() {
   const req = {
@@ -36,6 +40,7 @@ export function collectRequest() {
   };
   Object.assign(req, params.requestParams());
   if (seedMode === 'fixed') req.seed = $('seed').value.trim();
+  if (wordsChoice()) req.words = true;
   return req;
 }
 
@@ -69,7 +74,7 @@ export function loadIntoScene(t) {
 export function saveScene() {
   clearTimeout(saveTimer);
   saveTimer = setTimeout(() => {
-    savedScene = { instruction: $('instruction').value, text: $('text').value, language: $('language').value, reference: chosenVoice(), seedMode, seed: $('seed').value, params: params.changedValues(), durations: 'seconds' };
+    savedScene = { instruction: $('instruction').value, text: $('text').value, language: $('language').value, reference: chosenVoice(), seedMode, seed: $('seed').value, params: params.changedValues(), words: $('wantWords').checked, durations: 'seconds' };
     try { localStorage.setItem(STORAGE_KEY, JSON.stringify(savedScene)); } catch (e) { /* private mode */ }
   }, 300);
 }
@@ -81,6 +86,8 @@ export function applyHelloToScene(msg) {
   params.applyParamLimits(limits(), msg);
   updateCounts();
   params.applyParamDefaults(savedScene.params || {});
+  $('wordsField').hidden = !msg.words;       // no aligner (--aligner none): no word timing to ask for
+  $('wantWords').title = msg.words ? 'Aligner: ' + (msg.aligner || 'the service\'s') : '';
 }
 
 function setSeedMode(m) {
@@ -148,6 +155,7 @@ export function initScene() {
   $('seedRoll').addEventListener('click', () => { $('seed').value = String(Math.floor(Math.random() * 2 ** 31)); setSeedMode('fixed'); });
   for (const id of ['instruction', 'text', 'language', 'voice', 'seed']) $(id).addEventListener('input', (e) => { clearFieldErrors(e.target); updateCounts(); saveScene(); });
   $('voice').addEventListener('change', saveScene);
+  $('wantWords').addEventListener('change', saveScene);
 }
 
 /* The scene as this browser saved it (the defaults in the sampling panel until the service's hello). */
@@ -158,5 +166,6 @@ export function restoreScene() {
   if (savedScene.language) $('language').value = savedScene.language;
   if (savedScene.seedMode === 'fixed') { $('seed').value = savedScene.seed || ''; setSeedMode('fixed'); }
   if (savedScene.reference && savedScene.reference !== 'none') wantVoice(savedScene.reference);   // once the list is here
+  if (savedScene.words === false) $('wantWords').checked = false;   // on unless the director turned it off
   updateCounts();
 }

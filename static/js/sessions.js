@@ -20,7 +20,7 @@ import * as render from './render.js';
 const SESSION_KEY = 'moss_rt.studio.session';
 const PENDING_DELETES = 'moss_rt.studio.pending_deletes';   // [{session, take, name}]: deletes not yet confirmed
 
-/* 'resumed' (n): n takes came back from the session. */
+/* 'resumed' (n): n takes came back from the session; 'synced' (n): n takes stored since (syncSession) joined. */
 export const sessionEvents = createEmitter();
 export const stats = { notesSaved: 0 };
 
@@ -28,6 +28,7 @@ let id = null;       // the session this page is bound to
 let max = null;      // its quota of takes
 const dirty = new Set();
 let timer = null;
+let syncs = 0;       // resumes sent by syncSession not answered yet: their answers are no resume to announce
 
 export function sessionId() { return id; }
 /* The session in a file name ("moss_rt-Vb2x0Zq1"): downloads of its takes and its archive start with it. */
@@ -35,6 +36,15 @@ export function sessionFileStem() { return id ? 'moss_rt-' + id.replace(/^s_/, '
 
 /* Bind the connection to the session (the kept one, or a new one). */
 export function resumeSession() { const sid = id || initialId(); conn.send(sid ? { type: 'resume', session: sid } : { type: 'resume' }); }
+
+/* Ask the service again for the session's takes, so those stored since by something else than this connection (a
+ * script render's lines, docs/scripts.md) join the page like any other: playable, retakeable. Quietly: the answer
+ * is 'synced', not 'resumed'. False when there is no session or connection to ask on. */
+export function syncSession() {
+  if (!id || !conn.ready || !conn.send({ type: 'resume', session: id })) return false;
+  syncs++;
+  return true;
+}
 
 /* The service's answer to resume was an error about the session. */
 export function sessionLost(msg) {
@@ -79,7 +89,8 @@ async function forget(t, retry = true) {
 
 function pendingDeletes() { try { return JSON.parse(localStorage.getItem(PENDING_DELETES) || '[]') || []; } catch (e) { return []; } }
 function savePendingDeletes(list) { try { localStorage.setItem(PENDING_DELETES, JSON.stringify(list.slice(-200))); } catch (e) { /* private mode */ } }
-/* The director deleted a stored take (it goes once Undo has passed): kept in this browser until confirmed. */
+/* A stored take the director deleted, while the page may go (hidden, or closing): kept in this browser until the
+ * service confirms the delete. */
 export function rememberDelete(t) {
   if (!t.stored || t.stored !== id || !t.id) return;
   savePendingDeletes([...pendingDeletes().filter((d) => d.take !== t.id), { session: id, take: t.id, name: takeTitle(t) }]);
@@ -97,7 +108,8 @@ export function deleteOnUnload(list) {
 /* Deletes of this session that the service never confirmed: made now, and the director told. The records of those
  * takes are left out of the page. */
 function completeDeletes(records) {
-  const mine = pendingDeletes().filter((d) => d.session === id);
+  // Not those this page still offers to undo (a reconnect or a sync while it is hidden).
+  const mine = pendingDeletes().filter((d) => d.session === id && !(takeById(d.take) && takeById(d.take).deleting));
   if (!mine.length) return records;
   const held = new Set(records.map((r) => r.take_id));
   const todo = mine.filter((d) => held.has(d.take));
@@ -124,7 +136,8 @@ function onSession(msg) {
   const fresh = records.filter((rec) => !takeById(rec.take_id)).length;
   for (const rec of records) adoptStoredTake(rec);
   refreshSessionUi(); render.refresh(); render.drawAll();
-  if (msg.resumed && fresh) {
+  if (syncs > 0 && msg.session === id && msg.resumed) { syncs--; sessionEvents.emit('synced', fresh); }
+  else if (msg.resumed && fresh) {
     announce(plural(fresh, 'take') + ' back from the session.');
     sessionEvents.emit('resumed', fresh);
   }
@@ -132,7 +145,12 @@ function onSession(msg) {
 
 function adoptStoredTake(rec) {
   const known = takeById(rec.take_id);
-  if (known) { known.conn = conn.serial; known.dropped = false; known.stored = id; takeUpdated(known); return; }
+  if (known) {
+    const changed = known.conn !== conn.serial || known.dropped || known.stored !== id;   // a sync re-lists them all
+    known.conn = conn.serial; known.dropped = false; known.stored = id;
+    if (changed) takeUpdated(known);
+    return;
+  }
   const req = { ...(rec.request || {}) }; delete req.type; delete req.take;
   req.referenceName = voiceName(req.reference);
   const t = newTake({ req });
@@ -178,6 +196,7 @@ function refreshSessionUi() {
 
 export function initSessions() {
   onMessage('session', onSession);
+  onMessage('hello', () => { syncs = 0; });   // a new connection: syncs sent on the old one are never answered
   takeEvents.on('removed', (take) => forget(take));
   takeEvents.on('notes', saveNotes);
   $('sessionNew').addEventListener('click', () => { try { localStorage.removeItem(SESSION_KEY); } catch (e) { /* private mode */ } location.href = location.pathname; });

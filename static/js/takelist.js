@@ -18,6 +18,7 @@ import { cursorSample, playTake, selectTake, selectedTake, selectionEvents } fro
 import { liveTake } from './director.js';
 import { compared, setAB } from './compare.js';
 import { loadIntoScene } from './scene.js';
+import { captionLinks, updateCaptionLinks } from './words.js';
 import * as render from './render.js';
 
 const cards = new Map();   // take -> {card, ui: {...the card's parts}, lastDraw}
@@ -104,6 +105,7 @@ function buildCard(t) {
   const bB = btn('B', 'Compare: set as B', () => setAB('b', t));
   const wavB = btn('WAV', 'Download this take as a 16-bit WAV', () => downloadTake(t));
   const srvB = btn('WAV as rendered', 'Download the service\'s rendering of this take (it differs from what this page played)', () => downloadRendered(t));
+  const capLinks = captionLinks();   // SRT, VTT (words.js)
   const branchB = btn('Retake from…', 'Open in the editor: place the playhead, then Retake from here', () => {
     const wave = $('wave');
     selectTake(t, selectedTake() === t ? cursorSample() : Math.floor((t.pcm ? t.pcm.length : 0) / 2 / FRAME) * FRAME);
@@ -113,11 +115,11 @@ function buildCard(t) {
   card.append(
     el('div', { class: 't1' }, nameEl, badge, when, lineage), mini,
     meta, dir, noteLine,
-    el('div', { class: 'actions' }, playB, aB, bB, wavB, srvB, branchB, loadB),
+    el('div', { class: 'actions' }, playB, aB, bB, wavB, srvB, ...capLinks, branchB, loadB),
   );
   card.addEventListener('click', () => { if (selectedTake() !== t) selectTake(t, 0); });
   card.addEventListener('keydown', (e) => { if (e.key === 'Enter' && e.target === card) selectTake(t, 0); });
-  cards.set(t, { card, ui: { noteLine, nameEl, badge, when, lineage, meta, dir, mini, playB, aB, bB, wavB, srvB, branchB, loadB }, lastDraw: 0 });
+  cards.set(t, { card, ui: { noteLine, nameEl, badge, when, lineage, meta, dir, mini, playB, aB, bB, wavB, srvB, capLinks, branchB, loadB }, lastDraw: 0 });
   updateCard(t);
   return card;
 }
@@ -162,6 +164,7 @@ function updateCard(t) {
   const a = compared('a'), b = compared('b');
   u.aB.classList.toggle('on', a === t); u.bB.classList.toggle('on', b === t); u.bB.classList.toggle('bsel', b === t);
   u.srvB.hidden = !differs;
+  updateCaptionLinks(t, u.capLinks);
   u.branchB.disabled = !(has && serverHolds(t));
   drawMini(t);
 }

@@ -10,9 +10,12 @@ let voiceById = new Map();
 let listed = false;     // the service's list came at least once
 let wanted = null;      // the voice to choose once the list is here (the scene saved before a reload)
 
-/* 'uploaded': a new voice was uploaded and chosen (the scene saves); 'listed': the list (or a name) changed. */
+/* 'uploaded': a new voice was uploaded and chosen (the scene saves); 'listed': the list came (again), or a name
+ * changed. */
 export const voiceEvents = createEmitter();
 
+/* The voices the service offers, as it listed them ({id, name, kind, duration, owned}); read only. */
+export function listedVoices() { return [...voiceById.values()]; }
 /* The voice the picker holds ('none' for the model's own voice); before the list came, the one it will hold. */
 export function chosenVoice() { return !listed && wanted ? wanted : $('voice').value; }
 /* A voice's display name (its id when the service does not list it; null for none). */

@@ -70,7 +70,7 @@ def test_overlapped_codec_gives_the_same_codes_and_pcm_as_inline(tiny_data_dir, 
     inline = overlap_scenario(tiny_data_dir, overlap=False)
     assert codec_watch.threads == {threading.current_thread().name}
     codec_watch.threads.clear()
-    codec_watch.delay_s = 0.08  # slower than a step of the tiny model: the codec falls behind, the queue fills
+    codec_watch.delay_s = 0.15  # far slower than a step of the tiny model (even on a busy machine): the queue fills
     overlapped = overlap_scenario(tiny_data_dir, overlap=True)
     assert codec_watch.threads == {CODEC_THREAD}  # every decode on the worker (warm-up's included)
     assert not codec_watch.violations

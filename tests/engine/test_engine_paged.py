@@ -58,14 +58,31 @@ def test_a_retake_uses_blocks_for_its_new_frames_only(moss_server) -> None:  # t
     assert branches / 3 < parent + (80 - 20) // BLOCK
 
 
+def _codec_blocks(srv: RunningServer) -> tuple[list[int], list[set[int]], int]:
+    """Free codec state blocks per stage, the distinct blocks kept codec states hold, and how many states are kept
+    (read while the engine is idle)."""
+    sched = srv.engine._scheduler  # type: ignore[attr-defined]
+    kept = sched.retained.codec_states()
+    held: list[set[int]] = [set() for _ in sched.decoder.free_blocks]
+    for k in kept:
+        for i, blocks in enumerate(k.blocks):
+            held[i].update(blocks)
+    return sched.decoder.free_blocks, held, len(kept)
+
+
 def test_every_block_comes_back_after_100_random_takes(moss_server) -> None:  # type: ignore[no-untyped-def]
+    """100 random directing acts on 4 slots: takes run out or are cancelled, sockets drop mid-take, retakes branch
+    from frames near the end (their codec state shared with the parent's kept blocks) or further back (rebuilt from
+    the codes), some cancelled or dropped mid-way. KV blocks: what is not free is held by kept takes and kept
+    prompt blocks. Codec state blocks, after every 4 acts: each is free or held by a kept state, and in the end
+    each block's references are exactly the kept states holding it."""
     srv = moss_server(max_slots=4, max_queue=8, max_takes_per_client=0)
     rng = random.Random(1234)
 
     async def one(i: int) -> None:
-        action = rng.choice(["done", "done", "cancel", "disconnect", "seek"])
+        action = rng.choice(["done", "done", "cancel", "disconnect", "seek", "seek"])
         async with DirectingClient.connect(srv.ws_url) as client:
-            await client.start(f"Take number {i}.", seed=i, max_new_tokens=rng.randint(4, 20), **LONG)
+            await client.start(f"Take number {i}.", seed=i, max_new_tokens=rng.randint(4, 20), chunk_frames=4, **LONG)
             await next_message(client, "start")
             if action == "cancel":
                 await client.cancel()
@@ -74,23 +91,45 @@ def test_every_block_comes_back_after_100_random_takes(moss_server) -> None:  # 
                 return  # the socket closes mid-take
             else:
                 take = await client.collect()
-                if action == "seek" and take.end["n_frames"] >= 2:  # a retake (shares the parent's blocks)
-                    await client.seek(take.take_id, rng.randint(1, take.end["n_frames"] - 1), seed=i + 1000)
+                frames = take.end["n_frames"]
+                if action == "seek" and frames >= 2:  # a retake (shares the parent's blocks)
+                    if rng.random() < 0.5:  # near the end: the tiny codec's ring (10 frames) still holds it
+                        frame = rng.randint(max(1, frames - 4), frames - 1)
+                    else:  # further back than the ring keeps, where the take is long enough: rebuilt
+                        frame = rng.randint(1, frames - 12 if frames > 12 else frames - 1)
+                    await client.seek(take.take_id, frame, seed=i + 1000)
                     await next_message(client, "seek")
                     if rng.random() < 0.5:
                         await client.collect()
+                    elif rng.random() < 0.5:
+                        await client.cancel()
+                        await client.collect()
                     # else: disconnect during the retake
 
-    async def scenario() -> tuple[float, float]:
+    async def scenario() -> tuple[float, float, list[int], dict[str, float]]:
         total = await _settled(srv, "moss_rt_kv_blocks_total")
         start = await _settled(srv, "moss_rt_kv_blocks_free")
         assert start == total
+        codec_start, held, kept = _codec_blocks(srv)
+        assert kept == 0 and not any(held)
         for batch in range(25):  # 4 clients at a time
             await asyncio.gather(*(one(batch * 4 + k) for k in range(4)))
+            await _settled(srv, "moss_rt_codec_blocks_free")
+            free, held, _ = _codec_blocks(srv)
+            assert [f + len(h) for f, h in zip(free, held, strict=True)] == codec_start, batch
         end = await _settled(srv, "moss_rt_kv_blocks_free")
-        return start, end
+        return start, end, codec_start, await metrics(srv)
 
-    start, end = run(scenario(), timeout=600)
+    start, end, codec_start, m = run(scenario(), timeout=600)
     # What is not free is held by finished takes kept for retakes and kept prompt blocks, and nothing else.
     assert end + _kept_blocks(srv) == start
     assert run(_settled(srv, "moss_rt_kv_blocks_promised")) == 0
+    # Retakes took both codec paths; every codec reference is a kept state's.
+    assert m['moss_rt_codec_states_total{source="shared"}'] >= 5
+    assert m['moss_rt_codec_states_total{source="rebuilt"}'] >= 2
+    sched = srv.engine._scheduler  # type: ignore[attr-defined]
+    tables, kept = sched.decoder._tables, sched.retained.codec_states()
+    for i, g in enumerate(tables.geoms):
+        for block in range(g.scratch_blocks, tables.n_blocks[i]):
+            assert tables.refcount(i, block) == sum(block in k.blocks[i] for k in kept)
+    assert sched.decoder.unreserved_blocks == sched.decoder.free_blocks  # nothing promised to a stream

@@ -29,10 +29,20 @@ class NoCodec:
     decoder = None
 
 
-def _scheduler(budget_s: float, max_rows: int = 8192, chunk: int = 512) -> tuple[Scheduler, RecordingRunner]:
+class QuietChannel:
+    """A take's channel nobody cancels (the scheduler checks for cancels between prefill passes)."""
+
+    cancel_reason = None
+    paused = False
+
+    def push(self, event: object) -> None:
+        pass
+
+
+def _scheduler(max_rows: int = 8192, chunk: int = 512) -> tuple[Scheduler, RecordingRunner]:
     runner = RecordingRunner()
     config = SchedulerConfig(
-        max_slots=8, prefill_chunk=chunk, prep_budget_s=budget_s, retain_slots=0, prefill_max_rows=max_rows
+        max_slots=8, prefill_chunk=chunk, retain_slots=0, prefill_max_rows=max_rows
     )
     return Scheduler(runner, NoCodec(), EngineMetrics(), config), runner  # type: ignore[arg-type]
 
@@ -40,7 +50,7 @@ def _scheduler(budget_s: float, max_rows: int = 8192, chunk: int = 512) -> tuple
 def _preparing(sched: Scheduler, lengths: list[int]) -> list[Take]:
     takes = []
     for slot, rows in enumerate(lengths):
-        take = Take(TakeSpec(f"t{slot}", text="x", seed=slot), channel=None)  # type: ignore[arg-type]
+        take = Take(TakeSpec(f"t{slot}", text="x", seed=slot), channel=QuietChannel())  # type: ignore[arg-type]
         take.phase, take.model_slot = Phase.PREPARING, slot
         take.prompt_rows = np.zeros((rows, 13), dtype=np.int64)
         sched.preparing.append(take)
@@ -53,7 +63,7 @@ def _ids(takes: list[Take]) -> list[str]:
 
 
 def test_all_prompts_share_passes_chunked_and_capped() -> None:
-    sched, runner = _scheduler(budget_s=10.0, max_rows=1200, chunk=512)
+    sched, runner = _scheduler(max_rows=1200, chunk=512)
     takes = _preparing(sched, [400, 700, 90, 300])
     assert sched._prepare()  # one pass, then take 0 streams: one pass a round from now on
     assert sched._prepare()
@@ -71,7 +81,7 @@ def test_all_prompts_share_passes_chunked_and_capped() -> None:
 
 
 def test_alone_on_the_device_every_pass_runs_at_once() -> None:
-    sched, runner = _scheduler(budget_s=0.0, chunk=512)  # no budget: only a streaming take stops the loop
+    sched, runner = _scheduler(chunk=512)  # only a streaming take stops the loop
     _preparing(sched, [1000, 900])
     assert sched._prepare()
     assert runner.passes == [[(0, 512, 0), (1, 512, 0)], [(0, 488, 512), (1, 388, 512)]]
@@ -79,9 +89,9 @@ def test_alone_on_the_device_every_pass_runs_at_once() -> None:
 
 
 def test_takes_made_ready_by_a_pass_stream_before_the_next_pass() -> None:
-    sched, runner = _scheduler(budget_s=0.0, max_rows=800)
+    sched, runner = _scheduler(max_rows=800)
     takes = _preparing(sched, [400, 400, 400, 400])
-    assert sched._prepare()  # one pass, then its two takes stream: the budget now applies
+    assert sched._prepare()  # one pass, then its two takes stream: one pass a round from now on
     assert runner.passes == [[(0, 400, 0), (1, 400, 0)]]
     assert _ids(sched.running) == _ids(takes[:2]) and _ids(sched.preparing) == _ids(takes[2:])
     assert sched._prepare()  # the next round: the next pass
@@ -90,13 +100,13 @@ def test_takes_made_ready_by_a_pass_stream_before_the_next_pass() -> None:
 
 def test_a_take_ready_without_work_does_not_use_up_the_rounds_unit() -> None:
     """A retake that reuses its parent's cache whole (``share`` path, from frame 0) is ready at once; its
-    promotion is no preparation work, so the round must still run a pass for the take behind it. With no
-    budget (one unit per round), counting the promotion as the round's work would run none at all."""
-    sched, runner = _scheduler(budget_s=0.0)
+    promotion is no preparation work, so the round must still run a pass for the take behind it. While a take
+    streams (one pass per round), counting the promotion as the round's work would run none at all."""
+    sched, runner = _scheduler()
     waiting, cached = _preparing(sched, [300, 200])
     cached.prefilled = 200  # the parent's cache holds its whole prompt: nothing to prefill
-    streaming = Take(TakeSpec("s", text="x", seed=9), channel=None)  # type: ignore[arg-type]
-    sched.running.append(streaming)  # the budget applies
+    streaming = Take(TakeSpec("s", text="x", seed=9), channel=QuietChannel())  # type: ignore[arg-type]
+    sched.running.append(streaming)  # one pass a round
     assert sched._prepare()
     assert runner.passes == [[(0, 300, 0)]]
     assert _ids(sched.running) == ["s", "t1", "t0"] and not sched.preparing
@@ -110,7 +120,7 @@ def test_a_failed_pass_is_retried_after_its_memory_is_freed() -> None:
     """The takes of a failed batched pass are retried one by one, typically after running out of memory. The
     exception's traceback holds the frames of the failed forward and so its activations: the retries must
     run once it is gone, or they find the memory still taken."""
-    sched, runner = _scheduler(budget_s=10.0)
+    sched, runner = _scheduler()
     _preparing(sched, [100, 100])
     held: list[weakref.ref[Activations]] = []
     alive_at_retry: list[bool] = []
@@ -133,7 +143,7 @@ def test_a_deep_reprefill_does_not_give_fresh_prompts_its_key_window() -> None:
     """Rows x longest key window is bounded too: attention scores grow with both."""
     runner = RecordingRunner()
     config = SchedulerConfig(
-        max_slots=8, prefill_chunk=512, prep_budget_s=10.0, retain_slots=0, prefill_max_rows=2048,
+        max_slots=8, prefill_chunk=512, retain_slots=0, prefill_max_rows=2048,
         prefill_keys_per_row=512,  # rows x keys <= 2048 x 512 = 1 M score cells per head
     )
     sched = Scheduler(runner, NoCodec(), EngineMetrics(), config)  # type: ignore[arg-type]
@@ -154,7 +164,7 @@ def test_short_chunks_over_long_windows_count_as_head_dim_rows() -> None:
     member's keys to the query heads, so the score bound counts each pass as at least 128 rows wide."""
     runner = RecordingRunner()
     config = SchedulerConfig(
-        max_slots=8, prefill_chunk=512, prep_budget_s=10.0, retain_slots=0, prefill_max_rows=2048,
+        max_slots=8, prefill_chunk=512, retain_slots=0, prefill_max_rows=2048,
         prefill_keys_per_row=512,  # 1 M cells: 128 rows x 4 members x 2,010 keys fit, 5 members do not
     )
     sched = Scheduler(runner, NoCodec(), EngineMetrics(), config)  # type: ignore[arg-type]
@@ -194,10 +204,10 @@ def test_prefill_cost_is_measured_past_first_use(monkeypatch) -> None:
 def test_a_burst_behind_running_streams_goes_in_as_chunks_one_pass_a_round() -> None:
     """While takes stream, a round runs one pass of at most stream_rows padded rows: a burst's prompts are cut into
     chunks interleaved with frames (a 400-row prompt in pieces from nonzero starts)."""
-    sched, runner = _scheduler(budget_s=10.0, chunk=512)  # a large budget: only stream_rows limits the round
+    sched, runner = _scheduler(chunk=512)  # stream_rows limits the round
     sched.stream_rows = 300
     takes = _preparing(sched, [400, 400, 400])
-    streaming = Take(TakeSpec("s", text="x", seed=9), channel=None)  # type: ignore[arg-type]
+    streaming = Take(TakeSpec("s", text="x", seed=9), channel=QuietChannel())  # type: ignore[arg-type]
     sched.running.append(streaming)
     rounds = 0
     while sched.preparing:
@@ -210,7 +220,7 @@ def test_a_burst_behind_running_streams_goes_in_as_chunks_one_pass_a_round() -> 
     assert runner.passes[:2] == [[(0, 300, 0)], [(0, 100, 300), (1, 150, 0)]]
     assert all(t.prefilled == 400 for t in takes) and _ids(sched.running)[0] == "s"
     # with nothing streaming the same burst goes in whole passes, all in one round
-    alone, alone_runner = _scheduler(budget_s=10.0, chunk=512)
+    alone, alone_runner = _scheduler(chunk=512)
     alone.stream_rows = 300
     _preparing(alone, [400, 400, 400])
     assert alone._prepare()

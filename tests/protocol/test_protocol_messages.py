@@ -87,7 +87,7 @@ def invalid(obj: dict[str, Any], field: str, limits: Limits = DEFAULT_LIMITS) ->
 
 def test_constants() -> None:
     assert (PROTOCOL_VERSION, SAMPLE_RATE, FRAME_SAMPLES, FRAME_RATE) == (1, 48000, 3840, 12.5)
-    assert END_REASONS == ("done", "cancelled", "max_frames", "replaced", "shutdown", "error")
+    assert END_REASONS == ("done", "cancelled", "max_frames", "replaced", "shutdown", "error", "timeout")
     assert SEEK_MODES == ("retake", "replay")
 
 

@@ -51,10 +51,11 @@ BEFORE = {1: 0, 2: GAP, 3: PAUSE + GAP, 4: SCENE_GAP, 5: GAP, 6: GAP}
 
 
 def start_server(tmp: Path, **overrides: Any) -> ServerThread:
+    """A scripted-engine server; without a word aligner (captions by word are tests/web/test_words.py's)."""
     factory = overrides.pop("engine_factory", scripted)
     settings = Settings(
         host="127.0.0.1", port=free_port(), data_dir=tmp / "data", voices_dir=tmp / "voices", engine="scripted",
-        frame_ms=2.0, max_lead_sec=0.0,
+        frame_ms=2.0, max_lead_sec=0.0, aligner="none",
     ).replace(**overrides)  # fmt: skip
     thread = ServerThread(settings, factory(settings))
     thread.start()
@@ -277,7 +278,7 @@ def test_the_zip_holds_every_line_and_a_mix_joined_to_the_sample(
     assert names == sorted([
         "lines/001-ANNA.wav", "lines/002-BEN.wav", "lines/003-ANNA.wav", "lines/004-BEN.wav", "lines/005-ANNA.wav",
         "lines/006-BEN.wav", "mix.wav", "cues.csv", "cues.json", "captions/lines.srt", "captions/lines.vtt",
-        "script.json",
+        "captions/words.srt", "captions/words.vtt", "script.json",
     ])  # fmt: skip
     lines = {int(name[6:9]): pcm_of(z.read(name)) for name in names if name.startswith("lines/")}
     state = rendered["state"]
@@ -299,6 +300,9 @@ def test_the_zip_holds_every_line_and_a_mix_joined_to_the_sample(
     srt = z.read("captions/lines.srt").decode()
     assert srt.startswith("1\n00:00:00,000 --> ") and "\nANNA: Good morning, Ben.\n" in srt and srt.count(" --> ") == 6
     assert z.read("captions/lines.vtt").decode().startswith("WEBVTT\n\n00:00:00.000 --> ")
+    # No aligner on this server: captions by word fall back to one cue per line.
+    assert z.read("captions/words.srt") == z.read("captions/lines.srt")
+    assert z.read("captions/words.vtt") == z.read("captions/lines.vtt")
     assert json.loads(z.read("script.json"))["rendered"] == state["lines"]
     # FLAC is lossless: the same samples, encoded.
     flac = export(jar, server.url, rendered["script"], format="flac")
@@ -425,6 +429,45 @@ def test_a_take_directed_in_the_studio_is_accepted_as_the_line(server: RunningSe
     assert "Not a single wink." in z.read("captions/lines.srt").decode()
     take_wav = jar.request("GET", f"{server.url}/api/sessions/{state['session']}/takes/{new_take}.wav")
     assert np.array_equal(pcm_of(z.read("lines/003-ANNA.wav")), pcm_of(take_wav.content))
+
+
+def test_resume_again_brings_the_lines_rendered_since_onto_the_socket(server: RunningServer, jar: OwnerJar) -> None:
+    """The studio's Script panel: a socket bound to the session before a render's lines were stored does not hold
+    them (a seek is not_found); a second `resume` of the same session lists them and adopts them, and a seek on a
+    line's take then retakes it."""
+    first = post(jar, server.url, "ANNA: Hello there.\n").json()
+    session = wait_done(jar, server.url, first["script"])["session"]
+
+    async def scenario() -> tuple[dict[str, Any], set[str], str]:
+        async with await jar.connect(server.ws_url, max_size=None) as ws:
+
+            async def next_json() -> dict[str, Any]:
+                while True:
+                    data = await ws.recv()
+                    if data[0] == 0:
+                        return dict(json.loads(data[5:]))
+
+            await ws.send(json.dumps({"type": "resume", "session": session}))
+            while (msg := await next_json())["type"] != "session":
+                pass
+            # A render into the bound session, after the socket resumed it.
+            later = post(jar, server.url, "BEN: Later on.\nANNA: Much later.\n", session=session).json()
+            line = (await asyncio.to_thread(wait_done, jar, server.url, later["script"]))["lines"][0]
+            await ws.send(json.dumps({"type": "seek", "take": line["take"], "frame": 0, "mode": "replay"}))
+            while (refused := await next_json())["type"] != "error":
+                pass
+            await ws.send(json.dumps({"type": "resume", "session": session}))
+            while (again := await next_json())["type"] != "session":
+                pass
+            listed = {t["take_id"] for t in again["takes"]}
+            await ws.send(json.dumps({"type": "seek", "take": line["take"], "frame": 2, "seed": 3}))
+            while (msg := await next_json())["type"] != "end":
+                assert msg["type"] != "error", msg
+            return refused, listed, line["take"]
+
+    refused, listed, line_take = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert refused["code"] == "not_found" and refused.get("field") == "take"
+    assert line_take in listed
 
 
 def test_delete_stops_the_render_and_keeps_the_takes(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """Word timing on a real server with the tiny model (issue 25): ``words`` messages on the WebSocket, retakes from a
-word, the words/SRT/VTT routes (also for stored session takes) and ``POST /api/align`` with its errors.
+word, the words/SRT/VTT routes (also for stored session takes), ``POST /api/align`` with its errors, and a script
+export's captions by word (its lines' words kept as they render, aligned on demand for an accepted take).
 
 The tiny model's audio is noise, so its words are estimated (flagged ``interpolated``); these tests hold the
 structure, order and timing rules. Accuracy on real speech is tests/align/test_accuracy.py.
@@ -10,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
+import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -278,3 +282,127 @@ def test_align_endpoint_refuses_bad_input_clearly(server: RunningServer, params,
 def test_words_need_the_websocket_on_the_legacy_stream(server: RunningServer) -> None:
     r = requests.post(f"{server.url}/api/stream", json={"text": "hi", "words": True}, timeout=10)
     assert r.status_code == 422 and error_of(r)["field"] == "words"
+
+
+# --------------------------------------------------------------------------- scripts: captions by word
+
+SCRIPT = {
+    "title": "Words",
+    "lines": [
+        {"who": "ANNA", "text": "Forty ships sailed home. Three days late.", "seed": 1, "max_new_tokens": 60},
+        {"who": "BEN", "text": "Not a single wink.", "seed": 2, "max_new_tokens": 40},
+    ],
+}
+SEED = 5  # a retake seed whose tiny-model take does not end at once
+SRT_CUE = re.compile(r"(\d+)\n(\d\d):(\d\d):(\d\d),(\d{3}) --> (\d\d):(\d\d):(\d\d),(\d{3})\n(.+)", re.S)
+
+
+def srt_cues(text: str) -> list[tuple[float, float, str]]:
+    """(start, end, text on one line) of each cue of a SubRip file, checking its numbering."""
+    cues = []
+    for n, block in enumerate(text.strip().split("\n\n"), start=1):
+        m = SRT_CUE.fullmatch(block)
+        assert m and int(m.group(1)) == n, block
+        h1, m1, s1, ms1, h2, m2, s2, ms2 = (int(g) for g in m.groups()[1:9])
+        start, end = h1 * 3600 + m1 * 60 + s1 + ms1 / 1000, h2 * 3600 + m2 * 60 + s2 + ms2 / 1000
+        cues.append((start, end, " ".join(m.group(10).split("\n"))))
+    return cues
+
+
+def script_done(jar: OwnerJar, url: str, script_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        state = jar.request("GET", f"{url}/api/scripts/{script_id}").json()
+        if state["state"] in ("done", "failed"):
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"script {script_id} not done")
+
+
+def script_zip(jar: OwnerJar, url: str, script_id: str) -> zipfile.ZipFile:
+    r = jar.request("GET", f"{url}/api/scripts/{script_id}.zip", timeout=120)
+    assert r.status_code == 200, r.text
+    return zipfile.ZipFile(io.BytesIO(r.content))
+
+
+def stored_words(server: RunningServer, session: str, take: str) -> list[dict[str, Any]] | None:
+    assert server.state.sessions is not None
+    return server.state.sessions.words(session, take)
+
+
+def check_word_captions(z: zipfile.ZipFile, words: dict[int, list[dict[str, Any]]]) -> None:
+    """captions/words.srt holds each line's stored words, grouped, where the cue sheet places the line."""
+    sheet = json.loads(z.read("cues.json"))["lines"]
+    cues = srt_cues(z.read("captions/words.srt").decode())
+    assert len(srt_cues(z.read("captions/lines.srt").decode())) == len(sheet)  # by line: one cue each
+    for i, row in enumerate(sheet):
+        label = row["character"] + ": "
+        next_start = sheet[i + 1]["start"] if i + 1 < len(sheet) else float("inf")
+        mine = [c for c in cues if row["start"] - 0.001 <= c[0] < next_start]
+        said = words[row["line"]]
+        assert said, "the tiny model's audio is noise, but its words are estimated over it"
+        assert all(text.startswith(label) for _, _, text in mine)
+        assert " ".join(text[len(label) :] for _, _, text in mine) == " ".join(w["text"] for w in said)
+        assert mine[0][0] == pytest.approx(row["start"] + said[0]["start"], abs=0.0011)
+        assert all(end <= next_start + 0.001 for _, end, _ in mine)
+        if len(said) > 4:  # "home." closes a cue: a sentence end
+            assert any(text.endswith("home.") for _, _, text in mine)
+    vtt = z.read("captions/words.vtt").decode()
+    first = words[sheet[0]["line"]][0]["text"]
+    assert vtt.startswith("WEBVTT\n\n") and f"<v {sheet[0]['character']}>{first}" in vtt
+
+
+def test_a_script_exports_captions_by_word_kept_as_its_lines_render(server: RunningServer) -> None:
+    jar = OwnerJar()
+    r = jar.request("POST", f"{server.url}/api/scripts", json=SCRIPT)
+    assert r.status_code == 201, r.text
+    state = script_done(jar, server.url, r.json()["script"])
+    assert state["lines_done"] == 2
+    session = state["session"]
+    # Done means the words are kept with each line's take: the export aligns nothing.
+    words = {x["line"]: stored_words(server, session, x["take"]) for x in state["lines"]}
+    assert all(w is not None for w in words.values())
+    z = script_zip(jar, server.url, state["script"])
+    check_word_captions(z, words)  # type: ignore[arg-type]
+
+    # A retake of line 1 from a frame keeps the frames before it, and their words (shifted with nothing: the
+    # stored retake starts with its parent's audio, as the export plays it).
+    parent_take, parent_words = state["lines"][0]["take"], words[1]
+    assert parent_words is not None
+    frame = frame_at_time(parent_words[2]["end"]) + 1
+    retake_url = f"{server.url}/api/scripts/{state['script']}/lines/1/retake"
+    r = jar.request("POST", retake_url, json={"frame": frame, "seed": SEED})
+    assert r.status_code == 202, r.text
+    state = script_done(jar, server.url, state["script"])
+    retake = state["lines"][0]["take"]
+    assert retake != parent_take, state["lines"][0]["error"]
+    retake_words = stored_words(server, session, retake)
+    assert retake_words is not None
+    kept = [w for w in parent_words if w["end"] <= frame / FRAME_RATE]
+    assert len(kept) >= 3 and retake_words[: len(kept)] == kept
+    check_word_captions(script_zip(jar, server.url, state["script"]), {1: retake_words, 2: words[2]})  # type: ignore[dict-item]
+
+
+def test_an_accepted_take_without_words_is_aligned_for_the_export(server: RunningServer) -> None:
+    jar = OwnerJar()
+    r = jar.request("POST", f"{server.url}/api/scripts", json={"lines": SCRIPT["lines"][1:]})  # type: ignore[index]
+    assert r.status_code == 201, r.text
+    state = script_done(jar, server.url, r.json()["script"])
+    session = state["session"]
+
+    async def studio_take() -> str:
+        async with await jar.connect(server.ws_url, max_size=None) as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "resume", "session": session}))
+            await frames(ws, "session")
+            await ws.send(json.dumps({"type": "start", **{**TAKE, "text": "Not one wink, no.", "words": False}}))
+            return str((await frames(ws))[-1][1]["take"])
+
+    take = run(studio_take())
+    assert stored_words(server, session, take) is None  # made without words
+    r = jar.request("POST", f"{server.url}/api/scripts/{state['script']}/lines/1/accept", json={"take": take})
+    assert r.status_code == 200, r.text
+    z = script_zip(jar, server.url, state["script"])  # waits for its alignment (begun when it was accepted)
+    words = stored_words(server, session, take)
+    assert words is not None and [w["word"] for w in words] == ["Not", "one", "wink", "no"]
+    check_word_captions(z, {1: words})
