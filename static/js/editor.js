@@ -84,13 +84,6 @@ export function drawEditor() {
   if (R) {
     g.fillStyle = 'rgba(154,165,232,.16)'; g.fillRect(xOf(R.from), 0, Math.max(1, xOf(R.to) - xOf(R.from)), H);
     g.fillStyle = '#9aa5e8'; g.fillRect(xOf(R.from), 0, Math.max(1, dpr), H); g.fillRect(xOf(R.to), 0, Math.max(1, dpr), H);
-    // Handles: grips at both ends, to drag them (the reach is wider than the grip: handleReach()).
-    const gw = 8 * dpr, gh = Math.min(34 * dpr, H / 2), gy = (H - gh) / 2;
-    for (const x of [xOf(R.from), xOf(R.to)]) {
-      g.beginPath(); if (g.roundRect) g.roundRect(x - gw / 2, gy, gw, gh, 3 * dpr); else g.rect(x - gw / 2, gy, gw, gh); g.fill();
-    }
-    g.fillStyle = '#0e1114';
-    for (const x of [xOf(R.from), xOf(R.to)]) for (let k = -1; k <= 1; k++) g.fillRect(x - dpr, gy + gh / 2 + k * 5 * dpr, 2 * dpr, dpr);
   }
   // Inherited prefix of a retake.
   const S0 = t.spliceSample || 0;
@@ -109,6 +102,15 @@ export function drawEditor() {
     g.beginPath(); if (g.roundRect) g.roundRect(lx, y, tw, 16 * dpr, 4 * dpr); else g.rect(lx, y, tw, 16 * dpr);
     g.fill(); g.fillStyle = '#0e1114'; g.fillText(label, lx + 5 * dpr, y + 8 * dpr);
   };
+  if (R) {                 // the region's ends as handles (over the waveform): grips to drag them
+    const gw = 8 * dpr, gh = Math.min(34 * dpr, H / 2), gy = (H - gh) / 2;
+    for (const x of [xOf(R.from), xOf(R.to)]) {
+      g.fillStyle = '#9aa5e8'; g.fillRect(x, 0, Math.max(1, dpr), H);
+      g.beginPath(); if (g.roundRect) g.roundRect(x - gw / 2, gy, gw, gh, 3 * dpr); else g.rect(x - gw / 2, gy, gw, gh); g.fill();
+      g.fillStyle = '#0e1114';
+      for (let k = -1; k <= 1; k++) g.fillRect(x - dpr, gy + gh / 2 + k * 5 * dpr, 2 * dpr, dpr);
+    }
+  }
   for (const sp of t.splices || []) flag(xOf(sp.sample), 'splice · ' + sp.kind, '#9aa5e8', H - 22 * dpr);
   for (const m of t.markers || []) flag(xOf(m.sample), m.label, '#7cc593', 24 * dpr);
   if (S0) {
@@ -355,7 +357,13 @@ function initPointer() {
   const endDrag = () => {
     cancelPress();
     if (!dragging) return; dragging = false;
-    if (regionDrag) { regionDrag = null; if (!region || region.to - region.from < FRAME) setRegion(null); else setCursor(region.from); return; }
+    if (regionDrag) {
+      regionDrag = null;
+      if (!region || region.to - region.from < FRAME) { setRegion(null); setStatus('No region', 'Hold still a moment on the waveform, then drag.'); return; }
+      setCursor(region.from);
+      setStatus('Region ' + fmtSec(region.from) + ' – ' + fmtSec(region.to), 'Loop it, retake it or add it to the comp; drag its ends to change it.');
+      return;
+    }
     const t = selectedTake();   // scrubbing during local playback jumps the audio to the playhead
     if (playback.playsLocally(t)) playTake(t, cursorSample());
   };
