@@ -106,6 +106,11 @@ class Settings:
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")
+    # Steady chunks and batch work are decoded in calls of at most this many streams, so a director's first chunk
+    # (the codec's priority lane) waits for at most one short call; fewer streams a call: shorter waits, less codec
+    # throughput (each call has a fixed cost). 31 fills the codec's 32-row graph bucket (~20-30 ms at full size on an
+    # H200). docs/architecture.md.
+    codec_call_streams: int = setting(31, "streams per bulk codec call (smaller: a director's first audio waits less)")
     # Word timing (docs/words.md): the aligner behind ``words``, captions and seek by word.
     aligner: str = setting(
         "auto", "word aligner: auto | pocketsphinx | ctc:<hub id or folder> | none (docs/words.md)"

@@ -410,9 +410,13 @@ class Admit:
     engine_take_id: str | None = None
     parent_take: str | None = None
     max_frames: int | None = None
+    # It interrupted the take this socket was streaming (barge-in): the engine admits it with retakes.
+    barge_in: bool = False
 
     def spec(self, reference_codes: np.ndarray | None) -> TakeSpec:
         spec = self.take.engine_spec(reference_codes=reference_codes, prefix_codes=self.prefix_codes)
+        if self.barge_in:
+            spec = dataclasses.replace(spec, barge_in=True)
         if self.engine_take_id is None:
             return spec
         return dataclasses.replace(
@@ -505,6 +509,7 @@ class _Run:
     continuations: int = 0
     text_waits: int = 0  # times it had nothing to say once speaking had begun
     gpu_total_ms: float = 0.0  # of the continuations that finished
+    barge_in: bool = False  # it replaced a take that was streaming (the director cut in): admitted ahead of new takes
 
 
 ClientIntent = StartTake | Seek | Cancel | Ping | AppendText | FlushText | EndOfText
@@ -646,9 +651,11 @@ class DirectingSession:
             # while waiting ends right after that end, before the newest begins.
             if self._pending is not None:
                 self._queued += self._retire(self._pending, EndReason.REPLACED)
+            new.barge_in = True
             self._pending = new
             return []
         if self._phase is Phase.STREAMING:
+            new.barge_in = True
             cur.stop_reason = EndReason.REPLACED
             self._phase = Phase.STOPPING
             self._pending = new
@@ -747,7 +754,8 @@ class DirectingSession:
         if run.feed is not None:
             return [*self._ack(run), *self._next_continuation(run)]
         self._phase = Phase.ADMITTING
-        return [Admit(run.run, run.take, run.prefix_codes)]  # a retake is acknowledged once admitted
+        # A retake is acknowledged once admitted.
+        return [Admit(run.run, run.take, run.prefix_codes, barge_in=run.barge_in)]
 
     def _finish_current(self) -> list[Action]:
         """The current take is over: flush the ends queued behind it, then begin what was pending."""
@@ -803,7 +811,8 @@ class DirectingSession:
             cur.run = self._next_run()
             self._phase = Phase.ADMITTING
             prefix = take.codes if take.n_frames else None
-            return [Admit(cur.run, take, prefix, engine_take_id=engine_id, parent_take=parent, max_frames=budget)]
+            return [Admit(cur.run, take, prefix, engine_take_id=engine_id, parent_take=parent, max_frames=budget,
+                          barge_in=cur.barge_in and cur.continuations == 1)]
         if feed.finished:
             return self._end_fed(cur, EndReason.DONE)
         if cur.continuations:

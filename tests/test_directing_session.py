@@ -130,6 +130,32 @@ def test_start_while_streaming_waits_for_the_replaced_end() -> None:
     assert s.phase is Phase.ADMITTING
 
 
+def test_a_take_that_cut_in_on_a_streaming_socket_asks_the_engine_for_a_barge_in() -> None:
+    """A start or a retake that replaced a streaming take (the director cut in and waits) is flagged ``barge_in`` on
+    its engine request, so the engine admits it with retakes, ahead of queued new takes; a start on an idle socket or
+    one replacing a take still being admitted is an ordinary new take."""
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a"))
+    assert not a.barge_in and not a.spec(None).barge_in  # nothing was streaming
+    (b,) = only(s.handle(StartTake(text="b")), Admit)  # a was still being admitted: it ends at once
+    assert not b.barge_in
+    s.admitted(b.run)
+    s.take_event(b.run, chunk(0))
+    assert s.handle(StartTake(text="c")) == [Stop(b.run, EndReason.REPLACED)]
+    (c,) = only(s.take_event(b.run, TakeFinished(EndReason.REPLACED, 2, 5.0)), Admit)
+    assert c.barge_in and c.spec(None).barge_in and c.spec(None).parent_take is None
+    s.admitted(c.run)
+    s.take_event(c.run, chunk(0))
+    s.handle(Seek(take="t2", frame=2))  # a retake cutting in: flagged too (retakes go first anyway)
+    (r,) = only(s.take_event(c.run, TakeFinished(EndReason.REPLACED, 2, 5.0)), Admit)
+    assert r.barge_in and r.spec(None).parent_take == "t2"
+    s.admitted(r.run)
+    s.take_event(r.run, chunk(2))
+    assert sent(s.take_event(r.run, TakeFinished(EndReason.DONE, 4, 5.0))) == [("end", "t3", "done")]
+    (d,) = s.handle(StartTake(text="d"))
+    assert not d.barge_in  # idle again
+
+
 def test_starts_while_stopping_keep_only_the_newest_and_end_the_others_in_order() -> None:
     s = make_session()
     (a,) = s.handle(StartTake(text="a"))

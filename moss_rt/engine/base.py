@@ -114,6 +114,9 @@ class TakeSpec:
     prefix_codes: np.ndarray | None = None  # [N, 12] int64
     parent_take: str | None = None
     priority: TakePriority = TakePriority.INTERACTIVE
+    # A new take that interrupted its client's streaming take (a ``start`` on a socket that was streaming): the
+    # director is waiting, as for a retake, so it is admitted with retakes, ahead of other queued new takes.
+    barge_in: bool = False
 
     @property
     def start_frame(self) -> int:

@@ -380,6 +380,9 @@ class MossEngine(EngineLifecycle):
                 break
         return worked
 
+    def _count_codec_call(self, priority: bool) -> None:
+        self.metrics.codec_calls.labels("priority" if priority else "bulk").inc()
+
     def _take_done(self, take: Take) -> None:
         with self._admit_lock:
             self._in_system -= 1
@@ -470,6 +473,7 @@ class MossEngine(EngineLifecycle):
             max_pending=CODEC_MAX_PENDING,
             on_done=self._wake.set,  # a take waiting for its last chunk ends on the next round
             on_wait=self.metrics.codec_wait.observe,
+            on_call=self._count_codec_call,
         )
         worker.start()
         self._codec_worker = worker
@@ -500,6 +504,7 @@ class MossEngine(EngineLifecycle):
                 prefill_max_rows=s.prefill_max_rows,
                 prompt_cache=s.prompt_cache,
                 batch_share=min(1.0, max(0.0, s.batch_share)),
+                codec_call_streams=max(1, s.codec_call_streams),
             ),
             on_take_done=self._take_done,
             sync=self._sync,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moss_rt.engine.base import EndReason, TakePriority, TakeSpec, chunk_target
+from moss_rt.engine.base import RAMP_FRAMES, EndReason, TakePriority, TakeSpec, chunk_target
 from moss_rt.engine.channel import TakeChannel
 from moss_rt.generation import N_CODEBOOKS
 
@@ -69,6 +69,16 @@ class Take:
     # Written by the codec worker only: when its first PCM was ready, and why a decode of it failed.
     first_audio: float | None = None
     codec_error: str | None = None
+    # What reached its channel, under ``out_lock`` (the codec worker pushes audio, the scheduler ends takes): ``sent``
+    # frames so far (the prefix counts as sent); ``muted`` once the take's end is decided on a cancel: no audio of it
+    # goes out any more, and the frames it made past ``sent`` are dropped (its end is not held for their decode).
+    sent: int = 0
+    muted: bool = False
+    out_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # A retake whose parent's codec state is still in a running codec call (the parent was cancelled, its end is
+    # out): it opens its own codec state from that parent's kept item once the call is done.
+    codec_after: Retained | None = None
+    kept_item: Retained | None = None  # its own kept caches, while its codec state waits for a call (draining)
     prep_started: float | None = None
     prep_ms: float = 0.0
     paused: bool = False
@@ -88,11 +98,17 @@ class Take:
 
     @property
     def admission_class(self) -> int:
-        """Admission order (lower first): retakes and continuations of interactive takes (a director waits on a
-        take that already streamed), then other interactive takes, then batch work."""
+        """Admission order (lower first): retakes, continuations and barge-in starts of interactive takes (a
+        director waits on a socket that was streaming), then other interactive takes, then batch work."""
         if self.batch:
             return 2
-        return 0 if self.spec.parent_take is not None else 1
+        return 0 if self.spec.parent_take is not None or self.spec.barge_in else 1
+
+    @property
+    def in_ramp(self) -> bool:
+        """Its next chunk is among its first RAMP_FRAMES new frames (first audio and the one-frame chunks after
+        it): what its listener waits on. Counted in frames handed to the codec, never in time."""
+        return self.flushed - self.spec.start_frame < RAMP_FRAMES
 
     @property
     def rebuild_left(self) -> int:
@@ -141,6 +157,10 @@ class Retained:
     codes: np.ndarray  # [frames, 12] frames whose rows are in the cache after the prompt
     codec: KeptBlocks | None = None  # its codec state after its last decoded frame (None: not kept, or given back)
     batch: bool = False  # kept from batch work (evicted first when an interactive take needs room)
+    # Its codec state is still in a running codec call (the take was cancelled and ended at once): ``codec`` is set
+    # (or not, when it cannot be kept) once that call is done; retakes of it wait for that to open their own.
+    codec_pending: bool = False
+    dropped: bool = False  # its caches were given back (evicted): a pending codec state is closed, not kept
 
 
 class RetainedCaches:
