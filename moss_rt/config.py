@@ -111,7 +111,9 @@ class Settings:
     # throughput (each call has a fixed cost). 31 fills the codec's 32-row graph bucket (~20-30 ms at full size on an
     # H200). docs/architecture.md.
     codec_call_streams: int = setting(
-        255, "streams per bulk codec call at most (smaller: a first chunk waits less behind a running call, less throughput)"
+        255,
+        "streams per bulk codec call at most (smaller: a first chunk waits less behind a running call, less "
+        "throughput)",
     )
     # Word timing (docs/words.md): the aligner behind ``words``, captions and seek by word.
     aligner: str = setting(
