@@ -84,7 +84,7 @@ postgresql:
 soak: $(DEV_STAMP)
 	$(PY) -m tests.soak
 
-## Ruff, then mypy (config in pyproject.toml: strict on protocol/, session.py and the engine seam).
+## Ruff, then mypy over the whole package (config in pyproject.toml: strict, except Triton kernel bodies).
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check moss_rt tests bench
 	$(VENV)/bin/mypy

@@ -27,10 +27,11 @@ the retention sweep. A session may be shared read-only through a revocable share
 what every front end stored run in the same serialized transaction as the write they allow, so front ends
 sharing a store enforce the caps together.
 
-A session holds at most ``max_takes`` takes; one more is refused with a clear message (``SessionFull``), never
-dropped silently. Sessions travel as one archive (``export_archive`` / ``import_archive``): a zip with
-``session.json`` (the records), ``takes/<take id>.wav`` (the heard audio, playable anywhere) and
-``takes/<take id>.codes.npy``.
+A session holds at most ``max_session_takes`` takes (``Limits.max_session_takes``); one more is refused with a
+clear message (``SessionFull``), never dropped silently. The records (:class:`StoredTake`, ids, notes, the store's
+refusals) are in :mod:`moss_rt.session_records`, which the archive format shares. Sessions travel as one archive
+(``export_archive`` / ``import_archive``): a zip with ``session.json`` (the records), ``takes/<take id>.wav`` (the
+heard audio, playable anywhere) and ``takes/<take id>.codes.npy``.
 
 Sans-I/O in the aiohttp sense: no event loop, no sockets of its own. Every call blocks on the disk (or the
 database's network); the web layer runs them on worker threads.
@@ -45,17 +46,28 @@ import io
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 import numpy as np
 
-from moss_rt.protocol import FRAME_SAMPLES, N_CODEBOOKS, ErrorCode, Limits, ProtocolError
+from moss_rt.protocol import DEFAULT_LIMITS, FRAME_SAMPLES, N_CODEBOOKS, ErrorCode, Limits, ProtocolError
+from moss_rt.session_archive import ArchiveBounds, unpack_archive, write_archive
+from moss_rt.session_records import (
+    SESSION_ID,
+    TAKE_ID,
+    SessionFull,
+    StorageFull,
+    StoredTake,
+    check_notes,
+    new_session_id,
+    pcm_bytes,
+    short_id,
+)
 from moss_rt.storage import front_ends, session_schema
 from moss_rt.storage.database import Database, Reader, SqliteDatabase, StoreUnavailable, Tx
 from moss_rt.storage.migrations import MigrationContext, migrate
@@ -65,38 +77,12 @@ from moss_rt.voices import _fsync_dir, atomic_write
 log = logging.getLogger(__name__)
 
 ARCHIVE_VERSION = 1  # the archive format (moss_rt/session_archive.py)
-SESSION_ID = re.compile(r"^s_[A-Za-z0-9_-]{16,64}$")
-TAKE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-NOTE_FIELDS = ("title", "starred", "note", "markers")
-MAX_TITLE = 80
-MAX_NOTE = 2000
-MAX_MARKERS = 200
-
 DB_FILE = "sessions.sqlite3"  # the SQLite backend's file, in the root
 STAGING = ".staging"  # imports being unpacked, one folder per front end (moss_rt/storage/front_ends.py)
 # Files without a record younger than this are left alone while another front end may be writing them (a take's
 # files wait for their row a few milliseconds; an import's folder for its rows a few seconds).
 ORPHAN_GRACE_SEC = 15 * 60.0
 CODEBOOK_SIZE = 1024  # the codebook of the MOSS audio tokenizer (and the scripted engine); engines may say otherwise
-
-
-def new_session_id() -> str:
-    return "s_" + secrets.token_urlsafe(18)
-
-
-def short_id(session_id: str) -> str:
-    """A session id as logs show it: enough to tell sessions apart, never enough to open one."""
-    return session_id[:6] + "…"
-
-
-class StorageFull(ProtocolError):
-    """The data dir's budget (or the disk) cannot keep what was asked: HTTP 507 ``insufficient_storage``."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(
-            ErrorCode.INSUFFICIENT_STORAGE,
-            f"not enough storage: {why}; delete takes or sessions you no longer need, or ask the operator for room",
-        )
 
 
 @dataclass(frozen=True)
@@ -109,80 +95,6 @@ class StoreBudget:
     max_bytes_per_client: int = 0  # of the sessions one client address created
     max_take_frames: int = 0  # frames of one take (kept frames of a retake included)
     reserve_free_bytes: int = 256 * 1024 * 1024  # disk space always left free for the rest of the service
-
-
-class SessionFull(ProtocolError):
-    def __init__(self, max_takes: int) -> None:
-        super().__init__(
-            ErrorCode.TOO_LARGE,
-            f"this session already keeps {max_takes} takes, the most one session may; delete takes you no longer "
-            "need (or export the session and start a new one) to record more",
-        )
-
-
-@dataclass
-class StoredTake:
-    """One take of a session as stored: everything needed to list, play, download and retake it."""
-
-    take_id: str
-    # StartTake.to_dict(): the take's own direction and parameters, as asked: ``seed`` only when the director gave
-    # one (the take's seed is ``seed`` either way)
-    request: dict[str, Any]
-    seed: int
-    n_frames: int
-    channels: int
-    parent: str | None = None
-    branch_frame: int = 0  # frames [0, branch_frame) came from the parent
-    reason: str | None = None
-    stats: dict[str, float] = field(default_factory=dict)
-    title: str = ""
-    starred: bool = False
-    note: str = ""
-    markers: list[dict[str, Any]] = field(default_factory=list)  # [{"sample": int, "label": str}]
-    created: float = field(default_factory=time.time)
-    seq: int = 0  # order within the session (assigned by the store)
-
-    def public(self) -> dict[str, Any]:
-        """The record as sent to a client (``resume``) and written to an archive's session.json."""
-        return {**dataclasses.asdict(self), "seed": self.seed}
-
-
-def _check_notes(notes: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in notes.items():
-        if key not in NOTE_FIELDS:
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"unknown take note {key!r}", field=key)
-        if key == "starred":
-            if not isinstance(value, bool):
-                raise ProtocolError(ErrorCode.INVALID_FIELD, "'starred' must be true or false", field=key)
-        elif key == "markers":
-            if not isinstance(value, list) or len(value) > MAX_MARKERS:
-                raise ProtocolError(
-                    ErrorCode.INVALID_FIELD, f"'markers' must be a list of at most {MAX_MARKERS}", field=key
-                )
-            for m in value:
-                if not (
-                    isinstance(m, dict)
-                    and isinstance(m.get("sample"), int)
-                    and m["sample"] >= 0
-                    and isinstance(m.get("label"), str)
-                    and len(m["label"]) <= MAX_TITLE
-                ):
-                    raise ProtocolError(
-                        ErrorCode.INVALID_FIELD, "a marker is {'sample': int >= 0, 'label': short text}", field=key
-                    )
-            value = [{"sample": m["sample"], "label": m["label"]} for m in value]
-        else:
-            limit = MAX_TITLE if key == "title" else MAX_NOTE
-            if not isinstance(value, str) or len(value) > limit:
-                raise ProtocolError(
-                    ErrorCode.INVALID_FIELD, f"{key!r} must be text of at most {limit} characters", field=key
-                )
-        out[key] = value
-    return out
-
-
-check_notes = _check_notes  # the public name (archives check imported notes with it)
 
 
 class SessionStore:
@@ -198,13 +110,13 @@ class SessionStore:
         self,
         root: Path,
         *,
-        max_takes: int = 500,
+        max_session_takes: int = DEFAULT_LIMITS.max_session_takes,
         limits: Limits | None = None,
         budget: StoreBudget | None = None,
         database: Database | None = None,
     ) -> None:
         self.root = Path(root)
-        self.max_takes = max_takes
+        self.max_session_takes = max_session_takes  # takes one session keeps
         self.limits = limits or Limits()
         self.budget = budget or StoreBudget()
         self.front_end = front_ends.new_front_end_id()  # this store's name among those sharing the database
@@ -407,8 +319,8 @@ class SessionStore:
                 f"take {take.take_id} has {take.n_frames} frames; a stored take keeps at most {cap}",
             )
         known = self._take_bytes(self.db, session_id, take.take_id) is not None
-        if not known and self._take_count(self.db, session_id) >= self.max_takes:
-            raise SessionFull(self.max_takes)
+        if not known and self._take_count(self.db, session_id) >= self.max_session_takes:
+            raise SessionFull(self.max_session_takes)
         buf = io.BytesIO()
         np.save(buf, codes, allow_pickle=False)
         nbytes = len(pcm) + buf.tell()
@@ -428,8 +340,8 @@ class SessionStore:
                 if tx.one("SELECT 1 FROM sessions WHERE id = ?", (session_id,)) is None:
                     raise _no_session()  # deleted meanwhile
                 old = self._take_bytes(tx, session_id, take.take_id)
-                if old is None and self._take_count(tx, session_id) >= self.max_takes:
-                    raise SessionFull(self.max_takes)
+                if old is None and self._take_count(tx, session_id) >= self.max_session_takes:
+                    raise SessionFull(self.max_session_takes)
                 grow = nbytes - (old or 0)
                 self._check_bytes(tx, client, grow, on_disk=True)
                 seq = tx.scalar("SELECT COALESCE(MAX(seq), 0) + 1 FROM takes WHERE session_id = ?", (session_id,))
@@ -456,8 +368,8 @@ class SessionStore:
 
     def check_room(self, session_id: str) -> None:
         """Refuse (SessionFull, StorageFull) before a take is generated that the session could not keep."""
-        if self.count(session_id) >= self.max_takes:
-            raise SessionFull(self.max_takes)
+        if self.count(session_id) >= self.max_session_takes:
+            raise SessionFull(self.max_session_takes)
         if self.room(self._client_of(session_id)) <= 0:
             raise StorageFull("the sessions' budget is spent")
 
@@ -474,7 +386,7 @@ class SessionStore:
         The ids are positional-only, so any key a client sends lands in ``notes`` (and is refused there), even
         ``session_id``, ``take_id`` or ``self``. Only the given fields change, so notes written on two front ends
         at once keep both (the same field: the later write)."""
-        checked = _check_notes(notes)
+        checked = check_notes(notes)
         self.get_take(session_id, take_id)
         if checked:
             cols = ", ".join(f"{k} = ?" for k in checked)  # keys are NOTE_FIELDS only, never client text
@@ -568,8 +480,6 @@ class SessionStore:
 
     def write_archive(self, takes: list[StoredTake], session_id: str, out: IO[bytes]) -> None:
         """Write the archive of ``takes`` (from :meth:`exportable_takes`) into ``out`` (need not be seekable)."""
-        from moss_rt.session_archive import write_archive  # the archive format builds on this module's records
-
         write_archive(
             out,
             takes,
@@ -611,12 +521,10 @@ class SessionStore:
         Everything is checked before it is kept (see :mod:`moss_rt.session_archive`); bad archives are 4xx
         ``ProtocolError``, no room is ``StorageFull`` (507), and nothing is left behind either way.
         """
-        from moss_rt.session_archive import ArchiveBounds, unpack_archive
-
         self._check_new_session(self.db, client)  # before any work: the caps are known now
         bounds = ArchiveBounds(
             limits=self.limits,
-            max_takes=self.max_takes,
+            max_session_takes=self.max_session_takes,
             max_take_frames=self.budget.max_take_frames or self.limits.max_new_tokens,
             codebook_size=codebook_size,
             max_unpacked_bytes=(
@@ -837,7 +745,7 @@ def open_session_store(
     setting: str,
     root: Path,
     *,
-    max_takes: int = 500,
+    max_session_takes: int = DEFAULT_LIMITS.max_session_takes,
     limits: Limits | None = None,
     budget: StoreBudget | None = None,
 ) -> SessionStore:
@@ -848,7 +756,7 @@ def open_session_store(
         from moss_rt.storage.postgres import PostgresDatabase  # the optional driver, only when asked for
 
         database = PostgresDatabase(choice.url)
-    store = SessionStore(root, max_takes=max_takes, limits=limits, budget=budget, database=database)
+    store = SessionStore(root, max_session_takes=max_session_takes, limits=limits, budget=budget, database=database)
     log.info("sessions: records in %s, files in %s", store.db.describe(), root)
     return store
 
@@ -867,11 +775,6 @@ def _newest_mtime(folder: Path) -> float:
         for name in (*dirnames, *filenames):
             newest = max(newest, _mtime(Path(dirpath) / name))
     return newest
-
-
-def pcm_bytes(take: StoredTake) -> int:
-    """Bytes of a take's stored audio: int16 samples, FRAME_SAMPLES per frame per channel."""
-    return take.n_frames * FRAME_SAMPLES * take.channels * 2
 
 
 def _codes_file_ok(path: Path, n_frames: int) -> bool:

@@ -14,14 +14,14 @@ from moss_rt.protocol import AppendText, Cancel, EndOfText, ErrorCode, Ping, Pro
 from moss_rt.session import (
     Action,
     Admit,
-    DirectingSession,
     FinishAudio,
     Phase,
+    RecentTakes,
     Replay,
     SendAudio,
     SendMessage,
     Stop,
-    TakeStore,
+    TakeLifecycle,
 )
 
 
@@ -33,11 +33,11 @@ class Clock:
         return self.t
 
 
-def make_session(**kwargs: object) -> DirectingSession:
+def make_session(**kwargs: object) -> TakeLifecycle:
     ids = (f"t{i}" for i in itertools.count())
     seeds = itertools.count(1000)
-    return DirectingSession(
-        TakeStore(),
+    return TakeLifecycle(
+        RecentTakes(),
         id_factory=lambda: next(ids),
         seed_factory=lambda: next(seeds),
         clock=Clock(),
@@ -67,7 +67,7 @@ def chunk(first: int, n: int = 2) -> AudioChunk:
     return AudioChunk(first, codes, b"\x01\x00" * 3840 * n)
 
 
-def stream(s: DirectingSession, run: int, frames: int = 4, reason: EndReason = EndReason.DONE) -> list[Action]:
+def stream(s: TakeLifecycle, run: int, frames: int = 4, reason: EndReason = EndReason.DONE) -> list[Action]:
     """Admission succeeds, the engine sends ``frames`` frames and ends with ``reason``."""
     actions = s.admitted(run)
     actions += s.take_event(run, TakeFirstAudio(3.0))
@@ -416,7 +416,7 @@ def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -
 def test_a_session_bound_to_a_store_keeps_every_ended_take_before_its_end_goes_out() -> None:
     from moss_rt.session import Keep, TakeRecord, TakeStatus
 
-    s = make_session(max_takes=2)
+    s = make_session(max_takes_kept=2)
     s.keep_takes(500)  # resume: takes stay until deleted, not the connection's bounded history
     ends: list[tuple[int, int]] = []  # (index of the Keep, index of the end) per take
     for n in range(4):
@@ -427,7 +427,7 @@ def test_a_session_bound_to_a_store_keeps_every_ended_take_before_its_end_goes_o
         assert actions[keep].take is admit.take and actions[keep].take.n_frames == 4
         ends.append((keep, end))
     assert all(k < e for k, e in ends)
-    assert len(s.history.takes) == 4  # none forgotten at max_takes=2
+    assert len(s.history.takes) == 4  # none forgotten at max_takes_kept=2
 
     # A take of the session from an earlier connection: adopted, then retaken from its stored codes.
     old = TakeRecord("t_old", StartTake(text="stored", seed=42))

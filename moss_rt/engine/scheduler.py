@@ -62,7 +62,7 @@ from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prefill_pace import MIN_ROWS_PER_PASS
 from moss_rt.engine.prompt_cache import Match, PromptCache
 from moss_rt.engine.prompts import frames_room
-from moss_rt.engine.slots import Phase, Retained, RetainedCaches, Take
+from moss_rt.engine.slots import CacheReuse, CodecSource, Phase, Retained, RetainedCaches, Take
 from moss_rt.generation import N_CODEBOOKS
 
 if TYPE_CHECKING:
@@ -76,10 +76,12 @@ log = logging.getLogger(__name__)
 REBUILD_CHUNK_FRAMES = 8
 DEFAULT_BATCH_SHARE = 0.5  # slots and KV blocks batch work may hold at most (interactive takes keep the rest)
 # Streams in one bulk codec call (steady chunks, batch work): a director's first chunk, in the priority lane, waits
-# for at most the call running when it came. 31 streams (the 32-row graph bucket with its padding row) of 8 frames
-# take about 20-30 ms at full size on an H200 (64 took 25-63 ms by age); fewer, shorter calls cost throughput (each
-# call has a fixed cost), more make the wait longer. Settings.codec_call_streams.
-DEFAULT_CODEC_CALL_STREAMS = 31
+# for at most the call running when it came. Measured on an H200 (bench/RESULTS.md, "Directing at scale"): 31-stream
+# calls (the 32-row graph bucket) took the aggregate at 128 streams from 369x to 318x (codec 16.9 -> 24.8 ms a step)
+# and gave the directors nothing measurable (64 in a burst: retakes 594 / 762 ms with 31, 543 / 772 with no split).
+# So by default a round's chunks of one length go in one call, as before; lower it (Settings.codec_call_streams) to
+# trade render throughput for a shorter wait behind a running call.
+DEFAULT_CODEC_CALL_STREAMS = 255
 # While interactive takes are about (waiting, preparing, streaming), a prefill pass holding only batch work's rows
 # has at most this share of stream_rows: a director arriving during one waits for less (renders prefill a little
 # slower). A pass with an interactive take's rows holds no batch rows at all.
@@ -402,7 +404,6 @@ class Scheduler:
             return False
         take.phase = Phase.PREPARING
         take.prep_started = time.monotonic()
-        take.capped_by_cache = n + spec.max_frames > frames_left
         take.blocks_promised = need
         take.frames = take.flushed = take.sent = n
         take.codes = list(prefix)
@@ -413,11 +414,11 @@ class Scheduler:
             # The parent's cache holds prompt + its frames: share its blocks up to frame n.
             runner.attach(take.model_slot, kept.blocks, shared)
             take.prefilled = len(prompt)
-            take.reuse_path = "share"
+            take.reuse_path = CacheReuse.SHARE
             if not runner.reserve(take.model_slot, take.positions, shared):  # pragma: no cover
                 raise RuntimeError("the KV pool could not keep its promise")  # _room_for checked it
         else:
-            take.reuse_path = "reprefill" if n else "fresh"
+            take.reuse_path = CacheReuse.REPREFILL if n else CacheReuse.FRESH
             take.prompt_keys = keys
             assert match is not None
             # _room_for made the room this needs (PoolExhausted here would be a bookkeeping bug).
@@ -433,9 +434,9 @@ class Scheduler:
             take.codec_after = kept  # its codec state opens once the parent's running codec call is done
         else:
             take.decoder = self._open_codec_state(take, kept if codec_share else None)
-            self.metrics.codec_states.labels(take.codec_source).inc()
+            self.metrics.codec_states.labels(take.codec_source.value).inc()
         if n:
-            self.metrics.seeks.labels(take.reuse_path).inc()
+            self.metrics.seeks.labels(take.reuse_path.value).inc()
         return True
 
     def _can_resume_codec(self, kept: Retained, prefix: np.ndarray) -> bool:
@@ -459,9 +460,9 @@ class Scheduler:
             log.warning("codec state pools full although every kept state was given back")
         if kept is not None and kept.codec is not None and self.decoder.can_resume(kept.codec, n):
             state = self.decoder.resume(kept.codec, n, max_frames=cap)
-            take.rebuilt, take.codec_source = n, "shared"
+            take.rebuilt, take.codec_source = n, CodecSource.SHARED
             return state
-        take.rebuilt, take.codec_source = 0, ("rebuilt" if n else "fresh")
+        take.rebuilt, take.codec_source = 0, (CodecSource.REBUILT if n else CodecSource.FRESH)
         return self.decoder.new_state(max_frames=cap)
 
     def _open_deferred(self) -> None:
@@ -482,7 +483,7 @@ class Scheduler:
                 log.warning("take %s could not open its codec state: %s", take.take_id, exc)
                 self._fail_preparing(take, f"codec state unavailable: {exc}")
                 continue
-            self.metrics.codec_states.labels(take.codec_source).inc()
+            self.metrics.codec_states.labels(take.codec_source.value).inc()
 
     @staticmethod
     def _can_truncate(kept: Retained, prompt: np.ndarray, prefix: np.ndarray) -> bool:
@@ -683,8 +684,8 @@ class Scheduler:
                 per_call = self._call_streams(frames)
                 for at in range(0, len(group), per_call):
                     members = group[at : at + per_call]
-                    items = [_Chunk(t, t.decoder, t.rebuilt, t.codes_array(t.rebuilt, t.rebuilt + frames))
-                             for t in members]
+                    items = [_Chunk(t, state, t.rebuilt, t.codes_array(t.rebuilt, t.rebuilt + frames))
+                             for t in members if (state := t.decoder) is not None]
                     if note_call is not None:
                         note_call([c.codes for c in items])  # counted on this thread, like the streamed chunks
                     calls.append(self._codec_call(self._rebuild_on_worker, items))
@@ -825,9 +826,9 @@ class Scheduler:
         one-frame chunks after it) as one call in the priority lane, the rest in bulk calls of equal chunk lengths
         and at most ``codec_call_streams`` streams each (one hand-over)."""
         chunks = [
-            _Chunk(t, t.decoder, t.flushed, t.codes_array(t.flushed, t.frames), priority=not t.batch and t.in_ramp)
+            _Chunk(t, state, t.flushed, t.codes_array(t.flushed, t.frames), priority=not t.batch and t.in_ramp)
             for t in takes
-            if t.pending > 0 and t.decoder is not None and t.codec_error is None
+            if t.pending > 0 and (state := t.decoder) is not None and t.codec_error is None
         ]
         if not chunks:
             return
@@ -1030,7 +1031,7 @@ class _Chunk:
     take's ramp chunk; ``withdrawn``: its take was cancelled before the call started (a padding row in its place)."""
 
     take: Take
-    state: DecoderState | None
+    state: DecoderState
     first_frame: int
     codes: np.ndarray
     priority: bool = False

@@ -39,6 +39,22 @@ class Phase(enum.Enum):
     RUNNING = "running"  # stepping frame by frame
 
 
+class CacheReuse(enum.StrEnum):
+    """Where a take's model cache came from (``moss_rt_seeks_total{path}`` counts retakes by it)."""
+
+    FRESH = "fresh"  # prefilled (or taken from the prompt cache) like any new take
+    SHARE = "share"  # a retake sharing its parent's cache blocks up to its branch frame: nothing prefilled
+    REPREFILL = "reprefill"  # a retake whose prompt changed: prefilled again from its first changed row on
+
+
+class CodecSource(enum.StrEnum):
+    """How a take's codec streaming state began (``moss_rt_codec_states_total{source}``)."""
+
+    FRESH = "fresh"  # a new stream
+    SHARED = "shared"  # the parent's kept blocks, copy on write (a retake)
+    REBUILT = "rebuilt"  # the kept frames decoded again (the parent's ring no longer held them, or stored codes)
+
+
 @dataclass
 class Take:
     """One take as the worker sees it. Frame numbers count from the start of the take (prefix included)."""
@@ -56,11 +72,10 @@ class Take:
     prompt_keys: PromptKeys | None = None  # what the prompt cache names prompt_rows' blocks by (None: not used)
     waits_for: str | None = None  # the preparing take computing this take's next prompt block right now
     rebuilt: int = 0  # prefix frames already handed to the codec state (shared, or in rebuild calls)
-    codec_source: str = "fresh"  # how its codec state began: fresh | shared (the parent's blocks) | rebuilt
+    codec_source: CodecSource = CodecSource.FRESH  # how its codec state began
     blocks_promised: int = 0  # KV blocks its admission reserved (what a batch take counts against its share)
     frames: int = 0  # frames of the take so far (the next frame's index)
     frame_cap: int = 0  # total frames allowed (prefix + max_new_tokens, bounded by the cache)
-    capped_by_cache: bool = False
     codes: list[np.ndarray] = field(default_factory=list)  # every frame [12] of the take, prefix included
     flushed: int = 0  # frames handed to the codec (the prefix counts as sent)
     # The codec worker's call holding the take's latest frames: the take ends (its codec state closed, its end
@@ -82,7 +97,7 @@ class Take:
     prep_started: float | None = None
     prep_ms: float = 0.0
     paused: bool = False
-    reuse_path: str = "fresh"  # fresh | share (the parent's cache blocks) | reprefill
+    reuse_path: CacheReuse = CacheReuse.FRESH  # where its model cache came from
     retain_key: np.ndarray | None = None  # the prompt rows proper: a retake may reuse this cache if equal
     ending: EndReason | None = None  # set when the take must end after its last chunk is flushed
     error: str | None = None

@@ -55,7 +55,8 @@ from moss_rt.scripts.store import (
 from moss_rt.scripts.timeline import Timeline
 from moss_rt.scripts.words import LineWords
 from moss_rt.session import new_take_id, random_seed
-from moss_rt.session_store import SessionStore, StorageFull, StoredTake, short_id
+from moss_rt.session_records import StorageFull, StoredTake, short_id
+from moss_rt.session_store import SessionStore
 from moss_rt.storage.database import StoreUnavailable
 from moss_rt.web.state import ServiceState
 
@@ -259,8 +260,8 @@ class ScriptService:
         cues = script.cues
         created = session_id is None
         if session_id is None:
-            if len(cues) > self.sessions.max_takes:
-                raise self._no_room_for(len(cues), self.sessions.max_takes)
+            if len(cues) > self.sessions.max_session_takes:
+                raise self._no_room_for(len(cues), self.sessions.max_session_takes)
             if await asyncio.to_thread(self.sessions.room, client) <= 0:
                 raise StorageFull("the sessions' budget for this client is spent")
             # The session caps (max_sessions: 507, max_sessions_per_client: 429) apply as to any new session.
@@ -269,7 +270,7 @@ class ScriptService:
             await asyncio.to_thread(self.sessions.check_access, session_id, owner)
         try:
             count = await asyncio.to_thread(self.sessions.count, session_id)  # not_found if deleted meanwhile
-            room = self.sessions.max_takes - count - self._takes_to_come(session_id)
+            room = self.sessions.max_session_takes - count - self._takes_to_come(session_id)
             if len(cues) > room:
                 raise self._no_room_for(len(cues), room)
             await asyncio.to_thread(self.sessions.check_room, session_id)  # 507 once the storage budget is spent
@@ -310,7 +311,7 @@ class ScriptService:
         return ProtocolError(
             ErrorCode.TOO_LARGE,
             f"the script has {lines} lines but the session has room for {max(0, room)} more takes"
-            f" (a session keeps {self.sessions.max_takes}: max_session_takes); use a new session or split the"
+            f" (a session keeps {self.sessions.max_session_takes}: max_session_takes); use a new session or split the"
             " script",
             field="session",
         )

@@ -16,7 +16,7 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SEQ_LEN
 from moss_rt.heard_audio import HeardAudio
-from moss_rt.session import TakeStore
+from moss_rt.session import RecentTakes
 from moss_rt.session_store import SessionStore, StoreBudget, check_store_setting, open_session_store
 from moss_rt.voices import VoiceStore
 from moss_rt.web.access_log import RedactingAccessLogger
@@ -81,7 +81,7 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
         settings=settings,
         engine=engine,
         voices=voices,
-        takes=TakeStore(),
+        takes=RecentTakes(),
         sessions=None,  # opened when the application starts (_sessions_lifecycle)
         owner_cookies=None,
         archive_slots=ArchiveSlots(settings.max_concurrent_archives),
@@ -178,7 +178,7 @@ def session_store(settings: Settings) -> SessionStore:
     return open_session_store(
         settings.session_store,
         settings.session_files_dir,
-        max_takes=limits.max_session_takes,
+        max_session_takes=limits.max_session_takes,
         limits=limits,
         budget=budget,
     )

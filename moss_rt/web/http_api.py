@@ -26,10 +26,9 @@ from moss_rt.web.errors import busy_response, error_response, protocol_error_res
 from moss_rt.web.format_download import send_encoded, wants_other_format
 from moss_rt.web.http_take import admit_http_take
 from moss_rt.web.openapi import openapi_document
-from moss_rt.web.owners import owner_or_mint, set_owner_cookie
+from moss_rt.web.owners import owner_or_mint, set_owner_cookie, voice_owner
 from moss_rt.web.security import bearer, is_authorized, issue_token, same_secret, unauthorized
 from moss_rt.web.state import STATE
-from moss_rt.web.voices_api import voice_owner
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -170,14 +169,16 @@ async def service_info(request: web.Request) -> web.Response:
             "default_model": info.default_model,
             "demo": info.demo,
             "device": info.device,
-            "details": info.details,
-            "ready": state.engine.info.ready,
+            "status": info.status.value,
+            # details.status: the same status, where clients read it before it had its own field.
+            "details": {**info.details, "status": info.status.value},
+            "ready": info.ready,
             "sr": SAMPLE_RATE,
             "limits": state.settings.limits.to_dict(),
             # The engine's start-up memory plan (slots x positions and where the memory goes), once made.
-            "memory_plan": plan.as_dict() if (plan := getattr(state.engine, "memory_plan", None)) else None,
+            "memory_plan": None if info.memory_plan is None else info.memory_plan.as_dict(),
             # Cluster mode: one entry per engine replica (docs/cluster.md).
-            **({"replicas": list(info.replicas)} if info.replicas else {}),
+            **({"replicas": [r.to_dict() for r in info.replicas]} if info.replicas else {}),
         }
     )
 
@@ -193,7 +194,7 @@ async def readyz(request: web.Request) -> web.Response:
     info = state.engine.info
     # Cluster mode: ready while at least one replica is; the counts say how many.
     extra = (
-        {"replicas": len(info.replicas), "replicas_ready": sum(bool(r.get("ready")) for r in info.replicas)}
+        {"replicas": len(info.replicas), "replicas_ready": sum(r.ready for r in info.replicas)}
         if info.replicas
         else {}
     )

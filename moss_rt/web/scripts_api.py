@@ -37,7 +37,7 @@ from moss_rt.scripts.format import Script, ScriptError, parse_cast, parse_json_s
 from moss_rt.scripts.job import Job
 from moss_rt.scripts.service import ScriptService
 from moss_rt.scripts.store import SCRIPT_ID_PATTERN
-from moss_rt.session_store import SESSION_ID
+from moss_rt.session_records import SESSION_ID
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.format_download import wants_other_format
 from moss_rt.web.http_api import expect_within_limit, read_body_limited, write_or_drop

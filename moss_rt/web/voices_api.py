@@ -13,15 +13,12 @@ from aiohttp import web
 from moss_rt.protocol import ErrorCode, ProtocolError
 from moss_rt.voices import REF_ID_PATTERN, Voice
 from moss_rt.web.errors import error_response, protocol_error_response
+from moss_rt.web.http_api import read_json_request
+from moss_rt.web.owners import voice_owner
 from moss_rt.web.security import bearer, same_secret
 from moss_rt.web.state import STATE
 
 routes = web.RouteTableDef()
-
-
-def voice_owner(request: web.Request) -> str:
-    """The owner a request's uploads get and its deletes must match: the client's address."""
-    return request.remote or "unknown"
 
 
 def is_admin(request: web.Request) -> bool:
@@ -77,8 +74,6 @@ async def delete_voice(request: web.Request) -> web.Response:
 async def rename_voice(request: web.Request) -> web.Response:
     """Rename an uploaded voice (its owner or the admin): a JSON object ``{"name": "..."}`` (1-64 characters
     without control characters, trimmed); any other key is refused. Answers the voice as listed."""
-    from moss_rt.web.http_api import read_json_request  # http_api imports this module (voice_owner)
-
     voice_id = request.match_info["voice_id"]
     if not REF_ID_PATTERN.match(voice_id):
         return error_response(ErrorCode.NOT_FOUND, "only uploaded voices (ref_…) can be renamed", field="voice")

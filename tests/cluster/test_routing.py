@@ -81,9 +81,9 @@ def test_single_process_mode_never_imports_ray() -> None:
     """`make run` needs no Ray: building the app and its engine without --cluster imports none of it."""
     code = (
         "import sys\n"
-        "from moss_rt.cli import build_engine\n"
+        "from moss_rt.serving import build_engine\n"
         "from moss_rt.config import Settings\n"
-        "from moss_rt.web import create_app\n"
+        "from moss_rt.web.app import create_app\n"
         "create_app(Settings(engine='scripted'), build_engine(Settings(engine='scripted')))\n"
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'moss_rt.cluster'))))\n"
     )

@@ -32,7 +32,7 @@ import moss_rt.session_store as store_module
 from moss_rt.session_store import SessionStore
 
 root, source, where = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-store = SessionStore(root, max_takes=200)
+store = SessionStore(root, max_session_takes=200)
 
 def die():
     os.kill(os.getpid(), signal.SIGKILL)

@@ -13,7 +13,8 @@ from typing import Any
 import requests
 
 from moss_rt.protocol import Limits
-from moss_rt.session_store import SessionStore, StoreBudget, StoredTake
+from moss_rt.session_records import StoredTake
+from moss_rt.session_store import SessionStore, StoreBudget
 from tests.helpers import OwnerJar, error_of, run, wait_until
 from tests.reliability.archives import valid_archive
 

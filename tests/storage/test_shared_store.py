@@ -15,7 +15,8 @@ import pytest
 
 from moss_rt.protocol import ErrorCode, ProtocolError
 from moss_rt.scripts.store import LeaseLost, new_script_id
-from moss_rt.session_store import ORPHAN_GRACE_SEC, STAGING, SessionFull, StorageFull, StoreBudget
+from moss_rt.session_records import SessionFull, StorageFull
+from moss_rt.session_store import ORPHAN_GRACE_SEC, STAGING, StoreBudget
 from tests.storage.conftest import StoreBackend
 from tests.test_session_store import make_take
 
@@ -67,7 +68,7 @@ def test_concurrent_writers_on_two_front_ends_lose_nothing(store_backend: StoreB
 
 def test_caps_hold_across_front_ends(store_backend: StoreBackend) -> None:
     budget = StoreBudget(max_sessions=3, reserve_free_bytes=0)
-    a, b = store_backend.open(max_takes=5, budget=budget), store_backend.open(max_takes=5, budget=budget)
+    a, b = (store_backend.open(max_session_takes=5, budget=budget) for _ in range(2))
     sid = a.create()
 
     def fill(store: Any, prefix: str) -> Callable[[], list[str]]:

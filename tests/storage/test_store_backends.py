@@ -14,7 +14,8 @@ import pytest
 from moss_rt.protocol import ErrorCode, Limits, ProtocolError, StartTake
 from moss_rt.scripts.store import MIGRATIONS as SCRIPT_MIGRATIONS
 from moss_rt.scripts.store import new_script_id
-from moss_rt.session_store import SessionFull, SessionStore, StorageFull, StoreBudget
+from moss_rt.session_records import SessionFull, StorageFull
+from moss_rt.session_store import SessionStore, StoreBudget
 from moss_rt.storage import session_schema
 from moss_rt.storage.database import StoreConfigError
 from moss_rt.storage.migrations import version
@@ -84,7 +85,7 @@ def test_owners_shares_and_unknown_ids(store_backend: StoreBackend) -> None:
 
 def test_quotas_takes_sessions_and_bytes(store_backend: StoreBackend) -> None:
     budget = StoreBudget(max_sessions=3, max_sessions_per_client=2, max_bytes_per_client=MB, reserve_free_bytes=0)
-    store = store_backend.open(max_takes=2, budget=budget)
+    store = store_backend.open(max_session_takes=2, budget=budget)
     sid = store.create(client="10.0.0.1")
     store.put_take(sid, *make_take("t_a", 2))
     store.put_take(sid, *make_take("t_b", 2))
