@@ -110,7 +110,11 @@ class Settings:
     # (the codec's priority lane) waits for at most one short call; fewer streams a call: shorter waits, less codec
     # throughput (each call has a fixed cost). 31 fills the codec's 32-row graph bucket (~20-30 ms at full size on an
     # H200). docs/architecture.md.
-    codec_call_streams: int = setting(31, "streams per bulk codec call (smaller: a director's first audio waits less)")
+    codec_call_streams: int = setting(
+        255,
+        "streams per bulk codec call at most (smaller: a first chunk waits less behind a running call, less "
+        "throughput)",
+    )
     # Word timing (docs/words.md): the aligner behind ``words``, captions and seek by word.
     aligner: str = setting(
         "auto", "word aligner: auto | pocketsphinx | ctc:<hub id or folder> | none (docs/words.md)"

@@ -77,7 +77,9 @@ class StoredTake:
     """
 
     take_id: str
-    request: dict[str, Any]  # StartTake.to_dict(): the take's own direction and parameters
+    # StartTake.to_dict(): the take's own direction and parameters, as asked: ``seed`` only when the director gave
+    # one (the take's seed is ``seed`` either way)
+    request: dict[str, Any]
     seed: int
     n_frames: int
     channels: int

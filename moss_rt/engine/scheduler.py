@@ -76,10 +76,12 @@ log = logging.getLogger(__name__)
 REBUILD_CHUNK_FRAMES = 8
 DEFAULT_BATCH_SHARE = 0.5  # slots and KV blocks batch work may hold at most (interactive takes keep the rest)
 # Streams in one bulk codec call (steady chunks, batch work): a director's first chunk, in the priority lane, waits
-# for at most the call running when it came. 31 streams (the 32-row graph bucket with its padding row) of 8 frames
-# take about 20-30 ms at full size on an H200 (64 took 25-63 ms by age); fewer, shorter calls cost throughput (each
-# call has a fixed cost), more make the wait longer. Settings.codec_call_streams.
-DEFAULT_CODEC_CALL_STREAMS = 31
+# for at most the call running when it came. Measured on an H200 (bench/RESULTS.md, "Directing at scale"): 31-stream
+# calls (the 32-row graph bucket) took the aggregate at 128 streams from 369x to 318x (codec 16.9 -> 24.8 ms a step)
+# and gave the directors nothing measurable (64 in a burst: retakes 594 / 762 ms with 31, 543 / 772 with no split).
+# So by default a round's chunks of one length go in one call, as before; lower it (Settings.codec_call_streams) to
+# trade render throughput for a shorter wait behind a running call.
+DEFAULT_CODEC_CALL_STREAMS = 255
 # While interactive takes are about (waiting, preparing, streaming), a prefill pass holding only batch work's rows
 # has at most this share of stream_rows: a director arriving during one waits for less (renders prefill a little
 # slower). A pass with an interactive take's rows holds no batch rows at all.

@@ -73,7 +73,7 @@ function buildLocalComp(title) {
 
 export function initComp() {
   takeEvents.on('removed', (take) => { comp = comp.filter((g) => g.take !== take); renderComp(); });
-  for (const ev of ['notes', 'numbered']) takeEvents.on(ev, () => { if (comp.length) renderComp(); });   // it names takes
+  for (const ev of ['notes', 'numbered']) takeEvents.on(ev, () => { if (comp.length) renderComp(); });   // the list names takes
   $('compAdd').addEventListener('click', addToComp);
   $('compBuild').addEventListener('click', buildComp);
   $('compClear').addEventListener('click', () => { comp = []; renderComp(); });

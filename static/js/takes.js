@@ -4,12 +4,15 @@
  * shared; each part of it has one writer:
  *   takes.js     key, n, name, numbered (and the id index: setTakeId)
  *   director.js  id, req, seed, model, status, pcm while it streams, conn, end, parent, spliceSample/Frame,
- *                isRetake, tailSplice, muted, cancelling, dropped, stored, discarded, mismatch, and its timings
- *                (sentAt, startAt, firstPcmAt, ttfaClient, lastPcmAt, endAt, gpuFirstMs)
+ *                isRetake, tailSplice, muted, cancelling, dropped, stored, discarded, mismatch, streamText,
+ *                firstChunks (frames per message), and its timings (sentAt, startAt, firstPcmAt, ttfaClient,
+ *                lastPcmAt, endAt, gpuFirstMs)
  *   sessions.js  the same for takes that come back from the session (and their audio when it loads)
- *   playback.js  what the director heard of it: heardMs, heardSamples, underruns
+ *   playback.js  what the director heard of it: heardMs, heardAtMs, prerollMs, heardSamples, underruns
  *   editor.js    the director's notes: title, starred, note, markers (then notesChanged)
  *   sessions.js  kind, parts, crossfade, hasCodes of a splice or comp the session keeps (createEdit)
+ *   deletes.js   deleting (deleted, still undoable: views hide it)
+ *   typing.js    req.text of a take fed with text as it is typed (what was sent so far)
  *   director.js (region splices) and comp.js (comps) make local takes whole, through addLocalTake, when the
  *                service keeps no session
  * Writers tell the others through takeEvents:
@@ -19,6 +22,7 @@
 import { createEmitter } from './events.js';
 import { conn } from './connection.js';
 import { current as currentPlay, stopPlayback } from './playback.js';
+import { takeTitle } from './util.js';
 
 const list = [];
 const byKey = new Map();
@@ -45,7 +49,7 @@ export function pinTakes(pred) { pins.push(pred); }
 /* The service keeps a session of up to n takes: hold at least that many. */
 export function holdAtLeast(n) { keepAtLeast = n || 0; }
 
-export function takeTitle(t) { return t.title ? t.title + ' (' + t.name + ')' : t.name; }
+export { takeTitle };
 /* A splice's or comp's source, by name: "Keeper (Take 2)", or "Take 2 (deleted)" once it left the session. */
 export function partTitle(p) { const t = p.take && byId.get(p.take); return t ? takeTitle(t) : 'Take ' + p.number + ' (deleted)'; }
 /* Whether the service still holds the take on this connection (so replay, retake and its download work). */
