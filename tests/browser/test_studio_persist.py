@@ -29,6 +29,7 @@ from tests.browser.helpers import (
     shot,
     takes,
     wait_playback_drained,
+    wait_session,
     wait_take_ended,
 )
 from tests.helpers import free_port
@@ -97,11 +98,7 @@ def test_a_kept_tail_splice_and_a_named_comp_survive_a_reload_a_restart_and_an_a
             pg.wait_for_function("window.studio.takes().some((t) => t.kind === 'comp' && t.loaded)", timeout=20_000)
             assert pg.evaluate("window.studio.selected") == by_kind(pg)["comp"]["key"]
             pg.fill("#takeName", "Opening comp")
-            pg.wait_for_function(
-                f"fetch('/api/sessions/' + window.studio.session).then((r) => r.json())"
-                f".then((b) => b.takes.some((t) => t.kind === 'comp' && t.title === 'Opening comp'))",
-                timeout=10_000,
-            )
+            wait_session(pg, "b.takes.some((t) => t.kind === 'comp' && t.title === 'Opening comp')")
             made = by_kind(pg)
             splice, comp = made["splice"], made["comp"]
             assert (splice["number"], comp["number"]) == (4, 5) and splice["name"] == "Take 4"
@@ -208,11 +205,7 @@ def test_a_deleted_take_leaves_the_others_their_numbers_after_a_reload(
             five = takes(pg)[4]
             pg.evaluate(f"window.studio.select('{five['key']}')")
             press("#takeDelete")  # hidden at once, deleted from the session when its Undo time is over
-            pg.wait_for_function(
-                "fetch('/api/sessions/' + window.studio.session).then((r) => r.json())"
-                ".then((b) => b.takes.length === 5)",
-                timeout=20_000,
-            )
+            wait_session(pg, "b.takes.length === 5", timeout=20_000)
             assert [t["name"] for t in takes(pg)] == ["Take 1", "Take 2", "Take 3", "Take 4", "Take 6"]
 
             pg.reload()
