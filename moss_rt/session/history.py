@@ -125,11 +125,14 @@ class TakeHistory:
         session keeps (``max_session_takes``)."""
         self._max_takes_kept = max(self._max_takes_kept, max_session_takes)
 
-    def adopt(self, take: TakeRecord) -> None:
+    def adopt(self, take: TakeRecord, *, shared: bool = True) -> None:
         """An ended take of this session from an earlier connection (or before a restart), rebuilt from its stored
-        codes: replayable and retakeable like one made here (a retake rebuilds the cache from the codes)."""
+        codes: replayable and retakeable like one made here (a retake rebuilds the cache from the codes).
+
+        ``shared`` False keeps it out of the service's recent takes (downloads and captions by take id): a splice
+        or comp, whose audio is not its codes' decoding, is downloaded from its session."""
         take.status = TakeStatus.ENDED
-        self._remember(take)
+        self._remember(take, shared=shared)
 
     def record_chunk(self, take: TakeRecord, first_frame: int, codes: np.ndarray) -> None:
         take.append(first_frame, codes)
@@ -141,9 +144,10 @@ class TakeHistory:
         if self.running is take:
             self.running = None
 
-    def _remember(self, take: TakeRecord) -> None:
+    def _remember(self, take: TakeRecord, *, shared: bool = True) -> None:
         self._history[take.take_id] = take
-        self._recent.add(take, self._client)
+        if shared:
+            self._recent.add(take, self._client)
         while len(self._history) > self._max_takes_kept:
             for take_id, old in self._history.items():
                 if old.status is not TakeStatus.RUNNING:

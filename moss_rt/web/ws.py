@@ -30,7 +30,9 @@ from moss_rt.engine.base import EngineBusy, TakeHandle
 from moss_rt.protocol import (
     AUDIO_FORMATS,
     AUDIO_SAMPLE_RATES,
+    UNSET,
     ClientMessage,
+    Discard,
     ErrorCode,
     ErrorMessage,
     ProtocolError,
@@ -39,6 +41,7 @@ from moss_rt.protocol import (
     ServerMessage,
     SessionResumed,
     StartTake,
+    TakeStored,
     Words,
     decode_client_binary,
     decode_client_text,
@@ -56,8 +59,9 @@ from moss_rt.session import (
     TakeRecord,
     TakeStatus,
     WordsCheckpoint,
+    bytes_per_frame,
 )
-from moss_rt.session_records import StoredTake, short_id
+from moss_rt.session_records import StoredTake, TakeKind, short_id
 from moss_rt.web.audio_out import AudioOuts
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
@@ -141,6 +145,10 @@ class Connection:
         self._link = Link.OPEN
         self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
         self._keeps_on_close: list[TakeRecord] = []  # takes the client's leaving cut off, stored by close()
+        # Splices and comps of the bound session adopted for retakes and replays: their audio is their stored PCM,
+        # not their codes' decoding (moss_rt/splices.py), held as heard before either (_edit_audio_for_seek).
+        self._edits: set[str] = set()
+        self._unkept: set[str] = set()  # running takes the client discarded: not kept when they end (discard)
         self.owner: str | None = None  # who the connection acts as for stored sessions (moss_rt/web/owners.py)
         # Takes that asked for ``words``: their word aligners (by take id).
         self._words: dict[str, TakeWords] = {}
@@ -221,7 +229,7 @@ class Connection:
         for action in self.lifecycle.close():
             if isinstance(action, Stop):
                 self._stop(action)
-            else:
+            elif action.take.take_id not in self._unkept:
                 self._keeps_on_close.append(action.take)
 
     # -- performing the lifecycle's actions -----------------------------------------------
@@ -484,10 +492,15 @@ class Connection:
             if isinstance(msg, Resume):
                 await self._resume(msg)
                 return
+            if isinstance(msg, Discard):
+                self._discard(msg.take)
+                return
             if (isinstance(msg, StartTake) and msg.words) or (isinstance(msg, Seek) and msg.words):
                 require_aligner(self.state)
             if isinstance(msg, Seek) and msg.word is not None:
                 await self._words_for_seek(msg)
+            if isinstance(msg, Seek) and msg.take in self._edits:
+                await self._edit_audio_for_seek(msg.take)
             if isinstance(msg, StartTake) or (isinstance(msg, Seek) and msg.mode == "retake"):
                 await self._check_session_room()
             await self._perform(self.lifecycle.handle(msg))
@@ -523,7 +536,7 @@ class Connection:
         codebook = self.state.engine.info.codebook_size
         held = {t.take_id for t in self.lifecycle.history.takes}
         for record in stored:
-            if record.take_id in held:
+            if record.take_id in held or not record.has_codes:  # audio only: played and downloaded from the session
                 continue
             try:
                 codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
@@ -543,14 +556,37 @@ class Connection:
             )  # fmt: skip
             take.append(0, codes)
             take.words = await self._stored_words(session_id, record.take_id)
-            self.lifecycle.history.adopt(take)  # a retake of it rebuilds the model state from these codes
+            edit = record.kind != TakeKind.TAKE
+            if edit:
+                self._edits.add(record.take_id)
+            # A retake of it rebuilds the model state from these codes.
+            self.lifecycle.history.adopt(take, shared=not edit)
         self.session_id = session_id
+        next_number = await asyncio.to_thread(store.next_number, session_id)
         await self.send_message(
             SessionResumed(
                 session=session_id, resumed=resumed, max_takes=store.max_session_takes,
-                takes=[t.public() for t in stored],
+                takes=[t.public() for t in stored], next_number=next_number,
             )
         )
+
+    async def _edit_audio_for_seek(self, take_id: str) -> None:
+        """A splice or comp about to be replayed or retaken: its stored audio held as heard (unless it is), so the
+        replay sends, and the retake keeps, exactly its samples. Unreadable: its codes are rendered instead."""
+        store, session_id, heard = self.state.sessions, self.session_id, self.state.heard
+        take = self.lifecycle.history.get(take_id)  # not_found: no such take here
+        frame_bytes = bytes_per_frame(take)
+        if store is None or session_id is None or heard.get(take_id, take.n_frames, frame_bytes) is not None:
+            return
+        try:
+            pcm = await asyncio.to_thread(store.pcm, session_id, take_id)
+        except (OSError, ProtocolError) as exc:
+            log.warning("session %s: the audio of %s is unreadable (%s); its codes are rendered", short_id(session_id),
+                        take_id, exc)  # fmt: skip
+            return
+        if len(pcm) == take.n_frames * frame_bytes:
+            heard.begin(take_id, frame_bytes)
+            heard.append(take_id, 0, pcm)
 
     async def _wait_for_closing_keeps(self, session_id: str) -> None:
         """A reload right after a disconnect: the old connection may still be storing the take it cut off."""
@@ -574,14 +610,30 @@ class Connection:
         if self.session_id is not None and self.state.sessions is not None:
             await asyncio.to_thread(self.state.sessions.check_room, self.session_id)
 
-    async def _keep(self, take: TakeRecord) -> None:
-        """Store an ended take in the bound session: its record, codes and the audio as it was streamed."""
-        err = await self._store_take(take)
-        if err is not None:
-            await self.send_error(err, take=take.take_id)
+    def _discard(self, take: str) -> None:
+        """The client never had the take (an id, or a start's label: it replaced it before hearing it, perhaps
+        before it started): it is not kept when it ends (or when its words are done); one kept already stays."""
+        takes = self.lifecycle.history.takes
+        named = {t.take_id for t in takes if t.take_id == take or (t.label == take and t.status is TakeStatus.RUNNING)}
+        if not named:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no take {take!r} in this session", field="take")
+        # Bounded by the history: a take that ended without being kept (no frames) never comes to _keep.
+        self._unkept = (self._unkept | named) & {t.take_id for t in takes}
 
-    async def _store_take(self, take: TakeRecord) -> ProtocolError | None:
-        """Store ``take`` in the bound session; the error to tell the client when that failed."""
+    async def _keep(self, take: TakeRecord) -> None:
+        """Store an ended take in the bound session: its record, codes and the audio as it was streamed; the client
+        is told its number (``stored``), or why it was not kept."""
+        if take.take_id in self._unkept:
+            self._unkept.discard(take.take_id)
+            return
+        kept = await self._store_take(take)
+        if isinstance(kept, ProtocolError):
+            await self.send_error(kept, take=take.take_id)
+        elif kept is not None:
+            await self.send_message(TakeStored(take=take.take_id, number=kept.number, session=self.session_id or UNSET))
+
+    async def _store_take(self, take: TakeRecord) -> StoredTake | ProtocolError | None:
+        """Store ``take`` in the bound session: its record as stored, or the error to tell the client."""
         store, session_id = self.state.sessions, self.session_id
         if store is None or session_id is None:
             return None
@@ -593,7 +645,7 @@ class Connection:
         try:
             # The PCM as streamed, exactly the take's frames so far (held, else rendered from the codes).
             async with held_take_audio(self.state, take, client=self.client) as pcm:
-                await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
+                record = await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
             if take.words is not None and self.state.aligner is not None:
                 words = [w.to_record() for w in take.words]
                 await asyncio.to_thread(store.put_words, session_id, take.take_id, words, self.state.aligner.name)
@@ -602,7 +654,7 @@ class Connection:
         except (OSError, ValueError, EngineBusy):
             log.exception("could not keep take %s in session %s", take.take_id, short_id(session_id))
             return ProtocolError(ErrorCode.INTERNAL, "the take could not be stored")
-        return None
+        return record
 
     def _keep_cut_off_takes(self) -> asyncio.Task[None] | None:
         """Start storing the takes the client's leaving cut off (a reload, a network drop), as heard so far.
@@ -631,9 +683,9 @@ class Connection:
 
     async def _store_cut_off(self, takes: list[TakeRecord]) -> None:
         for take in takes:
-            err = await self._store_take(take)
-            if err is not None:  # nobody left to tell
-                log.warning("take %s cut off by a disconnect was not kept: %s", take.take_id, err.message)
+            kept = await self._store_take(take)
+            if isinstance(kept, ProtocolError):  # nobody left to tell
+                log.warning("take %s cut off by a disconnect was not kept: %s", take.take_id, kept.message)
 
     async def _refuse_rate(self) -> None:
         """Drop a message over the rate; say so once per run of refusals; close a flood."""

@@ -15,10 +15,10 @@ import { voiceName } from './voices.js';
 import * as playback from './playback.js';
 import { addTake, allTakes, holds, newTake, pinTakes, removeTake, setTakeId, takeById, takeTitle, takeUpdated } from './takes.js';
 import { selectTake, lastTakeSummary, openLocalTake } from './selection.js';
-import { sessionId, sessionLost, sessionEvents } from './sessions.js';
+import { createEdit, sessionId, sessionLost, sessionEvents } from './sessions.js';
 import * as render from './render.js';
 
-export const XFADE = 480;   // 10 ms: the crossfade where a region retake gives way to the old tail
+export const XFADE = 480;   // 10 ms: the crossfade where a region retake gives way to the old tail (or none: at the frame)
 
 let starts = [];     // start requests sent, in order, each waiting for its server start (or error): [{take, cancelled}]
 let seekReq = null;  // the seek sent and not yet acknowledged: {mode, frame, source, take, tail, preroll, cancelled}
@@ -55,6 +55,7 @@ export function speak({ streamText = false } = {}) {
   hideAlert();
   audio.init().catch(() => {});
   playback.stopPlayback();
+  discardUnheard();
   const take = newTake({ req: { ...req, referenceName: voiceName(req.reference), ...(streamText ? { stream_text: true } : {}) } });
   take.sentAt = now();
   const r = { take };
@@ -122,6 +123,7 @@ export function seek(mode, src, at, { direction = null, tail = null } = {}) {
     take.sentAt = now();
     preroll = d.prerollSec;
   }
+  discardUnheard();
   seekReq = { mode, frame, source: src, take, tail, preroll };
   if (!conn.send(msg)) { seekReq = null; return; }
   setStatus(mode === 'retake' ? 'Retaking ' + takeTitle(src) + ' from ' + fmtSec(frame * FRAME) + frameSuffix(frame * FRAME) + '…' : 'Replaying ' + takeTitle(src) + '…',
@@ -252,7 +254,7 @@ function onEnd(msg) {
   if (!take) return;
   take.end = msg;
   take.status = msg.reason || 'done';
-  if (sessionId() && msg.n_frames > 0 && take.conn === conn.serial) take.stored = sessionId();   // kept before its end was sent
+  if (sessionId() && msg.n_frames > 0 && take.conn === conn.serial && !take.discarded) take.stored = sessionId();   // kept before its end was sent
   take.endAt = now();
   if (take.pcm) take.pcm.complete = true;
   if (rx && rx.take === take) rx = null;
@@ -265,15 +267,12 @@ function onEnd(msg) {
   const kept = !!(take.pcm && take.pcm.length);
   // Nothing to keep: no audio, or replaced by a new Speak before the director heard a quarter second of it.
   if (!kept && (msg.reason === 'replaced' || msg.reason === 'cancelled')) removeTake(take);
-  else if (msg.reason === 'replaced' && (take.heardSamples || 0) < SR / 4 && !take.title && !take.starred && !take.note) removeTake(take);
+  else if (msg.reason === 'replaced' && unheard(take)) removeTake(take);
   else takeUpdated(take);
   if (take.tailSplice) {
     const ts = take.tailSplice;
-    if (take.pcm && take.pcm.length >= ts.to + XFADE && holds(ts.source)) {
-      const spliced = spliceOldTail(take, ts.source, ts.to);
-      announce(takeTitle(spliced) + ': the region re-done, the old tail back after ' + fmtSec(ts.to) + '.');
-      setStatus('Spliced', takeTitle(spliced) + ': new audio ' + fmtSec(take.spliceSample) + ' – ' + fmtSec(ts.to) + ', then ' + takeTitle(ts.source) + '\'s tail (10 ms crossfade).');
-    } else showAlert('splice', 'The retake ended before the region\'s end, so the old tail was not brought back.', { info: true });
+    if (take.pcm && take.pcm.length >= ts.to + XFADE && holds(ts.source)) keepOldTail(take, ts);
+    else showAlert('splice', 'The retake ended before the region\'s end, so the old tail was not brought back.', { info: true });
     render.refresh(); render.drawAll();
     return;
   }
@@ -319,6 +318,17 @@ function onDisconnected(ev) {
   if (ev && ev.code === 1008) showAlert('closed', 'The service closed the connection: ' + (ev.reason || 'policy violation'));
 }
 
+/* A take the director never really had: under a quarter second of it heard, no notes on it. */
+function unheard(t) { return (t.heardSamples || 0) < SR / 4 && !t.title && !t.starred && !t.note; }
+/* The live take (and any start not answered yet) is about to be replaced: unheard, the session is told not to
+ * keep it (it then takes no number there), and the page drops it when it ends. */
+function discardUnheard() {
+  if (!sessionId()) return;
+  const t = live;
+  if (t && t.id && !t.discarded && unheard(t)) { t.discarded = true; conn.send({ type: 'discard', take: t.id }); }
+  for (const r of starts) if (!r.take.discarded) { r.take.discarded = true; conn.send({ type: 'discard', take: r.take.key }); }
+}
+
 /* The service keeps the last limits.max_takes_kept takes of a connection (the running one never goes): mirror
  * that, so a take it has dropped is not offered for replay, retake or service download (they would fail). */
 function serviceKeeps(id) {
@@ -336,19 +346,39 @@ function serviceKeeps(id) {
   render.refresh();
 }
 
-/* new[0, to) + a crossfade into old[to, to + XFADE) + old[to + XFADE, end): the region re-done, the rest kept. */
-function spliceOldTail(retake, source, to) {
+/* The region re-done, the rest kept: the retake up to the region's end, then the old take's tail (joined with
+ * ts.crossfade samples of crossfade, or at the frame). Bound to a session the service makes it from the two stored
+ * takes and keeps it (moss_rt/splices.py), a take like any other; otherwise it is made here and lives in the page. */
+async function keepOldTail(retake, ts) {
+  const source = ts.source, xfade = ts.crossfade ?? XFADE;
+  const join = xfade ? Math.round(xfade / SR * 1000) + ' ms crossfade' : 'joined at the frame';
+  let spliced;
+  if (sessionId()) {
+    try {
+      spliced = await createEdit('splice', [{ take: retake, from: 0, to: ts.to }, { take: source, from: ts.to, to: source.pcm.length }], { crossfade: xfade });
+    } catch (e) { showAlert('splice', 'The splice could not be kept: ' + e.message); return; }
+    selectTake(spliced, 0);
+    stats.lastSplice = { ...(stats.lastSplice || {}), kept: spliced.id };
+  } else spliced = spliceOldTail(retake, source, ts.to, xfade);
+  announce(takeTitle(spliced) + ': the region re-done, the old tail back after ' + fmtSec(ts.to) + '.');
+  setStatus('Spliced', takeTitle(spliced) + ': new audio ' + fmtSec(retake.spliceSample) + ' – ' + fmtSec(ts.to) + ', then ' + takeTitle(source) + '\'s tail (' + join + ').');
+  render.refresh(); render.drawAll();
+}
+
+/* Without a session: new[0, to) + a crossfade into old[to, to + x) + old[to + x, end), made here (the service does
+ * the same to the sample: moss_rt/splices.py). */
+function spliceOldTail(retake, source, to, xfade) {
   const ch = retake.pcm.ch, out = new PcmStore(ch, source.pcm.length + SR);
   out.append(retake.pcm.data.subarray(0, to * ch));
-  const x = new Int16Array(XFADE * ch);
-  for (let i = 0; i < XFADE; i++) {
-    const w = (i + 0.5) / XFADE;
+  const x = new Int16Array(xfade * ch);
+  for (let i = 0; i < xfade; i++) {
+    const w = (i + 0.5) / xfade;
     for (let c = 0; c < ch; c++) x[i * ch + c] = Math.round(retake.pcm.sample(to + i, c) * (1 - w) + source.pcm.sample(to + i, c) * w);
   }
   out.append(x);
-  out.append(source.pcm.data.subarray((to + XFADE) * ch, source.pcm.length * ch));
+  out.append(source.pcm.data.subarray((to + xfade) * ch, source.pcm.length * ch));
   return openLocalTake(out, { req: retake.req, seed: retake.seed, parent: source.key, spliceSample: retake.spliceSample, spliceFrame: retake.spliceFrame,
-    splices: [{ sample: to, kind: 'crossfade ' + Math.round(XFADE / SR * 1000) + ' ms' }], spliceOf: { retake: retake.key, source: source.key, to } });
+    splices: [{ sample: to, kind: xfade ? 'crossfade ' + Math.round(xfade / SR * 1000) + ' ms' : 'join' }], spliceOf: { retake: retake.key, source: source.key, to } });
 }
 
 export function initDirector() {

@@ -10,7 +10,7 @@ import { limits } from './service.js';
 import { setStatus, announce } from './status.js';
 import * as playback from './playback.js';
 import { drawWaveform, fitCanvas } from './waveform.js';
-import { notesChanged, serverHolds, takeByKey, takeEvents, takeTitle } from './takes.js';
+import { notesChanged, partTitle, serverHolds, takeByKey, takeEvents, takeTitle } from './takes.js';
 import { cursorSample, playTake, selectedTake, selectionEvents, setCursor } from './selection.js';
 import { XFADE, hasPending, liveTake, seek } from './director.js';
 import { deleteTake, deleteWording } from './deletes.js';
@@ -156,11 +156,24 @@ function takeLineage(t) {
   const parent = t.parent && takeByKey(t.parent);
   const bits = [];
   const named = (x) => (x ? takeTitle(x) : 'a take no longer here');
-  if (t.spliceOf) bits.push('region ' + fmtSec(t.spliceSample) + ' – ' + fmtSec(t.spliceOf.to) + ' re-done from ' + named(takeByKey(t.spliceOf.retake)) + ', then ' + named(parent) + '\'s tail');
+  if (t.parts && t.parts.length) {
+    const regions = t.parts.map((p) => partTitle(p) + ' ' + fmtSec(p.from) + ' – ' + fmtSec(p.to));
+    bits.push(t.kind === 'splice' ? 'splice: ' + regions.join(', then ') : 'comp of ' + regions.join(' + '));
+    if (t.crossfade) bits.push(Math.round(t.crossfade / SR * 1000) + ' ms crossfade at each join');
+    if (t.hasCodes === false) bits.push('audio only');
+  } else if (t.spliceOf) bits.push('region ' + fmtSec(t.spliceSample) + ' – ' + fmtSec(t.spliceOf.to) + ' re-done from ' + named(takeByKey(t.spliceOf.retake)) + ', then ' + named(parent) + '\'s tail · made here');
   else if (parent) bits.push('retake of ' + takeTitle(parent) + ' @ ' + fmtSec(t.spliceSample) + frameSuffix(t.spliceSample));
   if (t.comp) bits.push('comp of ' + t.comp.length + ' regions · made here');
   if (t.id && showFrames()) bits.push(t.id);    // the service's id: for the advanced view
   return bits.join(' · ');
+}
+
+/* Why the model cannot continue or re-send a take the service keeps (a splice with a crossfade), or ''. */
+export function noCodesReason(t) {
+  if (!t || t.hasCodes !== false) return '';
+  return takeTitle(t) + ' joins its parts with a ' + Math.round((t.crossfade || 0) / SR * 1000) + ' ms crossfade inside a frame, so it has no codes '
+    + 'for the model to continue from or re-send: retake one of the takes it is made of, or keep the old tail joined at the frame. '
+    + 'Play, compare and download work.';
 }
 
 /* ------------------------------------------------------------------ replay and retake from the playhead */
@@ -194,7 +207,8 @@ export function seekFromPlayhead(mode, tail = null) {
 function retakeRegion() {
   const R = region, t = selectedTake();
   if (!R || !t) return;
-  const tail = $('keepTail').checked && R.to + XFADE <= t.pcm.length ? { to: R.to, source: t } : null;
+  const crossfade = $('tailJoin').value === 'frame' ? 0 : XFADE;
+  const tail = $('keepTail').checked && R.to + XFADE <= t.pcm.length ? { to: R.to, source: t, crossfade } : null;
   setCursor(R.from);
   seekFromPlayhead('retake', tail);
 }
@@ -202,13 +216,16 @@ function retakeRegion() {
 /* The cursor bar's buttons (on every render.refresh()). */
 export function refreshEditorButtons() {
   const t = selectedTake(), cursor = cursorSample();
-  const canServer = serverHolds(t) && t.pcm && t.pcm.length > 0 && t.status !== 'streaming';
+  const noCodes = noCodesReason(t);
+  const canServer = serverHolds(t) && t.pcm && t.pcm.length > 0 && t.status !== 'streaming' && !noCodes;
   const atEnd = !!(t && t.pcm && t.pcm.length && cursor >= t.pcm.length);
   $('replayBtn').disabled = !canServer || atEnd;
-  $('retakeBtn').disabled = !(serverHolds(t) && t.pcm && t.pcm.length > 0);
+  $('retakeBtn').disabled = !(serverHolds(t) && t.pcm && t.pcm.length > 0 && !noCodes);
   $('retakeBtn').textContent = atEnd && t.status !== 'streaming' ? 'Continue from the end' : 'Retake from here';
   const why = !t ? '' : !t.id ? '' : t.conn !== conn.serial ? 'This take belongs to an earlier connection: the service no longer has it in this session. Play and download still work.'
-    : t.dropped ? 'The service no longer holds this take (it keeps the last ' + (limits().max_takes_kept || 32) + ' of a connection). Play and download still work.' : '';
+    : t.dropped ? 'The service no longer holds this take (it keeps the last ' + (limits().max_takes_kept || 32) + ' of a connection). Play and download still work.' : noCodes;
+  if ($('seekWhy').textContent !== noCodes) $('seekWhy').textContent = noCodes;
+  $('seekWhy').hidden = !noCodes;
   $('retakeBtn').title = why || 'Keep everything before the playhead, generate a new continuation (Ctrl+Shift+Enter)';
   $('replayBtn').title = why || (t && t.status === 'streaming' ? 'Available when the take has finished' : 'Have the service re-send this take\'s audio from the playhead');
   $('edPlay').disabled = !(t && t.pcm && t.pcm.length);
@@ -245,7 +262,8 @@ export function refreshRegion() {
   const looping = !!playback.loopRegion();
   $('loopBtn').disabled = !has; $('loopBtn').setAttribute('aria-pressed', String(looping));
   $('loopBtn').textContent = looping ? 'Stop loop' : 'Loop region';
-  $('retakeRegionBtn').disabled = !(has && serverHolds(t) && t.status !== 'streaming' && !hasPending());
+  $('retakeRegionBtn').disabled = !(has && serverHolds(t) && t.status !== 'streaming' && !hasPending() && !noCodesReason(t));
+  $('retakeRegionBtn').title = noCodesReason(t) || 'Retake from the region\'s start (with the retake direction below)';
   $('compAdd').disabled = !has; $('regionClear').disabled = !R;
   $('markerAdd').disabled = !(t && t.pcm && t.pcm.length);
 }
@@ -277,6 +295,12 @@ function refreshMarkers() {
 }
 
 /* ------------------------------------------------------------------ the take's details */
+
+/* The editor's heading: the take's name, and where it comes from (naming the takes it comes from). */
+function refreshHeading(take) {
+  $('edTitle').textContent = take ? takeTitle(take) : 'No take yet';
+  $('edSub').textContent = take ? takeLineage(take) : '';
+}
 
 function refreshDetails() {
   const t = selectedTake();
@@ -402,28 +426,17 @@ export function initEditor() {
       const p = playback.current();
       if (!(p && p.loop && p.take === take)) region = null;
     }
-    $('edTitle').textContent = take ? takeTitle(take) : 'No take yet';
-    $('edSub').textContent = take ? takeLineage(take) : '';
+    refreshHeading(take);
     syncScrollbar(); refreshDetails(); refreshMarkers(); refreshRegion();
   });
   selectionEvents.on('cursor', (cursor) => {
     const v = viewRange(selectedTake());                     // zoomed in: keep the playhead in view
     if (view.zoom > 1 && (cursor < v.start || cursor > v.start + v.span)) { view.start = Math.max(0, cursor - v.span / 2); syncScrollbar(); }
   });
-  takeEvents.on('removed', (take, { renumbered }) => {
-    const t = selectedTake();
-    if (renumbered && t && t !== take) $('edTitle').textContent = takeTitle(t);
-  });
-  takeEvents.on('notes', (t) => {         // a name changed: every label that names a take follows
-    refreshDetails();
-    const sel = selectedTake();
-    if (sel) { $('edTitle').textContent = takeTitle(sel); $('edSub').textContent = takeLineage(sel); }
-  });
-  unitEvents.on('change', () => {
-    const sel = selectedTake();
-    $('edSub').textContent = sel ? takeLineage(sel) : '';
-    refreshRegion(); render.scheduleDraw();
-  });
+  takeEvents.on('removed', (take) => { const t = selectedTake(); if (t && t !== take) refreshHeading(t); });
+  // a name or a number changed: every label that names a take follows (the lineage names takes too)
+  for (const ev of ['notes', 'numbered']) takeEvents.on(ev, () => { refreshDetails(); refreshHeading(selectedTake()); });
+  unitEvents.on('change', () => { refreshHeading(selectedTake()); refreshRegion(); render.scheduleDraw(); });
   $('replayBtn').addEventListener('click', () => seekFromPlayhead('replay'));
   $('retakeBtn').addEventListener('click', () => seekFromPlayhead('retake'));
   $('edPlay').addEventListener('click', togglePlaySelected);

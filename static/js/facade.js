@@ -35,7 +35,9 @@ function describeTake(t) {
     spliceFrame: t.spliceFrame || 0, end: t.end || null, ttfaMs: t.ttfaClient ?? null, heardMs: t.heardMs ?? null,
     heardAtMs: t.heardAtMs ?? null, prerollMs: t.prerollMs ?? null, firstChunks: t.firstChunks || [], mismatch: t.mismatch || null, request: t.req, deleting: !!t.deleting,
     underruns: t.underruns || 0, dropped: !!t.dropped, title: t.title || null, starred: !!t.starred, note: t.note || '',
-    local: !!t.local, stored: !!t.stored, loaded: !!(t.pcm && t.pcm.complete), splices: (t.splices || []).map((x) => ({ ...x })), markers: (t.markers || []).map((m) => ({ ...m })) };
+    local: !!t.local, stored: !!t.stored, loaded: !!(t.pcm && t.pcm.complete), splices: (t.splices || []).map((x) => ({ ...x })), markers: (t.markers || []).map((m) => ({ ...m })),
+    number: t.n ?? null, numbered: !!t.numbered, kind: t.kind || (t.local ? (t.comp ? 'comp' : 'splice') : 'take'), hasCodes: t.hasCodes !== false,
+    crossfade: t.crossfade || 0, parts: (t.parts || []).map((p) => ({ ...p })) };
 }
 
 export function installFacade() {

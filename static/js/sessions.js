@@ -1,19 +1,21 @@
 /* The directing session the service keeps on disk: its takes (codes, parameters, seeds), the director's notes and
  * the audio as heard. The page binds each connection to it with `resume` (its id is kept in this browser, or given
  * as ?session= in the address), so a reload, a reconnect or a server restart brings every take back, playable and
- * retakeable. Notes and deletions go over plain HTTP (/api/sessions/...). Comps and region splices are made here
- * from held audio and are not kept (main.js asks before the page is closed with one).
+ * retakeable. Notes and deletions go over plain HTTP (/api/sessions/...). The session numbers its takes (once, for
+ * good: `stored` says a new take's number). Comps and region splices are made by the service from the stored
+ * takes (createEdit) and kept like any take; without a session they are made here from held audio and not kept
+ * (main.js asks before the page is closed with one).
  * A delete the director made (deletes.js: Undo for a few seconds first) is kept in this browser until the service
  * confirms it: sent as the page goes when it is closed within the Undo time, and completed on the next visit of
  * the session if that request was lost, so a delete is never lost silently. */
-import { $, FRAME, plural, takeTitle } from './util.js';
+import { $, SR, FRAME, plural, takeTitle } from './util.js';
 import { createEmitter } from './events.js';
 import { PcmStore, parseWav } from './pcm.js';
 import { auth, apiFetch } from './auth.js';
 import { conn, onMessage } from './connection.js';
 import { showAlert, announce } from './status.js';
 import { voiceName } from './voices.js';
-import { addTake, holds, holdAtLeast, newTake, setTakeId, takeById, takeEvents, takeUpdated } from './takes.js';
+import { addTake, holds, holdAtLeast, newTake, numberFromSession, setTakeId, setTakeNumber, takeById, takeEvents, takeUpdated } from './takes.js';
 import { cursorSample, selectTake, selectedTake } from './selection.js';
 import * as render from './render.js';
 
@@ -131,6 +133,7 @@ function completeDeletes(records) {
 function onSession(msg) {
   id = msg.session; max = msg.max_takes || null;
   holdAtLeast(max);
+  numberFromSession(msg.next_number);
   try { localStorage.setItem(SESSION_KEY, msg.session); } catch (e) { /* private mode */ }
   const records = completeDeletes(msg.takes || []);
   const fresh = records.filter((rec) => !takeById(rec.take_id)).length;
@@ -143,13 +146,22 @@ function onSession(msg) {
   }
 }
 
+/* The service stored a take of this connection in the session as Take `number`. */
+function onStored(msg) {
+  const t = takeById(msg.take);
+  if (!t || (msg.session && msg.session !== id)) return;
+  if (id) t.stored = id;
+  setTakeNumber(t, msg.number);
+}
+
 function adoptStoredTake(rec) {
   const known = takeById(rec.take_id);
   if (known) {
     const changed = known.conn !== conn.serial || known.dropped || known.stored !== id;   // a sync re-lists them all
     known.conn = conn.serial; known.dropped = false; known.stored = id;
+    if (rec.number) setTakeNumber(known, rec.number);
     if (changed) takeUpdated(known);
-    return;
+    return known;
   }
   const req = { ...(rec.request || {}) }; delete req.type; delete req.take;
   req.referenceName = voiceName(req.reference);
@@ -163,10 +175,41 @@ function adoptStoredTake(rec) {
   t.title = rec.title || ''; t.starred = !!rec.starred; t.note = rec.note || ''; t.markers = rec.markers || [];
   t.created = new Date((rec.created || Date.now() / 1000) * 1000);
   t.conn = conn.serial; t.stored = id;
+  if (rec.number) { t.n = rec.number; t.name = 'Take ' + rec.number; t.numbered = true; }
+  if (rec.kind && rec.kind !== 'take') adoptEdit(t, rec);
   t.pcm = new PcmStore(rec.channels || 1, 1);
   addTake(t);
   if (!selectedTake()) selectTake(t, 0);
   loadStoredAudio(t);
+  return t;
+}
+
+/* A splice or comp: where its audio came from, and its joins (drawn on the waveform). */
+function adoptEdit(t, rec) {
+  t.kind = rec.kind; t.hasCodes = rec.has_codes !== false; t.crossfade = rec.crossfade || 0;
+  t.parts = (rec.parts || []).map((p) => ({ take: p.take, number: p.number, from: p.from, to: p.to }));
+  t.isRetake = false; t.spliceFrame = 0; t.spliceSample = 0;
+  const kind = t.crossfade ? 'crossfade ' + Math.round(t.crossfade / SR * 1000) + ' ms' : rec.kind === 'comp' ? 'comp join' : 'join';
+  let at = 0;
+  t.splices = [];
+  t.parts.forEach((p, i) => { if (i) t.splices.push({ sample: at, kind }); at += p.to - p.from; });
+}
+
+/* A splice or comp made by the service from stored takes of this session (POST /api/sessions/{id}/takes):
+ * `parts` [{take (a take record), from, to}] in samples, whole frames. Resolves to the new take (its audio loaded
+ * from the service, playable, retakeable when it is whole frames of codes); throws with the service's reason. */
+export async function createEdit(kind, parts, { crossfade = 0, title = '' } = {}) {
+  if (!id) throw new Error('this service keeps no session');
+  const unstored = parts.find((p) => !p.take.id || p.take.stored !== id);
+  if (unstored) throw new Error(takeTitle(unstored.take) + ' is not kept in the session yet');
+  const body = { kind, parts: parts.map((p) => ({ take: p.take.id, from: p.from, to: p.to })), crossfade };
+  if (title) body.title = title;
+  const r = await apiFetch(path('/takes'), { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+  const rec = await r.json().catch(() => null);
+  if (!r.ok) throw new Error((rec && rec.error && rec.error.message) || 'HTTP ' + r.status);
+  const t = adoptStoredTake(rec);
+  syncSession();                 // the connection takes it up too: replay and retake work on it
+  return t;
 }
 
 async function loadStoredAudio(t) {
@@ -196,6 +239,7 @@ function refreshSessionUi() {
 
 export function initSessions() {
   onMessage('session', onSession);
+  onMessage('stored', onStored);
   onMessage('hello', () => { syncs = 0; });   // a new connection: syncs sent on the old one are never answered
   takeEvents.on('removed', (take) => forget(take));
   takeEvents.on('notes', saveNotes);

@@ -13,7 +13,7 @@ import { sessionFileStem, sessionId } from './sessions.js';
 import { showAlert } from './status.js';
 import * as playback from './playback.js';
 import { drawWaveform, fitCanvas } from './waveform.js';
-import { allTakes, serverHolds, takeByKey, takeEvents, takeTitle } from './takes.js';
+import { allTakes, partTitle, serverHolds, takeByKey, takeEvents, takeTitle } from './takes.js';
 import { cursorSample, playTake, selectTake, selectedTake, selectionEvents } from './selection.js';
 import { liveTake } from './director.js';
 import { compared, setAB } from './compare.js';
@@ -128,11 +128,12 @@ function updateCard(t) {
   const view = cards.get(t); if (!view) return;
   const u = view.ui, card = view.card;
   u.badge.className = 'badge ' + t.status;
-  u.badge.textContent = t.status === 'streaming' ? 'live' : t.local ? (t.comp ? 'comp' : 'splice') : t.status;
+  u.badge.textContent = t.status === 'streaming' ? 'live' : t.kind && t.kind !== 'take' ? t.kind : t.local ? (t.comp ? 'comp' : 'splice') : t.status;
   const dur = t.pcm ? fmtSec(t.pcm.length) : '';
   u.when.textContent = t.created.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' }) + (dur ? ' · ' + dur : '');
   const parent = t.parent && takeByKey(t.parent);
-  u.lineage.textContent = parent ? '↳ from ' + takeTitle(parent) + ' @ ' + fmtSec(t.spliceSample) : '';
+  u.lineage.textContent = t.parts && t.parts.length ? '↳ ' + t.parts.map(partTitle).join(' + ')
+    : parent ? '↳ from ' + takeTitle(parent) + ' @ ' + fmtSec(t.spliceSample) : '';
   const r = t.req || {};
   u.meta.textContent = [seedLabel(t), voiceLabel(r), r.language || null, paramSummary(r),
     t.end && t.end.rtf != null ? (+t.end.rtf).toFixed(1) + '× real time' : null, t.heardMs != null ? 'heard after ' + t.heardMs.toFixed(0) + ' ms' : null,

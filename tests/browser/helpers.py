@@ -164,6 +164,18 @@ def wait_take_ended(pg: Any, count: int, timeout: float = 30_000) -> dict[str, A
     return takes(pg)[count - 1]
 
 
+def wait_session(pg: Any, test: str, timeout: float = 10_000) -> None:
+    """Wait until the stored session the page is bound to passes ``test``, a JavaScript expression over its JSON
+    ``b`` (GET /api/sessions/{id}). Polled from here: ``wait_for_function`` does not wait for a promise (one is
+    truthy, so it would pass at once)."""
+    expr = f"fetch('/api/sessions/' + window.studio.session).then((r) => r.json()).then((b) => !!({test}))"
+    deadline = time.monotonic() + timeout / 1000
+    while not pg.evaluate(expr):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the session never passed {test}")
+        pg.wait_for_timeout(100)
+
+
 def wait_playback_drained(pg: Any, timeout: float = 30_000) -> None:
     pg.wait_for_function("!window.studio.playing && !window.studio.busy", timeout=timeout)
 

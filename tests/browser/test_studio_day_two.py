@@ -26,6 +26,7 @@ from tests.browser.helpers import (
     shot,
     takes,
     wait_playback_drained,
+    wait_session,
     wait_take_ended,
 )
 from tests.conftest import sine_wav
@@ -481,10 +482,7 @@ def test_delete_offers_undo_and_a_closed_page_does_not_lose_it(studio: Studio) -
     pg.wait_for_function("window.studio && window.studio.connected && window.studio.session", timeout=15_000)
     pg.wait_for_function("window.studio.takes().length === 0", timeout=10_000)
     assert "Deleted now: Take 1" in pg.locator("#alertMsg").inner_text()
-    pg.wait_for_function(
-        "fetch('/api/sessions/' + window.studio.session).then((r) => r.json()).then((b) => b.takes.length === 0)",
-        timeout=10_000,
-    )
+    wait_session(pg, "b.takes.length === 0")
 
 
 # --------------------------------------------------------------------------- 8. downloads and voice names
