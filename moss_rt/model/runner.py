@@ -537,8 +537,9 @@ class ModelRunner:
     def capture_next(self) -> bool:
         """Capture the likeliest missing graph (the engine calls this while idle); False: none left.
 
-        Step graphs and prefill graphs by key window: a step graph before a prefill graph of the same or a longer
-        window (every take steps; few prompts reach past the first prefill window, which warmup captures)."""
+        Step graphs and prefill graphs by key window: a prefill graph comes after the step graphs of its window and
+        of the shorter ones (every take steps; few prompts reach past the first prefill window, which warmup
+        captures)."""
         steps = self.pending_graphs()
         prefills = self.pending_prefill_graphs()
         if prefills and (not steps or prefills[0].keys < steps[0][1]):
