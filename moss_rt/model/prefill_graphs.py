@@ -13,7 +13,7 @@ Two families of graphs, both one per row bucket (``PREFILL_GRAPH_ROWS`` up to th
   holds, above all the opening the prompt cache shares between lines (``engine/prompt_cache.py``): a fresh line
   then prefills only its own rows, from there. The start is runtime data (a static input tensor); the attention
   reads the slot's paged keys 0..K-1 (K: a key bucket, ``PREFILL_GRAPH_MIN_KEYS`` doubling up to the runner's
-  positions) under the causal key mask, so one graph serves any start with start + rows <= K. Keys past the piece
+  ``max_seq_len``) under the causal key mask, so one graph serves any start with start + rows <= K. Keys past the piece
   are masked out (unused table entries point at the zero-filled scratch block: finite, never NaN). The same code
   path serves later chunks of a long prompt, which the scheduler feeds in chunks of at most ``prefill_chunk`` (512)
   rows: each is a lone piece after a prefix.
@@ -40,7 +40,7 @@ pass does).
 Graphs are captured with every row marked padded (the capture's runs write only to scratch) and replay from their
 static inputs; they share the runner's graph memory pool (they and the step graphs run on one thread, never at
 once, and keep no output tensor: the pool holds the largest pass's transients, an estimated 150 MB for 512 rows over
-5,121 keys at full size, not the sum).
+5,120 keys at full size, not the sum).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class PrefillGraphs:
     ) -> None:
         self.model, self.state, self.tables = model, state, tables
         self.buckets = [b for b in PREFILL_GRAPH_ROWS if b <= max_rows]
-        self.key_buckets = _key_buckets(state.positions)
+        self.key_buckets = _key_buckets(state.max_seq_len)
         self._pool = pool  # the runner's graph memory pool handle
         self._graphs: dict[GraphShape, _PrefillGraph] = {}
         self.replays = 0  # passes that ran through a graph
@@ -206,11 +206,11 @@ class PrefillGraphs:
         return g
 
 
-def _key_buckets(positions: int) -> list[int]:
-    """Key windows of the after-a-prefix graphs: PREFILL_GRAPH_MIN_KEYS doubling, the last one the slot's
-    positions (a window never reads past what a slot can address)."""
+def _key_buckets(max_seq_len: int) -> list[int]:
+    """Key windows of the after-a-prefix graphs: PREFILL_GRAPH_MIN_KEYS doubling, the last one ``max_seq_len``
+    (a prompt piece ends there at the latest: the runner refuses longer ones)."""
     out, keys = [], PREFILL_GRAPH_MIN_KEYS
-    while keys < positions:
+    while keys < max_seq_len:
         out.append(keys)
         keys *= 2
-    return [*out, positions]
+    return [*out, max_seq_len]

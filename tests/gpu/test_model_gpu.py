@@ -265,7 +265,7 @@ def test_lone_prompt_prefill_through_a_graph_equals_eager(device, make_runner, g
 
 
 # (start, rows) of a piece after a kept prefix, on the 320-position runner (row buckets 128 and 256, one key window
-# of 321): bucket edges (1, 127, 128, 129, 256 rows), a line after its opening, block-aligned starts (no copy on
+# of 320): bucket edges (1, 127, 128, 129, 256 rows), a line after its opening, block-aligned starts (no copy on
 # write) and unaligned ones (the shared branch block copied first).
 PREFIX_CASES = [(1, 1), (37, 127), (40, 128), (16, 129), (150, 160), (60, 256)]
 

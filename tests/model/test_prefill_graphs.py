@@ -94,7 +94,7 @@ def test_lone_pieces_choose_their_graph(tiny) -> None:
                          dtype=torch.float32)
     graphs = runner.prefill_graphs
     assert graphs.buckets == [128, 256, 384, 512]
-    assert graphs.key_buckets == [512, 1024, 2048, 4096, 5121]
+    assert graphs.key_buckets == [512, 1024, 2048, 4096, 5120]
     pick = graphs.shape_for
     assert pick(400, 0) == (512, 0) and pick(400, 0).from_zero  # a fresh prompt: its own causal graph
     assert pick(1, 0) == (128, 0) and pick(128, 0) == (128, 0) and pick(129, 0) == (256, 0)
@@ -102,9 +102,9 @@ def test_lone_pieces_choose_their_graph(tiny) -> None:
     assert pick(1, 1) == (128, 512) and pick(128, 384) == (128, 512)
     assert pick(129, 384) == (256, 1024)  # one key past the window: the next one
     assert pick(512, 512) == (512, 1024)  # a long prompt's second chunk (prefill_chunk 512)
-    assert pick(512, 4608) == (512, 5121) and pick(1, 5119) == (128, 5121)
+    assert pick(512, 4608) == (512, 5120) and pick(1, 5119) == (128, 5120)
     assert pick(513, 0) is None and pick(513, 100) is None  # wider than the largest bucket: eager
-    assert pick(0, 0) is None
+    assert pick(0, 0) is None and pick(2, 5119) is None  # past max_seq_len
     shapes = graphs.shapes()
     assert len(shapes) == len(set(shapes)) == 4 + 4 * 5
     assert graphs.common_shapes() == [(128, 0), (256, 0), (384, 0), (512, 0),
@@ -117,9 +117,9 @@ def test_small_runner_has_only_windows_its_slots_address(tiny) -> None:
     runner = ModelRunner(tiny.model, tiny.tokenizer, tiny.config, max_slots=1, max_seq_len=320, device="cpu",
                          dtype=torch.float32)
     graphs = runner.prefill_graphs
-    assert graphs.buckets == [128, 256] and graphs.key_buckets == [321]
-    assert graphs.shape_for(256, 64) == (256, 321) and graphs.shape_for(200, 121) == (256, 321)
-    assert graphs.shape_for(200, 122) is None  # past what a slot addresses
+    assert graphs.buckets == [128, 256] and graphs.key_buckets == [320]
+    assert graphs.shape_for(256, 64) == (256, 320) and graphs.shape_for(200, 120) == (256, 320)
+    assert graphs.shape_for(200, 121) is None  # past max_seq_len
     assert set(graphs.common_shapes()) == set(graphs.shapes())  # everything before serving
 
 
@@ -147,7 +147,7 @@ def test_idle_captures_interleave_prefill_graphs_with_step_graphs_by_key_window(
     assert [entry[0] for entry in log[:4]] == ["prefill"] * 4 and all(e[1] == 0 for e in log[:4])
     order = [(keys, kind == "prefill") for kind, keys, _ in log[4:]]
     assert order == sorted(order)
-    assert {keys for kind, keys, _ in log if kind == "prefill"} == {0, 512, 1024, 1101}
+    assert {keys for kind, keys, _ in log if kind == "prefill"} == {0, 512, 1024, 1100}
 
 
 @pytest.fixture(scope="module")
