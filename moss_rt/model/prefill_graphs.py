@@ -21,7 +21,7 @@ Two families of graphs, both one per row bucket (``PREFILL_GRAPH_ROWS`` up to th
 Why fresh prompts keep their own graphs instead of using an after-a-prefix graph with start 0 (which would be
 correct too): the from-zero pass reads no cache keys and skips half of the score work (causal flash), while the
 masked path gathers K keys per layer, repeats them to the query heads and scores every row against all of them:
-about 1 ms more on a 400-row prompt (8.2 ms graphed). Cold lines must not get slower to make warm ones faster.
+an estimated 1 ms more on a 400-row prompt (8.2 ms graphed). Cold lines must not get slower to make warm ones faster.
 
 Which graphs exist when (capture count is ready time): ``capture_common`` (the runner's warm-up, before ready)
 takes every row bucket from position 0 and after a prefix within the first key bucket (512 positions: the lines of
