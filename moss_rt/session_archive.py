@@ -331,7 +331,8 @@ def _record(r: Any, index: int, bounds: ArchiveBounds) -> dict[str, Any]:
     return {
         "take_id": take_id,
         "seed": seed,
-        "request": start.to_dict(),
+        # As asked: a seed the server picked stays out of the request (the record's ``seed`` is the take's).
+        "request": start.to_dict() if "seed" in request else {k: v for k, v in start.to_dict().items() if k != "seed"},
         "parent": parent,
         "reason": reason,
         "stats": kept_stats,

@@ -59,7 +59,9 @@ class StoredTake:
     """One take of a session as stored: everything needed to list, play, download and retake it."""
 
     take_id: str
-    request: dict[str, Any]  # StartTake.to_dict(): the take's own direction and parameters
+    # StartTake.to_dict(): the take's own direction and parameters, as asked: ``seed`` only when the director gave
+    # one (the take's seed is ``seed`` either way)
+    request: dict[str, Any]
     seed: int
     n_frames: int
     channels: int

@@ -75,7 +75,10 @@ class TakeHistory:
 
     def plan_start(self, request: StartTake) -> StartPlan:
         seed = request.seed if request.seed is not None else self._new_seed()
-        take = TakeRecord(self._new_id(), dataclasses.replace(request, seed=seed), label=request.take)
+        take = TakeRecord(
+            self._new_id(), dataclasses.replace(request, seed=seed), label=request.take,
+            seed_given=request.seed is not None,
+        )  # fmt: skip
         self._remember(take)
         self.running = take
         return StartPlan(take)
@@ -105,8 +108,9 @@ class TakeHistory:
             words=parent.words if msg.words is None else msg.words,
         )
         take = TakeRecord(
-            self._new_id(), request, parent=source.take_id, branch_frame=msg.frame, label=source.label
-        )
+            self._new_id(), request, parent=source.take_id, branch_frame=msg.frame, label=source.label,
+            seed_given=msg.seed is not None,
+        )  # fmt: skip
         if msg.frame:
             take.append(0, source.codes[: msg.frame])
         if source.words is not None and request.words:

@@ -128,6 +128,11 @@ class Connection:
         self._bucket = TokenBucket(limits.ws_messages_per_sec, limits.ws_message_burst)
         self._refused_in_row = 0
         self._send_lock = asyncio.Lock()
+        # The lifecycle's actions are performed from several tasks (the receive loop, each run's task), and some
+        # await (a take is stored, its words finished, before its `end`). Their control actions go out one list at a
+        # time, in the order the lifecycle made them, so nothing of a later state overtakes an `end` still being
+        # stored (docs/protocol.md, "Barge-in"). Audio (paced) and stops never wait for it.
+        self._order = asyncio.Lock()
         # The transport side of the lifecycle's runs, by run number: one task each (admission and
         # stream, or replay), the engine handle once admitted, the pacer of its audio.
         self._runs: dict[int, RunIO] = {}
@@ -222,32 +227,48 @@ class Connection:
     # -- performing the lifecycle's actions -----------------------------------------------
 
     async def _perform(self, actions: Sequence[Action]) -> None:
-        for action in actions:
-            if isinstance(action, Stop):
-                self._stop(action)
-            elif isinstance(action, Admit):
-                self._outs.track(action.run, action.take)
-                self._follow_words(action.take)
-                self._spawn(action.run, action.take.take_id, functools.partial(self._run_take, action))
-            elif isinstance(action, Replay):
-                self._outs.track(action.run, action.take, replay=True)
-                self._spawn(action.run, action.take.take_id, functools.partial(self._run_replay, action), replay=True)
-            elif isinstance(action, Keep):
-                await self._keep(action.take)
-            elif isinstance(action, FinishWords):
-                await self._finish_words(action)
-            elif isinstance(action, WordsCheckpoint):
-                words = self._words.get(action.take.take_id)
+        """Perform a list of the lifecycle's actions in order: its runs of control actions (messages, stores, runs
+        started) under the order lock, its audio and stops directly."""
+        i = 0
+        while i < len(actions):
+            if isinstance(actions[i], SendAudio | Stop):
+                await self._perform_one(actions[i])
+                i += 1
+                continue
+            j = i
+            while j < len(actions) and not isinstance(actions[j], SendAudio | Stop):
+                j += 1
+            async with self._order:
+                for action in actions[i:j]:
+                    await self._perform_one(action)
+            i = j
+
+    async def _perform_one(self, action: Action) -> None:
+        if isinstance(action, Stop):
+            self._stop(action)
+        elif isinstance(action, Admit):
+            self._outs.track(action.run, action.take)
+            self._follow_words(action.take)
+            self._spawn(action.run, action.take.take_id, functools.partial(self._run_take, action))
+        elif isinstance(action, Replay):
+            self._outs.track(action.run, action.take, replay=True)
+            self._spawn(action.run, action.take.take_id, functools.partial(self._run_replay, action), replay=True)
+        elif isinstance(action, Keep):
+            await self._keep(action.take)
+        elif isinstance(action, FinishWords):
+            await self._finish_words(action)
+        elif isinstance(action, WordsCheckpoint):
+            words = self._words.get(action.take.take_id)
+            if words is not None:
+                words.checkpoint(action.text)
+        elif isinstance(action, SendAudio):
+            if await self._send_audio(action):
+                io = self._runs.get(action.run)
+                words = None if io is None or io.replay else self._words.get(io.take_id)
                 if words is not None:
-                    words.checkpoint(action.text)
-            elif isinstance(action, SendAudio):
-                if await self._send_audio(action):
-                    io = self._runs.get(action.run)
-                    words = None if io is None or io.replay else self._words.get(io.take_id)
-                    if words is not None:
-                        words.audio(action.pcm)
-            else:
-                await send_action(action, self.send_frame, None, self._outs)
+                    words.audio(action.pcm)
+        else:
+            await send_action(action, self.send_frame, None, self._outs)
 
     # -- word timing (docs/words.md) -----------------------------------------------------
 
@@ -508,7 +529,8 @@ class Connection:
                 codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
                 if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= codebook):
                     raise ValueError(f"codes outside the codebook [0, {codebook})")
-                # The take's one seed rides on its request (stored with it; the record's is the same).
+                # The take's one seed rides on its request (the record's; its stored request has it only when the
+                # director gave it).
                 request = dataclasses.replace(
                     StartTake.parse(record.request, self.state.settings.limits), seed=record.seed
                 )
@@ -517,7 +539,7 @@ class Connection:
                 continue
             take = TakeRecord(
                 record.take_id, request, parent=record.parent, branch_frame=record.branch_frame,
-                reason=record.reason, stats=dict(record.stats),
+                reason=record.reason, stats=dict(record.stats), seed_given="seed" in record.request,
             )  # fmt: skip
             take.append(0, codes)
             take.words = await self._stored_words(session_id, record.take_id)
@@ -564,7 +586,7 @@ class Connection:
         if store is None or session_id is None:
             return None
         record = StoredTake(
-            take_id=take.take_id, request=take.request.to_dict(), seed=take.seed, n_frames=take.n_frames,
+            take_id=take.take_id, request=take.request_as_asked(), seed=take.seed, n_frames=take.n_frames,
             channels=take.request.channels, parent=take.parent, branch_frame=take.branch_frame, reason=take.reason,
             stats={k: v for k, v in take.stats.items() if isinstance(v, int | float)},
         )  # fmt: skip

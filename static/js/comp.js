@@ -43,7 +43,7 @@ function buildComp() {
     else { const d = new Int16Array(n * ch); for (let i = 0; i < n; i++) for (let c = 0; c < ch; c++) d[i * ch + c] = src.sample(g.from + i, 0); out.append(d); }
   }
   const n = ++compSeq;
-  const t = openLocalTake(out, { req: { text: 'Comp ' + n + ' of ' + comp.map((g) => g.take.name).join(', ') }, title: 'Comp ' + n,
+  const t = openLocalTake(out, { req: { text: 'Comp ' + n + ' of ' + comp.map((g) => takeTitle(g.take)).join(', ') }, title: 'Comp ' + n,
     comp: comp.map((g) => ({ take: g.take.key, from: g.from, to: g.to })),
     splices: compJoins() });
   announce('Built ' + takeTitle(t) + ', ' + fmtSec(out.length) + '.');
@@ -52,6 +52,7 @@ function buildComp() {
 
 export function initComp() {
   takeEvents.on('removed', (take) => { comp = comp.filter((g) => g.take !== take); renderComp(); });
+  takeEvents.on('notes', () => { if (comp.length) renderComp(); });   // the list names takes
   $('compAdd').addEventListener('click', addToComp);
   $('compBuild').addEventListener('click', buildComp);
   $('compClear').addEventListener('click', () => { comp = []; renderComp(); });

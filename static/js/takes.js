@@ -2,11 +2,14 @@
  * shared; each part of it has one writer:
  *   takes.js     key, n, name (and the id index: setTakeId)
  *   director.js  id, req, seed, model, status, pcm while it streams, conn, end, parent, spliceSample/Frame,
- *                isRetake, tailSplice, muted, cancelling, dropped, stored, mismatch, and its timings
- *                (sentAt, startAt, firstPcmAt, ttfaClient, lastPcmAt, endAt, gpuFirstMs)
+ *                isRetake, tailSplice, muted, cancelling, dropped, stored, mismatch, streamText, firstChunks
+ *                (frames per message), and its timings (sentAt, startAt, firstPcmAt, ttfaClient, lastPcmAt,
+ *                endAt, gpuFirstMs)
  *   sessions.js  the same for takes that come back from the session (and their audio when it loads)
- *   playback.js  what the director heard of it: heardMs, heardSamples, underruns
+ *   playback.js  what the director heard of it: heardMs, heardAtMs, prerollMs, heardSamples, underruns
  *   editor.js    the director's notes: title, starred, note, markers (then notesChanged)
+ *   deletes.js   deleting (deleted, still undoable: views hide it)
+ *   typing.js    req.text of a take fed with text as it is typed (what was sent so far)
  *   director.js (region splices) and comp.js (comps) make local takes whole, through addLocalTake
  * Writers tell the others through takeEvents:
  *   'added' (take), 'trimmed' (take dropped to bound memory), 'removed' (take, {renumbered}), 'listed' (the list
@@ -39,7 +42,7 @@ export function pinTakes(pred) { pins.push(pred); }
 /* The service keeps a session of up to n takes: hold at least that many. */
 export function holdAtLeast(n) { keepAtLeast = n || 0; }
 
-export function takeTitle(t) { return t.title ? t.title + ' (' + t.name + ')' : t.name; }
+export { takeTitle } from './util.js';
 /* Whether the service still holds the take on this connection (so replay, retake and its download work). */
 export function serverHolds(take) { return !!(take && take.id && take.conn === conn.serial && conn.ready && !take.dropped); }
 

@@ -120,8 +120,7 @@ def test_takes_come_back_after_a_reload_and_a_restart(browser: Any, tmp_path: Pa
             assert [t["take_id"] for t in stored(url, session, context)][-1] == retake["id"]
             # Delete: gone from the session too.
             pg.evaluate(f"window.studio.select('{back[1]['key']}')")
-            pg.click("#takeDelete")
-            pg.click("#takeDelete")
+            pg.click("#takeDelete")  # gone from the session once its Undo time has passed
             pg.wait_for_function(
                 f"fetch('/api/sessions/{session}').then((r) => r.json()).then((b) => b.takes.length === 2)",
                 timeout=10_000,
