@@ -37,8 +37,8 @@ collect_ignore = [
 # data dir is the test's own. What is left to arrange is which tests share a worker, and in what order:
 # - a module's tests run on one worker, so its module-scoped servers and browsers start once;
 # - the tests under tests/cluster/ run on one worker: one local Ray at a time (two would not fit on a small machine);
-# - the longest groups start first (the Ray cluster's, then the browser modules), so none is left running alone at
-#   the end.
+# - the longest groups start first (the Ray cluster's, the browser modules, then modules with a test marked `slow`),
+#   so none is left running alone at the end.
 # (xdist's own `--dist loadgroup` would say the same with marks, but it cannot tag items with pytest 9.2, whose
 # nodes keep their id elsewhere.)
 
@@ -72,10 +72,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def rank(item: pytest.Item) -> int:
         if _scope_of(item.nodeid) == "tests/cluster":
             return 0
-        return 1 if item.get_closest_marker("browser") else 2
+        if item.get_closest_marker("browser"):
+            return 1
+        return 2 if item.get_closest_marker("slow") else 3
 
-    # Every worker collects the same items and sorts them alike (xdist checks that their collections agree).
-    items.sort(key=rank)
+    # A module starts as early as its longest test asks; every worker collects the same items and sorts them alike
+    # (xdist checks that their collections agree).
+    module_rank: dict[str, int] = {}
+    for item in items:
+        scope = _scope_of(item.nodeid)
+        module_rank[scope] = min(module_rank.get(scope, 3), rank(item))
+    items.sort(key=lambda item: module_rank[_scope_of(item.nodeid)])
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ def free_port() -> int:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
         address = listener.getsockname()
-        with socket.create_connection(address) as client:
+        with socket.create_connection(address):
             accepted, _ = listener.accept()
             accepted.close()  # closed first on the port's side: the TIME_WAIT is the port's
         return int(address[1])
