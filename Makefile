@@ -12,7 +12,7 @@ SERVE_FLAGS := $(if $(filter command line,$(origin HOST)),--host $(HOST)) \
 CLUSTER_STAMP := $(VENV)/.cluster-installed
 PACKAGE_STAMP := $(VENV)/.package-installed
 
-.PHONY: install run run-scripted run-cluster test test-fast test-cluster test-gpu browser soak lint bench-cpu clean
+.PHONY: install run run-scripted run-cluster test test-fast test-cluster test-gpu browser postgresql soak lint bench-cpu clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,9 +54,9 @@ run-scripted: $(PACKAGE_STAMP)
 # worker and the cluster tests on one); `make test TEST_WORKERS=0` runs it in this one process, `TEST_WORKERS=4` on 4.
 TEST_WORKERS ?= auto
 
-## The whole suite, one worker per CPU (sets everything up, including Chromium for the browser tests).
-## PYTHONASYNCIODEBUG=1: asyncio's debug mode, which fails loop misuse (a call from another thread) loudly.
-test: $(DEV_STAMP) browser
+## The whole suite, one worker per CPU (sets everything up, including Chromium for the browser tests and PostgreSQL
+## for the shared session store's tests). PYTHONASYNCIODEBUG=1: asyncio's debug mode (loop misuse fails loudly).
+test: $(DEV_STAMP) browser postgresql
 	PYTHONASYNCIODEBUG=1 $(PY) -m pytest -n $(TEST_WORKERS)
 
 ## Everything but the browser tests.
@@ -77,11 +77,18 @@ browser:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium could not be installed: the browser test will be skipped"; }
 
+## Debian's PostgreSQL for the shared session store's tests (best effort: those tests skip without it). The tests
+## start their own server in a temporary folder; nothing is started here.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null 2>&1 || { \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
+		|| echo "postgresql could not be installed: the PostgreSQL session-store tests will be skipped"; }
+
 ## Bounded soak test against the tiny model (minutes; not part of `make test`).
 soak: $(DEV_STAMP)
 	$(PY) -m tests.soak
 
-## Ruff, then mypy (config in pyproject.toml: strict on protocol/, session.py and the engine seam).
+## Ruff, then mypy over the whole package (config in pyproject.toml: strict, except Triton kernel bodies).
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check moss_rt tests bench
 	$(VENV)/bin/mypy

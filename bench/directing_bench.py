@@ -340,6 +340,12 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
             "prefill_passes": delta("moss_rt_prefill_batch_size_count"),
             "codec_wait_ms_per_step": round(1000.0 * delta("moss_rt_codec_wait_seconds_sum")
                                             / max(1.0, delta("moss_rt_step_seconds_count")), 2),
+            # The codec worker's lanes: calls started in each, and a decode's mean time (all lanes).
+            "codec_calls": {lane: delta(f'moss_rt_codec_calls_total{{lane="{lane}"}}')
+                            for lane in ("priority", "bulk")},
+            "codec_call_ms_mean": round(1000.0 * delta("moss_rt_codec_seconds_sum")
+                                        / max(1.0, delta("moss_rt_codec_seconds_count")), 2),
+            "cancel_dropped_frames": delta("moss_rt_cancel_dropped_frames_total"),
         },
     }
 

@@ -29,7 +29,8 @@ def to_int16_pcm(audio: np.ndarray, channels: int) -> bytes:
         raise ValueError(f"channels must be 1 or 2, got {channels}")
     mixed = np.nan_to_num(mixed, nan=0.0, posinf=1.0, neginf=-1.0)
     scaled = np.clip(np.rint(mixed * 32767.0), -32768, 32767)
-    return scaled.astype("<i2").tobytes()
+    pcm: bytes = scaled.astype("<i2").tobytes()
+    return pcm
 
 
 def wav_bytes(pcm: bytes, sample_rate: int, channels: int) -> bytes:

@@ -11,46 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moss_rt.config import Settings, add_setting_flags, settings_from_env, settings_from_flags
-from moss_rt.engine.base import Engine
+from moss_rt.config import add_setting_flags, settings_from_env, settings_from_flags
+from moss_rt.logging_setup import setup_logging
+from moss_rt.serving import build_engine
 
 log = logging.getLogger("moss_rt")
 # Connection errors that mean "nothing answers there": refused, host or network unreachable, timed out.
 _UNREACHABLE = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT, errno.EADDRNOTAVAIL}
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
-
-
-def build_engine(settings: Settings) -> Engine:
-    """The engine named by settings (imported lazily: the scripted one needs no torch, and only
-    cluster mode imports Ray)."""
-    if settings.cluster:
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise SystemExit("--cluster needs Ray: pip install -r requirements-cluster.txt (docs/cluster.md)")
-        from moss_rt.cluster.router import ClusterEngine
-
-        return ClusterEngine(settings)
-    if settings.engine == "scripted":
-        from moss_rt.engine.scripted import ScriptedEngine
-
-        return ScriptedEngine(
-            frame_ms=settings.frame_ms,
-            max_slots=settings.max_slots,
-            max_queue=settings.max_queue,
-            max_lead_sec=settings.max_lead_sec,
-        )
-    if settings.engine == "moss":
-        from moss_rt.engine.moss import MossEngine
-
-        return MossEngine(settings)
-    raise SystemExit(f"unknown engine {settings.engine!r} (moss or scripted)")
 
 
 # --------------------------------------------------------------------------- serve
@@ -67,7 +34,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 def run_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from moss_rt.web import create_app
+    from moss_rt.storage.database import StoreConfigError, StoreUnavailable
+    from moss_rt.web.app import create_app
     from moss_rt.web.state import STATE
 
     settings = settings_from_flags(args, args.base)
@@ -78,19 +46,26 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a malformed setting (an alias map, ...): say which, no traceback
         print(f"moss_rt: {exc}", file=sys.stderr)
         return 2
+    except StoreConfigError as exc:  # --session-store cannot be used (scheme, driver): say why
+        print(f"moss_rt: the session store cannot be opened: {exc}", file=sys.stderr)
+        return 2
     log.info("moss_rt on http://%s:%d (engine %s%s)", settings.host, settings.port, settings.engine,
              f", cluster {settings.cluster}" if settings.cluster else "")
     # run_app turns SIGTERM and SIGINT into a graceful exit: stop listening, then the app's
     # on_shutdown ends running takes with reason "shutdown" and closes sockets with 1001.
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        print=None,
-        handler_cancellation=True,
-        shutdown_timeout=settings.shutdown_grace_sec,
-        reuse_port=settings.reuse_port or None,
-    )
+    try:
+        web.run_app(
+            app,
+            host=settings.host,
+            port=settings.port,
+            print=None,
+            handler_cancellation=True,
+            shutdown_timeout=settings.shutdown_grace_sec,
+            reuse_port=settings.reuse_port or None,
+        )
+    except (StoreConfigError, StoreUnavailable) as exc:  # the store could not be opened at start: say why
+        print(f"moss_rt: the session store cannot be opened: {exc}", file=sys.stderr)
+        return 1
     failure = app[STATE].engine_failure
     if failure is not None:
         print(f"moss_rt: the engine failed to start: {failure}", file=sys.stderr)
@@ -200,9 +175,7 @@ def unreachable_hint(url: str, exc: BaseException) -> str:
 def run_say(args: argparse.Namespace) -> int:
     setup_logging("WARNING")
     if args.model is not None:
-        from moss_rt.model.commands import say_codes_command
-
-        return say_codes_command(args)
+        return _say_locally(args)
     from websockets.exceptions import InvalidHandshake, InvalidURI
 
     from moss_rt.client import DirectingClient, ServerError, fetch_words, http_stream
@@ -255,6 +228,20 @@ def run_say(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_locally(args: argparse.Namespace) -> int:
+    """``say --model``: the checkpoint in this process, no service (the tiny one lives in the data dir)."""
+    from moss_rt.engine.resolve import tiny_root
+    from moss_rt.model.commands import SayCodes, say_codes_command
+
+    request = SayCodes(
+        model=args.model, text=args.text, instruction=args.instruction, language=args.language,
+        reference=args.reference, seed=args.seed, tokens=args.tokens, temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens, codes_out=args.codes_out, device=args.device, codec=args.codec,
+        output=args.output, channels=args.channels, tiny_dir=tiny_root(settings_from_env()) / "model",
+    )  # fmt: skip
+    return say_codes_command(request)
+
+
 def _write_words(args: argparse.Namespace, take: Any, fetch: Any) -> None:
     """``--words``/``--srt``/``--vtt``: the take's word timings as JSON, and its captions from the server."""
     import json
@@ -302,7 +289,6 @@ def add_render(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run_render(args: argparse.Namespace) -> int:
     import json
-    import os
 
     from moss_rt.scripts.client import OwnerFile, RenderError, default_owner_file, render_script, serve_in_process
 
@@ -322,9 +308,10 @@ def run_render(args: argparse.Namespace) -> int:
 
     async def _render() -> object:
         url, runner, owners_key = args.url, None, None
+        base = settings_from_env()  # MOSS_RT_API_KEY authenticates to the service; with --local, the settings
         if args.local:
             overrides = {k: getattr(args, k) for k in ("engine", "model", "codec", "device", "data_dir")}
-            settings = settings_from_env().replace(**{k: v for k, v in overrides.items() if v is not None})
+            settings = base.replace(**{k: v for k, v in overrides.items() if v is not None})
             url, runner = await serve_in_process(settings)
             # A new port every run: the owner is the data dir's (its secret signs the cookie).
             owners_key = f"local:{settings.data_dir.resolve()}"
@@ -332,7 +319,7 @@ def run_render(args: argparse.Namespace) -> int:
             return await render_script(
                 url, args.output, script_path=args.script, script_id=args.script_id, cast=cast,
                 session=args.session, fmt=args.format, sample_rate=args.sample_rate,
-                api_key=os.environ.get("MOSS_RT_API_KEY"), progress=not args.no_progress, owners=owners,
+                api_key=base.api_key, progress=not args.no_progress, owners=owners,
                 owners_key=owners_key,
             )  # fmt: skip
         finally:
@@ -369,9 +356,9 @@ def add_make_tiny(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 def run_make_tiny(args: argparse.Namespace) -> int:
     setup_logging("INFO")
-    from moss_rt.model.commands import make_tiny_command
+    from moss_rt.model.commands import MakeTiny, make_tiny_command
 
-    return make_tiny_command(args)
+    return make_tiny_command(MakeTiny(dir=args.dir, seed=args.seed, dtype=args.dtype))
 
 
 def build_parser(prog: str = "moss-rt") -> argparse.ArgumentParser:
@@ -389,4 +376,4 @@ def main(argv: list[str] | None = None, *, prog: str = "moss-rt") -> int:
     return int(args.func(args))
 
 
-__all__ = ["build_engine", "build_parser", "main"]
+__all__ = ["build_parser", "main"]

@@ -53,6 +53,17 @@ class Settings:
     session_storage_per_client_mb: int = setting(
         4096, "MB the sessions one client address created may take; past it: 507 (0: no cap)"
     )
+    # Where the sessions' records live (docs/cluster.md "One session store"): empty is SQLite in
+    # data_dir/sessions (one machine, nothing to run); a postgresql:// URL is a PostgreSQL database several
+    # front ends share, their takes' files then in session_files, a directory every front end mounts.
+    session_store: str = setting(
+        "",
+        "where directing sessions' records live: empty: SQLite in the data dir; postgresql://USER@HOST/DB: "
+        "PostgreSQL shared by several front ends (with --session-files on a shared directory)",
+    )
+    session_files: str = setting(
+        "", "directory of the stored takes' codes and audio (empty: DATA_DIR/sessions); shared by the front ends"
+    )
     # Session imports unpack and check whole takes on worker threads: at most this many at once (one per client),
     # so they cannot crowd out the threads others' requests need; exports (packed at their reader's pace) may be
     # four times as many. More: 503 busy / 429.
@@ -95,6 +106,15 @@ class Settings:
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")
+    # Steady chunks and batch work are decoded in calls of at most this many streams, so a director's first chunk
+    # (the codec's priority lane) waits for at most one short call; fewer streams a call: shorter waits, less codec
+    # throughput (each call has a fixed cost). 31 fills the codec's 32-row graph bucket (~20-30 ms at full size on an
+    # H200). docs/architecture.md.
+    codec_call_streams: int = setting(
+        255,
+        "streams per bulk codec call at most (smaller: a first chunk waits less behind a running call, less "
+        "throughput)",
+    )
     # Word timing (docs/words.md): the aligner behind ``words``, captions and seek by word.
     aligner: str = setting(
         "auto", "word aligner: auto | pocketsphinx | ctc:<hub id or folder> | none (docs/words.md)"
@@ -180,6 +200,11 @@ class Settings:
     # SO_REUSEPORT: several front-end processes (or servers) listen on one port; the kernel spreads
     # connections over them (docs/cluster.md).
     reuse_port: bool = setting(False, "listen with SO_REUSEPORT, so several processes share the port")
+
+    @property
+    def session_files_dir(self) -> Path:
+        """Where stored takes' files live (and the SQLite store's database)."""
+        return Path(self.session_files) if self.session_files else self.data_dir / "sessions"
 
     @property
     def voices_store_dir(self) -> Path:

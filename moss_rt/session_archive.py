@@ -49,7 +49,7 @@ import numpy as np
 from moss_rt.audio import wav_header
 from moss_rt.bounded_json import loads_bounded
 from moss_rt.protocol import FRAME_SAMPLES, N_CODEBOOKS, SAMPLE_RATE, ErrorCode, Limits, ProtocolError, StartTake
-from moss_rt.session_store import NOTE_FIELDS, TAKE_ID, StorageFull, StoredTake, check_notes
+from moss_rt.session_records import NOTE_FIELDS, TAKE_ID, StorageFull, StoredTake, check_notes
 
 ARCHIVE_VERSION = 1
 MANIFEST = "session.json"
@@ -69,7 +69,7 @@ class ArchiveBounds:
     """What one import may hold and unpack to."""
 
     limits: Limits  # the service's request limits: every take's request must parse under them
-    max_takes: int  # takes in one session
+    max_session_takes: int  # takes in one session
     max_take_frames: int  # frames of one take (its kept frames included)
     codebook_size: int  # every code must lie in [0, codebook_size)
     max_unpacked_bytes: int  # audio + codes written while unpacking: past it, 413 too_large
@@ -78,7 +78,7 @@ class ArchiveBounds:
     @property
     def max_json_values(self) -> int:
         # A record is ~40 values plus two per marker (MAX_MARKERS of them): ~1000 per take bounds a real archive.
-        return 1000 * (self.max_takes + 1)
+        return 1000 * (self.max_session_takes + 1)
 
 
 @dataclass(frozen=True)
@@ -221,8 +221,8 @@ def unpack_archive(source: str | Path | IO[bytes], staging: Path, bounds: Archiv
 
 def _members(z: zipfile.ZipFile, bounds: ArchiveBounds) -> dict[str, zipfile.ZipInfo]:
     infos = z.infolist()
-    if len(infos) > 2 * bounds.max_takes + 16:
-        raise bad(f"{len(infos)} members; a session of at most {bounds.max_takes} takes has far fewer")
+    if len(infos) > 2 * bounds.max_session_takes + 16:
+        raise bad(f"{len(infos)} members; a session of at most {bounds.max_session_takes} takes has far fewer")
     members: dict[str, zipfile.ZipInfo] = {}
     for info in infos:
         if info.filename in members:
@@ -266,8 +266,8 @@ def _records(z: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], bounds: Ar
     if manifest.get("sample_rate", SAMPLE_RATE) != SAMPLE_RATE:
         raise bad(f"sample_rate must be {SAMPLE_RATE}")
     raw = manifest.get("takes")
-    if not isinstance(raw, list) or len(raw) > bounds.max_takes:
-        raise bad(f"'takes' must be a list of at most {bounds.max_takes} (max_session_takes)")
+    if not isinstance(raw, list) or len(raw) > bounds.max_session_takes:
+        raise bad(f"'takes' must be a list of at most {bounds.max_session_takes} (max_session_takes)")
     records = [_record(r, i, bounds) for i, r in enumerate(raw)]
     seen: set[str] = set()
     for r in records:

@@ -1,33 +1,40 @@
-"""Directing sessions that survive a reload, a reconnect or a restart: their takes on disk in the data dir.
+"""Directing sessions that survive a reload, a reconnect, a restart, or a client moving to another front end.
 
 A session is an unguessable id (it is the capability to read it, like a take id) owning takes: each take's
 parameters (the start request), seed, lineage, end reason and stats, the director's notes (name, star, note,
 markers), its codes (so a retake of it can rebuild the model and codec state from them) and the audio as it was
-heard. Records live in one SQLite database (the standard library's ``sqlite3``); the codes and audio of a take are
-two files beside it:
+heard. Records live in a database (:mod:`moss_rt.storage`): SQLite in the data dir by default, or PostgreSQL
+shared by several front ends (``--session-store postgresql://…``). The codes and audio of a take are two files
+in the store's files directory (beside the SQLite file, or a directory every front end mounts):
 
-    <root>/sessions.sqlite3
+    <root>/sessions.sqlite3                  (SQLite only)
     <root>/<session id>/<take id>.pcm        int16 little-endian, interleaved when stereo (as streamed)
     <root>/<session id>/<take id>.codes.npy  [n_frames, 12] int64
+    <root>/.staging/<front end>/…            imports being unpacked, per front end
 
 Writes are atomic: a take's files are written first (temp file, fsync, rename), then its row in one transaction,
-so a crash leaves at most an orphan file (swept when the store opens), never a record without its audio. An
-import is unpacked into a staging folder (``<root>/.staging/``), renamed into place whole and then recorded,
-session and takes, in one transaction: a crash at any point leaves the whole session or none of it.
+so a crash leaves at most an orphan file, never a record without its audio. An import is unpacked into a staging
+folder, renamed into place whole and then recorded, session and takes, in one transaction: a crash at any point
+leaves the whole session or none of it. Orphans are swept when a store opens (and by the application's upkeep):
+all of them when no other front end may be writing, else only those older than :data:`ORPHAN_GRACE_SEC`
+(moss_rt/storage/front_ends.py).
 
 Every session has an owner (an opaque identity string chosen by the web layer: an API key's principal or a
 signed browser cookie) and the client address that created it. Sessions are bounded on disk: a cap on their
 number (in all and per client), a byte budget (in all and per client, plus free space left on the disk) past
 which takes and imports are refused with :class:`StorageFull` (HTTP 507), and :meth:`SessionStore.expire` for
-the retention sweep. A session may be shared read-only through a revocable share token.
+the retention sweep. A session may be shared read-only through a revocable share token. The checks that count
+what every front end stored run in the same serialized transaction as the write they allow, so front ends
+sharing a store enforce the caps together.
 
-A session holds at most ``max_takes`` takes; one more is refused with a clear message (``SessionFull``), never
-dropped silently. Sessions travel as one archive (``export_archive`` / ``import_archive``): a zip with
-``session.json`` (the records), ``takes/<take id>.wav`` (the heard audio, playable anywhere) and
-``takes/<take id>.codes.npy``.
+A session holds at most ``max_session_takes`` takes (``Limits.max_session_takes``); one more is refused with a
+clear message (``SessionFull``), never dropped silently. The records (:class:`StoredTake`, ids, notes, the store's
+refusals) are in :mod:`moss_rt.session_records`, which the archive format shares. Sessions travel as one archive
+(``export_archive`` / ``import_archive``): a zip with ``session.json`` (the records), ``takes/<take id>.wav`` (the
+heard audio, playable anywhere) and ``takes/<take id>.codes.npy``.
 
-Sans-I/O in the aiohttp sense: no event loop, no sockets. Every call blocks on the disk; the web layer runs them
-on a worker thread. One lock serialises them (SQLite connection shared across threads).
+Sans-I/O in the aiohttp sense: no event loop, no sockets of its own. Every call blocks on the disk (or the
+database's network); the web layer runs them on worker threads.
 """
 
 from __future__ import annotations
@@ -39,110 +46,43 @@ import io
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
-import sqlite3
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 import numpy as np
 
-from moss_rt.protocol import FRAME_SAMPLES, N_CODEBOOKS, ErrorCode, Limits, ProtocolError
+from moss_rt.protocol import DEFAULT_LIMITS, FRAME_SAMPLES, N_CODEBOOKS, ErrorCode, Limits, ProtocolError
+from moss_rt.session_archive import ArchiveBounds, unpack_archive, write_archive
+from moss_rt.session_records import (
+    SESSION_ID,
+    TAKE_ID,
+    SessionFull,
+    StorageFull,
+    StoredTake,
+    check_notes,
+    new_session_id,
+    pcm_bytes,
+    short_id,
+)
+from moss_rt.storage import front_ends, session_schema
+from moss_rt.storage.database import Database, Reader, SqliteDatabase, StoreUnavailable, Tx
+from moss_rt.storage.migrations import MigrationContext, migrate
+from moss_rt.storage.url import SQLITE, parse_store_setting
 from moss_rt.voices import _fsync_dir, atomic_write
 
 log = logging.getLogger(__name__)
 
 ARCHIVE_VERSION = 1  # the archive format (moss_rt/session_archive.py)
-SESSION_ID = re.compile(r"^s_[A-Za-z0-9_-]{16,64}$")
-TAKE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-NOTE_FIELDS = ("title", "starred", "note", "markers")
-MAX_TITLE = 80
-MAX_NOTE = 2000
-MAX_MARKERS = 200
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY,
-    created REAL NOT NULL,
-    updated REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS takes (
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    take_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    parent TEXT,
-    branch_frame INTEGER NOT NULL,
-    seed TEXT NOT NULL,
-    request TEXT NOT NULL,
-    reason TEXT,
-    n_frames INTEGER NOT NULL,
-    channels INTEGER NOT NULL,
-    stats TEXT NOT NULL,
-    title TEXT NOT NULL DEFAULT '',
-    starred INTEGER NOT NULL DEFAULT 0,
-    note TEXT NOT NULL DEFAULT '',
-    markers TEXT NOT NULL DEFAULT '[]',
-    created REAL NOT NULL,
-    PRIMARY KEY (session_id, take_id)
-);
-"""
-
-# Added by schema version 1 (owners, budgets, shares); applied to databases made before it.
-SCHEMA_VERSION = 1
-_COLUMNS_V1 = {
-    "sessions": (("owner", "TEXT"), ("client", "TEXT"), ("bytes", "INTEGER NOT NULL DEFAULT 0")),
-    "takes": (("bytes", "INTEGER NOT NULL DEFAULT 0"),),
-}
-_SCHEMA_V1 = """
-CREATE TABLE IF NOT EXISTS shares (
-    token TEXT PRIMARY KEY,
-    session_id TEXT NOT NULL UNIQUE REFERENCES sessions(id) ON DELETE CASCADE,
-    created REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS sessions_client ON sessions(client);
-CREATE INDEX IF NOT EXISTS sessions_updated ON sessions(updated);
-"""
-STAGING = ".staging"  # imports being unpacked; removed whole when the store opens
+DB_FILE = "sessions.sqlite3"  # the SQLite backend's file, in the root
+STAGING = ".staging"  # imports being unpacked, one folder per front end (moss_rt/storage/front_ends.py)
+# Files without a record younger than this are left alone while another front end may be writing them (a take's
+# files wait for their row a few milliseconds; an import's folder for its rows a few seconds).
+ORPHAN_GRACE_SEC = 15 * 60.0
 CODEBOOK_SIZE = 1024  # the codebook of the MOSS audio tokenizer (and the scripted engine); engines may say otherwise
-
-
-# Word timings of stored takes (moss_rt.align), added after the first release: a table of its own, created when an
-# older database is opened, so old databases keep working and a take without a row is aligned on demand.
-_WORDS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS take_words (
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    take_id TEXT NOT NULL,
-    aligner TEXT NOT NULL,
-    words TEXT NOT NULL,
-    created REAL NOT NULL,
-    PRIMARY KEY (session_id, take_id)
-);
-"""
-
-
-def new_session_id() -> str:
-    return "s_" + secrets.token_urlsafe(18)
-
-
-def short_id(session_id: str) -> str:
-    """A session id as logs show it: enough to tell sessions apart, never enough to open one."""
-    return session_id[:6] + "…"
-
-
-class StorageFull(ProtocolError):
-    """The data dir's budget (or the disk) cannot keep what was asked: HTTP 507 ``insufficient_storage``."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(
-            ErrorCode.INSUFFICIENT_STORAGE,
-            f"not enough storage: {why}; delete takes or sessions you no longer need, or ask the operator for room",
-        )
 
 
 @dataclass(frozen=True)
@@ -157,117 +97,84 @@ class StoreBudget:
     reserve_free_bytes: int = 256 * 1024 * 1024  # disk space always left free for the rest of the service
 
 
-class SessionFull(ProtocolError):
-    def __init__(self, max_takes: int) -> None:
-        super().__init__(
-            ErrorCode.TOO_LARGE,
-            f"this session already keeps {max_takes} takes, the most one session may; delete takes you no longer "
-            "need (or export the session and start a new one) to record more",
-        )
-
-
-@dataclass
-class StoredTake:
-    """One take of a session as stored: everything needed to list, play, download and retake it."""
-
-    take_id: str
-    request: dict[str, Any]  # StartTake.to_dict(): the take's own direction and parameters
-    seed: int
-    n_frames: int
-    channels: int
-    parent: str | None = None
-    branch_frame: int = 0  # frames [0, branch_frame) came from the parent
-    reason: str | None = None
-    stats: dict[str, float] = field(default_factory=dict)
-    title: str = ""
-    starred: bool = False
-    note: str = ""
-    markers: list[dict[str, Any]] = field(default_factory=list)  # [{"sample": int, "label": str}]
-    created: float = field(default_factory=time.time)
-    seq: int = 0  # order within the session (assigned by the store)
-
-    def public(self) -> dict[str, Any]:
-        """The record as sent to a client (``resume``) and written to an archive's session.json."""
-        return {**dataclasses.asdict(self), "seed": self.seed}
-
-
-def _check_notes(notes: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in notes.items():
-        if key not in NOTE_FIELDS:
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"unknown take note {key!r}", field=key)
-        if key == "starred":
-            if not isinstance(value, bool):
-                raise ProtocolError(ErrorCode.INVALID_FIELD, "'starred' must be true or false", field=key)
-        elif key == "markers":
-            if not isinstance(value, list) or len(value) > MAX_MARKERS:
-                raise ProtocolError(
-                    ErrorCode.INVALID_FIELD, f"'markers' must be a list of at most {MAX_MARKERS}", field=key
-                )
-            for m in value:
-                if not (
-                    isinstance(m, dict)
-                    and isinstance(m.get("sample"), int)
-                    and m["sample"] >= 0
-                    and isinstance(m.get("label"), str)
-                    and len(m["label"]) <= MAX_TITLE
-                ):
-                    raise ProtocolError(
-                        ErrorCode.INVALID_FIELD, "a marker is {'sample': int >= 0, 'label': short text}", field=key
-                    )
-            value = [{"sample": m["sample"], "label": m["label"]} for m in value]
-        else:
-            limit = MAX_TITLE if key == "title" else MAX_NOTE
-            if not isinstance(value, str) or len(value) > limit:
-                raise ProtocolError(
-                    ErrorCode.INVALID_FIELD, f"{key!r} must be text of at most {limit} characters", field=key
-                )
-        out[key] = value
-    return out
-
-
-check_notes = _check_notes  # the public name (archives check imported notes with it)
-
-
 class SessionStore:
-    """Sessions and their takes under ``root`` (created if missing).
+    """Sessions and their takes: records in ``database`` (default: SQLite in ``root``), files under ``root``
+    (created if missing).
 
     ``limits`` bounds what imports may hold (their JSON, their takes' requests); ``budget`` what the sessions may
     take on disk. Owners are only checked by :meth:`check_access`, which the web layer calls with the request's
-    identity before anything else; the other methods trust their caller.
+    identity before anything else; the other methods trust their caller. The store owns ``database`` (closes it).
     """
 
     def __init__(
-        self, root: Path, *, max_takes: int = 500, limits: Limits | None = None, budget: StoreBudget | None = None
+        self,
+        root: Path,
+        *,
+        max_session_takes: int = DEFAULT_LIMITS.max_session_takes,
+        limits: Limits | None = None,
+        budget: StoreBudget | None = None,
+        database: Database | None = None,
     ) -> None:
         self.root = Path(root)
-        self.max_takes = max_takes
+        self.max_session_takes = max_session_takes  # takes one session keeps
         self.limits = limits or Limits()
         self.budget = budget or StoreBudget()
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.root / "sessions.sqlite3", check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a committed take survives a power cut
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)
-        self._migrate()
-        self._db.executescript(_WORDS_SCHEMA)  # word timings: a table of its own (IF NOT EXISTS)
-        self._sweep_orphans()
+        self.front_end = front_ends.new_front_end_id()  # this store's name among those sharing the database
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.db = database if database is not None else SqliteDatabase(self.root / DB_FILE)
+        except BaseException:
+            if database is not None:
+                database.close()
+            raise
+        try:
+            migrate(
+                self.db,
+                session_schema.COMPONENT,
+                session_schema.MIGRATIONS,
+                MigrationContext(self.root),
+                adopt=session_schema.adopt_sqlite if self.db.dialect == SQLITE else None,
+            )
+            front_ends.register(self.db, self.front_end)
+            self._check_files_dir()
+            self.sweep_orphans()
+        except BaseException:
+            self.db.close()
+            raise
+
+    @property
+    def shared(self) -> bool:
+        """Whether front ends on other hosts may share this store (PostgreSQL)."""
+        return self.db.shared
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        with contextlib.suppress(StoreUnavailable):
+            front_ends.unregister(self.db, self.front_end)
+        self.db.close()
+
+    def heartbeat(self) -> None:
+        """This front end is still using the store (the application calls it every ``front_ends.HEARTBEAT_SEC``)."""
+        front_ends.heartbeat(self.db, self.front_end)
+
+    def shared_secret(self, name: str, proposal: bytes) -> bytes:
+        """The secret every front end of this store uses under ``name``: ``proposal`` if none was kept yet (the
+        first front end's wins), else the kept one."""
+        with self.db.transaction() as tx:
+            tx.execute(
+                "INSERT INTO store_secrets (name, value, created) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
+                (name, proposal.hex(), time.time()),
+            )
+            value = tx.scalar("SELECT value FROM store_secrets WHERE name = ?", (name,))
+        return bytes.fromhex(str(value))
 
     # ------------------------------------------------------------------ sessions
     def create(self, *, owner: str | None = None, client: str | None = None) -> str:
         """A new empty session owned by ``owner``, counted against ``client``'s caps."""
         session_id = new_session_id()
         now = time.time()
-        with self._tx() as db:
-            self._check_new_session(db, client)
-            db.execute(
+        with self.db.transaction(serialized=True) as tx:
+            self._check_new_session(tx, client)
+            tx.execute(
                 "INSERT INTO sessions (id, created, updated, owner, client) VALUES (?, ?, ?, ?, ?)",
                 (session_id, now, now, owner, client),
             )
@@ -276,9 +183,7 @@ class SessionStore:
     def exists(self, session_id: str) -> bool:
         if not SESSION_ID.match(session_id or ""):
             return False
-        with self._lock:
-            row = self._db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
-        return row is not None
+        return self.db.one("SELECT 1 FROM sessions WHERE id = ?", (session_id,)) is not None
 
     def require(self, session_id: str) -> None:
         if not self.exists(session_id):
@@ -293,105 +198,111 @@ class SessionStore:
         """
         if not SESSION_ID.match(session_id or ""):
             raise _no_session()
-        with self._lock:
-            row = self._db.execute("SELECT owner FROM sessions WHERE id = ?", (session_id,)).fetchone()
-            if row is None:
-                raise _no_session()
-            if owner is not None and row["owner"] == owner:
+        row = self.db.one("SELECT owner FROM sessions WHERE id = ?", (session_id,))
+        if row is None:
+            raise _no_session()
+        if owner is not None and row["owner"] == owner:
+            return
+        if share is not None:
+            shared = self.db.one("SELECT 1 FROM shares WHERE token = ? AND session_id = ?", (share, session_id))
+            if shared is not None:
                 return
-            if share is not None:
-                shared = self._db.execute(
-                    "SELECT 1 FROM shares WHERE token = ? AND session_id = ?", (share, session_id)
-                ).fetchone()
-                if shared is not None:
-                    return
-            if row["owner"] is None and owner is not None:
-                self._db.execute("UPDATE sessions SET owner = ? WHERE id = ? AND owner IS NULL", (owner, session_id))
+        if row["owner"] is None and owner is not None:
+            with self.db.transaction() as tx:
+                adopted = tx.execute(
+                    "UPDATE sessions SET owner = ? WHERE id = ? AND owner IS NULL", (owner, session_id)
+                )
+            if adopted or self.db.scalar("SELECT owner FROM sessions WHERE id = ?", (session_id,)) == owner:
                 log.info("session %s: adopted by its first owner", short_id(session_id))
                 return
         raise _no_session()
 
     def list_sessions(self, owner: str) -> list[dict[str, Any]]:
         """``owner``'s sessions, most recently used first: id, times, take count, bytes on disk."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT s.id, s.created, s.updated, s.bytes, COUNT(t.take_id) AS takes FROM sessions s"
-                " LEFT JOIN takes t ON t.session_id = s.id WHERE s.owner = ? GROUP BY s.id ORDER BY s.updated DESC",
-                (owner,),
-            ).fetchall()
+        rows = self.db.query(
+            "SELECT s.id, s.created, s.updated, s.bytes, COUNT(t.take_id) AS takes FROM sessions s"
+            " LEFT JOIN takes t ON t.session_id = s.id WHERE s.owner = ?"
+            " GROUP BY s.id, s.created, s.updated, s.bytes ORDER BY s.updated DESC",
+            (owner,),
+        )
         return [
-            {"session": r["id"], "created": r["created"], "updated": r["updated"], "takes": r["takes"],
-             "bytes": r["bytes"]}
+            {"session": r["id"], "created": r["created"], "updated": r["updated"], "takes": int(r["takes"]),
+             "bytes": int(r["bytes"])}
             for r in rows
         ]  # fmt: skip
 
     def touch(self, session_id: str) -> None:
         """Mark the session used now (retention counts from its last use)."""
-        with self._tx() as db:
-            db.execute("UPDATE sessions SET updated = ? WHERE id = ?", (time.time(), session_id))
+        with self.db.transaction() as tx:
+            tx.execute("UPDATE sessions SET updated = ? WHERE id = ?", (time.time(), session_id))
 
     def delete_session(self, session_id: str) -> None:
-        """Its records first (one transaction), then its files: a crash in between leaves files the next start
+        """Its records first (one transaction), then its files: a crash in between leaves files the next sweep
         removes, never a record without them."""
         self.require(session_id)
-        with self._tx() as db:
-            db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+        with self.db.transaction() as tx:
+            tx.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
         shutil.rmtree(self._dir(session_id), ignore_errors=True)
 
     def expire(self, unused_since: float, *, batch: int = 500) -> int:
-        """Delete sessions not used since ``unused_since`` (Unix seconds), at most ``batch``; how many went."""
-        with self._tx() as db:
+        """Delete sessions not used since ``unused_since`` (Unix seconds), at most ``batch``; how many went.
+
+        A session used meanwhile (on another front end, between the query and the delete) is kept."""
+        with self.db.transaction() as tx:
             ids = [
                 r[0]
-                for r in db.execute(
+                for r in tx.query(
                     "SELECT id FROM sessions WHERE updated < ? ORDER BY updated LIMIT ?", (unused_since, batch)
                 )
             ]
-            db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
-        for session_id in ids:
+            gone = [
+                i for i in ids if tx.execute("DELETE FROM sessions WHERE id = ? AND updated < ?", (i, unused_since))
+            ]
+        for session_id in gone:
             shutil.rmtree(self._dir(session_id), ignore_errors=True)
-        return len(ids)
+        return len(gone)
 
     # ------------------------------------------------------------------ sharing
     def share(self, session_id: str) -> str:
         """The session's share token (read-only access for whoever holds it), made on first call."""
         self.require(session_id)
-        with self._tx() as db:
-            row = db.execute("SELECT token FROM shares WHERE session_id = ?", (session_id,)).fetchone()
-            if row is not None:
-                return str(row[0])
-            token = "sh_" + secrets.token_urlsafe(18)
-            db.execute(
-                "INSERT INTO shares (token, session_id, created) VALUES (?, ?, ?)", (token, session_id, time.time())
+        with self.db.transaction() as tx:
+            tx.execute(
+                "INSERT INTO shares (token, session_id, created) VALUES (?, ?, ?) ON CONFLICT (session_id) DO NOTHING",
+                ("sh_" + secrets.token_urlsafe(18), session_id, time.time()),
             )
-        return token
+            token = tx.scalar("SELECT token FROM shares WHERE session_id = ?", (session_id,))
+        if token is None:  # the session was deleted meanwhile
+            raise _no_session()
+        return str(token)
 
     def unshare(self, session_id: str) -> bool:
         """Revoke the session's share token; False when it had none."""
         self.require(session_id)
-        with self._tx() as db:
-            return db.execute("DELETE FROM shares WHERE session_id = ?", (session_id,)).rowcount > 0
+        with self.db.transaction() as tx:
+            return tx.execute("DELETE FROM shares WHERE session_id = ?", (session_id,)) > 0
 
     def shared_token(self, session_id: str) -> str | None:
-        with self._lock:
-            row = self._db.execute("SELECT token FROM shares WHERE session_id = ?", (session_id,)).fetchone()
-        return None if row is None else str(row[0])
+        token = self.db.scalar("SELECT token FROM shares WHERE session_id = ?", (session_id,))
+        return None if token is None else str(token)
 
     # ------------------------------------------------------------------ budgets
     def room(self, client: str | None) -> int:
         """Bytes the sessions of ``client`` may still add: within every budget and the disk's free space."""
-        with self._lock:
-            return self._room(self._db, client)
+        return self._room(self.db, client)
 
     def usage(self) -> dict[str, int]:
-        with self._lock:
-            sessions, total = self._db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM sessions").fetchone()
-        return {"sessions": int(sessions), "bytes": int(total)}
+        row = self.db.one("SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM sessions")
+        assert row is not None
+        return {"sessions": int(row[0]), "bytes": int(row[1])}
 
     # ------------------------------------------------------------------ takes
     def put_take(self, session_id: str, take: StoredTake, codes: np.ndarray, pcm: bytes) -> StoredTake:
         """Store a finished take (its files, then its record); refused when the session is full (``SessionFull``),
-        the take longer than a stored take may be (``too_large``) or the budgets spent (``StorageFull``)."""
+        the take longer than a stored take may be (``too_large``) or the budgets spent (``StorageFull``).
+
+        The early checks spare writing files that could not be kept; the session's take count and the budgets are
+        checked again in the transaction that records the take (another front end may have stored meanwhile)."""
         self.require(session_id)
         if not TAKE_ID.match(take.take_id):
             raise ProtocolError(ErrorCode.INVALID_FIELD, "bad take id", field="take")
@@ -407,13 +318,9 @@ class SessionStore:
                 ErrorCode.TOO_LARGE,
                 f"take {take.take_id} has {take.n_frames} frames; a stored take keeps at most {cap}",
             )
-        with self._lock:
-            count = self._db.execute("SELECT COUNT(*) FROM takes WHERE session_id = ?", (session_id,)).fetchone()[0]
-            known = self._db.execute(
-                "SELECT 1 FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take.take_id)
-            ).fetchone()
-        if known is None and count >= self.max_takes:
-            raise SessionFull(self.max_takes)
+        known = self._take_bytes(self.db, session_id, take.take_id) is not None
+        if not known and self._take_count(self.db, session_id) >= self.max_session_takes:
+            raise SessionFull(self.max_session_takes)
         buf = io.BytesIO()
         np.save(buf, codes, allow_pickle=False)
         nbytes = len(pcm) + buf.tell()
@@ -429,22 +336,22 @@ class SessionStore:
                 raise StorageFull("the disk is full") from None
             raise
         try:
-            with self._tx() as db:
-                old = db.execute(
-                    "SELECT bytes FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take.take_id)
-                ).fetchone()
-                grow = nbytes - (old[0] if old is not None else 0)
-                self._check_bytes(db, client, grow, on_disk=True)
-                seq = db.execute(
-                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM takes WHERE session_id = ?", (session_id,)
-                ).fetchone()[0]
-                take = dataclasses.replace(take, seq=take.seq or seq)
-                self._insert_take(db, session_id, take, nbytes)
-                db.execute(
+            with self.db.transaction(serialized=True) as tx:
+                if tx.one("SELECT 1 FROM sessions WHERE id = ?", (session_id,)) is None:
+                    raise _no_session()  # deleted meanwhile
+                old = self._take_bytes(tx, session_id, take.take_id)
+                if old is None and self._take_count(tx, session_id) >= self.max_session_takes:
+                    raise SessionFull(self.max_session_takes)
+                grow = nbytes - (old or 0)
+                self._check_bytes(tx, client, grow, on_disk=True)
+                seq = tx.scalar("SELECT COALESCE(MAX(seq), 0) + 1 FROM takes WHERE session_id = ?", (session_id,))
+                take = dataclasses.replace(take, seq=take.seq or int(seq))
+                self._insert_take(tx, session_id, take, nbytes)
+                tx.execute(
                     "UPDATE sessions SET updated = ?, bytes = bytes + ? WHERE id = ?", (time.time(), grow, session_id)
                 )
         except BaseException:
-            if known is None:  # not recorded: its files would be orphans until the next start
+            if not known:  # not recorded: its files would be orphans until the next sweep
                 pcm_path.unlink(missing_ok=True)
                 codes_path.unlink(missing_ok=True)
             raise
@@ -452,28 +359,23 @@ class SessionStore:
 
     def takes(self, session_id: str) -> list[StoredTake]:
         self.require(session_id)
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM takes WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
+        rows = self.db.query("SELECT * FROM takes WHERE session_id = ? ORDER BY seq", (session_id,))
         return [self._take_of(row) for row in rows]
 
     def count(self, session_id: str) -> int:
         self.require(session_id)
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM takes WHERE session_id = ?", (session_id,)).fetchone()[0])
+        return self._take_count(self.db, session_id)
 
     def check_room(self, session_id: str) -> None:
         """Refuse (SessionFull, StorageFull) before a take is generated that the session could not keep."""
-        if self.count(session_id) >= self.max_takes:
-            raise SessionFull(self.max_takes)
+        if self.count(session_id) >= self.max_session_takes:
+            raise SessionFull(self.max_session_takes)
         if self.room(self._client_of(session_id)) <= 0:
             raise StorageFull("the sessions' budget is spent")
 
     def get_take(self, session_id: str, take_id: str) -> StoredTake:
         self.require(session_id)
-        with self._lock:
-            row = self._db.execute(
-                "SELECT * FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take_id)
-            ).fetchone()
+        row = self.db.one("SELECT * FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take_id))
         if row is None:
             raise ProtocolError(ErrorCode.NOT_FOUND, f"no take {take_id!r} in this session", field="take")
         return self._take_of(row)
@@ -482,29 +384,31 @@ class SessionStore:
         """The director's own notes on a take: title, starred, note, markers.
 
         The ids are positional-only, so any key a client sends lands in ``notes`` (and is refused there), even
-        ``session_id``, ``take_id`` or ``self``."""
-        checked = _check_notes(notes)
+        ``session_id``, ``take_id`` or ``self``. Only the given fields change, so notes written on two front ends
+        at once keep both (the same field: the later write)."""
+        checked = check_notes(notes)
         self.get_take(session_id, take_id)
         if checked:
             cols = ", ".join(f"{k} = ?" for k in checked)  # keys are NOTE_FIELDS only, never client text
             values = [json.dumps(v) if k == "markers" else int(v) if k == "starred" else v for k, v in checked.items()]
-            with self._tx() as db:
-                db.execute(
+            with self.db.transaction() as tx:
+                tx.execute(
                     f"UPDATE takes SET {cols} WHERE session_id = ? AND take_id = ?", (*values, session_id, take_id)
                 )
-                db.execute("UPDATE sessions SET updated = ? WHERE id = ?", (time.time(), session_id))
+                tx.execute("UPDATE sessions SET updated = ? WHERE id = ?", (time.time(), session_id))
         return self.get_take(session_id, take_id)
 
     def delete_take(self, session_id: str, take_id: str) -> None:
         self.get_take(session_id, take_id)
-        with self._tx() as db:
-            row = db.execute(
-                "SELECT bytes FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take_id)
-            ).fetchone()
-            db.execute("DELETE FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take_id))
-            db.execute("DELETE FROM take_words WHERE session_id = ? AND take_id = ?", (session_id, take_id))
-            if row is not None:
-                db.execute("UPDATE sessions SET bytes = MAX(0, bytes - ?) WHERE id = ?", (row[0], session_id))
+        with self.db.transaction() as tx:
+            nbytes = self._take_bytes(tx, session_id, take_id)
+            tx.execute("DELETE FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take_id))
+            tx.execute("DELETE FROM take_words WHERE session_id = ? AND take_id = ?", (session_id, take_id))
+            if nbytes is not None:
+                tx.execute(
+                    "UPDATE sessions SET bytes = CASE WHEN bytes > ? THEN bytes - ? ELSE 0 END WHERE id = ?",
+                    (nbytes, nbytes, session_id),
+                )
         self._pcm_path(session_id, take_id).unlink(missing_ok=True)
         self._codes_path(session_id, take_id).unlink(missing_ok=True)
 
@@ -538,20 +442,18 @@ class SessionStore:
     def put_words(self, session_id: str, take_id: str, words: list[dict[str, Any]], aligner: str) -> None:
         """Keep a stored take's word timings (``WordTime.to_record`` dicts), replacing earlier ones."""
         self.get_take(session_id, take_id)
-        with self._tx() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO take_words (session_id, take_id, aligner, words, created)"
-                " VALUES (?, ?, ?, ?, ?)",
+        with self.db.transaction() as tx:
+            tx.execute(
+                "INSERT INTO take_words (session_id, take_id, aligner, words, created) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (session_id, take_id) DO UPDATE SET aligner = excluded.aligner,"
+                " words = excluded.words, created = excluded.created",
                 (session_id, take_id, aligner, json.dumps(words), time.time()),
             )
 
     def words(self, session_id: str, take_id: str) -> list[dict[str, Any]] | None:
         """A stored take's word timings, or None when they were never stored."""
         self.get_take(session_id, take_id)
-        with self._lock:
-            row = self._db.execute(
-                "SELECT words FROM take_words WHERE session_id = ? AND take_id = ?", (session_id, take_id)
-            ).fetchone()
+        row = self.db.one("SELECT words FROM take_words WHERE session_id = ? AND take_id = ?", (session_id, take_id))
         if row is None:
             return None
         words = json.loads(row["words"])
@@ -578,8 +480,6 @@ class SessionStore:
 
     def write_archive(self, takes: list[StoredTake], session_id: str, out: IO[bytes]) -> None:
         """Write the archive of ``takes`` (from :meth:`exportable_takes`) into ``out`` (need not be seekable)."""
-        from moss_rt.session_archive import write_archive  # the archive format builds on this module's records
-
         write_archive(
             out,
             takes,
@@ -588,9 +488,10 @@ class SessionStore:
         )
 
     def new_staging(self) -> Path:
-        """A fresh folder for an import in progress (removed at the next start if the process dies)."""
-        path = self.root / STAGING / secrets.token_hex(8)
-        for _ in range(3):  # another import may remove the empty parent between the two mkdirs
+        """A fresh folder for an import in progress, under this front end's own staging folder (removed by a
+        later sweep if the process dies)."""
+        path = self.root / STAGING / self.front_end / secrets.token_hex(8)
+        for _ in range(3):  # another import may remove the empty parents between the mkdirs
             try:
                 path.mkdir(parents=True)
                 return path
@@ -600,10 +501,11 @@ class SessionStore:
         return path
 
     def drop_staging(self, path: Path) -> None:
-        """Remove a staging folder (and the staging area itself once empty)."""
+        """Remove a staging folder (and the staging folders above it once empty)."""
         shutil.rmtree(path, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            (self.root / STAGING).rmdir()
+        for parent in (path.parent, self.root / STAGING):
+            with contextlib.suppress(OSError):
+                parent.rmdir()
 
     def import_archive(
         self,
@@ -619,13 +521,10 @@ class SessionStore:
         Everything is checked before it is kept (see :mod:`moss_rt.session_archive`); bad archives are 4xx
         ``ProtocolError``, no room is ``StorageFull`` (507), and nothing is left behind either way.
         """
-        from moss_rt.session_archive import ArchiveBounds, unpack_archive
-
-        with self._lock:
-            self._check_new_session(self._db, client)  # before any work: the caps are known now
+        self._check_new_session(self.db, client)  # before any work: the caps are known now
         bounds = ArchiveBounds(
             limits=self.limits,
-            max_takes=self.max_takes,
+            max_session_takes=self.max_session_takes,
             max_take_frames=self.budget.max_take_frames or self.limits.max_new_tokens,
             codebook_size=codebook_size,
             max_unpacked_bytes=(
@@ -643,7 +542,7 @@ class SessionStore:
 
     def _commit_import(self, folder: Path, unpacked: list[Any], *, owner: str | None, client: str | None) -> str:
         """Put an unpacked session in place: its folder renamed whole, then session and takes in one transaction.
-        A crash between the two leaves a folder without a record, which the next start removes."""
+        A crash between the two leaves a folder without a record, which a later sweep removes."""
         folder.mkdir(parents=True, exist_ok=True)
         _fsync_dir(folder)
         session_id = new_session_id()
@@ -653,43 +552,92 @@ class SessionStore:
         total = sum(u.nbytes for u in unpacked)
         now = time.time()
         try:
-            with self._tx() as db:
-                self._check_new_session(db, client)
-                self._check_bytes(db, client, total, on_disk=True)
-                db.execute(
+            with self.db.transaction(serialized=True) as tx:
+                self._check_new_session(tx, client)
+                self._check_bytes(tx, client, total, on_disk=True)
+                tx.execute(
                     "INSERT INTO sessions (id, created, updated, owner, client, bytes) VALUES (?, ?, ?, ?, ?, ?)",
                     (session_id, now, now, owner, client, total),
                 )
                 for seq, u in enumerate(unpacked, start=1):
-                    self._insert_take(db, session_id, dataclasses.replace(u.take, seq=seq), u.nbytes)
+                    self._insert_take(tx, session_id, dataclasses.replace(u.take, seq=seq), u.nbytes)
         except BaseException:
             shutil.rmtree(final, ignore_errors=True)
             raise
         return session_id
 
-    # ------------------------------------------------------------------ internals
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    def _check_files_dir(self) -> None:
+        """Say so when the files directory holds none of the latest takes the records name: front ends sharing a
+        database must share the files too (``--session-files`` on a shared mount), or resumes find no audio."""
+        rows = self.db.query("SELECT session_id, take_id FROM takes ORDER BY created DESC LIMIT 5")
+        if rows and not any(self._pcm_path(r[0], r[1]).exists() for r in rows):
+            log.warning(
+                "sessions: none of the latest stored takes is in %s; front ends sharing %s must share their files "
+                "directory too (--session-files on a shared mount)",
+                self.root,
+                self.db.describe(),
+            )
 
+    # ------------------------------------------------------------------ orphans
+    def sweep_orphans(self) -> int:
+        """Remove files without a record (a crash between the files and the row, or a deleted session), temp files,
+        and imports that never finished; how many entries went.
+
+        When another front end may be writing into the same directory, only what is older than
+        :data:`ORPHAN_GRACE_SEC` goes (and the staging folders of front ends that are gone)."""
+        others = front_ends.alive_others(self.db, self.front_end)
+        cutoff = time.time() - ORPHAN_GRACE_SEC if others else float("inf")
+        removed = 0
+        staging = self.root / STAGING
+        if staging.is_dir():
+            for d in staging.iterdir():
+                if d.name == self.front_end or (d.name in others and _newest_mtime(d) >= cutoff):
+                    continue
+                shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
+                removed += 1
+            with contextlib.suppress(OSError):
+                staging.rmdir()
+        sessions = {r[0] for r in self.db.query("SELECT id FROM sessions")}
+        for d in self.root.iterdir():
+            if not d.is_dir() or not SESSION_ID.match(d.name):
+                continue
+            if d.name not in sessions:
+                if _newest_mtime(d) < cutoff and not self.exists(d.name):  # asked again: it may have just been made
+                    log.info("removing the files of an unrecorded session %s", short_id(d.name))
+                    shutil.rmtree(d, ignore_errors=True)
+                    removed += 1
+                continue
+            known = {r[0] for r in self.db.query("SELECT take_id FROM takes WHERE session_id = ?", (d.name,))}
+            for f in d.iterdir():
+                take_id = f.name.split(".", 1)[0]
+                if f.name.startswith(".") or take_id not in known:
+                    if _mtime(f) >= cutoff:
+                        continue
+                    log.info("removing orphan session file %s/%s", short_id(d.name), f.name)
+                    f.unlink(missing_ok=True)
+                    removed += 1
+        return removed
+
+    # ------------------------------------------------------------------ internals
     def _client_of(self, session_id: str) -> str | None:
-        with self._lock:
-            row = self._db.execute("SELECT client FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        row = self.db.one("SELECT client FROM sessions WHERE id = ?", (session_id,))
         return None if row is None else row[0]
 
-    def _check_new_session(self, db: sqlite3.Connection, client: str | None) -> None:
+    @staticmethod
+    def _take_count(db: Reader, session_id: str) -> int:
+        return int(db.scalar("SELECT COUNT(*) FROM takes WHERE session_id = ?", (session_id,)))
+
+    @staticmethod
+    def _take_bytes(db: Reader, session_id: str, take_id: str) -> int | None:
+        value = db.scalar("SELECT bytes FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take_id))
+        return None if value is None else int(value)
+
+    def _check_new_session(self, db: Reader, client: str | None) -> None:
         b = self.budget
-        if b.max_sessions and db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] >= b.max_sessions:
+        if b.max_sessions and int(db.scalar("SELECT COUNT(*) FROM sessions")) >= b.max_sessions:
             raise StorageFull(f"the service already keeps {b.max_sessions} sessions (max_sessions)")
         if b.max_sessions_per_client and client is not None:
-            mine = db.execute("SELECT COUNT(*) FROM sessions WHERE client = ?", (client,)).fetchone()[0]
+            mine = int(db.scalar("SELECT COUNT(*) FROM sessions WHERE client = ?", (client,)))
             if mine >= b.max_sessions_per_client:
                 raise ProtocolError(
                     ErrorCode.RATE_LIMITED,
@@ -700,23 +648,27 @@ class SessionStore:
         if self._free_disk() < b.reserve_free_bytes:
             raise StorageFull("the disk is nearly full")
 
-    def _room(self, db: sqlite3.Connection, client: str | None) -> int:
+    def _room(self, db: Reader, client: str | None, *, written: int = 0) -> int:
+        """``written``: bytes already on disk for the write being checked (the disk's free space has paid for
+        them; the budgets have not)."""
         b = self.budget
-        room = self._free_disk() - b.reserve_free_bytes
+        room = self._free_disk() + written - b.reserve_free_bytes
         if b.max_bytes:
-            total = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM sessions").fetchone()[0]
+            total = int(db.scalar("SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM sessions"))
             room = min(room, b.max_bytes - total)
         if b.max_bytes_per_client and client is not None:
-            mine = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM sessions WHERE client = ?", (client,)).fetchone()[0]
+            mine = int(
+                db.scalar("SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM sessions WHERE client = ?", (client,))
+            )
             room = min(room, b.max_bytes_per_client - mine)
         return int(room)
 
-    def _check_bytes(self, db: sqlite3.Connection, client: str | None, grow: int, *, on_disk: bool) -> None:
+    def _check_bytes(self, db: Reader, client: str | None, grow: int, *, on_disk: bool) -> None:
         """Within the budgets after growing by ``grow`` bytes (``on_disk``: they are written already, so the
         disk's free space has paid for them)."""
         if grow <= 0:
             return
-        room = self._room(db, client) + (grow if on_disk else 0)
+        room = self._room(db, client, written=grow if on_disk else 0)
         if grow > room:
             raise StorageFull(f"{grow} more bytes would pass the sessions' budget")
 
@@ -733,11 +685,16 @@ class SessionStore:
         except OSError:
             return -1
 
-    def _insert_take(self, db: sqlite3.Connection, session_id: str, take: StoredTake, nbytes: int) -> None:
+    def _insert_take(self, db: Tx, session_id: str, take: StoredTake, nbytes: int) -> None:
         db.execute(
-            "INSERT OR REPLACE INTO takes (session_id, take_id, seq, parent, branch_frame, seed, request, reason,"
+            "INSERT INTO takes (session_id, take_id, seq, parent, branch_frame, seed, request, reason,"
             " n_frames, channels, stats, title, starred, note, markers, created, bytes)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (session_id, take_id) DO UPDATE SET seq = excluded.seq, parent = excluded.parent,"
+            " branch_frame = excluded.branch_frame, seed = excluded.seed, request = excluded.request,"
+            " reason = excluded.reason, n_frames = excluded.n_frames, channels = excluded.channels,"
+            " stats = excluded.stats, title = excluded.title, starred = excluded.starred, note = excluded.note,"
+            " markers = excluded.markers, created = excluded.created, bytes = excluded.bytes",
             (
                 session_id, take.take_id, take.seq, take.parent, take.branch_frame, str(take.seed),
                 json.dumps(take.request), take.reason, take.n_frames, take.channels, json.dumps(take.stats),
@@ -755,7 +712,7 @@ class SessionStore:
         return self._dir(session_id) / f"{take_id}.codes.npy"
 
     @staticmethod
-    def _take_of(row: sqlite3.Row) -> StoredTake:
+    def _take_of(row: Any) -> StoredTake:
         return StoredTake(
             take_id=row["take_id"],
             request=json.loads(row["request"]),
@@ -774,57 +731,50 @@ class SessionStore:
             seq=row["seq"],
         )
 
-    def _migrate(self) -> None:
-        """Bring a database made by an older version to this schema (columns added, byte counts filled in)."""
-        with self._lock:
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version >= SCHEMA_VERSION:
-                self._db.executescript(_SCHEMA_V1)
-                return
-            for table, columns in _COLUMNS_V1.items():
-                have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
-                for name, decl in columns:
-                    if name not in have:
-                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
-            self._db.executescript(_SCHEMA_V1)
-            rows = self._db.execute("SELECT session_id, take_id FROM takes").fetchall()
-        sizes = [
-            (max(0, self._file_size(self._pcm_path(s, t))) + max(0, self._file_size(self._codes_path(s, t))), s, t)
-            for s, t in rows
-        ]
-        with self._tx() as db:
-            db.executemany("UPDATE takes SET bytes = ? WHERE session_id = ? AND take_id = ?", sizes)
-            db.execute(
-                "UPDATE sessions SET bytes = (SELECT COALESCE(SUM(bytes), 0) FROM takes WHERE session_id = sessions.id)"
-            )
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        if rows:
-            log.info("session store: schema upgraded to version %d (%d takes measured)", SCHEMA_VERSION, len(rows))
 
-    def _sweep_orphans(self) -> None:
-        """Files without a record (a crash between the files and the row, or a deleted session), temp files, and
-        imports that never finished."""
-        shutil.rmtree(self.root / STAGING, ignore_errors=True)
-        with self._lock:
-            known = {(r[0], r[1]) for r in self._db.execute("SELECT session_id, take_id FROM takes")}
-            sessions = {r[0] for r in self._db.execute("SELECT id FROM sessions")}
-        for d in self.root.iterdir():
-            if not d.is_dir() or not SESSION_ID.match(d.name):
-                continue
-            if d.name not in sessions:
-                log.info("removing the files of an unrecorded session %s", short_id(d.name))
-                shutil.rmtree(d, ignore_errors=True)
-                continue
-            for f in d.iterdir():
-                take_id = f.name.split(".", 1)[0]
-                if f.name.startswith(".") or (d.name, take_id) not in known:
-                    log.info("removing orphan session file %s/%s", short_id(d.name), f.name)
-                    f.unlink(missing_ok=True)
+def check_store_setting(setting: str) -> None:
+    """Refuse a ``--session-store`` value that cannot work (an unknown scheme, PostgreSQL without its driver)
+    before anything starts: :class:`~moss_rt.storage.database.StoreConfigError`."""
+    if parse_store_setting(setting).backend != SQLITE:
+        from moss_rt.storage.postgres import load_driver
+
+        load_driver()
 
 
-def pcm_bytes(take: StoredTake) -> int:
-    """Bytes of a take's stored audio: int16 samples, FRAME_SAMPLES per frame per channel."""
-    return take.n_frames * FRAME_SAMPLES * take.channels * 2
+def open_session_store(
+    setting: str,
+    root: Path,
+    *,
+    max_session_takes: int = DEFAULT_LIMITS.max_session_takes,
+    limits: Limits | None = None,
+    budget: StoreBudget | None = None,
+) -> SessionStore:
+    """The store a ``--session-store`` value names (empty: SQLite in ``root``), its files under ``root``."""
+    choice = parse_store_setting(setting)
+    database: Database | None = None
+    if choice.backend != SQLITE:
+        from moss_rt.storage.postgres import PostgresDatabase  # the optional driver, only when asked for
+
+        database = PostgresDatabase(choice.url)
+    store = SessionStore(root, max_session_takes=max_session_takes, limits=limits, budget=budget, database=database)
+    log.info("sessions: records in %s, files in %s", store.db.describe(), root)
+    return store
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _newest_mtime(folder: Path) -> float:
+    """The newest modification time in ``folder`` and under it (a folder being filled is young)."""
+    newest = _mtime(folder)
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in (*dirnames, *filenames):
+            newest = max(newest, _mtime(Path(dirpath) / name))
+    return newest
 
 
 def _codes_file_ok(path: Path, n_frames: int) -> bool:

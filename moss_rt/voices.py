@@ -9,6 +9,7 @@ gives the same id, and an id can never name a path outside the store.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import hashlib
 import io
 import json
@@ -305,7 +306,7 @@ class VoiceStore:
             return None
         return self.get(reference.strip())
 
-    def owned_by(self, owner: str) -> list[Voice]:
+    def owned_by(self, owner: str) -> builtins.list[Voice]:  # (``list`` is a method here)
         return [v for v in self._voices.values() if v.kind == "uploaded" and v.owner == owner]
 
     async def add_upload(self, data: bytes, ext: str, *, name: str | None = None, owner: str | None = None) -> Voice:
@@ -335,12 +336,13 @@ class VoiceStore:
                 return self._voices[voice_id]
             self._check_capacity(owner)
             audio_path = self._dir / f"{voice_id}.{ext}"
+            voice_name, frames = name or voice_id, int(duration * FRAME_RATE)
             record = {
                 "id": voice_id,
-                "name": name or voice_id,
+                "name": voice_name,
                 "file": audio_path.name,
                 "duration": duration,
-                "frames": int(duration * FRAME_RATE),
+                "frames": frames,
                 "sample_rate": sr,
                 "channels": channels,
                 "bytes": len(data),
@@ -353,9 +355,7 @@ class VoiceStore:
                 atomic_write(self._dir / f"{voice_id}.json", json.dumps(record).encode())
 
             await asyncio.to_thread(_persist)
-            voice = Voice(
-                voice_id, record["name"], "uploaded", duration, record["frames"], sr, channels, audio_path, owner
-            )
+            voice = Voice(voice_id, voice_name, "uploaded", duration, frames, sr, channels, audio_path, owner)
             self._voices[voice_id] = voice
             log.info("stored voice %s (%.1f s, %d Hz, %d ch)", voice_id, duration, sr, channels)
             return voice
@@ -427,6 +427,7 @@ class VoiceStore:
 
 def _load_npy(path: Path) -> np.ndarray | None:
     try:
-        return np.load(path, allow_pickle=False)
+        codes: np.ndarray = np.load(path, allow_pickle=False)
+        return codes
     except (OSError, ValueError):
         return None

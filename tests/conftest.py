@@ -14,6 +14,7 @@ import soundfile as sf
 from moss_rt.config import Settings
 from moss_rt.engine.base import Engine
 from tests.helpers import RunningServer, ServerThread, free_port
+from tests.postgres import PostgresCluster, why_no_postgres
 
 # A test module that imports an optional dev-only package at the top is left out of collection where that package
 # is missing (the bare GPU machine that runs `pytest -m gpu`), instead of one import error interrupting the whole
@@ -113,3 +114,27 @@ def sine_wav(seconds: float = 1.5, sr: int = 24000, channels: int = 1, fmt: str 
     buf = io.BytesIO()
     sf.write(buf, data, sr, format=fmt)
     return buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A PostgreSQL server for the whole run (tests/postgres.py); skips with the reason where none can start."""
+    reason = why_no_postgres()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = PostgresCluster()
+    try:
+        cluster.init().start()
+    except BaseException:
+        cluster.remove()
+        raise
+    yield cluster
+    cluster.remove()
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
+    """The URL of a fresh, empty database on the test server (dropped after the test)."""
+    url = postgres_cluster.new_db()
+    yield url
+    postgres_cluster.drop_db(url)

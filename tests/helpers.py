@@ -23,7 +23,7 @@ from moss_rt.client import DirectingClient
 from moss_rt.config import Settings
 from moss_rt.engine.base import Engine
 from moss_rt.protocol import ServerMessage
-from moss_rt.web import create_app
+from moss_rt.web.app import create_app
 from moss_rt.web.state import STATE, ServiceState
 
 T = TypeVar("T")

@@ -47,7 +47,7 @@ def test_take_cancel_and_barge_in(server: RunningServer) -> None:
             assert take.start["label"] == "line"
             assert (take.end["reason"], take.end["n_frames"], take.end["new_frames"]) == ("max_frames", 12, 12)
             assert take.end["duration_sec"] == 0.96 and frames_of(take) == FRAMES
-            # A cancel ends a long take early, with every frame it made sent before the end.
+            # A cancel ends a long take early: its end follows the frames it sent (none after it).
             await client.start(TEXT, **{**REQUEST, "max_new_tokens": 400})
             await next_message(client, "start")
             await client.cancel()

@@ -14,14 +14,14 @@ from moss_rt.protocol import AppendText, Cancel, EndOfText, ErrorCode, Ping, Pro
 from moss_rt.session import (
     Action,
     Admit,
-    DirectingSession,
     FinishAudio,
     Phase,
+    RecentTakes,
     Replay,
     SendAudio,
     SendMessage,
     Stop,
-    TakeStore,
+    TakeLifecycle,
 )
 
 
@@ -33,11 +33,11 @@ class Clock:
         return self.t
 
 
-def make_session(**kwargs: object) -> DirectingSession:
+def make_session(**kwargs: object) -> TakeLifecycle:
     ids = (f"t{i}" for i in itertools.count())
     seeds = itertools.count(1000)
-    return DirectingSession(
-        TakeStore(),
+    return TakeLifecycle(
+        RecentTakes(),
         id_factory=lambda: next(ids),
         seed_factory=lambda: next(seeds),
         clock=Clock(),
@@ -67,7 +67,7 @@ def chunk(first: int, n: int = 2) -> AudioChunk:
     return AudioChunk(first, codes, b"\x01\x00" * 3840 * n)
 
 
-def stream(s: DirectingSession, run: int, frames: int = 4, reason: EndReason = EndReason.DONE) -> list[Action]:
+def stream(s: TakeLifecycle, run: int, frames: int = 4, reason: EndReason = EndReason.DONE) -> list[Action]:
     """Admission succeeds, the engine sends ``frames`` frames and ends with ``reason``."""
     actions = s.admitted(run)
     actions += s.take_event(run, TakeFirstAudio(3.0))
@@ -128,6 +128,32 @@ def test_start_while_streaming_waits_for_the_replaced_end() -> None:
     actions = s.take_event(a.run, TakeFinished(EndReason.REPLACED, 4, 5.0))
     assert sent(actions) == [("end", "t0", "replaced")] and only(actions, Admit)[0].take.take_id == "t1"
     assert s.phase is Phase.ADMITTING
+
+
+def test_a_take_that_cut_in_on_a_streaming_socket_asks_the_engine_for_a_barge_in() -> None:
+    """A start or a retake that replaced a streaming take (the director cut in and waits) is flagged ``barge_in`` on
+    its engine request, so the engine admits it with retakes, ahead of queued new takes; a start on an idle socket or
+    one replacing a take still being admitted is an ordinary new take."""
+    s = make_session()
+    (a,) = s.handle(StartTake(text="a"))
+    assert not a.barge_in and not a.spec(None).barge_in  # nothing was streaming
+    (b,) = only(s.handle(StartTake(text="b")), Admit)  # a was still being admitted: it ends at once
+    assert not b.barge_in
+    s.admitted(b.run)
+    s.take_event(b.run, chunk(0))
+    assert s.handle(StartTake(text="c")) == [Stop(b.run, EndReason.REPLACED)]
+    (c,) = only(s.take_event(b.run, TakeFinished(EndReason.REPLACED, 2, 5.0)), Admit)
+    assert c.barge_in and c.spec(None).barge_in and c.spec(None).parent_take is None
+    s.admitted(c.run)
+    s.take_event(c.run, chunk(0))
+    s.handle(Seek(take="t2", frame=2))  # a retake cutting in: flagged too (retakes go first anyway)
+    (r,) = only(s.take_event(c.run, TakeFinished(EndReason.REPLACED, 2, 5.0)), Admit)
+    assert r.barge_in and r.spec(None).parent_take == "t2"
+    s.admitted(r.run)
+    s.take_event(r.run, chunk(2))
+    assert sent(s.take_event(r.run, TakeFinished(EndReason.DONE, 4, 5.0))) == [("end", "t3", "done")]
+    (d,) = s.handle(StartTake(text="d"))
+    assert not d.barge_in  # idle again
 
 
 def test_starts_while_stopping_keep_only_the_newest_and_end_the_others_in_order() -> None:
@@ -390,7 +416,7 @@ def test_any_interleaving_keeps_one_take_at_a_time(ops: list[tuple[str, int]]) -
 def test_a_session_bound_to_a_store_keeps_every_ended_take_before_its_end_goes_out() -> None:
     from moss_rt.session import Keep, TakeRecord, TakeStatus
 
-    s = make_session(max_takes=2)
+    s = make_session(max_takes_kept=2)
     s.keep_takes(500)  # resume: takes stay until deleted, not the connection's bounded history
     ends: list[tuple[int, int]] = []  # (index of the Keep, index of the end) per take
     for n in range(4):
@@ -401,7 +427,7 @@ def test_a_session_bound_to_a_store_keeps_every_ended_take_before_its_end_goes_o
         assert actions[keep].take is admit.take and actions[keep].take.n_frames == 4
         ends.append((keep, end))
     assert all(k < e for k, e in ends)
-    assert len(s.history.takes) == 4  # none forgotten at max_takes=2
+    assert len(s.history.takes) == 4  # none forgotten at max_takes_kept=2
 
     # A take of the session from an earlier connection: adopted, then retaken from its stored codes.
     old = TakeRecord("t_old", StartTake(text="stored", seed=42))

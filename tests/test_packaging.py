@@ -81,6 +81,8 @@ def test_installed_package_is_the_one_imported_with_its_studio_page(venv: Path) 
     assert result.returncode == 0, result.stderr
     module_file, page_found = result.stdout.split()
     assert Path(module_file).is_relative_to(venv) and page_found == "True"
+    # Its type hints ship with it (PEP 561).
+    assert (Path(module_file).parent / "py.typed").is_file()
 
 
 def test_declared_dependencies_are_satisfied(venv: Path) -> None:
@@ -137,6 +139,9 @@ def test_installed_service_serves_the_studio_and_speech(installed_server: str) -
         assert r.status_code == 200 and r.content == asset.read_bytes(), path
         kind = "text/css" if path.endswith(".css") else "text/javascript"
         assert r.headers["Content-Type"].startswith(kind), (path, r.headers["Content-Type"])
+    # The API's description is package data too.
+    doc = requests.get(installed_server + "/api/openapi.json", timeout=10)
+    assert doc.status_code == 200 and "/api/stream" in doc.json()["paths"]
     speech = requests.post(
         installed_server + "/v1/audio/speech",
         json={"model": "v2-best", "voice": "none", "input": "Installed.", "response_format": "wav"},

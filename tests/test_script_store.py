@@ -35,19 +35,21 @@ def test_migrations_are_versioned_and_applied_once(tmp_path: Path) -> None:
     again.close()
     with sqlite3.connect(path) as db:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert {"scripts", "script_lines", "script_schema", "sessions", "takes"} <= tables
-        assert db.execute("SELECT COUNT(*) FROM script_schema").fetchone()[0] == 1
+        assert {"scripts", "script_lines", "schema_migrations", "sessions", "takes"} <= tables
+        applied = db.execute("SELECT version FROM schema_migrations WHERE component = 'scripts'").fetchall()
+        assert sorted(v for (v,) in applied) == list(range(1, len(MIGRATIONS) + 1))
     sessions.close()
 
 
-def test_a_database_of_the_first_version_is_upgraded_and_keeps_its_scripts(tmp_path: Path) -> None:
+def test_a_database_of_the_first_version_is_adopted_upgraded_and_keeps_its_scripts(tmp_path: Path) -> None:
     sessions = SessionStore(tmp_path)
     path = tmp_path / "sessions.sqlite3"
     session = sessions.create()
-    with sqlite3.connect(path) as db:  # the tables as the first version made them, with a script in them
+    # The tables as the first version made them, with a script in them, versioned by the older bookkeeping.
+    with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE script_schema (version INTEGER NOT NULL)")
         db.execute("INSERT INTO script_schema (version) VALUES (1)")
-        db.executescript(MIGRATIONS[0])
+        db.executescript(str(MIGRATIONS[0].sqlite))
         db.execute(
             "INSERT INTO scripts (id, session_id, owner, title, source, created, updated)"
             " VALUES ('sc_old_one_of_version_1', ?, '10.0.0.9', 'Old', '{}', 1, 1)",
@@ -58,7 +60,7 @@ def test_a_database_of_the_first_version_is_upgraded_and_keeps_its_scripts(tmp_p
             " VALUES ('sc_old_one_of_version_1', 1, 'pending', 5, 1)"
         )
     store = ScriptStore(path)
-    assert store.schema_version == len(MIGRATIONS) == 2
+    assert store.schema_version == len(MIGRATIONS) == 3  # version 1 adopted; the rename and the leases applied
     row = store.get("sc_old_one_of_version_1")
     assert (row.client, row.title, [x.seed for x in row.lines]) == ("10.0.0.9", "Old", [5])  # the address it had
     assert store.unfinished() == ["sc_old_one_of_version_1"]
@@ -66,6 +68,8 @@ def test_a_database_of_the_first_version_is_upgraded_and_keeps_its_scripts(tmp_p
     with sqlite3.connect(path) as db:
         indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert "scripts_by_client" in indexes and "scripts_by_owner" not in indexes
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert "script_schema" not in tables  # one bookkeeping: schema_migrations
     sessions.close()
 
 

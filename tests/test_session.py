@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from moss_rt.protocol import ProtocolError, Seek, StartTake
-from moss_rt.session import TakeHistory, TakeStore
+from moss_rt.session import RecentTakes, TakeHistory
 
 
-def make_session(max_takes: int = 4, store: TakeStore | None = None, prefix: str = "t") -> TakeHistory:
+def make_session(max_takes_kept: int = 4, store: RecentTakes | None = None, prefix: str = "t") -> TakeHistory:
     ids = (f"{prefix}{i}" for i in itertools.count())
     seeds = itertools.count(1000)
     return TakeHistory(
-        store if store is not None else TakeStore(),
-        max_takes=max_takes,
+        store if store is not None else RecentTakes(),
+        max_takes_kept=max_takes_kept,
         id_factory=lambda: next(ids),
         seed_factory=lambda: next(seeds),
     )
@@ -100,8 +100,8 @@ def test_seek_errors() -> None:
 
 
 def test_history_is_bounded_and_store_follows() -> None:
-    store = TakeStore()
-    s = make_session(max_takes=3, store=store)
+    store = RecentTakes()
+    s = make_session(max_takes_kept=3, store=store)
     for _ in range(5):
         take = s.plan_start(StartTake(text="x")).take
         finish(s, take, 1)
@@ -112,7 +112,7 @@ def test_history_is_bounded_and_store_follows() -> None:
 
 
 def test_running_take_is_never_evicted() -> None:
-    store = TakeStore(max_takes=2)
+    store = RecentTakes(capacity=2)
     a, b = make_session(store=store), make_session(store=store, prefix="b")
     running = a.plan_start(StartTake(text="long")).take
     for _ in range(4):

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from moss_rt.protocol import FRAME_SAMPLES, ErrorCode, Limits, ProtocolError, StartTake
-from moss_rt.session_store import SessionFull, SessionStore, StoredTake
+from moss_rt.session_records import SessionFull, StoredTake
+from moss_rt.session_store import SessionStore
 
 
 def make_take(
@@ -64,7 +65,7 @@ def test_unknown_sessions_and_takes_are_not_found(tmp_path: Path) -> None:
 
 
 def test_a_full_session_refuses_with_a_clear_message_and_deleting_makes_room(tmp_path: Path) -> None:
-    store = SessionStore(tmp_path, max_takes=2)
+    store = SessionStore(tmp_path, max_session_takes=2)
     sid = store.create()
     for name in ("t_a", "t_b"):
         store.put_take(sid, *make_take(name, 2))

@@ -7,7 +7,7 @@ import pytest
 
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
 from moss_rt.protocol import AppendText, Cancel, EndOfText, ErrorCode, FlushText, ProtocolError, StartTake
-from moss_rt.session import Action, Admit, DirectingSession, FinishAudio, Phase, SendAudio
+from moss_rt.session import Action, Admit, FinishAudio, Phase, SendAudio, TakeLifecycle
 from tests.test_directing_session import make_session, only, sent
 
 
@@ -15,7 +15,7 @@ def chunk(first: int, n: int = 2) -> AudioChunk:
     return AudioChunk(first, np.full((n, 12), first, dtype=np.int64), b"\x01\x00" * 3840 * n)
 
 
-def speak(s: DirectingSession, admit: Admit, frames: int, reason: EndReason = EndReason.DONE) -> list[Action]:
+def speak(s: TakeLifecycle, admit: Admit, frames: int, reason: EndReason = EndReason.DONE) -> list[Action]:
     """The continuation of ``admit`` is admitted, sends ``frames`` frames after its prefix and ends."""
     first = 0 if admit.prefix_codes is None else len(admit.prefix_codes)
     actions = s.admitted(admit.run) + s.take_event(admit.run, TakeFirstAudio(2.0))
@@ -24,7 +24,7 @@ def speak(s: DirectingSession, admit: Admit, frames: int, reason: EndReason = En
     return actions + s.take_event(admit.run, TakeFinished(reason, first + frames, 5.0, 2.0))
 
 
-def start(s: DirectingSession, text: str = "", **fields: object) -> list[Action]:
+def start(s: TakeLifecycle, text: str = "", **fields: object) -> list[Action]:
     return s.handle(StartTake(text=text, stream_text=True, seed=3, **fields))  # type: ignore[arg-type]
 
 

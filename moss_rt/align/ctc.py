@@ -129,7 +129,9 @@ class CtcAligner:
         # fp16 on a GPU (wav2vec2 runs well in it), fp32 on a CPU, unless asked otherwise.
         names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
         dtype = names.get(self._dtype_name, torch.float16 if device.type == "cuda" else torch.float32)
-        model, info = Wav2Vec2ForCTC.from_pretrained(str(folder), dtype=dtype, output_loading_info=True)
+        # With output_loading_info it returns (model, info); transformers' annotations say only the model.
+        loaded: Any = Wav2Vec2ForCTC.from_pretrained(str(folder), dtype=dtype, output_loading_info=True)
+        model, info = loaded
         if info.get("missing_keys"):
             raise AlignerSourceError(f"{folder}: the checkpoint lacks tensors {sorted(info['missing_keys'])[:6]}")
         self._model = model.to(device).eval().requires_grad_(False)

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from dataclasses import dataclass
 
 from moss_rt.align.base import Aligner, AlignJob, AlignResult
@@ -50,7 +49,6 @@ class AlignService:
         self.failure: str | None = None
         self._slots: asyncio.Semaphore | None = None
         self.jobs_done = 0
-        self.busy_seconds = 0.0  # worker time spent aligning (all workers together)
 
     @property
     def name(self) -> str:
@@ -134,7 +132,6 @@ class AlignService:
         live = [item for item in batch if not item.future.cancelled()]
         if not live:
             return
-        t0 = time.perf_counter()
         try:
             if self.failure is not None:
                 raise AlignerUnavailable(self.failure)
@@ -145,7 +142,6 @@ class AlignService:
             for item in live:
                 item.loop.call_soon_threadsafe(_settle_error, item.future, AlignerUnavailable(str(exc)))
             return
-        self.busy_seconds += time.perf_counter() - t0
         self.jobs_done += len(live)
         for item, result in zip(live, results, strict=True):
             item.loop.call_soon_threadsafe(_settle, item.future, result)

@@ -16,8 +16,10 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import multiprocessing
+import os
 import re
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -79,7 +81,9 @@ class PocketsphinxAligner:
             if self._pool is None:
                 # spawn, not fork: the server has threads (the engine's, the loop's) a fork would copy mid-flight.
                 context = multiprocessing.get_context("spawn")
-                self._pool = concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=context)
+                self._pool = concurrent.futures.ProcessPoolExecutor(
+                    self.workers, mp_context=context, initializer=_leave_with_parent, initargs=(os.getpid(),)
+                )
             return self._pool
 
     def close(self) -> None:
@@ -167,6 +171,19 @@ class PocketsphinxAligner:
 
 
 _WORKER: PocketsphinxAligner | None = None  # the aligner of this worker process (its own decoder)
+PARENT_CHECK_SEC = 1.0
+
+
+def _leave_with_parent(parent: int) -> None:
+    """(In a worker process.) Exit once the server that started this worker is gone: a server killed with SIGKILL
+    never shuts its pool down, and its workers would otherwise live on, orphaned, holding their memory."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_SEC)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="moss-rt-parent-watch", daemon=True).start()
 
 
 def _worker_aligner() -> PocketsphinxAligner:

@@ -18,14 +18,26 @@ import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from prometheus_client import generate_latest
 
 from moss_rt.config import Settings
-from moss_rt.engine.base import EndReason, Engine, EngineBusy, EngineInfo, TakeEvent, TakeHandle, TakeSpec
+from moss_rt.engine.base import (
+    EndReason,
+    Engine,
+    EngineBusy,
+    EngineInfo,
+    EngineStatus,
+    TakeEvent,
+    TakeHandle,
+    TakeSpec,
+)
+from moss_rt.engine.factory import build_local_engine
 from moss_rt.engine.kept_digests import DigestDelta, KeptDigests
 from moss_rt.engine.prompt_names import PromptRecipe
+from moss_rt.logging_setup import setup_logging
 from moss_rt.protocol import ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -72,8 +84,7 @@ class ReplicaStatus:
 
     name: str
     incarnation: str  # new after every (re)start: caches held by an earlier one are gone
-    ready: bool
-    status: str  # loading | ready | failed | stopped
+    state: EngineStatus  # LOADING (warming up included), READY or FAILED
     active: int
     queued: int
     capacity: int  # slots + queue places
@@ -87,13 +98,17 @@ class ReplicaStatus:
     slots: int = 0  # takes it generates at once (0: unknown)
 
     @property
+    def ready(self) -> bool:
+        return self.state is EngineStatus.READY
+
+    @property
     def free(self) -> int:
         return max(0, self.capacity - self.active - self.queued)
 
 
 def writable(spec: TakeSpec) -> TakeSpec:
     """Ray hands numpy arrays over read-only (zero copy); the engine owns its own copies."""
-    changes = {
+    changes: dict[str, Any] = {
         name: np.array(value, dtype=np.int64)
         for name in ("prefix_codes", "reference_codes")
         if (value := getattr(spec, name)) is not None
@@ -121,10 +136,8 @@ class EngineReplica:
 
     def _ensure_started(self) -> asyncio.Task[None]:
         if self._starting is None:
-            from moss_rt.cli import build_engine, setup_logging
-
             setup_logging(self._settings.log_level)
-            self._engine = build_engine(self._settings)
+            self._engine = build_local_engine(self._settings)
             self._starting = asyncio.get_running_loop().create_task(self._start(), name=f"{self._name}-start")
         return self._starting
 
@@ -148,17 +161,18 @@ class EngineReplica:
         engine = self._engine
         kept: KeptDigests | None = getattr(engine, "kept_prompts", None)
         info = engine.info if engine is not None else None
-        ready = info is not None and info.ready
         s = self._settings
-        state = "failed" if self._error else ("ready" if ready else "loading")
+        if self._error:
+            state = EngineStatus.FAILED
+        else:
+            state = EngineStatus.READY if info is not None and info.ready else EngineStatus.LOADING
         # The engine's memory plan decides its slots when --max-slots is 0 (the default).
-        plan = getattr(engine, "memory_plan", None)
+        plan = None if info is None else info.memory_plan
         slots = plan.max_slots if plan is not None else s.max_slots
         return ReplicaStatus(
             name=self._name,
             incarnation=self._incarnation,
-            ready=ready,
-            status=state,
+            state=state,
             active=int(getattr(engine, "active_count", 0)),
             queued=int(getattr(engine, "queued_count", 0)),
             capacity=slots + s.max_queue,

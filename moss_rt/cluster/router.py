@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import logging
 import os
 import socket
@@ -35,7 +36,16 @@ from moss_rt.cluster.remote_take import RemoteTake
 from moss_rt.cluster.replica import Admitted, Refusal, ReplicaStatus
 from moss_rt.cluster.routing import Candidate, Route, plan_routes
 from moss_rt.config import Settings
-from moss_rt.engine.base import EndReason, EngineBusy, EngineInfo, EngineLifecycle, TakeSpec
+from moss_rt.engine.base import (
+    EndReason,
+    EngineBusy,
+    EngineInfo,
+    EngineLifecycle,
+    EngineStatus,
+    ReplicaInfo,
+    ReplicaState,
+    TakeSpec,
+)
 from moss_rt.engine.prompt_names import NamedPrompt, PromptNamer, PromptRecipe
 from moss_rt.protocol import DEFAULT_MODEL_ALIAS
 
@@ -46,6 +56,22 @@ STATUS_TIMEOUT_SEC = 5.0  # a replica that does not answer a poll this long is n
 BACKPRESSURE_ITEMS = 8  # chunks a replica may stream ahead of what the front end has read
 HOLDERS_KEPT = 65536  # take -> replica entries remembered for sticky retakes
 ADMIT_TIMEOUT_SEC = 30.0  # a replica that neither admits nor refuses a take this long is passed over
+# An answering replica's state, from what its engine reported.
+_REPLICA_STATES = {
+    EngineStatus.LOADING: ReplicaState.LOADING,
+    EngineStatus.WARMING_UP: ReplicaState.LOADING,
+    EngineStatus.READY: ReplicaState.READY,
+    EngineStatus.FAILED: ReplicaState.FAILED,
+    EngineStatus.STOPPED: ReplicaState.UNREACHABLE,
+}
+
+
+class Reach(enum.Enum):
+    """Whether the router hears from a replica."""
+
+    ANSWERING = "answering"  # answered its last status poll
+    SILENT = "silent"  # did not answer its last poll (or none yet): slow, unreachable or starting
+    LOST = "lost"  # seen dying (its process, or a take's stream, broke); until a poll answers again
 
 
 @dataclass
@@ -54,9 +80,8 @@ class ReplicaView:
 
     name: str
     actor: Any
-    status: ReplicaStatus | None = None
-    answering: bool = False  # answered the last poll
-    dead: bool = False  # seen dying; cleared when a poll answers again
+    status: ReplicaStatus | None = None  # what its last answered poll said
+    reach: Reach = Reach.SILENT
     pending: int = 0  # takes sent since the last status
     restarts: int = 0  # new incarnations seen after the first
     lost: asyncio.Event = field(default_factory=asyncio.Event)  # set when this incarnation is gone
@@ -68,8 +93,16 @@ class ReplicaView:
         return "" if self.status is None else self.status.incarnation
 
     @property
+    def state(self) -> ReplicaState:
+        if self.reach is Reach.LOST:
+            return ReplicaState.LOST
+        if self.reach is Reach.SILENT or self.status is None:
+            return ReplicaState.UNREACHABLE
+        return _REPLICA_STATES[self.status.state]
+
+    @property
     def routable(self) -> bool:
-        return self.answering and not self.dead and self.status is not None and self.status.ready
+        return self.state is ReplicaState.READY
 
     def candidate(self) -> Candidate:
         s = self.status
@@ -78,21 +111,14 @@ class ReplicaView:
         idle = s.slots - load if s is not None and s.slots > 0 else None
         return Candidate(self.name, self.incarnation, self.routable, free, load, idle)
 
-    def public(self) -> dict[str, object]:
+    def info(self) -> ReplicaInfo:
         s = self.status
-        return {
-            "name": self.name,
-            "ready": self.routable,
-            "status": "lost" if self.dead else ("unreachable" if not self.answering else (s.status if s else "?")),
-            "active": s.active if s else 0,
-            "queued": s.queued if s else 0,
-            "capacity": s.capacity if s else 0,
-            "device": s.info.device if s and s.info else "",
-            "node": s.node if s else "",
-            "pid": s.pid if s else 0,
-            "restarts": self.restarts,
-            **({"error": s.error} if s and s.error else {}),
-        }
+        if s is None:
+            return ReplicaInfo(self.name, self.state, restarts=self.restarts)
+        return ReplicaInfo(
+            self.name, self.state, active=s.active, queued=s.queued, capacity=s.capacity,
+            device=s.info.device if s.info else "", node=s.node, pid=s.pid, restarts=self.restarts, error=s.error,
+        )  # fmt: skip
 
 
 class ClusterEngine(EngineLifecycle):
@@ -153,7 +179,7 @@ class ClusterEngine(EngineLifecycle):
         """The first ready replica's info, with the cluster's readiness, metrics and replica list."""
         statuses = [r.status for r in self._replicas if r.status is not None and r.status.info is not None]
         ready = [s for s in statuses if s.ready]
-        base = (ready or statuses or [None])[0]
+        base = next(iter(ready or statuses), None)
         cluster = {
             "cluster": self.settings.cluster or "auto",
             "replicas": str(len(self._replicas)),
@@ -161,7 +187,8 @@ class ClusterEngine(EngineLifecycle):
             "front_end": self._front_end,  # which front end answered (several may share a port)
             "cache_routing": "on" if self._namer is not None and self.settings.route_cache_margin >= 0 else "off",
         }
-        replicas = tuple(r.public() for r in self._replicas)
+        replicas = tuple(r.info() for r in self._replicas)
+        status = EngineStatus.READY if self.ready else EngineStatus.LOADING
         if base is None or base.info is None:
             return EngineInfo(
                 name=self.settings.engine,
@@ -169,8 +196,8 @@ class ClusterEngine(EngineLifecycle):
                 default_model=DEFAULT_MODEL_ALIAS,
                 demo=False,
                 device="cluster",
-                details={"status": "loading", **cluster},
-                ready=False,
+                details=cluster,
+                status=status,
                 metrics=self._metrics,
                 replicas=replicas,
             )
@@ -178,10 +205,11 @@ class ClusterEngine(EngineLifecycle):
         return dataclasses.replace(
             info,
             demo=any(s.info.demo for s in statuses if s.info is not None),
-            details={**info.details, "status": "ready" if ready else "loading", **cluster},
-            ready=self.ready,
+            details={**info.details, **cluster},
+            status=status,
             metrics=self._metrics,
             replicas=replicas,
+            memory_plan=None,  # each replica has its own (its slots are in its capacity)
         )
 
     def replica_of(self, take_id: str) -> str | None:
@@ -202,7 +230,7 @@ class ClusterEngine(EngineLifecycle):
         self._watch = asyncio.create_task(self._watch_replicas(), name="cluster-watch")
         while not self.ready:
             statuses = [r.status for r in self._replicas]
-            if statuses and all(s is not None and s.status == "failed" for s in statuses):
+            if statuses and all(s is not None and s.state is EngineStatus.FAILED for s in statuses):
                 errors = "; ".join(f"{s.name}: {s.error}" for s in statuses if s is not None)
                 raise RuntimeError(f"every engine replica failed to start: {errors}")
             await asyncio.sleep(POLL_SEC / 2)
@@ -381,9 +409,9 @@ class ClusterEngine(EngineLifecycle):
         finds it ready again."""
         if replica.incarnation != incarnation:
             return  # already replaced by a newer incarnation
-        if not replica.dead:
+        if replica.reach is not Reach.LOST:
             log.warning("replica %s lost (incarnation %s)", replica.name, incarnation)
-        replica.dead = True
+        replica.reach = Reach.LOST
         replica.lost.set()
 
     # ------------------------------------------------------------------ polling
@@ -422,13 +450,12 @@ class ClusterEngine(EngineLifecycle):
                 replica.actor.status.remote(replica.prompts.cursor), STATUS_TIMEOUT_SEC
             )
         except RayActorError:
-            replica.answering = False
             self._mark_lost(replica, replica.incarnation)
             return
         except (TimeoutError, Exception) as exc:  # slow or unreachable: not routed to, takes left alone
-            if replica.answering:
+            if replica.reach is Reach.ANSWERING:
                 log.warning("replica %s did not answer its status poll: %r", replica.name, exc)
-            replica.answering = False
+                replica.reach = Reach.SILENT  # (one seen dying stays LOST)
             return
         previous = replica.incarnation
         if previous and status.incarnation != previous:
@@ -437,13 +464,12 @@ class ClusterEngine(EngineLifecycle):
             replica.prompts.forget()  # the new process keeps nothing yet
             replica.restarts += 1
             log.info("replica %s restarted (incarnation %s)", replica.name, status.incarnation)
-        if replica.dead or replica.lost.is_set():
+        if replica.reach is Reach.LOST or replica.lost.is_set():
             # Answering again (restarted, or it was only unreachable): a fresh event for the takes
             # it gets from now on; the ones already told it was lost have ended.
             replica.lost = asyncio.Event()
-            replica.dead = False
         replica.status = status
-        replica.answering = True
+        replica.reach = Reach.ANSWERING
         replica.pending = 0
         if status.prompt_blocks is not None:
             replica.prompts.apply(status.prompt_blocks)

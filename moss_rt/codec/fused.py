@@ -16,9 +16,10 @@ The maths and dtypes are the plain path's (fp32 residual, LayerNorm, LayerScale 
 the compute dtype); only rounding order differs (fused multiply-adds, the LayerNorm reduction order), ~1e-7
 relative in fp32. Whole-clip decode uses the same kernels, so chunked == whole holds as before (tested on CUDA).
 
-Used when the tensors are on CUDA, the residual stream is fp32 and Triton imports; ``MOSS_RT_CODEC_FUSED=0``
-turns it off (and :func:`disabled` in code). ``MOSS_RT_CODEC_FUSED=interpret`` with ``TRITON_INTERPRET=1``
-runs the kernels on CPU tensors through Triton's interpreter (tests only; slow).
+Used when the tensors are on CUDA, the residual stream is fp32 and Triton imports. Its switch follows the rule of
+every kernel's (moss_rt/kernel_switch.py): ``MOSS_RT_CODEC_FUSED=0`` turns it off (and :func:`disabled` in code),
+``MOSS_RT_CODEC_FUSED=interpret`` with ``TRITON_INTERPRET=1`` runs the kernels on CPU tensors through Triton's
+interpreter (tests only; slow).
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
-__all__ = ["disabled", "residual_norm", "rope_store", "usable"]
+from moss_rt.kernel_switch import kernel_wanted
+
+__all__ = ["SWITCH", "disabled", "residual_norm", "rope_store", "usable"]
+
+SWITCH = "MOSS_RT_CODEC_FUSED"  # the kernels' switch (moss_rt/kernel_switch.py)
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +44,7 @@ _off = 0  # nesting depth of ``disabled()``
 
 
 @functools.cache
-def _triton():
+def _triton() -> Any:
     """The jitted kernels, built on first use (so TRITON_INTERPRET is read then); None without Triton."""
     try:
         import triton
@@ -109,10 +114,7 @@ def _triton():
 
 def usable(x: torch.Tensor) -> bool:
     """Whether the fused kernels run for residual stream ``x`` (see the module docstring)."""
-    mode = os.environ.get("MOSS_RT_CODEC_FUSED", "1")
-    if _off or mode == "0" or x.dtype != torch.float32:
-        return False
-    if not (x.is_cuda or (mode == "interpret" and os.environ.get("TRITON_INTERPRET") == "1")):
+    if _off or x.dtype != torch.float32 or not kernel_wanted(SWITCH, x.is_cuda):
         return False
     return _triton() is not None and _works_on(x.device)
 
@@ -169,12 +171,13 @@ def residual_norm(
     D = x.shape[-1]
     rows = x.numel() // D
     has_res = update is not None
+    res = update.contiguous() if update is not None else x
     xo = torch.empty_like(x) if has_res else x
     h = torch.empty(x.shape, device=x.device, dtype=out_dtype)
     if rows:
         blk = _block(D)
         kern[(rows,)](
-            x, update.contiguous() if has_res else x, scale if has_res else x,
+            x, res, scale if has_res else x,
             norm.weight if norm is not None else x, norm.bias if norm is not None else x,
             xo, h, D, float(norm.eps) if norm is not None else 0.0,
             HAS_RES=has_res, HAS_NORM=norm is not None, BLOCK=blk, num_warps=_warps(blk),

@@ -15,7 +15,8 @@ so loading is a plain name match.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -165,6 +166,11 @@ class TransformerLayer(nn.Module):
         self.layer_scale_1 = LayerScale(d, init)
         self.layer_scale_2 = LayerScale(d, init)
 
+    @property
+    def ffn_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The FFN's two weights (``ffn.0``, ``ffn.2``)."""
+        return cast(nn.Linear, self.ffn[0]).weight, cast(nn.Linear, self.ffn[2]).weight
+
     def qkv(self, x: torch.Tensor, rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """LN1 + in_proj + RoPE. ``x`` ``[B, T, d]`` fp32, ``rot`` from :func:`rope_rotation` →
         q, k, v ``[B, H, T, Dh]`` (strided views) in compute dtype."""
@@ -183,7 +189,7 @@ class TransformerLayer(nn.Module):
         # addcmul promotes the bf16 update to fp32: x + ls * update in one kernel.
         x = torch.addcmul(x, self.layer_scale_1.scale, F.linear(a, self.self_attn.out_proj.weight))
         h = F.layer_norm(x, self.norm2.normalized_shape, self.norm2.weight, self.norm2.bias, self.norm2.eps)
-        w1, w2 = self.ffn[0].weight, self.ffn[2].weight
+        w1, w2 = self.ffn_weights
         u = F.linear(F.gelu(F.linear(h.to(w1.dtype), w1)), w2)
         return torch.addcmul(x, self.layer_scale_2.scale, u)
 
@@ -199,7 +205,7 @@ AttendStored = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 def run_layers_fused(
-    layers: nn.ModuleList, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    layers: Sequence[TransformerLayer], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     kv_dst: KVDest, attend: AttendStored,
 ) -> torch.Tensor:
     """The layer stack with the fused kernels of :mod:`moss_rt.codec.fused` (CUDA, fp32 residual stream).
@@ -223,7 +229,8 @@ def run_layers_fused(
         a = attend(li, q).transpose(1, 2).reshape(B, T, -1)
         u = F.linear(a, layer.self_attn.out_proj.weight)
         x, h = fused.residual_norm(x, u, layer.layer_scale_1.scale, layer.norm2, wdt)
-        u = F.linear(F.gelu(F.linear(h, layer.ffn[0].weight)), layer.ffn[2].weight)
+        w1, w2 = layer.ffn_weights
+        u = F.linear(F.gelu(F.linear(h, w1)), w2)
         nxt = layers[li + 1].norm1 if li + 1 < len(layers) else None
         x, h = fused.residual_norm(x, u, layer.layer_scale_2.scale, nxt, wdt)
     return h
@@ -235,6 +242,11 @@ class TransformerStack(nn.Module):
     def __init__(self, spec: TransformerSpec) -> None:
         super().__init__()
         self.layers = nn.ModuleList(TransformerLayer(spec) for _ in range(spec.num_layers))
+
+    @property
+    def blocks(self) -> list[TransformerLayer]:
+        """``layers`` as what they are (a ModuleList indexes and iterates like this list)."""
+        return cast("list[TransformerLayer]", self.layers)
 
 
 class ProjectedTransformer(nn.Module):
@@ -279,13 +291,13 @@ class ProjectedTransformer(nn.Module):
             def attend_stored(li: int, q: torch.Tensor) -> torch.Tensor:
                 return windowed_attention(q, k, v, context)
 
-            return self.project_out(run_layers_fused(self.transformer.layers, h, cos, sin, kv_dst, attend_stored))
+            return self.project_out(run_layers_fused(self.transformer.blocks, h, cos, sin, kv_dst, attend_stored))
         rot = rope_rotation(pos, self.spec.head_dim, self.spec.max_period, acc_dtype(self.input_proj.weight.dtype))
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return windowed_attention(q, k, v, context)
 
-        for layer in self.transformer.layers:
+        for layer in self.transformer.blocks:
             h = layer(h, rot, attend)
         return self.project_out(h)
 

@@ -153,10 +153,6 @@ class KeptBlocks:
     dropped: bool = False
     _release: object = field(default=None, repr=False)  # the decoder's finalizer (drops it if collected)
 
-    @property
-    def block_count(self) -> int:
-        return sum(len(b) for b in self.blocks)
-
 
 class BlockTables:
     """Free lists, reservations and the block table of every stage (see the module docstring).
@@ -286,17 +282,17 @@ class BlockTables:
                                    "a stream outgrew its reservation")
             copies: list[list[tuple[int, int]]] = [[] for _ in self.geoms]
             for slot, i, n, cow in plan:
-                held = self._held[slot][i]
+                blocks = self._held[slot][i]
                 col = self.cols[i]
                 for j in cow:  # copy on write: this stream's own copy of a block it shares
                     fresh = self._take(slot, i)
-                    copies[i].append((held[j], fresh))
-                    self._unref(i, held[j])
-                    held[j] = fresh
+                    copies[i].append((blocks[j], fresh))
+                    self._unref(i, blocks[j])
+                    blocks[j] = fresh
                     self._host[slot, col + j] = fresh
                 for _ in range(n):
-                    self._host[slot, col + len(held)] = blk = self._take(slot, i)
-                    held.append(blk)
+                    self._host[slot, col + len(blocks)] = blk = self._take(slot, i)
+                    blocks.append(blk)
                 self._dirty = True
             return copies
 

@@ -8,6 +8,8 @@ plus ``<name>.bias``). The loader folds them once into plain ``<name>.weight`` `
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -95,6 +97,11 @@ class ResidualLFQ(nn.Module):
         self._lut_bias: torch.Tensor | None = None
 
     @property
+    def levels_list(self) -> list[LFQLevel]:
+        """``quantizers`` as what they are (a ModuleList indexes and iterates like this list)."""
+        return cast("list[LFQLevel]", self.quantizers)
+
+    @property
     def levels(self) -> int:
         return len(self.quantizers)
 
@@ -105,7 +112,7 @@ class ResidualLFQ(nn.Module):
         Decoding then is a gather and a sum. Call again if the weights change.
         """
         tables = []
-        for q in self.quantizers:
+        for q in self.levels_list:
             dec = q.out_proj(q.codebook.weight)  # [size, rvq]
             tables.append(F.linear(dec, self.output_proj.weight))  # [size, out]
         # fp32 (the quantizer's dtype; fp64 only when a test casts the whole codec to double)
@@ -134,7 +141,7 @@ class ResidualLFQ(nn.Module):
         B, T, _ = z.shape
         residual = self.input_proj(z.float().reshape(B * T, -1))
         codes = []
-        for q in self.quantizers[:nq]:
+        for q in self.levels_list[:nq]:
             idx, dec = q.quantize(residual)
             residual = residual - dec
             codes.append(idx)

@@ -100,13 +100,11 @@ class ReferenceCache:
         self._data: OrderedDict[str, tuple[np.ndarray, float]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
-        self.misses = 0
 
     def get(self, key: str) -> tuple[np.ndarray, float] | None:
         with self._lock:
             item = self._data.get(key)
             if item is None:
-                self.misses += 1
                 return None
             self._data.move_to_end(key)
             self.hits += 1

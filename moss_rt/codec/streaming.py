@@ -86,7 +86,7 @@ class DecoderState:
     slot: int
     frames: int = 0
     closed: bool = False
-    _release: weakref.finalize | None = field(default=None, repr=False)
+    _release: weakref.finalize[..., DecoderState] | None = field(default=None, repr=False)
 
     def close(self) -> None:
         if not self.closed:
@@ -310,12 +310,6 @@ class StreamingDecoder:
             fin.detach()
         self._tables.drop(kept)
 
-    def kept_bytes(self, kept: KeptBlocks) -> int:
-        """Bytes of K/V blocks a kept state holds (some may be shared with retakes)."""
-        return 0 if kept.dropped else sum(
-            len(b) * st.geom.block_bytes for b, st in zip(kept.blocks, self._stages.values(), strict=True)
-        )
-
     def scratch_state(self) -> DecoderState:
         """A state on the scratch row (never a stream's; its own few blocks): for padding rows of a batched call,
         whose output is thrown away. Any number of them may share the row; it is never given back."""
@@ -392,8 +386,8 @@ class StreamingDecoder:
         for T, idxs in groups.items():
             batch = torch.stack([chunks[i] for i in idxs])  # [B, T, nq]
             pieces = []
-            for s in range(0, T, self.max_chunk_frames):
-                sub = batch[:, s : s + self.max_chunk_frames]
+            for start in range(0, T, self.max_chunk_frames):
+                sub = batch[:, start : start + self.max_chunk_frames]
                 pieces.append(self._run([states[i] for i in idxs], sub))
                 for i in idxs:
                     states[i].frames += sub.shape[1]
@@ -552,7 +546,7 @@ class StreamingDecoder:
             return F.scaled_dot_product_attention(q, kb, vb, attn_mask=mask)
 
         h = st.module.project_in(x)
-        layers = st.module.transformer.layers
+        layers = st.module.transformer.blocks
         if fused.usable(h):
             # Fused kernels (CUDA): RoPE + K/V block write in one kernel, residual + LayerNorm + cast in another.
             cos, sin = rope_tables(pos, st.module.spec.head_dim, st.module.spec.max_period)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Any
 
 import torch
 
@@ -55,7 +56,7 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @functools.cache
-def _kernels():  # type: ignore[no-untyped-def]
+def _kernels() -> Any:
     """The jitted kernels, built on first use (so TRITON_INTERPRET is read then); None without Triton."""
     try:
         import triton

@@ -3,7 +3,8 @@
 Five members, nothing else (docs/architecture.md):
 
 - ``async with engine:`` loads and warms up (start) and, on exit, stops the worker (close);
-- ``info``: what it serves (models, demo, device), whether it is ready, and its metrics registry;
+- ``info``: what it serves (models, demo, device), its status (loading, warming up, ready, failed), its memory
+  plan, a cluster's replicas, and its metrics registry;
 - ``submit(TakeSpec)`` admits a take and returns its :class:`TakeHandle`;
 - ``render(codes, channels)`` decodes stored codes to PCM (replays, downloads);
 - ``encode_reference(audio)`` encodes an uploaded voice to codes.
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
 
 import numpy as np
 
+from moss_rt.engine.memory_plan import MemoryPlan
 from moss_rt.generation import CODEBOOK_SIZE, N_CODEBOOKS, SamplingParams
 from moss_rt.generation import EndReason as EndReason  # re-exported: the engine seam speaks it
 from moss_rt.protocol import ErrorCode, ProtocolError
@@ -114,6 +116,9 @@ class TakeSpec:
     prefix_codes: np.ndarray | None = None  # [N, 12] int64
     parent_take: str | None = None
     priority: TakePriority = TakePriority.INTERACTIVE
+    # A new take that interrupted its client's streaming take (a ``start`` on a socket that was streaming): the
+    # director is waiting, as for a retake, so it is admitted with retakes, ahead of other queued new takes.
+    barge_in: bool = False
 
     @property
     def start_frame(self) -> int:
@@ -172,6 +177,63 @@ class TakeHandle(Protocol):
         """Stop at the next step boundary; the iterator then yields TakeFinished(reason)."""
 
 
+class EngineStatus(StrEnum):
+    """Where an engine is in its life (``/api/info``; ``/readyz`` answers 200 only while READY)."""
+
+    LOADING = "loading"  # loading weights (or, for a cluster, waiting for a ready replica)
+    WARMING_UP = "warming up"  # loaded; capturing graphs and running warm-up takes
+    READY = "ready"  # takes are admitted
+    FAILED = "failed"  # it could not start (the service's failure says why)
+    STOPPED = "stopped"  # closed
+
+
+class ReplicaState(StrEnum):
+    """One replica of a cluster as its router sees it (``/api/info`` → ``replicas[].status``)."""
+
+    LOADING = "loading"  # answering, its engine not ready yet
+    READY = "ready"  # answering and ready: takes are routed to it
+    FAILED = "failed"  # answering, its engine failed to start
+    UNREACHABLE = "unreachable"  # did not answer its last status poll (or none yet): nothing is routed to it
+    LOST = "lost"  # seen dying: its takes ended ``replica_lost``; routed to again once a poll finds it ready
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """One engine replica of a cluster, for ``/api/info`` and ``/readyz`` (docs/cluster.md)."""
+
+    name: str
+    state: ReplicaState
+    active: int = 0  # takes running on it (last poll)
+    queued: int = 0
+    capacity: int = 0  # slots + queue places
+    device: str = ""
+    node: str = ""
+    pid: int = 0
+    restarts: int = 0  # new incarnations the router saw after the first
+    error: str | None = None  # why its engine failed to start
+
+    @property
+    def ready(self) -> bool:
+        """Takes are routed to it."""
+        return self.state is ReplicaState.READY
+
+    def to_dict(self) -> dict[str, object]:
+        """Its JSON form in ``/api/info``."""
+        return {
+            "name": self.name,
+            "ready": self.ready,
+            "status": self.state.value,
+            "active": self.active,
+            "queued": self.queued,
+            "capacity": self.capacity,
+            "device": self.device,
+            "node": self.node,
+            "pid": self.pid,
+            "restarts": self.restarts,
+            **({"error": self.error} if self.error else {}),
+        }
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     name: str  # "moss" or "scripted"
@@ -179,11 +241,17 @@ class EngineInfo:
     default_model: str
     demo: bool  # True when serving a tiny random-weight model (noise)
     device: str
-    details: dict[str, str] = field(default_factory=dict)
-    ready: bool = False  # loaded and warmed up
+    details: dict[str, str] = field(default_factory=dict)  # what it runs, for people (model, codec, dtype...)
+    status: EngineStatus = EngineStatus.LOADING
     metrics: CollectorRegistry | None = None  # rendered by GET /metrics; None: no engine metrics
-    replicas: tuple[dict[str, object], ...] = ()  # a cluster's replicas (name, ready, load...); empty otherwise
+    replicas: tuple[ReplicaInfo, ...] = ()  # a cluster's replicas; empty otherwise
     codebook_size: int = CODEBOOK_SIZE  # codes lie in [0, codebook_size): what stored or imported codes are held to
+    memory_plan: MemoryPlan | None = None  # the start-up memory plan (the real engine, once made)
+
+    @property
+    def ready(self) -> bool:
+        """Loaded and warmed up: takes are admitted."""
+        return self.status is EngineStatus.READY
 
 
 class Engine(Protocol):

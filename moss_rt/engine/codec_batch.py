@@ -141,6 +141,16 @@ class CodecBatcher:
         size = self.max_batch
         return [(t, every[at : at + size]) for t, every in by_t.items() for at in range(0, len(every), size)]
 
+    def streams_per_call(self, t: int, cap: int) -> int:
+        """Streams one call of ``t``-frame chunks should hold at most, for a wanted ``cap``: never more than
+        max_batch, and with graphs, for a chunk length that gets graphs only in the small buckets (not T in LARGE_T),
+        no more than the largest small bucket holds (a larger batch of it would run eagerly: about 55 ms on an H200).
+        Depends on the configuration only, never on which graphs are captured yet (calls must not follow timings)."""
+        cap = max(1, min(int(cap), self.max_batch))
+        if self.graphs and t not in LARGE_T:
+            cap = min(cap, SMALL_BUCKETS[-1] - 1)
+        return cap
+
     def _bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n + 1), None)
 

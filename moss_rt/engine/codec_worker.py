@@ -1,28 +1,45 @@
-"""The codec worker: every use of the streaming decoder runs here, in order, overlapped with the model steps.
+"""The codec worker: every use of the streaming decoder runs here, on a thread of its own, overlapped with the model.
 
 The scheduler hands it work as plain callables and goes on stepping:
 
-- ``submit(fn)`` queues a decode of due chunks (or a batched rebuild of retakes' codec states) and returns its
-  sequence number at once; a decode pushes its PCM to the takes' channels itself, so audio goes out as soon as it
-  is ready, not a model step later;
+- ``submit_all(calls)`` (``submit(fn)`` for one) queues the decodes of one round's due chunks (or batched rebuilds of
+  retakes' codec states), cut by the scheduler into short calls, and returns their sequence numbers at once; a
+  decode pushes its PCM to the takes' channels itself, so audio goes out as soon as it is ready, not a model step
+  later;
 - ``call(fn)`` queues ``fn`` and waits for its result (renders, encodes, graph captures): the decoder's forwards
   are not thread-safe, so nothing but this worker ever runs them (its block bookkeeping is under a lock: the
   scheduler opens, shares and closes streams from its own thread);
-- ``done(seq)`` / ``wait(seq)`` / ``drain()``: work is done strictly in order, so "call ``seq`` is done" means
-  every earlier one is done too. A take ends (its codec state is closed, its end event pushed) only once the
-  last call holding its frames is done, so chunks of a take always precede its end and no state is ever
-  closed, rebuilt or reused while a decode on it runs.
+- ``done(seq)`` / ``wait(seq)`` / ``drain()``;
+- ``withdraw(key)``: a stream taken out of the calls queued for it (a cancelled take).
 
-At most ``max_pending`` calls are queued or running: one more ``submit`` blocks the scheduler until the
-oldest is done (the codec's lead over the model is bounded, so are memory and audio latency). Time the
-scheduler spends blocked is reported through ``on_wait``.
+**Two lanes.** A hand-over is ``priority`` (what a director is waiting on: interactive takes' first chunks, the
+rebuilds of interactive retakes) or bulk (steady chunks, batch work). The worker runs the oldest priority call that
+may go, else the oldest call: a priority call waits for the call running when it came, never for the bulk calls
+queued before it (the scheduler keeps bulk calls short: ``codec_call_streams``). Every call names the streams it
+touches (``keys``: the takes' codec states) and never runs before an earlier call on one of them, so each stream's
+chunks are decoded in order and a take's audio is the same whichever lane its chunks went through (calls of other
+streams never change a stream's numbers: a batched call's rows are independent). ``done(seq)`` therefore means that
+call is done, and with it every earlier call on its streams: a take ends (its codec state is closed or kept, its end
+pushed) only once the last call holding its frames is done, so no state is ever closed, rebuilt or reused while a
+decode on it runs. A ``call`` is a barrier: nothing queued after it runs before it.
+
+**Bounds.** At most ``max_pending`` bulk hand-overs and ``max_pending`` priority hand-overs are queued or running
+(a hand-over is one ``submit_all``: one round's chunks, in as many short calls as the scheduler cut them into); one
+more blocks the scheduler until the oldest of its lane is done (the codec's lead over the model is bounded, so are
+memory and audio latency). Time the scheduler spends blocked is reported through ``on_wait``. Priority hand-overs
+have a bound of their own, so a director's first chunk never waits for room behind bulk work.
+
+**Withdraw.** A call queued but not started may give a stream up: its ``withdraw`` callback puts a padding row of the
+same shape in the stream's place (the call's batch, and so the other streams' numbers, stay the same) and the
+stream's state is not touched. ``withdraw(key)`` does that for every queued call of the stream and returns the
+running call that still touches it (0: none), so a cancelled take's codec state is free after at most that call.
 
 Threaded (``codec_overlap``, the default), the worker owns a thread and, on CUDA, a stream of its own: decodes
 run while the scheduler's thread runs the next model steps on the default stream. The codes reach the codec
 through the host (the model step copies them to numpy before the scheduler sees them), so no device tensor
 is shared between the two streams and no event is needed to order them; each codec call ends with a copy of
 its audio to the host, so the stream is idle whenever the worker is. Inline (``threaded=False``) the same
-calls run at once on the caller's thread: the same code path, without the overlap.
+calls run at once on the caller's thread, in the order given: the same code path, without the overlap.
 
 CUDA graph captures: a capture in progress forbids other threads' unsafe CUDA calls (cudaMalloc, synchronous
 copies...), so a capture only ever runs while the other thread is not touching the device: the scheduler
@@ -37,16 +54,15 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DEFAULT_MAX_PENDING = 2  # calls queued or running: one decoding while the next waits its turn
+DEFAULT_MAX_PENDING = 2  # hand-overs per lane queued or running: one decoding while the next waits its turn
 JOIN_TIMEOUT_S = 60.0
 
 
@@ -54,11 +70,26 @@ class CodecWorkerClosed(RuntimeError):
     """Work given to a worker that has stopped (the engine is shutting down)."""
 
 
-@dataclass
+@dataclass(frozen=True)
+class CodecCall:
+    """One call of a hand-over: the work, the streams it touches (``keys``), and how to take one of them out while
+    the call has not started (``withdraw(key)``; None: it cannot give its streams up)."""
+
+    fn: Callable[[], object]
+    keys: tuple[Hashable, ...] = ()
+    withdraw: Callable[[Hashable], None] | None = None
+
+
+@dataclass(eq=False)
 class _Item:
     seq: int
     fn: Callable[[], object]
     dropped: Callable[[], None] | None = None  # called instead of fn when the worker closes first
+    priority: bool = False
+    keys: set[Hashable] = field(default_factory=set)
+    withdraw: Callable[[Hashable], None] | None = None
+    group: int = 0  # the hand-over it belongs to
+    barrier: bool = False  # nothing queued after it runs before it (``call``)
 
 
 class CodecWorker:
@@ -70,6 +101,7 @@ class CodecWorker:
         max_pending: int = DEFAULT_MAX_PENDING,
         on_done: Callable[[], None] = lambda: None,
         on_wait: Callable[[float], None] = lambda seconds: None,
+        on_call: Callable[[bool], None] = lambda priority: None,
         name: str = "moss-rt-codec",
     ) -> None:
         self.threaded = threaded
@@ -81,12 +113,15 @@ class CodecWorker:
         self._device = device
         self._on_done = on_done
         self._on_wait = on_wait
+        self._on_call = on_call  # a hand-over's call starts (True: from the priority lane)
         self._name = name
         self._cond = threading.Condition()
-        self._queue: deque[_Item] = deque()
-        self._running = False
-        self._issued = 0  # sequence number of the latest work given
-        self._done = 0  # every sequence number up to this one is done (work runs in order)
+        self._queue: list[_Item] = []
+        self._current: _Item | None = None  # the call running now
+        self._issued = 0  # sequence number of the latest call given
+        self._groups = 0  # hand-overs given
+        self._outstanding: set[int] = set()  # calls queued or running
+        self._open: dict[int, list[Any]] = {}  # hand-over -> [priority, calls of it not done]
         self._closed = False
         self._discard = False
         self._thread: threading.Thread | None = None
@@ -112,11 +147,7 @@ class CodecWorker:
             if thread.is_alive():  # pragma: no cover - a wedged device
                 log.error("codec worker did not stop within %.0f s", JOIN_TIMEOUT_S)
         with self._cond:
-            for item in self._queue:  # inline workers and a thread that never started
-                self._drop(item)
-            self._queue.clear()
-            self._done = self._issued
-            self._cond.notify_all()
+            self._forget_all()
 
     @property
     def alive(self) -> bool:
@@ -125,16 +156,39 @@ class CodecWorker:
     @property
     def pending(self) -> int:
         """Calls queued or running."""
-        return len(self._queue) + int(self._running)
+        return len(self._outstanding)
+
+    def handovers(self, priority: bool) -> int:
+        """Hand-overs of one lane with a call queued or running (what ``max_pending`` bounds)."""
+        return sum(1 for lane, _ in self._open.values() if lane is priority)
 
     # ------------------------------------------------------------------ producer side (the scheduler)
-    def submit(self, fn: Callable[[], object]) -> int:
-        """Queue ``fn`` (it handles its own errors) and return its sequence number; blocks while
-        ``max_pending`` calls are queued or running. Inline, ``fn`` runs now."""
-        return self._enqueue(fn, None)
+    def submit(
+        self,
+        fn: Callable[[], object],
+        *,
+        priority: bool = False,
+        keys: Sequence[Hashable] = (),
+        withdraw: Callable[[Hashable], None] | None = None,
+    ) -> int:
+        """Queue ``fn`` (it handles its own errors) as a hand-over of its own and return its sequence number; blocks
+        while ``max_pending`` hand-overs of its lane are queued or running. Inline, ``fn`` runs now."""
+        return self.submit_all([CodecCall(fn, tuple(keys), withdraw)], priority=priority)[0]
+
+    def submit_all(self, calls: Sequence[CodecCall], *, priority: bool = False) -> list[int]:
+        """Queue ``calls`` as one hand-over (in this order) and return their sequence numbers; blocks while
+        ``max_pending`` hand-overs of the lane are queued or running. Inline, they run now, in order."""
+        if not calls:
+            return []
+        if not self._threaded_now():
+            self._check_open()
+            return [self._run_inline(c.fn, priority) for c in calls]
+        return self._enqueue(
+            [_Item(0, c.fn, priority=priority, keys=set(c.keys), withdraw=c.withdraw) for c in calls], priority
+        )
 
     def call(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` after every earlier call and return its result (or raise its exception)."""
+        """Run ``fn`` after every call queued before it and return its result (or raise its exception)."""
         if not self._threaded_now():
             self._check_open()
             return fn()
@@ -153,7 +207,7 @@ class CodecWorker:
 
         t0 = time.perf_counter()
         behind = self.pending > 0
-        self._enqueue(run, dropped, observe=False)
+        self._enqueue([_Item(0, run, dropped, barrier=True)], False, observe=False)
         with contextlib.suppress(BaseException):
             future.exception()  # waits for it
         if behind:  # what the caller lost to the overlap: the wait for earlier calls, not the work it asked for
@@ -161,21 +215,49 @@ class CodecWorker:
         return future.result()
 
     def done(self, seq: int) -> bool:
-        return seq <= self._done
+        """Whether call ``seq`` is done (and with it every earlier call on the streams it touched)."""
+        return seq not in self._outstanding
 
     def wait(self, seq: int) -> None:
-        """Block until call ``seq`` (and every earlier one) is done."""
-        if seq <= self._done:
+        """Block until call ``seq`` is done."""
+        if seq not in self._outstanding:
             return
         t0 = time.perf_counter()
         with self._cond:
-            while self._done < seq:
+            while seq in self._outstanding:
                 self._cond.wait()
         self._on_wait(time.perf_counter() - t0)
 
     def drain(self) -> None:
         """Block until every call given so far is done (the device is then idle on the codec's side)."""
-        self.wait(self._issued)
+        with self._cond:
+            targets = set(self._outstanding)
+        if not targets:
+            return
+        t0 = time.perf_counter()
+        with self._cond:
+            while targets & self._outstanding:
+                self._cond.wait()
+        self._on_wait(time.perf_counter() - t0)
+
+    def withdraw(self, key: Hashable) -> int:
+        """Take stream ``key`` out of every queued call that can give it up (see the module docstring); returns the
+        sequence number of the latest call still touching it (the running one, or a queued one that cannot give it
+        up), 0 when none does."""
+        with self._cond:
+            last = 0
+            for item in self._queue:
+                if key not in item.keys:
+                    continue
+                if item.withdraw is None:
+                    last = max(last, item.seq)
+                    continue
+                item.withdraw(key)
+                item.keys.discard(key)
+            current = self._current
+            if current is not None and key in current.keys:
+                last = max(last, current.seq)
+            return last
 
     # ------------------------------------------------------------------ internals
     def _threaded_now(self) -> bool:
@@ -186,34 +268,73 @@ class CodecWorker:
         if self._closed:
             raise CodecWorkerClosed("the codec worker stopped")
 
-    def _enqueue(self, fn: Callable[[], object], dropped: Callable[[], None] | None, observe: bool = True) -> int:
-        if not self._threaded_now():
-            self._check_open()
+    def _run_inline(self, fn: Callable[[], object], priority: bool) -> int:
+        with self._cond:
+            self._issued += 1
+            seq = self._issued
+            self._outstanding.add(seq)
+        try:
+            self._on_call(priority)
+            fn()
+        except Exception:
+            log.exception("codec work failed")
+        finally:
             with self._cond:
-                self._issued += 1
-                seq = self._issued
-            try:
-                fn()
-            except Exception:
-                log.exception("codec work failed")
-            finally:
-                with self._cond:
-                    self._done = max(self._done, seq)
-            return seq
+                self._outstanding.discard(seq)
+        return seq
+
+    def _enqueue(self, items: list[_Item], priority: bool, observe: bool = True) -> list[int]:
         t0: float | None = None
         with self._cond:
-            while self.pending >= self.max_pending and not self._closed:
+            while self.handovers(priority) >= self.max_pending and not self._closed:
                 if t0 is None:
                     t0 = time.perf_counter()
                 self._cond.wait()
             self._check_open()
-            self._issued += 1
-            seq = self._issued
-            self._queue.append(_Item(seq, fn, dropped))
+            self._groups += 1
+            group = self._groups
+            self._open[group] = [priority, len(items)]
+            seqs = []
+            for item in items:
+                self._issued += 1
+                item.seq, item.group = self._issued, group
+                self._outstanding.add(item.seq)
+                self._queue.append(item)
+                seqs.append(item.seq)
             self._cond.notify_all()
         if t0 is not None and observe:
             self._on_wait(time.perf_counter() - t0)
-        return seq
+        return seqs
+
+    def _next(self) -> _Item:
+        """The oldest priority call no earlier call shares a stream with (none past a barrier), else the oldest."""
+        seen: set[Hashable] = set()
+        for i, item in enumerate(self._queue):
+            if item.barrier:
+                break
+            if item.priority and not (item.keys & seen):
+                return self._queue.pop(i)
+            seen |= item.keys
+        return self._queue.pop(0)
+
+    def _settle(self, item: _Item) -> None:
+        """``item`` is done or dropped (under the lock)."""
+        self._outstanding.discard(item.seq)
+        group = self._open.get(item.group)
+        if group is not None:
+            group[1] -= 1
+            if group[1] <= 0:
+                del self._open[item.group]
+
+    def _forget_all(self) -> None:
+        """Closed: what never ran is dropped, every sequence number counts as done (under the lock)."""
+        for item in self._queue:
+            self._drop(item)
+        self._queue.clear()
+        self._current = None
+        self._outstanding.clear()
+        self._open.clear()
+        self._cond.notify_all()
 
     @staticmethod
     def _drop(item: _Item) -> None:
@@ -234,12 +355,7 @@ class CodecWorker:
                 if not self._closed:
                     log.error("codec worker thread ended unexpectedly")
                 self._closed = True
-                for item in self._queue:
-                    self._drop(item)
-                self._queue.clear()
-                self._running = False
-                self._done = self._issued
-                self._cond.notify_all()
+                self._forget_all()
 
     def _serve(self) -> None:
         with self._device_context():
@@ -249,19 +365,21 @@ class CodecWorker:
                         self._cond.wait()
                     if not self._queue:
                         break  # closed and nothing left
-                    item = self._queue.popleft()
+                    item = self._next()
                     skip = self._closed and self._discard
-                    self._running = not skip
+                    self._current = None if skip else item
                 if skip:
                     self._drop(item)
                 else:
                     try:
+                        if not item.barrier:
+                            self._on_call(item.priority)
                         item.fn()
                     except Exception:  # the scheduler's functions handle their own errors; keep serving
                         log.exception("codec work failed")
                 with self._cond:
-                    self._running = False
-                    self._done = item.seq
+                    self._current = None
+                    self._settle(item)
                     self._cond.notify_all()
                 try:
                     self._on_done()

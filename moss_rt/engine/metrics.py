@@ -115,11 +115,22 @@ class EngineMetrics:
         )
         self.codec_rebuild_calls = Counter(
             "moss_rt_codec_rebuild_calls_total",
-            "Batched codec calls that rebuilt retakes' streaming states (every preparing take's next frames in one)",
+            "Batched codec calls that rebuilt retakes' streaming states (preparing takes' next frames, batched)",
             registry=r,
         )
         self.codec_rebuild_frames = Counter(
             "moss_rt_codec_rebuild_frames_total", "Kept frames decoded again to rebuild codec states", registry=r
+        )
+        self.codec_calls = Counter(
+            "moss_rt_codec_calls_total",
+            "Codec decode calls started, by lane: priority (interactive takes' first chunks, their rebuilds) or bulk "
+            "(steady chunks and batch work, at most codec_call_streams streams a call)",
+            ["lane"], registry=r,
+        )
+        self.cancel_dropped_frames = Counter(
+            "moss_rt_cancel_dropped_frames_total",
+            "Frames cancelled takes had made but not sent: dropped, not decoded (their end goes out at once)",
+            registry=r,
         )
         self.codec_kept_states = Gauge(
             "moss_rt_codec_kept_states",

@@ -21,13 +21,21 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from moss_rt.config import Settings
-from moss_rt.engine.base import EngineBusy, EngineInfo, EngineLifecycle, EngineLoading, TakeSpec, checked_codes
+from moss_rt.engine.base import (
+    EngineBusy,
+    EngineInfo,
+    EngineLifecycle,
+    EngineLoading,
+    EngineStatus,
+    TakeSpec,
+    checked_codes,
+)
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
@@ -87,7 +95,7 @@ class MossEngine(EngineLifecycle):
             default_model=DEFAULT_MODEL_ALIAS,
             demo=likely_demo,
             device=settings.device,
-            details={"status": "loading", "model": spec, "codec": settings.codec.strip()},
+            details={"model": spec, "codec": settings.codec.strip()},
         )
         self.metrics = EngineMetrics()
         lead_sec = settings.max_lead_sec if settings.max_lead_sec > 0 else 20.0
@@ -106,7 +114,8 @@ class MossEngine(EngineLifecycle):
         self._loaded: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready = False
+        # Written by the worker thread (and close), read anywhere: one enum attribute, replaced whole.
+        self._status = EngineStatus.LOADING
         self._scheduler: Scheduler | None = None
         self._codec: object | None = None
         self._decoder: object | None = None
@@ -121,11 +130,13 @@ class MossEngine(EngineLifecycle):
     # ------------------------------------------------------------------ the seam
     @property
     def info(self) -> EngineInfo:
-        return dataclasses.replace(self._info, ready=self._ready, metrics=self.metrics.registry)
+        return dataclasses.replace(
+            self._info, status=self._status, metrics=self.metrics.registry, memory_plan=self.memory_plan
+        )
 
     @property
-    def ready(self) -> bool:
-        return self._ready
+    def _ready(self) -> bool:
+        return self._status is EngineStatus.READY
 
     @property
     def active_count(self) -> int:
@@ -149,7 +160,7 @@ class MossEngine(EngineLifecycle):
         self._wake.set()
         if self._thread is not None and self._thread.is_alive():
             await asyncio.to_thread(self._thread.join, 30.0)
-        self._ready = False
+        self._status = EngineStatus.STOPPED
         if self._thread is None or not self._thread.is_alive():
             await asyncio.to_thread(self._release_device_memory)
 
@@ -242,23 +253,19 @@ class MossEngine(EngineLifecycle):
         except BaseException as exc:
             log.exception("engine failed to load")
             self._stop_codec_worker()
-            self._set_status("failed")
+            self._status = EngineStatus.FAILED
             if not self._loaded.done():
                 self._loaded.set_exception(exc)
             return
         self.metrics.graphs_pending.set(self._graphs_pending())
-        self._ready = True
-        self._set_status("ready")
+        self._status = EngineStatus.READY
         if not self._loaded.done():
             self._loaded.set_result(None)
         try:
             self._serve()
         finally:
-            self._ready = False
+            self._status = EngineStatus.STOPPED
             self._shutdown()
-
-    def _set_status(self, status: str) -> None:
-        self._info = dataclasses.replace(self._info, details={**self._info.details, "status": status})
 
     def _serve(self) -> None:
         sched = self._scheduler
@@ -380,6 +387,9 @@ class MossEngine(EngineLifecycle):
                 break
         return worked
 
+    def _count_codec_call(self, priority: bool) -> None:
+        self.metrics.codec_calls.labels("priority" if priority else "bulk").inc()
+
     def _take_done(self, take: Take) -> None:
         with self._admit_lock:
             self._in_system -= 1
@@ -453,13 +463,14 @@ class MossEngine(EngineLifecycle):
         plan = self._plan_memory(loaded.config, codec, where.device, where.dtype)
         slots, seq_len = plan.max_slots, plan.max_seq_len
         graphs = where.device.type == "cuda" and "cuda_graphs" in inspect.signature(StreamingDecoder).parameters
+        extra: dict[str, Any] = {"cuda_graphs": True} if graphs else {}
         decoder = StreamingDecoder(
             codec,
             device=where.device,
             dtype=where.dtype,
             max_streams=slots + CODEC_EXTRA_STREAMS,  # every slot, a render and the warm-up
             max_chunk_frames=CODEC_CHUNK_FRAMES,
-            **({"cuda_graphs": True} if graphs else {}),
+            **extra,
         )
         # Captures under load are deferred to the scheduler's rounds (see codec_batch), whether or not the
         # codec overlaps: the same calls then get graphs at the same points either way.
@@ -470,6 +481,7 @@ class MossEngine(EngineLifecycle):
             max_pending=CODEC_MAX_PENDING,
             on_done=self._wake.set,  # a take waiting for its last chunk ends on the next round
             on_wait=self.metrics.codec_wait.observe,
+            on_call=self._count_codec_call,
         )
         worker.start()
         self._codec_worker = worker
@@ -500,6 +512,7 @@ class MossEngine(EngineLifecycle):
                 prefill_max_rows=s.prefill_max_rows,
                 prompt_cache=s.prompt_cache,
                 batch_share=min(1.0, max(0.0, s.batch_share)),
+                codec_call_streams=max(1, s.codec_call_streams),
             ),
             on_take_done=self._take_done,
             sync=self._sync,
@@ -508,8 +521,8 @@ class MossEngine(EngineLifecycle):
         )
         self._scheduler.prompts.journal = self.kept_prompts
         demo = model_choice.demo or codec_choice.demo
+        self._status = EngineStatus.WARMING_UP
         details = {
-            "status": "warming up",
             "model": model_choice.label,
             "model_source": model_choice.source,
             "codec": codec_choice.label,

@@ -4,32 +4,43 @@ Runs only on the engine's worker thread (it owns the model runner and the stream
 One :meth:`Scheduler.iterate` is one scheduling round. It serves, in this order (DESIGN.md, wave 3):
 
 1. **interactive control**: takes whose channel was cancelled (a cancel, a seek or a new ``start`` on a streaming
-   socket: the session cancels the running take first) stop now; a running one hands the frames it already made
-   to the codec at once and ends as soon as that call is done, before any preparation work of this round;
+   socket: the session cancels the running take first) end now: a running one stops stepping, the frames it made
+   but did not send yet are dropped (its codes and heard audio end at the last frame that reached its channel, and
+   nothing of it goes out after its end), its calls queued on the codec worker give its stream up, and its ``end``
+   goes out in this round, before anything else; its codec state is given back (or kept for retakes) once the codec
+   call running on it, if any, is done;
 2. **running streams' next frames**: every runnable slot (running, not paused) advances by one frame in ONE batched
    model step; slots whose chunk is due (first audio after one frame, then every ``chunk_frames``) go to the codec
-   worker as one batched streaming codec call (decoded, converted to int16 and pushed to their channels on the
-   worker's thread, overlapped with the next model steps; see codec_worker);
-3. **interactive admissions and their preparation**: waiting takes get slots while slots are free (retakes and
-   continuations first, then new takes, then batch work); preparing takes advance their prompt prefill and codec
-   state. Prompt rows kept from earlier takes (prompt_cache) are shared, not prefilled, and a take waits for rows
-   another take is computing; the next prompt chunks of all the others go through the backbone in ONE batched
-   prefill pass (at most ``prefill_max_rows`` padded rows; while takes stream, one pass per round of at most
+   worker (decoded, converted to int16 and pushed to their channels on the worker's thread, overlapped with the next
+   model steps; see codec_worker): interactive takes' first chunks (their ramp) in the worker's priority lane, the
+   rest in bulk calls of at most ``codec_call_streams`` streams, so a director's first chunk waits for at most one
+   short call;
+3. **interactive admissions and their preparation**: waiting takes get slots while slots are free (retakes,
+   continuations and barge-in starts first, then new takes, then batch work); preparing takes advance their prompt
+   prefill and codec state. Prompt rows kept from earlier takes (prompt_cache) are shared, not prefilled, and a take
+   waits for rows another take is computing; the next prompt chunks of all the others go through the backbone in ONE
+   batched prefill pass (at most ``prefill_max_rows`` padded rows; while takes stream, one pass per round of at most
    ``stream_rows``, sized to the budget at warm-up (prefill_pace), so a burst of arrivals goes in as chunks
    interleaved with frames and never holds a running stream for more than about one frame). A retake's codec state
    continues from its parent's kept blocks (nothing decoded) where they still hold what its branch frame needs;
-   otherwise the kept frames are decoded again, every rebuilding take's next chunk in ONE batched codec call per
-   round, handed to the codec worker without waiting for it (the take's later decodes queue behind it);
+   otherwise the kept frames are decoded again, every rebuilding take's next chunk in batched codec calls each round
+   (an interactive take's in the priority lane), handed to the codec worker without waiting for them (the take's
+   later decodes queue behind them);
 4. **batch work** (``TakePriority.BATCH``, script renders) last: admitted only while no interactive take waits and
-   within ``batch_share`` of the slots and KV cache, prepared with what a pass has left after interactive chunks.
+   within ``batch_share`` of the slots and KV cache; its prompt rows never share a pass with an interactive take's
+   (the director's pass stays short), and while interactive takes are about its passes hold at most
+   ``BATCH_PASS_SHARE`` of ``stream_rows`` (a director arriving during one waits for less); its chunks go in bulk
+   calls only.
 
-Takes that drew the stop head, reached their frame budget, were cancelled or failed end once the codec call
-holding their last frames is done (their end always follows their audio, and their codec state is never closed or
-kept under a running decode). A finished take's KV blocks and codec state blocks are kept for retakes
+Takes that drew the stop head or reached their frame budget end once the codec call holding their last frames is
+done (their end always follows their audio). Takes that end while a codec call still runs on their state (cancelled)
+wait in ``draining`` for it: their end is out, but their codec state is never closed or kept under a running decode.
+A finished take's KV blocks and codec state blocks are kept for retakes
 (:class:`~moss_rt.engine.slots.RetainedCaches`) until the room is needed.
 
-The scheduler's decisions (which takes step, which chunks are due, which takes share a codec call) never
-depend on when the codec finishes, so a take's codes and PCM are the same with the codec overlapped or inline.
+The scheduler's decisions (which takes step, which chunks are due, which takes share a codec call, which lane a call
+takes) never depend on when the codec finishes, so a take's codes and PCM are the same with the codec overlapped or
+inline. Only what a cancelled take still sends depends on timing, as a cancel does.
 """
 
 from __future__ import annotations
@@ -37,20 +48,21 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
 from moss_rt.engine.codec_batch import CodecBatcher
-from moss_rt.engine.codec_worker import CodecWorker
+from moss_rt.engine.codec_worker import CodecCall, CodecWorker
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prefill_pace import MIN_ROWS_PER_PASS
 from moss_rt.engine.prompt_cache import Match, PromptCache
 from moss_rt.engine.prompts import frames_room
-from moss_rt.engine.slots import Phase, Retained, RetainedCaches, Take
+from moss_rt.engine.slots import CacheReuse, CodecSource, Phase, Retained, RetainedCaches, Take
 from moss_rt.generation import N_CODEBOOKS
 
 if TYPE_CHECKING:
@@ -63,6 +75,17 @@ log = logging.getLogger(__name__)
 # bucket has, so one batched call decodes every rebuilding take's next chunk.
 REBUILD_CHUNK_FRAMES = 8
 DEFAULT_BATCH_SHARE = 0.5  # slots and KV blocks batch work may hold at most (interactive takes keep the rest)
+# Streams in one bulk codec call (steady chunks, batch work): a director's first chunk, in the priority lane, waits
+# for at most the call running when it came. Measured on an H200 (bench/RESULTS.md, "Directing at scale"): 31-stream
+# calls (the 32-row graph bucket) took the aggregate at 128 streams from 369x to 318x (codec 16.9 -> 24.8 ms a step)
+# and gave the directors nothing measurable (64 in a burst: retakes 594 / 762 ms with 31, 543 / 772 with no split).
+# So by default a round's chunks of one length go in one call, as before; lower it (Settings.codec_call_streams) to
+# trade render throughput for a shorter wait behind a running call.
+DEFAULT_CODEC_CALL_STREAMS = 255
+# While interactive takes are about (waiting, preparing, streaming), a prefill pass holding only batch work's rows
+# has at most this share of stream_rows: a director arriving during one waits for less (renders prefill a little
+# slower). A pass with an interactive take's rows holds no batch rows at all.
+BATCH_PASS_SHARE = 0.5
 # Attention scores of a pass grow with its padded rows x its longest key window (x heads), not with
 # rows alone: a re-prefill deep into a long take next to fresh prompts would give every one of them
 # its window. A pass keeps rows x keys within prefill_max_rows x this many keys (8192 x 1024 x 32
@@ -84,6 +107,7 @@ class SchedulerConfig:
     prefill_keys_per_row: int = PREFILL_KEYS_PER_ROW  # with it, bounds padded rows x longest key window
     prompt_cache: bool = True  # keep prompt blocks for later takes that open with the same rows
     batch_share: float = DEFAULT_BATCH_SHARE  # share of slots and KV blocks batch takes may hold at once
+    codec_call_streams: int = DEFAULT_CODEC_CALL_STREAMS  # streams per bulk codec call (priority calls: any)
 
     @property
     def batch_slots(self) -> int:
@@ -120,9 +144,10 @@ class Scheduler:
         self.waiting: deque[Take] = deque()
         self.preparing: list[Take] = []  # interactive takes first, then batch work (each in admission order)
         self.running: list[Take] = []
-        # Takes that ended while preparing (cancelled, failed) with a codec call on their state in flight: they end
-        # once it is done (their codec state is never closed under a running decode).
-        self.stopping: list[Take] = []
+        # Takes that ended (cancelled, failed while preparing) with a codec call on their state still running: their
+        # end is out; their codec state is given back, or kept for retakes, once that call is done (it is never
+        # closed under a running decode). They hold no model slot, but count as active (their codec slot).
+        self.draining: list[Take] = []
         self.retained = RetainedCaches(config.retain_slots)
         pool = getattr(runner, "blocks", None)  # test stand-ins without a pool keep no prompts
         self.prompts = PromptCache(pool, enabled=config.prompt_cache and pool is not None)
@@ -135,7 +160,7 @@ class Scheduler:
     # ------------------------------------------------------------------ bookkeeping
     @property
     def active_count(self) -> int:
-        return len(self.preparing) + len(self.running) + len(self.stopping)
+        return len(self.preparing) + len(self.running) + len(self.draining)
 
     @property
     def has_paused(self) -> bool:
@@ -143,7 +168,7 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not (self.waiting or self.preparing or self.running or self.stopping)
+        return not (self.waiting or self.preparing or self.running or self.draining)
 
     def add(self, take: Take) -> None:
         self.waiting.append(take)
@@ -179,9 +204,9 @@ class Scheduler:
         return worked
 
     def _control(self) -> bool:
-        """Cancels first: waiting and preparing takes end now (a preparing one with a codec call in flight as soon as
-        it is done); running ones stop stepping and hand the frames they made to the codec at once. Then every
-        take whose last codec call is done ends (its end goes out before this round's preparation work)."""
+        """Cancels first: every cancelled take ends now (a running one with what it sent so far; see _end_now).
+        Then every take whose last codec call is done ends (its end goes out before this round's preparation work),
+        and takes draining a codec call give their codec state back."""
         found = self._reap_cancelled()
         found |= self._finish_ended()
         return found
@@ -196,32 +221,39 @@ class Scheduler:
             self.preparing.remove(take)
             self._stop_preparing(take, take.channel.cancel_reason or EndReason.CANCELLED)
             found = True
-        stopped = []
-        for take in self.running:
-            reason = take.channel.cancel_reason
-            if reason is not None and take.ending is None:
-                # It stops stepping now; the frames it already made still reach the client (handed to the codec
-                # right here, not after this round's step and preparation), and it ends once they are decoded.
-                take.ending = reason
-                stopped.append(take)
-                found = True
-        flush = [t for t in stopped if t.pending > 0]
-        if flush:
-            self._submit_chunks(flush)
+        for take in [t for t in self.running if t.channel.cancel_reason is not None and t.ending is None]:
+            self._end_now(take, take.channel.cancel_reason or EndReason.CANCELLED)
+            found = True
         return found
 
+    def _end_now(self, take: Take, reason: EndReason) -> None:
+        """A running take is cancelled: it ends in this round with the frames that reached its channel. Frames it
+        made but did not send are dropped, not decoded (their codes too: a retake branches only from frames its
+        director heard); its calls queued on the codec worker give its stream up (padding rows in its place), so only
+        a call already running on its state may still be in flight: its codec state waits in ``draining`` for that
+        one, and its KV blocks are kept for retakes at once."""
+        self.running.remove(take)
+        with take.out_lock:
+            take.muted = True  # the codec worker pushes nothing of it from now on
+            sent = take.sent
+        dropped = take.frames - sent
+        if dropped > 0:
+            del take.codes[sent:]
+            take.frames = sent
+            self.metrics.cancel_dropped_frames.inc(dropped)
+        take.flushed = min(take.flushed, take.frames)
+        take.codec_seq = self.worker.withdraw(take.decoder) if take.decoder is not None else 0
+        self._finish(take, reason)
+
     def _stop_preparing(self, take: Take, reason: EndReason, error: str | None = None) -> None:
-        """End a take taken out of ``preparing``: now, or (a codec call on its state in flight) once that is done."""
-        if self.worker.done(take.codec_seq):
-            self._release(take, keep=False)
-            self._finish(take, reason, error=error)
-            return
-        take.ending, take.error = reason, error if reason is EndReason.ERROR else take.error
-        self.stopping.append(take)
+        """End a take taken out of ``preparing`` now; a rebuild call running on its codec state keeps the state in
+        ``draining`` until it is done (queued ones give its stream up)."""
+        take.codec_seq = self.worker.withdraw(take.decoder) if take.decoder is not None else 0
+        self._finish(take, reason, error=error)
 
     def _finish_ended(self) -> bool:
-        """End the takes whose last codec call is done (running takes that stopped, takes stopped while
-        preparing)."""
+        """End the running takes that stopped (stop head, frame budget, failure) once their last codec call is done;
+        give back the codec states of draining takes whose call is done."""
         found = False
         for take in [t for t in self.running if t.ending]:
             if not self.worker.done(take.codec_seq):
@@ -230,10 +262,9 @@ class Scheduler:
             self.running.remove(take)
             self._finish(take, take.ending or EndReason.DONE)
             found = True
-        for take in [t for t in self.stopping if self.worker.done(t.codec_seq)]:
-            self.stopping.remove(take)
-            self._release(take, keep=False)
-            self._finish(take, take.ending or EndReason.CANCELLED)
+        for take in [t for t in self.draining if self.worker.done(t.codec_seq)]:
+            self.draining.remove(take)
+            self._release_codec(take, take.kept_item)
             found = True
         return found
 
@@ -268,10 +299,10 @@ class Scheduler:
         return admitted
 
     def _batch_count(self) -> int:
-        return sum(1 for group in (self.preparing, self.running, self.stopping) for t in group if t.batch)
+        return sum(1 for group in (self.preparing, self.running, self.draining) for t in group if t.batch)
 
     def _interactive_present(self) -> bool:
-        return any(not t.batch for group in (self.waiting, self.preparing, self.running, self.stopping) for t in group)
+        return any(not t.batch for group in (self.waiting, self.preparing, self.running) for t in group)
 
     def _batch_blocks(self) -> int:
         return sum(t.blocks_promised for group in (self.preparing, self.running) for t in group if t.batch)
@@ -293,6 +324,7 @@ class Scheduler:
         return True
 
     def _drop_retained(self, item: Retained) -> None:
+        item.dropped = True  # a codec state still pending for it is closed when its call is done, not kept
         self.runner.drop(item.blocks)
         if item.codec is not None:
             self.decoder.drop(item.codec)
@@ -346,14 +378,20 @@ class Scheduler:
         need = runner.blocks_needed(take.positions, shared)
         spare = frozenset(match.blocks) if match is not None else frozenset()
         codec_share = kept is not None and self._can_resume_codec(kept, prefix)
+        # The parent was cancelled a moment ago and a codec call still runs on its state: whether the retake can
+        # share it is known once that call is done (it opens its codec state then: _open_deferred).
+        codec_wait = (
+            kept is not None and kept.codec_pending and n > 0 and kept.codes.shape[0] >= n
+            and bool(np.array_equal(kept.codes[:n], prefix))
+        )
         batch_cap = self.config.batch_share * (runner.blocks.num_blocks - 1)
         if take.batch and self._batch_count() and self._batch_blocks() + need > batch_cap:
             return False  # batch work holds its share of the cache: it waits for its own takes to end
-        room = self._room_for(need, keep=spec.parent_take if share or codec_share else None, spare=spare,
-                              batch=take.batch)
-        if not room and codec_share and not share:
+        room = self._room_for(need, keep=spec.parent_take if share or codec_share or codec_wait else None,
+                              spare=spare, batch=take.batch)
+        if not room and (codec_share or codec_wait) and not share:
             # The parent's kept KV blocks are in the way: give them (and its codec state) up, rebuild instead.
-            codec_share = False
+            codec_share = codec_wait = False
             room = self._room_for(need, keep=None, spare=spare, batch=take.batch)
         if not room and take.batch and not self._interactive_present():
             room = self._room_for(need, keep=None, spare=spare)  # no director here: kept takes of theirs may go
@@ -366,9 +404,8 @@ class Scheduler:
             return False
         take.phase = Phase.PREPARING
         take.prep_started = time.monotonic()
-        take.capped_by_cache = n + spec.max_frames > frames_left
         take.blocks_promised = need
-        take.frames = take.flushed = n
+        take.frames = take.flushed = take.sent = n
         take.codes = list(prefix)
         take.model_slot = runner.alloc_slot()
         take.prompt_rows = rows
@@ -377,11 +414,11 @@ class Scheduler:
             # The parent's cache holds prompt + its frames: share its blocks up to frame n.
             runner.attach(take.model_slot, kept.blocks, shared)
             take.prefilled = len(prompt)
-            take.reuse_path = "share"
+            take.reuse_path = CacheReuse.SHARE
             if not runner.reserve(take.model_slot, take.positions, shared):  # pragma: no cover
                 raise RuntimeError("the KV pool could not keep its promise")  # _room_for checked it
         else:
-            take.reuse_path = "reprefill" if n else "fresh"
+            take.reuse_path = CacheReuse.REPREFILL if n else CacheReuse.FRESH
             take.prompt_keys = keys
             assert match is not None
             # _room_for made the room this needs (PoolExhausted here would be a bookkeeping bug).
@@ -393,10 +430,13 @@ class Scheduler:
         runner.set_sampling(
             take.model_slot, spec.sampling, spec.seed, frame_index=n, history=prefix if n else None
         )
-        take.decoder = self._open_codec_state(take, kept if codec_share else None)
+        if codec_wait:
+            take.codec_after = kept  # its codec state opens once the parent's running codec call is done
+        else:
+            take.decoder = self._open_codec_state(take, kept if codec_share else None)
+            self.metrics.codec_states.labels(take.codec_source.value).inc()
         if n:
-            self.metrics.seeks.labels(take.reuse_path).inc()
-        self.metrics.codec_states.labels(take.codec_source).inc()
+            self.metrics.seeks.labels(take.reuse_path.value).inc()
         return True
 
     def _can_resume_codec(self, kept: Retained, prefix: np.ndarray) -> bool:
@@ -420,10 +460,30 @@ class Scheduler:
             log.warning("codec state pools full although every kept state was given back")
         if kept is not None and kept.codec is not None and self.decoder.can_resume(kept.codec, n):
             state = self.decoder.resume(kept.codec, n, max_frames=cap)
-            take.rebuilt, take.codec_source = n, "shared"
+            take.rebuilt, take.codec_source = n, CodecSource.SHARED
             return state
-        take.rebuilt, take.codec_source = 0, ("rebuilt" if n else "fresh")
+        take.rebuilt, take.codec_source = 0, (CodecSource.REBUILT if n else CodecSource.FRESH)
         return self.decoder.new_state(max_frames=cap)
+
+    def _open_deferred(self) -> None:
+        """Retakes of a parent whose codec state was still in a running call when they began: once that call is done,
+        they continue from the parent's kept codec state where it can resume them exactly (can_resume: the parent's
+        stream may have decoded past the frames it sent), else they rebuild it from the codes."""
+        for take in [t for t in self.preparing if t.codec_after is not None]:
+            item = take.codec_after
+            assert item is not None
+            if item.codec_pending:
+                continue
+            take.codec_after = None
+            prefix = take.codes_array(0, take.spec.start_frame)
+            usable = not item.dropped and self._can_resume_codec(item, prefix)
+            try:
+                take.decoder = self._open_codec_state(take, item if usable else None)
+            except Exception as exc:  # no codec slot or blocks: this take fails, the others go on
+                log.warning("take %s could not open its codec state: %s", take.take_id, exc)
+                self._fail_preparing(take, f"codec state unavailable: {exc}")
+                continue
+            self.metrics.codec_states.labels(take.codec_source.value).inc()
 
     @staticmethod
     def _can_truncate(kept: Retained, prompt: np.ndarray, prefix: np.ndarray) -> bool:
@@ -488,12 +548,13 @@ class Scheduler:
         if not self.preparing:
             return False
         self._fail_broken_rebuilds()
+        self._open_deferred()
         self._catch_up()
         promoted = self._promote_ready()
         units = passes = 0
-        # Codec rebuilds: one batched call a round (every rebuilding take's next chunk), handed to the codec worker
-        # without waiting; alone on the device, every call now (the worker's bounded queue paces them).
-        while self._rebuild_call():
+        # Codec rebuilds: every rebuilding take's next chunk a round (batched calls), handed to the codec worker
+        # without waiting; alone on the device, every chunk now (the worker's bounded queue paces them).
+        while self._rebuild_round():
             units += 1
             promoted |= self._promote_ready()
             if self.running:
@@ -520,15 +581,24 @@ class Scheduler:
         """(take, rows) for one pass: the next chunk of every take with rows left, oldest first,
         while the pass stays within prefill_max_rows padded rows (takes x longest chunk) and its
         padded rows x longest key window within prefill_max_rows x prefill_keys_per_row. While takes
-        stream, the pass holds at most stream_rows padded rows (longer prompts go in as chunks)."""
+        stream, the pass holds at most stream_rows padded rows (longer prompts go in as chunks).
+
+        Interactive takes' rows never share a pass with batch work's (a batch take whose rows an interactive take
+        waits for counts as interactive): a director's pass is as short as its own rows. A pass of batch rows alone
+        holds at most BATCH_PASS_SHARE of stream_rows while interactive takes are about."""
         score_cap = self.config.prefill_max_rows * self.config.prefill_keys_per_row
         cap = self.stream_rows if self.running else self.config.prefill_max_rows
+        ready = [t for t in self.preparing if self._rows_left(t) > 0 and t.waits_for is None]
+        awaited = {t.waits_for for t in self.preparing if not t.batch and t.waits_for is not None}
+        urgent = [t for t in ready if not t.batch or t.take_id in awaited]
+        if urgent:
+            ready = urgent
+        elif self.running and self._interactive_present():
+            cap = min(cap, max(MIN_ROWS_PER_PASS, int(cap * BATCH_PASS_SHARE)))
         chosen: list[tuple[Take, int]] = []
         widest = keys = 0
-        for take in self.preparing:
+        for take in ready:
             left = self._rows_left(take)
-            if left <= 0 or take.waits_for is not None:
-                continue
             count = min(left, self.config.prefill_chunk, cap)
             members = len(chosen) + 1
             if chosen and max(widest, count) * members > cap:
@@ -591,39 +661,76 @@ class Scheduler:
         with_whole = self.prompts.wants_whole(keys, take.prefilled) and self.runner.blocks.reserve(slot, 1)
         self.prompts.keep(keys, self.runner.blocks.slot_blocks(slot), take.prefilled, with_whole=with_whole)
 
-    def _rebuild_call(self) -> bool:
-        """One batched codec call rebuilding preparing takes' codec states from their kept frames (audio thrown
-        away): the next chunk of every rebuilding take whose next chunk has the oldest one's length (one forward,
-        graphed where the codec has that shape), at most one codec call's streams, interactive takes first. Handed
-        to the codec worker without waiting: the take's later decodes run after it, in order. False: nothing to
-        rebuild."""
+    def _rebuild_round(self) -> bool:
+        """Batched codec calls rebuilding preparing takes' codec states from their kept frames (audio thrown away):
+        the next chunk of every rebuilding take, takes whose chunks have the same length together (one forward,
+        graphed where the codec has that shape), at most ``codec_call_streams`` a call; interactive takes' calls in
+        the worker's priority lane (one hand-over), batch work's in the bulk lane. Handed to the codec worker without
+        waiting: the take's later decodes run after them, in order. False: nothing to rebuild."""
         rebuilding = [t for t in self.preparing if t.rebuild_left > 0 and t.decoder is not None
                       and t.codec_error is None]
         if not rebuilding:
             return False
-        per_call = max(1, int(getattr(self.codec, "max_batch", len(rebuilding))))
-        frames = min(REBUILD_CHUNK_FRAMES, int(self.decoder.max_chunk_frames), rebuilding[0].rebuild_left)
-        members = [t for t in rebuilding if min(frames, t.rebuild_left) == frames][:per_call]
-        items = [(t, t.decoder, t.codes_array(t.rebuilt, t.rebuilt + frames)) for t in members]
         note_call = getattr(self.codec, "note_call", None)
-        if note_call is not None:
-            note_call([codes for _, _, codes in items])  # counted on this thread, like the streamed chunks
-        seq = self.worker.submit(lambda: self._rebuild_on_worker(items))
-        for take in members:
-            take.rebuilt += frames
-            take.codec_seq = seq
-        self.metrics.codec_rebuild_calls.inc()
-        self.metrics.codec_rebuild_frames.inc(frames * len(members))
+        max_frames = min(REBUILD_CHUNK_FRAMES, int(self.decoder.max_chunk_frames))
+        for priority in (True, False):
+            by_frames: dict[int, list[Take]] = {}
+            for take in rebuilding:
+                if take.batch is not priority:
+                    by_frames.setdefault(min(max_frames, take.rebuild_left), []).append(take)
+            calls: list[CodecCall] = []
+            parts: list[list[Take]] = []
+            for frames, group in by_frames.items():
+                per_call = self._call_streams(frames)
+                for at in range(0, len(group), per_call):
+                    members = group[at : at + per_call]
+                    items = [_Chunk(t, state, t.rebuilt, t.codes_array(t.rebuilt, t.rebuilt + frames))
+                             for t in members if (state := t.decoder) is not None]
+                    if note_call is not None:
+                        note_call([c.codes for c in items])  # counted on this thread, like the streamed chunks
+                    calls.append(self._codec_call(self._rebuild_on_worker, items))
+                    parts.append(members)
+                    for take in members:
+                        take.rebuilt += frames
+                    self.metrics.codec_rebuild_calls.inc()
+                    self.metrics.codec_rebuild_frames.inc(frames * len(members))
+            for members, seq in zip(parts, self.worker.submit_all(calls, priority=priority), strict=True):
+                for take in members:
+                    take.codec_seq = seq
         return True
 
-    def _rebuild_on_worker(self, items: list[tuple[Take, DecoderState | None, np.ndarray]]) -> None:
+    def _rebuild_on_worker(self, items: list[_Chunk]) -> None:
         """On the codec worker: advance the states through their kept frames; a failure fails those takes."""
+        if all(c.withdrawn for c in items):
+            return
         try:
-            self.codec.advance([state for _, state, _ in items], [codes for _, _, codes in items])
+            self.codec.advance([c.state for c in items], [c.codes for c in items])
         except Exception as exc:
             log.exception("codec rebuild failed for %d takes", len(items))
-            for take, _, _ in items:
-                take.codec_error = f"codec rebuild failed: {exc}"
+            for c in items:
+                if not c.withdrawn:
+                    c.take.codec_error = f"codec rebuild failed: {exc}"
+
+    def _call_streams(self, frames: int, cap: int | None = None) -> int:
+        """Streams one codec call of ``frames``-frame chunks holds at most: ``cap`` (default codec_call_streams),
+        within what the codec has graphs for at that length."""
+        cap = max(1, int(self.config.codec_call_streams if cap is None else cap))
+        fit = getattr(self.codec, "streams_per_call", None)
+        return max(1, int(fit(frames, cap))) if fit is not None else cap
+
+    def _codec_call(self, run: Callable[[list[_Chunk]], None], chunks: list[_Chunk]) -> CodecCall:
+        """One codec call over ``chunks``: it touches their streams' states and can give any of them up before it
+        starts (a cancelled take: a padding row takes its place, so the call's batch stays the same)."""
+        return CodecCall(partial(run, chunks), tuple(c.state for c in chunks), partial(self._withdraw_from, chunks))
+
+    def _withdraw_from(self, chunks: list[_Chunk], key: Hashable) -> None:
+        """(On this thread, under the codec worker's lock, while the call has not started.) The stream ``key`` leaves
+        the call: its row decodes silence on the decoder's scratch row instead, its state is not touched."""
+        for chunk in chunks:
+            if chunk.state is key and not chunk.withdrawn:
+                chunk.withdrawn = True
+                chunk.state = self.decoder.scratch_state()
+                chunk.codes = np.zeros_like(chunk.codes)
 
     def _fail_broken_rebuilds(self) -> None:
         """Preparing takes whose rebuild call failed end with its error."""
@@ -635,10 +742,10 @@ class Scheduler:
         self._stop_preparing(take, EndReason.ERROR, error=error)
 
     def _promote_ready(self) -> bool:
-        """Takes with their prompt in the cache and every kept frame handed to their codec state start running (a
-        rebuild call still in flight runs before their first chunk: the codec worker keeps the order)."""
+        """Takes with their prompt in the cache, their codec state open and every kept frame handed to it start running
+        (a rebuild call still in flight runs before their first chunk: the codec worker keeps the order)."""
         ready = [t for t in self.preparing
-                 if not self._rows_left(t) and t.rebuild_left <= 0 and t.codec_error is None]
+                 if not self._rows_left(t) and t.rebuild_left <= 0 and t.codec_error is None and t.codec_after is None]
         for take in ready:
             self.preparing.remove(take)
             self.prompts.unclaim(take.take_id)
@@ -714,32 +821,56 @@ class Scheduler:
         take.flushed = take.frames
 
     def _submit_chunks(self, takes: list[Take]) -> None:
-        """Hand the due chunks to the codec worker as one batched call; returns without waiting for it
-        (unless the worker is max_pending calls behind)."""
+        """Hand the due chunks to the codec worker and return without waiting for them (unless the worker is
+        max_pending hand-overs behind in that lane): interactive takes' chunks of their ramp (first audio and the
+        one-frame chunks after it) as one call in the priority lane, the rest in bulk calls of equal chunk lengths
+        and at most ``codec_call_streams`` streams each (one hand-over)."""
         chunks = [
-            _Chunk(t, t.decoder, t.flushed, t.codes_array(t.flushed, t.frames))
+            _Chunk(t, state, t.flushed, t.codes_array(t.flushed, t.frames), priority=not t.batch and t.in_ramp)
             for t in takes
-            if t.pending > 0 and t.decoder is not None and t.codec_error is None
+            if t.pending > 0 and (state := t.decoder) is not None and t.codec_error is None
         ]
         if not chunks:
             return
         for chunk in chunks:
             chunk.take.flushed = chunk.take.frames
+        self._hand_over(self._pieces([c for c in chunks if c.priority], bulk=False), priority=True)
+        self._hand_over(self._pieces([c for c in chunks if not c.priority], bulk=True), priority=False)
+
+    def _pieces(self, chunks: list[_Chunk], *, bulk: bool) -> list[list[_Chunk]]:
+        """Chunks cut into codec calls: equal lengths together; a bulk call holds at most ``codec_call_streams``
+        streams, a priority call as many as one graphed call of that length can (their calls are short anyway)."""
+        by_t: dict[int, list[_Chunk]] = {}
+        for chunk in chunks:
+            by_t.setdefault(int(chunk.codes.shape[0]), []).append(chunk)
+        pieces = []
+        for t, group in by_t.items():
+            per_call = self._call_streams(t) if bulk else self._call_streams(t, cap=len(group))
+            pieces += [group[at : at + per_call] for at in range(0, len(group), per_call)]
+        return pieces
+
+    def _hand_over(self, pieces: list[list[_Chunk]], *, priority: bool) -> None:
+        """One hand-over to the codec worker: a decode call per piece."""
+        if not pieces:
+            return
         note_call = getattr(self.codec, "note_call", None)
         if note_call is not None:
-            note_call([c.codes for c in chunks])  # counted here, on this thread: see codec_batch
-        seq = self.worker.submit(lambda: self._decode_and_push(chunks))
-        for chunk in chunks:
-            chunk.take.codec_seq = seq
+            for piece in pieces:
+                note_call([c.codes for c in piece])  # counted here, on this thread: see codec_batch
+        calls = [self._codec_call(self._decode_and_push, piece) for piece in pieces]
+        for piece, seq in zip(pieces, self.worker.submit_all(calls, priority=priority), strict=True):
+            for chunk in piece:
+                chunk.take.codec_seq = seq
 
     def _decode_and_push(self, chunks: list[_Chunk]) -> None:
         """On the codec worker: one batched decode, then each take's PCM to its channel (first audio first).
 
         A take whose earlier decode failed is left out (its state may be half advanced); a failing decode
-        fails every take of the call through ``codec_error``, which the scheduler turns into its end.
-        """
-        chunks = [c for c in chunks if c.take.codec_error is None]
-        if not chunks:
+        fails every take of the call through ``codec_error``, which the scheduler turns into its end. Withdrawn
+        chunks (their take was cancelled) decode as padding rows and go nowhere; a take muted by its end gets
+        nothing more (its end is out, or going out)."""
+        chunks = [c for c in chunks if c.withdrawn or c.take.codec_error is None]
+        if all(c.withdrawn for c in chunks):
             return
         t0 = time.perf_counter()
         try:
@@ -749,18 +880,25 @@ class Scheduler:
         except Exception as exc:
             log.exception("codec decode failed for %d takes", len(chunks))
             for c in chunks:
-                c.take.codec_error = f"codec decode failed: {exc}"
+                if not c.withdrawn:
+                    c.take.codec_error = f"codec decode failed: {exc}"
             return
         self.metrics.codec_time.observe(time.perf_counter() - t0)
         now = time.monotonic()
         for c, pcm in zip(chunks, pcms, strict=True):
+            if c.withdrawn:
+                continue
             take = c.take
-            if take.first_audio is None:
-                take.first_audio = now
-                first_ms = (now - take.admitted) * 1000.0
-                self.metrics.ttfa.observe(first_ms / 1000.0)
-                take.channel.push(TakeFirstAudio(first_ms))
-            take.channel.push(AudioChunk(c.first_frame, c.codes, pcm))
+            with take.out_lock:
+                if take.muted:
+                    continue
+                if take.first_audio is None:
+                    take.first_audio = now
+                    first_ms = (now - take.admitted) * 1000.0
+                    self.metrics.ttfa.observe(first_ms / 1000.0)
+                    take.channel.push(TakeFirstAudio(first_ms))
+                take.channel.push(AudioChunk(c.first_frame, c.codes, pcm))
+                take.sent = c.first_frame + int(c.codes.shape[0])
 
     def _capture_wanted(self) -> bool:
         """Codec graphs for shapes that keep coming under load, captured on the worker while this thread
@@ -775,11 +913,23 @@ class Scheduler:
 
     # ------------------------------------------------------------------ ending
     def _finish(self, take: Take, reason: EndReason, error: str | None = None) -> None:
+        """The take's end: its model slot is given back (its KV blocks kept for retakes when usable), its codec state
+        too, or, while a codec call still runs on it, once that is done (``draining``), and its end is pushed.
+        Nothing of its audio goes out after this (muted)."""
         if reason is not EndReason.ERROR:
             error = None
         else:
             error = error or take.error or "generation failed"
-        self._release(take, keep=reason is not EndReason.ERROR)
+        with take.out_lock:
+            take.muted = True
+        item = self._release_model(take, keep=reason is not EndReason.ERROR)
+        if self.worker.done(take.codec_seq):
+            self._release_codec(take, item)
+        else:
+            take.kept_item = item
+            if item is not None:
+                item.codec_pending = True
+            self.draining.append(take)
         now = time.monotonic()
         first_ms = None if take.first_audio is None else (take.first_audio - take.admitted) * 1000.0
         queue_ms = ((take.prep_started or now) - take.admitted) * 1000.0
@@ -794,34 +944,49 @@ class Scheduler:
         )
 
     def _release(self, take: Take, *, keep: bool) -> None:
-        """Give back the codec state and the slot; keep the cache blocks (KV and codec state) for retakes when they
-        are usable. Called only once no codec call on the take's state is in flight."""
+        """Give back the slot and the codec state (no codec call on it may be in flight); keep the cache blocks
+        (KV and codec state) for retakes when they are usable."""
+        self._release_codec(take, self._release_model(take, keep=keep))
+
+    def _release_model(self, take: Take, *, keep: bool) -> Retained | None:
+        """Give back the take's model slot; its KV blocks are kept for retakes (returned: the kept item, whose codec
+        state _release_codec adds) when usable: a take that ran, made frames, and may be kept."""
         usable = (
             keep and take.phase is Phase.RUNNING and take.frames > 0 and take.retain_key is not None
             and take.model_slot is not None and self.retained.capacity > 0
         )
-        state, take.decoder = take.decoder, None
-        codec = None
-        if state is not None:
-            if usable and take.codec_error is None and state.frames > 0 and not state.closed:
-                codec = self.decoder.detach(state)  # its blocks stay for retakes; its slot is free again
-            else:
-                state.close()
         self.prompts.unclaim(take.take_id)
         slot, take.model_slot = take.model_slot, None
         if slot is None:
-            return
-        if usable and take.retain_key is not None:
-            item = Retained(self.runner.detach(slot), take.retain_key, take.codes_array(), codec, take.batch)
-            for evicted in self.retained.put(take.take_id, item):
-                self._drop_retained(evicted)
-        else:
+            return None
+        if not usable or take.retain_key is None:
             self.runner.free_slot(slot)
+            return None
+        item = Retained(self.runner.detach(slot), take.retain_key, take.codes_array(), None, take.batch)
+        for evicted in self.retained.put(take.take_id, item):
+            self._drop_retained(evicted)
+        return None if item.dropped else item
+
+    def _release_codec(self, take: Take, item: Retained | None) -> None:
+        """Give back the take's codec state (no codec call on it in flight any more): kept with ``item`` for retakes
+        when that is still kept and the state is sound, else closed. Its stream may have decoded past the frames
+        the take sent (a cancel drops those): the kept state says how far (``frames``), and a retake resumes from it
+        only where every key it needs is still there (can_resume)."""
+        state, take.decoder = take.decoder, None
+        take.kept_item = None
+        if item is not None:
+            item.codec_pending = False
+        if state is None:
+            return
+        if item is not None and not item.dropped and take.codec_error is None and state.frames > 0 and not state.closed:
+            item.codec = self.decoder.detach(state)  # its blocks stay for retakes; its slot is free again
+        else:
+            state.close()
 
     def fail_all(self, error: str) -> None:
         """End every take with an error and give back whatever it held (after an unexpected failure)."""
         self.worker.drain()  # no codec state is closed under a running decode
-        for take in [*self.waiting, *self.preparing, *self.running, *self.stopping]:
+        for take in [*self.waiting, *self.preparing, *self.running]:
             try:
                 self._finish(take, EndReason.ERROR, error=error)
             except Exception:  # keep ending the others
@@ -829,9 +994,18 @@ class Scheduler:
         self.waiting.clear()
         self.preparing.clear()
         self.running.clear()
-        self.stopping.clear()
+        self._release_draining()
         self.prompts.clear()  # after an unexpected failure the device's copies are not to be trusted
         self._update_gauges()
+
+    def _release_draining(self) -> None:
+        """Codec states of takes that ended while a call ran on them (the worker is drained or stopped: none runs)."""
+        for take in [*self.draining]:
+            try:
+                self._release_codec(take, take.kept_item)
+            except Exception:  # keep going
+                log.exception("could not give back the codec state of take %s", take.take_id)
+        self.draining.clear()
 
     def shutdown(self) -> None:
         """End every take (reason shutdown) and free all slots (the engine has stopped the codec worker, or
@@ -840,10 +1014,11 @@ class Scheduler:
         for take in list(self.waiting):
             self._finish(take, EndReason.SHUTDOWN)
         self.waiting.clear()
-        for group in (self.preparing, self.running, self.stopping):
+        for group in (self.preparing, self.running):
             for take in list(group):
                 self._finish(take, EndReason.SHUTDOWN)
             group.clear()
+        self._release_draining()
         for item in self.retained.clear():
             self._drop_retained(item)
         self.prompts.clear()
@@ -852,12 +1027,15 @@ class Scheduler:
 
 @dataclass(eq=False)
 class _Chunk:
-    """Frames of one take handed to the codec: its state, where they start, the codes."""
+    """Frames of one take handed to the codec: its state, where they start, the codes; ``priority``: an interactive
+    take's ramp chunk; ``withdrawn``: its take was cancelled before the call started (a padding row in its place)."""
 
     take: Take
-    state: DecoderState | None
+    state: DecoderState
     first_frame: int
     codes: np.ndarray
+    priority: bool = False
+    withdrawn: bool = False
 
 
 def step_may_capture(runner: object, slots: list[int]) -> bool:

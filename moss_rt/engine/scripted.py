@@ -31,6 +31,7 @@ from moss_rt.engine.base import (
     EngineBusy,
     EngineInfo,
     EngineLifecycle,
+    EngineStatus,
     TakeFinished,
     TakeFirstAudio,
     TakeSpec,
@@ -114,30 +115,26 @@ class ScriptedEngine(EngineLifecycle):
         self._inbox: queue.Queue[_Active] = queue.Queue(maxsize=max_queue)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._ready = False
+        self._status = EngineStatus.LOADING
         self._loop: asyncio.AbstractEventLoop | None = None
         self.active_count = 0  # read by metrics and tests; written by the worker only
         self.steps = 0
 
     @property
     def info(self) -> EngineInfo:
-        return dataclasses.replace(self._info, ready=self._ready)
-
-    @property
-    def ready(self) -> bool:
-        return self._ready
+        return dataclasses.replace(self._info, status=self._status)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="moss-rt-scripted-engine", daemon=True)
         self._thread.start()
-        self._ready = True
+        self._status = EngineStatus.READY
 
     async def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 5.0)
-        self._ready = False
+        self._status = EngineStatus.STOPPED
 
     async def submit(self, spec: TakeSpec) -> TakeChannel:
         assert self._loop is not None, "engine not started"

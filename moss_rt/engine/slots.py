@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moss_rt.engine.base import EndReason, TakePriority, TakeSpec, chunk_target
+from moss_rt.engine.base import RAMP_FRAMES, EndReason, TakePriority, TakeSpec, chunk_target
 from moss_rt.engine.channel import TakeChannel
 from moss_rt.generation import N_CODEBOOKS
 
@@ -39,6 +39,22 @@ class Phase(enum.Enum):
     RUNNING = "running"  # stepping frame by frame
 
 
+class CacheReuse(enum.StrEnum):
+    """Where a take's model cache came from (``moss_rt_seeks_total{path}`` counts retakes by it)."""
+
+    FRESH = "fresh"  # prefilled (or taken from the prompt cache) like any new take
+    SHARE = "share"  # a retake sharing its parent's cache blocks up to its branch frame: nothing prefilled
+    REPREFILL = "reprefill"  # a retake whose prompt changed: prefilled again from its first changed row on
+
+
+class CodecSource(enum.StrEnum):
+    """How a take's codec streaming state began (``moss_rt_codec_states_total{source}``)."""
+
+    FRESH = "fresh"  # a new stream
+    SHARED = "shared"  # the parent's kept blocks, copy on write (a retake)
+    REBUILT = "rebuilt"  # the kept frames decoded again (the parent's ring no longer held them, or stored codes)
+
+
 @dataclass
 class Take:
     """One take as the worker sees it. Frame numbers count from the start of the take (prefix included)."""
@@ -56,11 +72,10 @@ class Take:
     prompt_keys: PromptKeys | None = None  # what the prompt cache names prompt_rows' blocks by (None: not used)
     waits_for: str | None = None  # the preparing take computing this take's next prompt block right now
     rebuilt: int = 0  # prefix frames already handed to the codec state (shared, or in rebuild calls)
-    codec_source: str = "fresh"  # how its codec state began: fresh | shared (the parent's blocks) | rebuilt
+    codec_source: CodecSource = CodecSource.FRESH  # how its codec state began
     blocks_promised: int = 0  # KV blocks its admission reserved (what a batch take counts against its share)
     frames: int = 0  # frames of the take so far (the next frame's index)
     frame_cap: int = 0  # total frames allowed (prefix + max_new_tokens, bounded by the cache)
-    capped_by_cache: bool = False
     codes: list[np.ndarray] = field(default_factory=list)  # every frame [12] of the take, prefix included
     flushed: int = 0  # frames handed to the codec (the prefix counts as sent)
     # The codec worker's call holding the take's latest frames: the take ends (its codec state closed, its end
@@ -69,10 +84,20 @@ class Take:
     # Written by the codec worker only: when its first PCM was ready, and why a decode of it failed.
     first_audio: float | None = None
     codec_error: str | None = None
+    # What reached its channel, under ``out_lock`` (the codec worker pushes audio, the scheduler ends takes): ``sent``
+    # frames so far (the prefix counts as sent); ``muted`` once the take's end is decided on a cancel: no audio of it
+    # goes out any more, and the frames it made past ``sent`` are dropped (its end is not held for their decode).
+    sent: int = 0
+    muted: bool = False
+    out_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # A retake whose parent's codec state is still in a running codec call (the parent was cancelled, its end is
+    # out): it opens its own codec state from that parent's kept item once the call is done.
+    codec_after: Retained | None = None
+    kept_item: Retained | None = None  # its own kept caches, while its codec state waits for a call (draining)
     prep_started: float | None = None
     prep_ms: float = 0.0
     paused: bool = False
-    reuse_path: str = "fresh"  # fresh | share (the parent's cache blocks) | reprefill
+    reuse_path: CacheReuse = CacheReuse.FRESH  # where its model cache came from
     retain_key: np.ndarray | None = None  # the prompt rows proper: a retake may reuse this cache if equal
     ending: EndReason | None = None  # set when the take must end after its last chunk is flushed
     error: str | None = None
@@ -88,11 +113,17 @@ class Take:
 
     @property
     def admission_class(self) -> int:
-        """Admission order (lower first): retakes and continuations of interactive takes (a director waits on a
-        take that already streamed), then other interactive takes, then batch work."""
+        """Admission order (lower first): retakes, continuations and barge-in starts of interactive takes (a
+        director waits on a socket that was streaming), then other interactive takes, then batch work."""
         if self.batch:
             return 2
-        return 0 if self.spec.parent_take is not None else 1
+        return 0 if self.spec.parent_take is not None or self.spec.barge_in else 1
+
+    @property
+    def in_ramp(self) -> bool:
+        """Its next chunk is among its first RAMP_FRAMES new frames (first audio and the one-frame chunks after
+        it): what its listener waits on. Counted in frames handed to the codec, never in time."""
+        return self.flushed - self.spec.start_frame < RAMP_FRAMES
 
     @property
     def rebuild_left(self) -> int:
@@ -141,6 +172,10 @@ class Retained:
     codes: np.ndarray  # [frames, 12] frames whose rows are in the cache after the prompt
     codec: KeptBlocks | None = None  # its codec state after its last decoded frame (None: not kept, or given back)
     batch: bool = False  # kept from batch work (evicted first when an interactive take needs room)
+    # Its codec state is still in a running codec call (the take was cancelled and ended at once): ``codec`` is set
+    # (or not, when it cannot be kept) once that call is done; retakes of it wait for that to open their own.
+    codec_pending: bool = False
+    dropped: bool = False  # its caches were given back (evicted): a pending codec state is closed, not kept
 
 
 class RetainedCaches:

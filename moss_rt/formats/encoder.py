@@ -170,13 +170,13 @@ class StreamEncoder:
         if total_samples is not None and fmt.name != "flac":
             raise ValueError("total_samples is a FLAC header field")
         self._length = DeclaredLength(total_samples) if total_samples is not None else None
-        self.samples_in = 0  # per channel, at the input rate
         self.samples_out = 0  # per channel, at the format's rate, handed to the encoder
         if not fmt.is_raw_pcm:
             muxer, codec, bit_rate = _CODECS[fmt.name]
             options = {**_MUX_OPTIONS, **(_OGG_OPTIONS if muxer == "ogg" else {})}
             self._container = av.open(self._sink, mode="w", format=muxer, options=options)
             stream = self._container.add_stream(codec, rate=fmt.sample_rate, layout=_LAYOUTS[channels])
+            assert isinstance(stream, av.audio.stream.AudioStream)  # an audio codec's stream
             if bit_rate is not None:
                 stream.bit_rate = bit_rate * channels
             self._stream = stream
@@ -188,7 +188,6 @@ class StreamEncoder:
         if len(pcm) % (2 * self.channels):
             raise ValueError(f"{len(pcm)} bytes is not a whole number of {self.channels}-channel int16 samples")
         samples = np.frombuffer(pcm, dtype="<i2").reshape(-1, self.channels)
-        self.samples_in += len(samples)
         return self._push(samples, last=False)
 
     def finish(self) -> bytes:

@@ -120,6 +120,7 @@ def fused_draw(
     mark = active is not None
     if mark:
         assert use_penalty and stop is not None, "marking presence needs presence and the stop codes"
+        assert active is not None  # (mark)
         act = active.view(torch.uint8)
     else:
         act, stop = logits, out  # unused

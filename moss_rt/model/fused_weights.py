@@ -6,7 +6,7 @@ over the concatenated weight replaces three (two) launches. Allocating the conca
 ``[N_total, H]`` tensor are contiguous) keeps weight memory single, loading by name (``param.copy_`` writes
 through the view) and ``state_dict`` unchanged.
 
-``fuse_projections`` runs in ``loader.build_model`` right after the parameters are materialised on their device
+``fuse_projections`` runs in ``network.build_model`` right after the parameters are materialised on their device
 and dtype, before any weights are read. ``fused_weight`` hands a forward the concatenation only while the views
 still point into it (a later ``module.to(...)`` would replace them with separate tensors; the forward then
 falls back to concatenating the separate GEMMs' outputs).

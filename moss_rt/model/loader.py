@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from moss_rt.model.config import MossTTSConfig
-from moss_rt.model.fused_weights import fuse_projections
-from moss_rt.model.network import MossTTSLocalModel
+from moss_rt.model.network import MossTTSLocalModel, build_model
 from moss_rt.model.prompt import load_tokenizer
+from moss_rt.model.tiny import write_tiny_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +74,8 @@ def _is_checkpoint_dir(path: Path) -> bool:
 
 
 def tiny_cache_dir() -> Path:
-    root = os.environ.get("MOSS_RT_CACHE") or os.path.join(tempfile.gettempdir(), "moss_rt")
-    return Path(root) / "tiny-seed0"
+    """Where the tiny model is written when no folder is given (the service and the CLI give their data dir's)."""
+    return Path(tempfile.gettempdir()) / "moss_rt" / "tiny-seed0"
 
 
 def resolve_model_source(
@@ -120,8 +120,6 @@ def _is_demo(path: Path) -> bool:
 
 
 def _tiny_source(tiny_dir: str | Path | None) -> ModelSource:
-    from moss_rt.model.tiny import write_tiny_checkpoint
-
     folder = Path(tiny_dir) if tiny_dir is not None else tiny_cache_dir()
     if not _is_checkpoint_dir(folder):
         write_tiny_checkpoint(folder)
@@ -206,18 +204,6 @@ def load_weights(model: MossTTSLocalModel, folder: Path, device: torch.device) -
                 del tensor
 
 
-def build_model(config: MossTTSConfig, device: torch.device, dtype: torch.dtype) -> MossTTSLocalModel:
-    """Parameters allocated once, uninitialised, directly on the target device."""
-    with torch.device("meta"):
-        model = MossTTSLocalModel(config).to(dtype)  # dtype change on meta costs nothing
-    model = model.to_empty(device=device)
-    model.tie_weights()
-    # q/k/v and gate/up weights as views into one tensor each (fused_weights.py): one GEMM each on the fused
-    # path, same memory and names. Before loading, so the loader writes straight through the views.
-    fuse_projections(model)
-    return model.eval().requires_grad_(False)
-
-
 def load_model(
     spec: str | Path,
     *,
@@ -225,11 +211,12 @@ def load_model(
     dtype: torch.dtype | str = torch.float32,
     cache_dir: str | Path | None = None,
     offline: bool | None = None,
+    tiny_dir: str | Path | None = None,
 ) -> LoadedModel:
     import time
 
     t0 = time.perf_counter()
-    source = resolve_model_source(str(spec), cache_dir=cache_dir, offline=offline)
+    source = resolve_model_source(str(spec), cache_dir=cache_dir, offline=offline, tiny_dir=tiny_dir)
     config = MossTTSConfig.from_file(source.path / "config.json")
     device = torch.device(device)
     if isinstance(dtype, str):

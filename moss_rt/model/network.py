@@ -12,6 +12,7 @@ the host, so the same code runs eagerly and inside CUDA graphs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,7 @@ from torch import nn
 
 from moss_rt.model import chunk_attention, fused_layers, fused_local, paged_attention
 from moss_rt.model.config import BackboneConfig, LocalConfig, MossTTSConfig
-from moss_rt.model.fused_weights import fused_weight
+from moss_rt.model.fused_weights import fuse_projections, fused_weight
 from moss_rt.model.layers import (
     RMSNorm,
     activation,
@@ -200,7 +201,7 @@ class Qwen3Backbone(nn.Module):
         """
         if fused_layers.available(x):
             return self._forward_fused(x, cos, sin, k_caches, v_caches, index, key_mask)
-        for layer_index, layer in enumerate(self.layers):
+        for layer_index, layer in enumerate(cast("list[Qwen3DecoderLayer]", self.layers)):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn(h, cos, sin, k_caches[layer_index], v_caches[layer_index], index, key_mask)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -220,7 +221,7 @@ class Qwen3Backbone(nn.Module):
         batch, tq, hidden = x.shape
         residual = x.reshape(batch * tq, hidden)
         delta: torch.Tensor | None = None  # the block output still to be added (none before the first layer)
-        for layer_index, layer in enumerate(self.layers):
+        for layer_index, layer in enumerate(cast("list[Qwen3DecoderLayer]", self.layers)):
             norm = layer.input_layernorm
             residual, h = fused_layers.add_rmsnorm(residual, delta, norm.weight, norm.eps)
             attn = layer.self_attn.forward_fused(
@@ -310,7 +311,7 @@ class LocalTransformer(nn.Module):
         if fused_local.available(x):
             return self._step_fused(x, cos, sin, buffers, pos)
         h = x.unsqueeze(1)
-        for index, block in enumerate(self.h):
+        for index, block in enumerate(cast("list[LocalBlock]", self.h)):
             h = h + block.attn(block.ln_1(h), cos, sin, buffers[2 * index], buffers[2 * index + 1], pos)
             h = h + block.mlp(block.ln_2(h))
         return self.ln_f(h)[:, 0]
@@ -322,7 +323,7 @@ class LocalTransformer(nn.Module):
         k/v writes and the attention are one kernel; the GEMMs and the activation are the torch path's."""
         residual = x
         delta: torch.Tensor | None = None  # the block output still to be added (none before the first block)
-        for index, block in enumerate(self.h):
+        for index, block in enumerate(cast("list[LocalBlock]", self.h)):
             attn = block.attn
             residual, h = fused_local.add_layernorm(residual, delta, block.ln_1.weight, block.ln_1.bias, block.ln_1.eps)
             heads = fused_local.rope_write_attention(
@@ -374,10 +375,6 @@ class MossTTSLocalModel(nn.Module):
         for emb, head in zip(self.audio_embeddings, self.audio_lm_heads, strict=True):
             head.weight = emb.weight
 
-    def checkpoint_keys(self) -> list[str]:
-        """All tensor names of the on-disk layout, tied copies included (438 for the real model)."""
-        return list(self.state_dict(keep_vars=True).keys())
-
     # ------------------------------------------------------------------ pieces used by the runner
     def embed_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """rows [...,1+n_vq] int64 -> [...,H]: text embedding + sum of code embeddings; pad codes add 0."""
@@ -424,3 +421,16 @@ class MossTTSLocalModel(nn.Module):
                 emb = self.audio_embeddings[k](codes[:, k]).to(hidden.dtype)
                 z = self.local_transformer.step(emb, cos[k + 1], sin[k + 1], buffers, k + 1)
         return stop, torch.stack(audio, dim=1)
+
+
+def build_model(config: MossTTSConfig, device: torch.device, dtype: torch.dtype) -> MossTTSLocalModel:
+    """The network with its parameters allocated once, uninitialised, directly on the target device (the loader
+    then fills them from a checkpoint, the tiny model from its random generator)."""
+    with torch.device("meta"):
+        model = MossTTSLocalModel(config).to(dtype)  # dtype change on meta costs nothing
+    model = model.to_empty(device=device)
+    model.tie_weights()
+    # q/k/v and gate/up weights as views into one tensor each (fused_weights.py): one GEMM each on the fused
+    # path, same memory and names. Before loading, so the loader writes straight through the views.
+    fuse_projections(model)
+    return model.eval().requires_grad_(False)

@@ -33,6 +33,7 @@ in fp32 there, since the interpreter of Triton 3.9 computes bf16 ``tl.dot`` wron
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -47,7 +48,7 @@ MAX_SPLITS = 32
 
 
 @functools.cache
-def _kernel():  # type: ignore[no-untyped-def]
+def _kernel() -> Any:
     """The jitted kernel, built on first use (so TRITON_INTERPRET is read then); None without Triton."""
     try:
         import triton

@@ -9,7 +9,7 @@ continuation (prompt audio) rows the assistant slot id.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -21,10 +21,6 @@ NO_REFERENCE = "None"
 USER_SUFFIX = "\n</user_inst>"
 TURN_BREAK = "\n"
 ASSISTANT_ROLE = "assistant\n"
-
-
-class TextEncoder(Protocol):
-    def encode(self, text: str, add_special_tokens: bool = ...) -> Any: ...
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -118,7 +114,10 @@ def build_prompt_rows(
     final audio-start row as assistant rows (upstream "continuation" mode; its text should
     be the prompt transcript followed by the new text). Generation starts after the last row.
     """
-    enc = lambda piece: encode_text(tokenizer, piece)  # noqa: E731 - local shorthand
+
+    def enc(piece: str) -> list[int]:
+        return encode_text(tokenizer, piece)
+
     parts: list[np.ndarray] = [_text_rows([config.im_start_token_id] + enc(USER_ROLE) + enc(REFERENCE_HEADER), config)]
     references = (
         reference_codes if isinstance(reference_codes, list) else ([] if reference_codes is None else [reference_codes])

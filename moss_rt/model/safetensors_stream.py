@@ -50,5 +50,5 @@ def write_streaming(
             tensor = make(name, tuple(shape)).detach().to(dtype).to("cpu").contiguous()
             if tuple(tensor.shape) != tuple(shape):
                 raise ValueError(f"{name}: produced shape {tuple(tensor.shape)}, expected {tuple(shape)}")
-            handle.write(memoryview(tensor.view(torch.uint8).numpy()))
+            handle.write(tensor.view(torch.uint8).numpy().data)
     return 8 + len(raw) + offset

@@ -18,11 +18,12 @@ import logging
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
 from moss_rt.model.config import BackboneConfig, LocalConfig, MossTTSConfig
-from moss_rt.model.network import MossTTSLocalModel
+from moss_rt.model.network import MossTTSLocalModel, build_model
 from moss_rt.model.safetensors_stream import write_streaming
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def tiny_config() -> MossTTSConfig:
         audio_pad_token_id=1024,
         local_text_head_mode="binary",
         sampling_rate=48000,
-        **ids,
+        **cast("dict[str, Any]", ids),  # the special tokens' ids, by the config's field names
     )
 
 
@@ -212,8 +213,6 @@ def build_random_model(
 ) -> MossTTSLocalModel:
     """The model ``write_checkpoint`` writes with the same arguments, built in memory (the same values once cast
     to ``dtype``), without the round trip through the disk."""
-    from moss_rt.model.loader import build_model
-
     device = torch.device(device)
     model = build_model(config, device, dtype)
     params = model.state_dict(keep_vars=True)

@@ -70,9 +70,11 @@ from moss_rt.protocol.messages import (
     parse_stream_request,
     pong,
     seek_ack,
+    stream_fields,
 )
 
 __all__ = [
+    "stream_fields",
     "AUDIO_FORMATS",
     "AUDIO_SAMPLE_RATES",
     "AppendText",

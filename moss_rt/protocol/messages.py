@@ -74,7 +74,7 @@ SAMPLING_FIELDS: dict[str, Field] = {
 SEED_FIELD = Field("int", None, 0, MAX_SEED, nullable=True)
 
 
-def _stream_fields(limits: Limits) -> dict[str, Field]:
+def stream_fields(limits: Limits) -> dict[str, Field]:
     """Fields of POST /api/stream, which the WebSocket ``start`` shares."""
     return {
         "text": Field("str", DEFAULT_TEXT, max_length=limits.max_text_chars),
@@ -122,7 +122,7 @@ class StartTake:
 
     @classmethod
     def parse(cls, obj: dict[str, Any], limits: Limits) -> StartTake:
-        fields = _stream_fields(limits)
+        fields = stream_fields(limits)
         fields["take"] = Field("str", None, max_length=64, nullable=True)
         fields["channels"] = Field("int", 1, choices=(1, 2))
         fields["format"] = Field("str", None, choices=AUDIO_FORMATS, nullable=True)
@@ -602,7 +602,6 @@ class Words(ServerMessage):
 SERVER_TYPES: dict[str, type[ServerMessage]] = {
     cls.type: cls for cls in (Hello, TakeStarted, SeekAck, TakeEnded, ErrorMessage, Pong, SessionResumed, Words)
 }
-SERVER_REQUIRED: dict[str, tuple[str, ...]] = {kind: cls.required for kind, cls in SERVER_TYPES.items()}
 
 
 def hello(

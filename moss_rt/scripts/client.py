@@ -45,7 +45,6 @@ class RenderResult:
     session_id: str
     title: str
     lines_done: int = 0
-    lines_failed: int = 0
     audio_sec: float = 0.0
     files: list[Path] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
@@ -354,8 +353,8 @@ async def serve_in_process(settings: Any, ready_timeout: float = 600.0) -> tuple
 
     from aiohttp import web
 
-    from moss_rt.cli import build_engine
-    from moss_rt.web import create_app
+    from moss_rt.serving import build_engine
+    from moss_rt.web.app import create_app
     from moss_rt.web.state import STATE
 
     with socket.socket() as s:

@@ -60,6 +60,7 @@ class Job:
     tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)  # a render running per line
     runner: asyncio.Task[None] | None = None  # the batch render of the lines that need one
     announced_done: bool = False
+    elsewhere: bool = False  # another front end renders it now (its events are not seen here)
     no_room: str | None = None  # why the batch render's takes cannot be kept (storage spent): its later lines fail
     _last_progress: dict[str, Any] | None = None
     _scenes: dict[int, int] = field(default_factory=dict)  # line → scene (the script never changes)
@@ -73,6 +74,13 @@ class Job:
         cues = {cue.number: cue for cue in script.cues}
         lines = {r.line: LineState(cues[r.line], r) for r in row.lines if r.line in cues}
         return cls(row.script_id, row.session_id, row.client, script, row.created, lines, failure=row.failure)
+
+    def refresh(self, row: ScriptRow) -> None:
+        """Take the rows as the database has them now (another front end renders the script)."""
+        self.failure = row.failure
+        for r in row.lines:
+            if r.line in self.lines:
+                self.lines[r.line].row = r
 
     # -- state ------------------------------------------------------------------------------
 

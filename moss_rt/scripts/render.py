@@ -22,7 +22,9 @@ from moss_rt.generation import FRAME_SAMPLES, N_CODEBOOKS
 from moss_rt.protocol import DEFAULT_CHUNK_FRAMES, ErrorCode, ProtocolError, StartTake
 from moss_rt.scripts.format import Cue, Script, line_take_title
 from moss_rt.session import TakeRecord
-from moss_rt.session_store import SessionFull, SessionStore, StorageFull, StoredTake
+from moss_rt.session_records import SessionFull, StorageFull, StoredTake
+from moss_rt.session_store import SessionStore
+from moss_rt.storage.database import StoreUnavailable
 from moss_rt.web.state import ServiceState
 from moss_rt.web.takes import reference_codes
 
@@ -142,17 +144,10 @@ async def render_line(
     return Rendered(take_id, stored.seed, stored.n_frames, request.text, request.instruction)
 
 
-async def ensure_room(sessions: SessionStore, session_id: str) -> None:
-    """The session can keep one more take within its own cap and the storage budgets (moss_rt/session_store.py);
-    :class:`LineNoRoom` with the store's message if not, :class:`SessionGone` if the session was deleted."""
-    try:
-        await asyncio.to_thread(sessions.check_room, session_id)
-    except ProtocolError as err:
-        raise _refusal(err) from None
-
-
 def _refusal(err: ProtocolError) -> Exception:
     """What the store's refusal to keep a line's take means for the line."""
+    if isinstance(err, StoreUnavailable):  # the database is away: the render stops and resumes once it is back
+        return err
     if err.code is ErrorCode.NOT_FOUND and err.field == "session":
         return SessionGone(err.message)
     if isinstance(err, StorageFull | SessionFull):

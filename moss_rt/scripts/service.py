@@ -13,6 +13,11 @@
   so an export has its captions by word at once (:mod:`moss_rt.scripts.words`).
 - Restarts: a render's take id, request and seed are written before the engine is asked, so ``start`` resumes
   every unfinished script where it stopped and finished lines are never rendered again.
+- Several front ends on one store: a script renders on the front end holding its lease (moss_rt/scripts/store.py);
+  this service renews the leases it holds, resumes scripts whose lease ran out (their front end stopped), and
+  takes a script over when a director retakes or accepts one of its lines here; a front end that lost a lease
+  stops that script's renders and ends its event streams (their clients reconnect). Elsewhere a script is read
+  from the database on every request, so every front end shows its current state.
 
 Every task (job runners, line renders, the resume) is owned here and cancelled by :meth:`ScriptService.close`.
 """
@@ -23,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -38,6 +44,7 @@ from moss_rt.scripts.store import (
     DONE,
     FAILED,
     PENDING,
+    LeaseLost,
     LineRow,
     ScriptRow,
     ScriptStore,
@@ -48,7 +55,9 @@ from moss_rt.scripts.store import (
 from moss_rt.scripts.timeline import Timeline
 from moss_rt.scripts.words import LineWords
 from moss_rt.session import new_take_id, random_seed
-from moss_rt.session_store import SessionStore, StorageFull, StoredTake, short_id
+from moss_rt.session_records import StorageFull, StoredTake, short_id
+from moss_rt.session_store import SessionStore
+from moss_rt.storage.database import StoreUnavailable
 from moss_rt.web.state import ServiceState
 
 log = logging.getLogger(__name__)
@@ -57,6 +66,8 @@ ATTEMPTS = 2  # a failed line is tried once more, then marked failed
 IDLE_JOBS_KEPT = 256  # finished scripts kept in memory (the rest are read from the database when asked for)
 CLOSE_TIMEOUT_SEC = 10.0
 DEFAULT_ENGINE_SLOTS = 64  # what the memory plan gives a CPU, when the engine does not say
+LEASE_SEC = 60.0  # a script's lease; another front end resumes it this long after its renewals stop
+RENEW_SEC = 15.0  # how often leases are renewed, and scripts whose lease ran out looked for
 
 
 class _Place:
@@ -72,6 +83,9 @@ class _Place:
         if self._held:
             self._held = False
             self._share.release(self._client)
+
+    def on_done(self, _task: asyncio.Task[Any]) -> None:
+        self.release()
 
     async def again(self) -> None:
         if not self._held:
@@ -91,12 +105,16 @@ class ScriptService:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         self.exports_running = 0  # zip exports streaming now (bounded by settings.max_script_exports)
+        self.runner = sessions.front_end  # this front end's name on the scripts' leases
+        self._held: set[str] = set()  # scripts whose lease this front end holds (its job here is their truth)
+        self._adopting = asyncio.Lock()
         self.words = LineWords(state, sessions, self._spawn)  # the lines' word timing (moss_rt/scripts/words.py)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Resume unfinished scripts once the engine is ready (in the background)."""
+        """Resume unfinished scripts once the engine is ready, and keep the leases (in the background)."""
         self._spawn(self._resume(), "scripts-resume")
+        self._spawn(self._keep_leases(), "scripts-leases")
 
     async def close(self) -> None:
         """Stop every render (their state stays on disk: the next start resumes them) and end every stream."""
@@ -112,6 +130,16 @@ class ScriptService:
                 log.warning("%d script task(s) did not stop within %.0f s", len(late), CLOSE_TIMEOUT_SEC)
         for job in self._jobs.values():
             job.log.close()
+        held, self._held = list(self._held), set()
+        if held:  # another front end may resume them at once (a render cut short here stays queued)
+            await asyncio.to_thread(self._release_all, held)
+
+    def _release_all(self, script_ids: list[str]) -> None:
+        """Give the leases up (bounded: the database away fails the first call within its wait, the rest at
+        once; their leases then run out by themselves)."""
+        for script_id in script_ids:
+            with contextlib.suppress(ProtocolError):
+                self.store.release(script_id, self.runner)
 
     def end_streams(self) -> None:
         """The service is shutting down: event streams end now (their renders stop at close)."""
@@ -146,17 +174,73 @@ class ScriptService:
         slots = details.get("max_slots", "")
         if slots.isdigit() and int(slots) > 0:
             self.share.resize(*self._share_of(int(slots)))
-        for script_id in await asyncio.to_thread(self.store.unfinished):
+        await self._adopt_unfinished()
+
+    async def _adopt_unfinished(self) -> None:
+        """Run every unfinished script this front end may run: its own, unleased, or whose lease ran out (one
+        pass at a time: the start's and the lease keeper's never run the same script twice)."""
+        async with self._adopting:
+            for script_id in await asyncio.to_thread(self.store.unfinished, self.runner):
+                running = self._jobs.get(script_id)
+                if running is not None and self._running_here(running):
+                    continue
+                try:
+                    if not await asyncio.to_thread(self.store.claim, script_id, self.runner, LEASE_SEC):
+                        continue  # another front end was quicker
+                    job = await self._load(script_id, fresh=True)
+                except ProtocolError:
+                    continue
+                self._held.add(script_id)
+                log.info(
+                    "resuming script %s (%d lines to render)",
+                    short_script_id(script_id),
+                    sum(line.needs_render for line in job.lines.values()),
+                )
+                self._run(job)
+
+    async def _keep_leases(self) -> None:
+        """Renew the leases held here, stop the scripts another front end took over, and pick up scripts whose
+        front end stopped renewing theirs."""
+        while not self._closing:
+            await asyncio.sleep(RENEW_SEC)
             try:
-                job = await self.job(script_id)
-            except ProtocolError:
-                continue
-            log.info(
-                "resuming script %s (%d lines to render)",
-                short_script_id(script_id),
-                sum(line.needs_render for line in job.lines.values()),
-            )
-            self._run(job)
+                held = sorted(self._held)
+                lost = await asyncio.to_thread(self.store.renew, held, self.runner, LEASE_SEC) if held else []
+                for script_id in lost:
+                    if script_id in self._held:
+                        await self._moved(script_id)
+                if self.state.engine.info.ready and not self._closing:
+                    await self._adopt_unfinished()
+            except StoreUnavailable as exc:  # the database away for a while: try again at the next round
+                log.warning("script leases: %s", exc.message)
+            except Exception:
+                log.exception("script leases: renewal failed")
+
+    async def _moved(self, script_id: str) -> None:
+        """Another front end took the script over (or it was deleted there): stop rendering it here and end its
+        event streams, so that their clients reconnect to the state as the database has it."""
+        self._held.discard(script_id)
+        job = self._jobs.pop(script_id, None)
+        if job is None:
+            return
+        log.info("script %s: rendered by another front end now; stopping here", script_id)
+        current = asyncio.current_task()
+        tasks = [t for t in (job.runner, *job.tasks.values()) if t is not None and not t.done() and t is not current]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_SEC)
+        job.log.close()
+
+    @staticmethod
+    def _running_here(job: Job) -> bool:
+        return job.runner is not None or bool(job.tasks)
+
+    def _release_when_idle(self, job: Job) -> None:
+        """The script has nothing left to render here: give its lease up (while closing, :meth:`close` does)."""
+        if not self._closing and job.script_id in self._held and not self._running_here(job) and not job.pending_work:
+            self._held.discard(job.script_id)
+            self._spawn(asyncio.to_thread(self._release_all, [job.script_id]), f"release-{job.script_id}")
 
     # ------------------------------------------------------------------ jobs
     async def create(self, script: Script, session_id: str | None, *, client: str, owner: str) -> Job:
@@ -176,8 +260,8 @@ class ScriptService:
         cues = script.cues
         created = session_id is None
         if session_id is None:
-            if len(cues) > self.sessions.max_takes:
-                raise self._no_room_for(len(cues), self.sessions.max_takes)
+            if len(cues) > self.sessions.max_session_takes:
+                raise self._no_room_for(len(cues), self.sessions.max_session_takes)
             if await asyncio.to_thread(self.sessions.room, client) <= 0:
                 raise StorageFull("the sessions' budget for this client is spent")
             # The session caps (max_sessions: 507, max_sessions_per_client: 429) apply as to any new session.
@@ -187,23 +271,23 @@ class ScriptService:
         try:
             # not_found if deleted meanwhile
             stored = {take.take_id for take in await asyncio.to_thread(self.sessions.takes, session_id)}
-            room = self.sessions.max_takes - len(stored) - self._takes_to_come(session_id, stored)
+            room = self.sessions.max_session_takes - len(stored) - self._takes_to_come(session_id, stored)
             if len(cues) > room:
                 raise self._no_room_for(len(cues), room)
             await asyncio.to_thread(self.sessions.check_room, session_id)  # 507 once the storage budget is spent
             seeds = [cue.seed if cue.seed is not None else random_seed() for cue in cues]
             script_id = new_script_id()
             await asyncio.to_thread(
-                self.store.create, script_id, session_id, client, script.title, script.to_dict(), seeds
-            )
+                self.store.create, script_id, session_id, client, script.title, script.to_dict(), seeds,
+                runner=self.runner, lease_sec=LEASE_SEC,
+            )  # fmt: skip
         except BaseException:
             if created:  # nobody was told about it: it must not count against the client's caps
                 with contextlib.suppress(ProtocolError):
                     await asyncio.to_thread(self.sessions.delete_session, session_id)
             raise
-        row = await asyncio.to_thread(self.store.get, script_id)
-        job = Job.of_row(row)
-        self._remember(job)
+        self._held.add(script_id)
+        job = await self._load(script_id)
         self._run(job)
         log.info(
             "script %s: %d lines for session %s, from %s",
@@ -231,7 +315,7 @@ class ScriptService:
         return ProtocolError(
             ErrorCode.TOO_LARGE,
             f"the script has {lines} lines but the session has room for {max(0, room)} more takes"
-            f" (a session keeps {self.sessions.max_takes}: max_session_takes); use a new session or split the"
+            f" (a session keeps {self.sessions.max_session_takes}: max_session_takes); use a new session or split the"
             " script",
             field="session",
         )
@@ -249,16 +333,31 @@ class ScriptService:
         return job
 
     async def job(self, script_id: str) -> Job:
-        """The script's job (read from the database when it is not in memory); not_found if unknown."""
+        """The script's job: as this front end has it while it holds the script's lease (it is the only writer
+        then), else as the database has it now (another front end may be rendering it); not_found if unknown."""
         job = self._jobs.get(script_id)
-        if job is not None:
+        if job is not None and self._authoritative(job):
             self._jobs.move_to_end(script_id)
             return job
+        return await self._load(script_id)
+
+    def _authoritative(self, job: Job) -> bool:
+        return job.script_id in self._held or self._running_here(job)
+
+    async def _load(self, script_id: str, *, fresh: bool = False) -> Job:
+        """The script's job with its rows read now (``fresh``: even while this front end holds the lease, as when
+        it has just claimed it). One object per script: an existing job is refreshed in place, so renders and
+        listeners that hold it keep seeing the same one."""
         row: ScriptRow = await asyncio.to_thread(self.store.get, script_id)
-        job = self._jobs.get(script_id)  # loaded by someone else meanwhile
+        job = self._jobs.get(script_id)  # loaded, or started, meanwhile
+        if job is not None and (self._running_here(job) or (not fresh and script_id in self._held)):
+            return job
         if job is None:
             job = Job.of_row(row)
-            self._remember(job)
+        else:
+            job.refresh(row)
+        job.elsewhere = row.runner is not None and row.runner != self.runner and (row.lease_until or 0.0) > time.time()
+        self._remember(job)
         return job
 
     async def of_session(self, session_id: str) -> list[dict[str, Any]]:
@@ -267,7 +366,9 @@ class ScriptService:
         rows = await asyncio.to_thread(self.store.of_session, session_id)
         out = []
         for row in rows:
-            job = self._jobs.get(row.script_id) or Job.of_row(row)
+            job = self._jobs.get(row.script_id)
+            if job is None or not self._authoritative(job):
+                job = Job.of_row(row)
             out.append({**job.progress(), "title": job.script.title, "created": job.created})
         return out
 
@@ -313,9 +414,18 @@ class ScriptService:
                         self.share.release(job.client)
                         continue
                     place = _Place(self.share, job.client)
-                    job.tasks[number] = group.create_task(self._batch_line(job, number, place), name=f"line-{number}")
+                    task = group.create_task(self._batch_line(job, number, place), name=f"line-{number}")
+                    # Released however the task ends: one cancelled before it ever ran (its group failing on
+                    # another line) never reaches its own ``finally``.
+                    task.add_done_callback(place.on_done)
+                    job.tasks[number] = task
         except* SessionGone as gone:
             await self._session_gone(job, str(gone.exceptions[0]))
+        except* LeaseLost:
+            job.runner = None
+            await self._moved(job.script_id)
+        except* StoreUnavailable:
+            log.warning("script %s: the session store is unavailable; its render resumes once it is back", job.log_id)
         finally:
             job.runner = None
             self._after_line(job)
@@ -327,7 +437,7 @@ class ScriptService:
     async def _batch_line(self, job: Job, number: int, place: _Place) -> None:
         try:
             await self._render(job, number, TakePriority.BATCH, place)
-        except (SessionGone, asyncio.CancelledError):
+        except (SessionGone, LeaseLost, StoreUnavailable, asyncio.CancelledError):
             raise
         except Exception:  # a bug must cost one line, not the whole batch
             log.exception("script %s line %d: render failed", job.log_id, number)
@@ -360,7 +470,7 @@ class ScriptService:
                 return
             if place is not None:
                 await place.again()
-            await self._recorded(self.store.start_render, job.script_id, number, render)
+            await self._recorded(self.store.start_render, job.script_id, number, render, runner=self.runner)
             line.row.render = render
             line.row.attempts += 1
             job.announced_done = False
@@ -396,7 +506,7 @@ class ScriptService:
             instruction = None if done.instruction == job.script.instruction_for(line.cue) else done.instruction
             await self._recorded(
                 self.store.finish_line, job.script_id, number, take_id=done.take_id, seed=done.seed,
-                n_frames=done.n_frames, text=text, instruction=instruction,
+                n_frames=done.n_frames, text=text, instruction=instruction, runner=self.runner,
             )  # fmt: skip
             line.row = LineRow(
                 number, DONE, done.seed, done.take_id, done.n_frames, text, instruction, line.row.attempts
@@ -418,7 +528,7 @@ class ScriptService:
         line = job.lines[number]
         keep = line.row.take_id is not None  # a retake of a done line failed: the line keeps its take
         message = f"the retake failed: {reason}" if keep else reason
-        await self._recorded(self.store.fail_line, job.script_id, number, message, keep_take=keep)
+        await self._recorded(self.store.fail_line, job.script_id, number, message, keep_take=keep, runner=self.runner)
         line.row.render = None
         line.row.error = message
         if not keep:
@@ -436,6 +546,7 @@ class ScriptService:
         if job.failure is not None or self._jobs.get(job.script_id) is not job:
             return
         job.emit_progress()
+        self._release_when_idle(job)
         if not job.tasks and job.runner is None and not job.pending_work and not job.announced_done:
             job.announced_done = True
             body = job.progress()
@@ -467,7 +578,8 @@ class ScriptService:
     ) -> Job:
         """Render line ``number`` again (interactive priority); overrides as for a seek: ``text`` and
         ``instruction`` replace the line's (the whole instruction), no ``seed`` means a new one, ``frame`` keeps
-        that many frames of the line's take."""
+        that many frames of the line's take. The script renders here from now on (it is taken over)."""
+        await self._take_over(script_id)
         job = await self.job(script_id)
         line = self._line(job, number)
         if job.failure is not None:
@@ -493,20 +605,38 @@ class ScriptService:
             if running is not None:
                 running.cancel()  # the newest direction wins
                 await asyncio.wait([running], timeout=CLOSE_TIMEOUT_SEC)
-            await asyncio.to_thread(self.store.queue_render, job.script_id, number, render)
+            await asyncio.to_thread(self.store.queue_render, job.script_id, number, render, runner=self.runner)
             line.row.render = render
         except BaseException:
             self.state.client_takes.release(client)
             raise
         task = self._spawn(self._retake_line(job, number, client), f"retake-{script_id}-{number}")
         job.tasks[number] = task
+        self._run_rest(job)
         return job
+
+    def _run_rest(self, job: Job) -> None:
+        """Render the lines still waiting (another front end was rendering them until this one took over)."""
+        if any(n not in job.tasks and line.needs_render for n, line in job.lines.items()):
+            self._run(job)
+
+    async def _take_over(self, script_id: str) -> None:
+        """Hold the script's lease, whoever held it (a director works on it through this front end now)."""
+        if script_id not in self._held:
+            await asyncio.to_thread(self.store.claim, script_id, self.runner, LEASE_SEC, take_over=True)
+            await self._load(script_id, fresh=True)  # what the front end that had it recorded, before writing
+            self._held.add(script_id)
 
     async def _retake_line(self, job: Job, number: int, client: str) -> None:
         try:
             await self._render(job, number, TakePriority.INTERACTIVE)
         except SessionGone as gone:
             await self._session_gone(job, str(gone))
+        except LeaseLost:
+            await self._moved(job.script_id)
+        except StoreUnavailable:  # the retake stays queued in the database; resumed once it is back
+            log.warning("script %s line %d: the session store is unavailable; the retake waits for it", job.log_id,
+                        number)  # fmt: skip
         except Exception:  # a bug must not leave the line rendering forever
             log.exception("script %s line %d: retake failed", job.log_id, number)
             with contextlib.suppress(SessionGone):
@@ -519,6 +649,7 @@ class ScriptService:
 
     async def accept(self, script_id: str, number: int, take_id: str) -> Job:
         """Make a take of the script's session line ``number``'s take (one directed in the studio)."""
+        await self._take_over(script_id)
         job = await self.job(script_id)
         line = self._line(job, number)
         take: StoredTake = await asyncio.to_thread(self.sessions.get_take, job.session_id, take_id)
@@ -534,13 +665,14 @@ class ScriptService:
         instruction_col = None if instruction == job.script.instruction_for(line.cue) else instruction
         await asyncio.to_thread(
             self.store.finish_line, job.script_id, number, take_id=take.take_id, seed=take.seed,
-            n_frames=take.n_frames, text=text_col, instruction=instruction_col,
+            n_frames=take.n_frames, text=text_col, instruction=instruction_col, runner=self.runner,
         )  # fmt: skip
         line.row = LineRow(
             number, DONE, take.seed, take.take_id, take.n_frames, text_col, instruction_col, line.row.attempts
         )
         job.announced_done = False
         self._emit_line(job, number)
+        self._run_rest(job)
         self._after_line(job)
         self.words.in_background(job.session_id, take.take_id)  # a studio take may have been made without words
         return job

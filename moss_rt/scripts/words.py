@@ -31,7 +31,8 @@ from typing import Any
 from moss_rt.align.base import WordTime
 from moss_rt.protocol import ProtocolError
 from moss_rt.scripts.timeline import Placed
-from moss_rt.session_store import SessionStore, short_id
+from moss_rt.session_records import short_id
+from moss_rt.session_store import SessionStore
 from moss_rt.web.state import ServiceState
 from moss_rt.web.words import read_stored_words, stored_take_words
 

@@ -16,8 +16,8 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import EndReason, Engine
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SEQ_LEN
 from moss_rt.heard_audio import HeardAudio
-from moss_rt.session import TakeStore
-from moss_rt.session_store import SessionStore, StoreBudget
+from moss_rt.session import RecentTakes
+from moss_rt.session_store import SessionStore, StoreBudget, check_store_setting, open_session_store
 from moss_rt.voices import VoiceStore
 from moss_rt.web.access_log import RedactingAccessLogger
 from moss_rt.web.cross_site import cross_site_middleware
@@ -37,7 +37,7 @@ from moss_rt.web.security import (
     json_errors_middleware,
     request_rate_middleware,
 )
-from moss_rt.web.session_upkeep import session_retention
+from moss_rt.web.session_upkeep import session_retention, session_upkeep
 from moss_rt.web.sessions_api import routes as session_routes
 from moss_rt.web.state import STATE, ServiceState
 from moss_rt.web.static_files import add_static_routes
@@ -75,14 +75,15 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
         ],
     )
     voices = VoiceStore(settings.voices_store_dir, settings.voices_dir, settings.limits)
-    sessions = session_store(settings) if settings.sessions else None
+    if settings.sessions:
+        check_store_setting(settings.session_store)  # a bad URL or a missing driver stops the start here
     app[STATE] = ServiceState(
         settings=settings,
         engine=engine,
         voices=voices,
-        takes=TakeStore(),
-        sessions=sessions,
-        owner_cookies=OwnerCookies.load(settings.data_dir) if sessions is not None else None,
+        takes=RecentTakes(),
+        sessions=None,  # opened when the application starts (_sessions_lifecycle)
+        owner_cookies=None,
         archive_slots=ArchiveSlots(settings.max_concurrent_archives),
         export_slots=ArchiveSlots(4 * settings.max_concurrent_archives),
         heard=HeardAudio(settings.heard_audio_mb * 1024 * 1024),
@@ -106,14 +107,15 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
     app.router.add_get("/metrics", metrics_handler)
     if settings.static_dir.is_dir():
         add_static_routes(app, settings.static_dir)
+    app.cleanup_ctx.append(_sessions_lifecycle)  # first in, last out: everything below may use the store
     app.cleanup_ctx.append(_engine_lifecycle)
     app.cleanup_ctx.append(_aligner_lifecycle)
     app.cleanup_ctx.append(session_retention)
+    app.cleanup_ctx.append(session_upkeep)
     # After the engine's: its clean-up runs first, so renders stop while the engine still runs.
     app.cleanup_ctx.append(_scripts_lifecycle)
     app.on_shutdown.append(_close_websockets)
     app.on_shutdown.append(_end_script_streams)
-    app.on_cleanup.append(_close_sessions)
     return app
 
 
@@ -173,9 +175,42 @@ def session_store(settings: Settings) -> SessionStore:
         # within one take's cache (max_seq_len; the memory plan's 5120 when not set).
         max_take_frames=max(limits.max_new_tokens, settings.max_seq_len or DEFAULT_CPU_SEQ_LEN),
     )
-    return SessionStore(
-        settings.data_dir / "sessions", max_takes=limits.max_session_takes, limits=limits, budget=budget
+    return open_session_store(
+        settings.session_store,
+        settings.session_files_dir,
+        max_session_takes=limits.max_session_takes,
+        limits=limits,
+        budget=budget,
     )
+
+
+async def _sessions_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Open the session store (its database, migrations, the orphan sweep: blocking work, on a worker thread)
+    and the owner cookies' secret; close them last. A store that cannot be opened stops the start."""
+    state = app[STATE]
+    settings = state.settings
+    if not settings.sessions:
+        yield
+        return
+    store = await asyncio.to_thread(session_store, settings)
+    try:
+        state.owner_cookies = await asyncio.to_thread(OwnerCookies.for_store, store, settings.data_dir)
+    except BaseException:
+        await asyncio.to_thread(store.close)
+        raise
+    state.sessions = store
+    try:
+        yield
+    finally:
+        # Takes cut off by clients that left are being stored: let them finish (bounded), then close the store.
+        keeps = {task for tasks in state.closing_keeps.values() for task in tasks}
+        if keeps:
+            _, late = await asyncio.wait(keeps, timeout=settings.shutdown_grace_sec)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
+        await asyncio.to_thread(store.close)
 
 
 async def _scripts_lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -188,7 +223,7 @@ async def _scripts_lifecycle(app: web.Application) -> AsyncIterator[None]:
     from moss_rt.scripts.service import ScriptService
     from moss_rt.scripts.store import ScriptStore
 
-    store = await asyncio.to_thread(ScriptStore, state.sessions.root / "sessions.sqlite3")
+    store = await asyncio.to_thread(ScriptStore, state.sessions.db)
     state.scripts = ScriptService(state, state.sessions, store)
     state.scripts.start()
     try:
@@ -202,20 +237,6 @@ async def _end_script_streams(app: web.Application) -> None:
     scripts = app[STATE].scripts
     if scripts is not None:
         scripts.end_streams()
-
-
-async def _close_sessions(app: web.Application) -> None:
-    state = app[STATE]
-    # Takes cut off by clients that left are being stored: let them finish (bounded), then close the store.
-    keeps = {task for tasks in state.closing_keeps.values() for task in tasks}
-    if keeps:
-        _, late = await asyncio.wait(keeps, timeout=state.settings.shutdown_grace_sec)
-        for task in late:
-            task.cancel()
-        if late:
-            await asyncio.wait(late, timeout=1.0)
-    if state.sessions is not None:
-        state.sessions.close()
 
 
 async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:

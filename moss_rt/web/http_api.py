@@ -170,14 +170,16 @@ async def service_info(request: web.Request) -> web.Response:
             "default_model": info.default_model,
             "demo": info.demo,
             "device": info.device,
-            "details": info.details,
-            "ready": state.engine.info.ready,
+            "status": info.status.value,
+            # details.status: the same status, where clients read it before it had its own field.
+            "details": {**info.details, "status": info.status.value},
+            "ready": info.ready,
             "sr": SAMPLE_RATE,
             "limits": state.settings.limits.to_dict(),
             # The engine's start-up memory plan (slots x positions and where the memory goes), once made.
-            "memory_plan": plan.as_dict() if (plan := getattr(state.engine, "memory_plan", None)) else None,
+            "memory_plan": None if info.memory_plan is None else info.memory_plan.as_dict(),
             # Cluster mode: one entry per engine replica (docs/cluster.md).
-            **({"replicas": list(info.replicas)} if info.replicas else {}),
+            **({"replicas": [r.to_dict() for r in info.replicas]} if info.replicas else {}),
         }
     )
 
@@ -193,7 +195,7 @@ async def readyz(request: web.Request) -> web.Response:
     info = state.engine.info
     # Cluster mode: ready while at least one replica is; the counts say how many.
     extra = (
-        {"replicas": len(info.replicas), "replicas_ready": sum(bool(r.get("ready")) for r in info.replicas)}
+        {"replicas": len(info.replicas), "replicas_ready": sum(r.ready for r in info.replicas)}
         if info.replicas
         else {}
     )

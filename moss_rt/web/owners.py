@@ -8,10 +8,11 @@ needs one (the studio page, a new session, an import, the WebSocket upgrade)::
     Set-Cookie: moss_rt_owner=<random id>.<HMAC-SHA256>; HttpOnly; SameSite=Lax; Path=/; Max-Age=34560000
 
 The cookie is signed with a secret kept in the data dir (``owner_secret``, created on first start, mode 0600), so
-it survives restarts and cannot be forged; deleting the file disowns every cookie. ``HttpOnly`` keeps page scripts
-from reading it, ``SameSite=Lax`` keeps other sites' pages from sending it with their requests (a top-level
-navigation to the studio still carries it, so a link does not mint a new owner). Same-origin ``fetch`` and
-WebSocket upgrades send it by themselves, so the studio needs nothing to use it.
+it survives restarts and cannot be forged; deleting the file disowns every cookie. Front ends sharing a
+PostgreSQL session store share one secret, kept in the store (:meth:`OwnerCookies.for_store`). ``HttpOnly``
+keeps page scripts from reading it, ``SameSite=Lax`` keeps other sites' pages from sending it with their
+requests (a top-level navigation to the studio still carries it, so a link does not mint a new owner).
+Same-origin ``fetch`` and WebSocket upgrades send it by themselves, so the studio needs nothing to use it.
 
 Owners are opaque strings to the session store: ``key:<principal>`` or ``cookie:<id>``.
 """
@@ -24,10 +25,12 @@ import hmac
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 
 from aiohttp import web
 
+from moss_rt.session_store import SessionStore
 from moss_rt.web.security import key_principal
 from moss_rt.web.state import STATE
 
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 
 OWNER_COOKIE = "moss_rt_owner"
 SECRET_FILE = "owner_secret"
+SECRET_NAME = "owner_cookies"  # its name in a shared store (store_secrets)
 COOKIE_MAX_AGE = 400 * 24 * 3600  # the longest lifetime browsers keep (400 days); renewed on every mint check
 
 
@@ -52,7 +56,13 @@ class OwnerCookies:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            secret = bytes.fromhex(path.read_text().strip())
+            text = path.read_text().strip()
+            for _ in range(40):  # another process sharing the data dir made it a moment ago and is writing it
+                if text or time.time() - path.stat().st_mtime > 5.0:
+                    break
+                time.sleep(0.05)
+                text = path.read_text().strip()
+            secret = bytes.fromhex(text)
             if len(secret) < 16:
                 raise ValueError(f"{path} holds no usable secret; delete it to make a new one") from None
             return cls(secret)
@@ -63,6 +73,23 @@ class OwnerCookies:
             os.fsync(f.fileno())
         log.info("owner cookies: a new secret in %s", path)
         return cls(secret)
+
+    @classmethod
+    def for_store(cls, store: SessionStore, data_dir: Path) -> OwnerCookies:
+        """The secret of the front ends sharing ``store``: a store on several hosts (PostgreSQL) keeps one for all
+        of them (a cookie minted by one front end is valid on every other), proposed by the first front end that
+        starts: its data dir's secret when it has one (owners of an earlier single front end stay owners), else
+        a new one. A store of one host keeps the secret in the data dir, as :meth:`load` does."""
+        if not store.shared:
+            return cls.load(data_dir)
+        path = Path(data_dir) / SECRET_FILE
+        try:
+            proposal = bytes.fromhex(path.read_text().strip())
+        except (OSError, ValueError):
+            proposal = b""
+        if len(proposal) < 16:
+            proposal = secrets.token_bytes(32)
+        return cls(store.shared_secret(SECRET_NAME, proposal))
 
     def _sign(self, owner_id: str) -> str:
         digest = hmac.new(self._secret, owner_id.encode(), hashlib.sha256).digest()

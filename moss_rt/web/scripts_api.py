@@ -37,7 +37,7 @@ from moss_rt.scripts.format import Script, ScriptError, parse_cast, parse_json_s
 from moss_rt.scripts.job import Job
 from moss_rt.scripts.service import ScriptService
 from moss_rt.scripts.store import SCRIPT_ID_PATTERN
-from moss_rt.session_store import SESSION_ID
+from moss_rt.session_records import SESSION_ID
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.format_download import wants_other_format
 from moss_rt.web.http_api import expect_within_limit, read_body_limited, write_or_drop
@@ -251,7 +251,9 @@ async def script_events(request: web.Request) -> web.StreamResponse:
         await write_or_drop(request, response, f"retry: {RETRY_MS}\n\n".encode())
         for event in first:
             await write_or_drop(request, response, event.encode())
-        while True:
+        # Rendered by another front end now: its events are not seen here. The stream ends after the state, and
+        # the client's reconnect (``retry``) reads the state again, wherever the balancer sends it.
+        while not job.elsewhere:
             event = await listener.next(KEEPALIVE_SEC)
             if share is not None and loop.time() >= next_check:
                 next_check = loop.time() + KEEPALIVE_SEC

@@ -1,9 +1,13 @@
-"""Keeping stored sessions within their retention: a background sweep the application owns.
+"""Keeping stored sessions in order: background work the application owns, on worker threads.
 
-A session nobody used (no take kept, no note, no resume) for ``session_retention_days`` is deleted, records then
-files. The sweep runs once at start (sessions may have expired while the service was down) and then every
-1/24 of the retention (at least every second, at most every hour), on a worker thread; it is cancelled and
-awaited when the application stops.
+- Retention: a session nobody used (no take kept, no note, no resume) for ``session_retention_days`` is deleted,
+  records then files. The sweep runs once at start (sessions may have expired while the service was down) and
+  then every 1/24 of the retention (at least every second, at most every hour).
+- Upkeep: the front end's heartbeat in the store every ``front_ends.HEARTBEAT_SEC`` (so that the front ends
+  sharing it know it is alive and leave the files it writes alone), and a sweep of orphan files every
+  :data:`ORPHAN_SWEEP_SEC` (what a crashed front end left behind, once old enough).
+
+Both are cancelled and awaited when the application stops.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from moss_rt.session_store import SessionStore
+from moss_rt.storage.front_ends import HEARTBEAT_SEC
 from moss_rt.web.state import STATE
 
 log = logging.getLogger(__name__)
+
+ORPHAN_SWEEP_SEC = 3600.0
 
 
 def sweep_interval(retention_sec: float) -> float:
@@ -57,6 +64,34 @@ async def session_retention(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     task = asyncio.create_task(_sweep_forever(state.sessions, days * 86400.0), name="session-retention")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _upkeep_forever(store: SessionStore) -> None:
+    last_sweep = time.monotonic()
+    while True:
+        await asyncio.sleep(HEARTBEAT_SEC)
+        try:
+            await asyncio.to_thread(store.heartbeat)
+            if time.monotonic() - last_sweep >= ORPHAN_SWEEP_SEC:
+                last_sweep = time.monotonic()
+                removed = await asyncio.to_thread(store.sweep_orphans)
+                if removed:
+                    log.info("session store: %d orphan file(s) or folder(s) removed", removed)
+        except Exception:  # the database away for a while: tried again at the next interval
+            log.exception("session store upkeep failed")
+
+
+async def session_upkeep(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: the store's heartbeat and orphan sweep run while the application does."""
+    state = app[STATE]
+    if state.sessions is None:
+        yield
+        return
+    task = asyncio.create_task(_upkeep_forever(state.sessions), name="session-upkeep")
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

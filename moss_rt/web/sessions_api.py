@@ -26,7 +26,8 @@ from aiohttp import web
 from moss_rt.audio import wav_header
 from moss_rt.protocol import SAMPLE_RATE, ErrorCode, ProtocolError
 from moss_rt.protocol.frames import dumps_json
-from moss_rt.session_store import SessionStore, pcm_bytes, short_id
+from moss_rt.session_records import pcm_bytes, short_id
+from moss_rt.session_store import SessionStore
 from moss_rt.web.downloads import WRITE_CHUNK
 from moss_rt.web.errors import error_response
 from moss_rt.web.http_api import expect_within_limit, read_body_into, read_json_request, write_or_drop
@@ -69,7 +70,7 @@ async def _owned(request: web.Request, *, read_only: bool = False) -> tuple[Sess
 
 
 def _session_json(store: SessionStore, session_id: str, takes: list[Any]) -> web.Response:
-    body = {"session": session_id, "takes": [t.public() for t in takes], "max_takes": store.max_takes}
+    body = {"session": session_id, "takes": [t.public() for t in takes], "max_takes": store.max_session_takes}
     return _json(body)
 
 
@@ -98,7 +99,7 @@ async def create_session(request: web.Request) -> web.Response:
     if owner is None:
         raise ProtocolError(ErrorCode.UNAUTHORIZED, "no identity to own a session")
     session_id = await asyncio.to_thread(store.create, owner=owner, client=_client(request))
-    response = _json({"session": session_id, "takes": [], "max_takes": store.max_takes})
+    response = _json({"session": session_id, "takes": [], "max_takes": store.max_session_takes})
     set_owner_cookie(response, request, cookie)
     return response
 

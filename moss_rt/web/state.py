@@ -14,7 +14,7 @@ from moss_rt.align.service import AlignService
 from moss_rt.config import Settings
 from moss_rt.engine.base import Engine
 from moss_rt.heard_audio import HeardAudio
-from moss_rt.session import TakeStore
+from moss_rt.session import RecentTakes
 from moss_rt.session_store import SessionStore
 from moss_rt.voices import VoiceStore
 from moss_rt.web.guards import ArchiveSlots, ClientConnections, ClientRequestRate, ClientTakes
@@ -32,7 +32,7 @@ class ServiceState:
     settings: Settings
     engine: Engine
     voices: VoiceStore
-    takes: TakeStore
+    takes: RecentTakes
     heard: HeardAudio = field(default_factory=lambda: HeardAudio(0))  # the PCM takes streamed
     renders: SharedRenders = field(default_factory=lambda: SharedRenders(0))  # renders of codes in progress (downloads)
     sessions: SessionStore | None = None  # directing sessions on disk (data dir); None: not kept

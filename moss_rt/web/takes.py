@@ -1,8 +1,8 @@
-"""What both transports do for a take, around the sans-I/O :class:`~moss_rt.session.DirectingSession`.
+"""What both transports do for a take, around the sans-I/O :class:`~moss_rt.session.TakeLifecycle`.
 
-The session decides what is sent and when a take starts or stops; this module performs the I/O
+The lifecycle decides what is sent and when a take starts or stops; this module performs the I/O
 it asks for: resolving the reference voice and submitting to the engine (``Admit``), pumping a
-take's engine events through the session, fetching a take's audio for replays and downloads, and
+take's engine events through the lifecycle, fetching a take's audio for replays and downloads, and
 pacing PCM to real time. The legacy HTTP stream and the WebSocket channel send the same bytes for
 a take: a tag-0 ``start``, whole-frame tag-1 PCM chunks, a tag-0 ``end``.
 """
@@ -21,10 +21,10 @@ from moss_rt.protocol import ErrorCode, ProtocolError, ServerMessage, StartTake,
 from moss_rt.session import (
     Action,
     Admit,
-    DirectingSession,
     FinishAudio,
     SendAudio,
     SendMessage,
+    TakeLifecycle,
     TakeRecord,
     bytes_per_frame,
     resolve_model,
@@ -36,15 +36,15 @@ SendFrame = Callable[[bytes], Awaitable[None]]
 Perform = Callable[[Sequence[Action]], Awaitable[None]]
 
 
-def new_session(state: ServiceState, *, max_takes: int, client: str | None = None) -> DirectingSession:
-    """A directing session over the service's take store; its takes count as ``client``'s (per-client eviction)."""
+def new_lifecycle(state: ServiceState, *, max_takes_kept: int, client: str | None = None) -> TakeLifecycle:
+    """A take lifecycle over the service's recent takes; its takes count as ``client``'s (per-client eviction)."""
     info = state.engine.info
-    return DirectingSession(
+    return TakeLifecycle(
         state.takes,
         models=info.models,
         default_model=info.default_model,
         heard=state.heard,
-        max_takes=max_takes,
+        max_takes_kept=max_takes_kept,
         max_text_chars=state.settings.limits.max_text_chars,
         client=client,
     )
@@ -64,27 +64,19 @@ async def admit(state: ServiceState, action: Admit) -> TakeHandle:
     return await state.engine.submit(action.spec(await reference_codes(state, action.take)))
 
 
-async def pump_events(handle: TakeHandle, run: int, session: DirectingSession, perform: Perform) -> None:
-    """Feed a running take's engine events through the session and perform what it answers.
+async def pump_events(handle: TakeHandle, run: int, lifecycle: TakeLifecycle, perform: Perform) -> None:
+    """Feed a running take's engine events through the lifecycle and perform what it answers.
 
     The iterator is closed however this ends, which cancels the take if it has not finished.
     """
     events = aiter(handle)
     try:
         async for event in events:
-            await perform(session.take_event(run, event))
+            await perform(lifecycle.take_event(run, event))
     finally:
         aclose = getattr(events, "aclose", None)
         if aclose is not None:
             await aclose()
-
-
-async def take_audio(state: ServiceState, take: TakeRecord) -> bytes:
-    """A take's int16 PCM as it was streamed when still held, else rendered again from its codes."""
-    heard = state.heard.get(take.take_id, take.n_frames, bytes_per_frame(take))
-    if heard is not None:
-        return heard
-    return await state.engine.render(take.codes, take.request.channels)
 
 
 @asynccontextmanager
@@ -159,13 +151,13 @@ async def send_action(action: Action, send: SendFrame, pacer: Pacer | None, outs
 class OneTake:
     """One take outside a directing socket (``POST /api/stream`` and other one-shot HTTP routes).
 
-    :meth:`open` plans, admits and submits it through a one-take session, raising before anything
+    :meth:`open` plans, admits and submits it through a one-take lifecycle, raising before anything
     is sent (``ProtocolError``, ``EngineBusy``), so the route can still answer with an HTTP error;
     :meth:`stream` then sends its frames exactly as the WebSocket channel would.
     """
 
-    def __init__(self, session: DirectingSession, run: int, handle: TakeHandle, take: TakeRecord) -> None:
-        self.session = session
+    def __init__(self, lifecycle: TakeLifecycle, run: int, handle: TakeHandle, take: TakeRecord) -> None:
+        self.lifecycle = lifecycle
         self.run = run
         self.handle = handle
         self.take = take
@@ -180,12 +172,12 @@ class OneTake:
     async def open(
         cls, state: ServiceState, request: StartTake, *, received_at: float | None = None, client: str | None = None
     ) -> OneTake:
-        session = new_session(state, max_takes=1, client=client)
-        actions = session.handle(request, received_at=received_at)
+        lifecycle = new_lifecycle(state, max_takes_kept=1, client=client)
+        actions = lifecycle.handle(request, received_at=received_at)
         admission = next(a for a in actions if isinstance(a, Admit))
         handle = await admit(state, admission)
-        session.admitted(admission.run)
-        return cls(session, admission.run, handle, admission.take)
+        lifecycle.admitted(admission.run)
+        return cls(lifecycle, admission.run, handle, admission.take)
 
     async def stream(self, send: SendFrame, *, max_lead_sec: float) -> None:
         pacer = Pacer(max_lead_sec)
@@ -197,13 +189,13 @@ class OneTake:
                 await send_action(action, send, pacer, outs)
 
         try:
-            await pump_events(self.handle, self.run, self.session, perform)
+            await pump_events(self.handle, self.run, self.lifecycle, perform)
         finally:
             outs.close()
 
     def close(self, reason: EndReason = EndReason.CANCELLED) -> None:
         """The request is over, however it ended: stop the engine take if it still runs, and end its record
         if its end never came through (the client left): a record left running is never evicted from the
-        take store (issue 23, finding 7)."""
+        recent takes (issue 23, finding 7)."""
         self.handle.cancel(reason)
-        self.session.close()  # a one-take session: its only action is the stop just made
+        self.lifecycle.close()  # a one-take lifecycle: its only action is the stop just made

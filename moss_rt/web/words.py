@@ -25,7 +25,8 @@ from moss_rt.align.track import WordTrack
 from moss_rt.engine.base import EngineBusy
 from moss_rt.protocol import FRAME_RATE, SAMPLE_RATE, UNSET, ErrorCode, ProtocolError, Words, encode_json_frame
 from moss_rt.session import TakeRecord, TakeStatus, bytes_per_frame
-from moss_rt.session_store import SessionStore, StoredTake
+from moss_rt.session_records import StoredTake
+from moss_rt.session_store import SessionStore
 from moss_rt.web.state import ServiceState
 from moss_rt.web.takes import held_take_audio
 

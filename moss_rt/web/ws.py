@@ -1,10 +1,10 @@
-"""The WebSocket directing channel ``/api/ws``: a thin shell around :class:`DirectingSession`.
+"""The WebSocket directing channel ``/api/ws``: a thin shell around :class:`~moss_rt.session.TakeLifecycle`.
 
-The shell reads messages, hands them to the session (sans-I/O: it owns the take lifecycle and
-decides what is sent), and performs the actions it answers: send a message or PCM, admit a take
-(a task per run: voice encoding, engine submit, then its events back through the session), replay
-stored audio, stop a run. The reader (this handler's own coroutine) never waits behind audio:
-cancel and seek are decided by the session at once.
+The shell reads messages, hands them to the take lifecycle (sans-I/O: it decides what is sent), and
+performs the actions it answers: send a message or PCM, admit a take (a task per run: voice
+encoding, engine submit, then its events back through the lifecycle), replay stored audio, stop a
+run. The reader (this handler's own coroutine) never waits behind audio: cancel and seek are
+decided by the lifecycle at once.
 
 Guards (docs/limits.md): the upgrade is refused with a JSON 403/503 when the Origin is foreign,
 the server is shutting down or ``max_connections`` sockets are open; control messages pass a
@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -55,14 +57,14 @@ from moss_rt.session import (
     TakeStatus,
     WordsCheckpoint,
 )
-from moss_rt.session_store import StoredTake, short_id
+from moss_rt.session_records import StoredTake, short_id
 from moss_rt.web.audio_out import AudioOuts
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
 from moss_rt.web.owners import owner_or_mint, set_owner_cookie
 from moss_rt.web.security import forbidden_origin, websocket_origin_allowed
 from moss_rt.web.state import STATE, ServiceState
-from moss_rt.web.takes import Pacer, admit, busy_error, held_take_audio, new_session, pump_events, send_action
+from moss_rt.web.takes import Pacer, admit, busy_error, held_take_audio, new_lifecycle, pump_events, send_action
 from moss_rt.web.words import TakeWords, require_aligner, take_words
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,37 @@ def flood_limit(burst: int) -> int:
     return max(100, 5 * burst)
 
 
+class Link(enum.Enum):
+    """Whether the client can still be sent anything."""
+
+    OPEN = "open"
+    GONE = "gone"  # it left, was dropped (a stalled reader), or the connection is closing: nothing more is sent
+
+
+class RunStage(enum.Enum):
+    """Where the transport is with one run (what a stop acts on)."""
+
+    ADMITTING = "admitting"  # a take: the client's take slot, its voice, the engine's submit
+    STREAMING = "streaming"  # a take the engine admitted: a stop cancels its engine take (``handle``)
+    STREAMED = "streamed"  # a take whose events are over: its task is winding down
+    QUEUED = "queued"  # a replay whose task has not begun (it takes its client's take slot first)
+    FETCHING = "fetching"  # a replay getting its audio (held, or rendered): a stop cancels the task
+    SENDING = "sending"  # a replay sending its audio: it stops by itself (each chunk is checked before it goes)
+
+
+@dataclass
+class RunIO:
+    """The transport side of one run of the take lifecycle: its task, the pacer of its audio, its engine take."""
+
+    run: int
+    take_id: str
+    replay: bool
+    pacer: Pacer
+    stage: RunStage
+    task: asyncio.Task[None] | None = None
+    handle: TakeHandle | None = None  # while STREAMING
+
+
 class Connection:
     def __init__(self, state: ServiceState, ws: web.WebSocketResponse, request: web.Request) -> None:
         self.state = state
@@ -91,26 +124,21 @@ class Connection:
         self.client = request.remote or "unknown"
         self._transport = request.transport
         limits = state.settings.limits
-        self.session = new_session(state, max_takes=limits.max_takes_kept, client=self.client)
+        self.lifecycle = new_lifecycle(state, max_takes_kept=limits.max_takes_kept, client=self.client)
         self._bucket = TokenBucket(limits.ws_messages_per_sec, limits.ws_message_burst)
         self._refused_in_row = 0
         self._send_lock = asyncio.Lock()
-        # The transport side of the session's runs, by run number: one task each (admission and
+        # The transport side of the lifecycle's runs, by run number: one task each (admission and
         # stream, or replay), the engine handle once admitted, the pacer of its audio.
-        self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._handles: dict[int, TakeHandle] = {}
-        self._pacers: dict[int, Pacer] = {}
-        self._replay_runs: set[int] = set()
-        self._replay_fetching: set[int] = set()  # replays still fetching (or rendering) their audio
+        self._runs: dict[int, RunIO] = {}
         self._outs = AudioOuts()  # the files of takes that asked for a format (tag-2 frames)
         self._take_pacer: tuple[str, Pacer] | None = None  # the pacer of the last take admitted
-        self._dead = False  # set once the client is known gone or dropped: no more sends
+        self._link = Link.OPEN
         self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
         self._keeps_on_close: list[TakeRecord] = []  # takes the client's leaving cut off, stored by close()
         self.owner: str | None = None  # who the connection acts as for stored sessions (moss_rt/web/owners.py)
-        # Takes that asked for ``words``: their word aligners (by take id), and each engine run's take.
+        # Takes that asked for ``words``: their word aligners (by take id).
         self._words: dict[str, TakeWords] = {}
-        self._run_takes: dict[int, str] = {}
 
     # -- sending ------------------------------------------------------------------------
 
@@ -125,7 +153,7 @@ class Connection:
 
     async def _write(self, frame: bytes) -> None:
         """One frame out; the caller holds the send lock."""
-        if self._dead or self.ws.closed:
+        if self._link is Link.GONE or self.ws.closed:
             raise ConnectionResetError("the connection is closed")
         try:
             # A timeout scope, not wait_for: no task per frame (a relaying front end sends hundreds a second).
@@ -142,25 +170,25 @@ class Connection:
             raise ConnectionResetError("client stopped reading") from None
 
     async def _send_audio(self, action: SendAudio) -> bool:
-        """Send one chunk of a run's audio, only while the session still has the run as its current take.
+        """Send one chunk of a run's audio, only while the lifecycle still has the run as its current take.
 
-        The session may let go of a run at any moment (a cancel or a barge-in on a replay ends it from the
+        The lifecycle may let go of a run at any moment (a cancel or a barge-in on a replay ends it from the
         reader, which sends its ``end`` at once), so the check is made before the pacing wait, before encoding,
         and again under the send lock right before the frame goes out: every end goes through that lock too,
         so no audio of a run can follow its end (issue 23, finding 3). Bytes a stale run had encoded stay in
         its file's queue and leave with the file's end (``FinishAudio``), before the ``end``. False: not sent.
         """
         run = action.run
-        if not self.session.is_current(run):
+        if not self.lifecycle.is_current(run):
             return False
-        pacer = self._pacers.get(run)
-        if pacer is not None and action.paced:
-            await pacer.wait(action.seconds)
-        if not self.session.is_current(run):
+        io = self._runs.get(run)
+        if io is not None and action.paced:
+            await io.pacer.wait(action.seconds)
+        if not self.lifecycle.is_current(run):
             return False
         await self._outs.encode(run, action.pcm)
         async with self._send_lock:
-            if not self.session.is_current(run):
+            if not self.lifecycle.is_current(run):
                 return False
             for frame in self._outs.ready(run, action.pcm):
                 await self._write(frame)
@@ -178,20 +206,20 @@ class Connection:
         Unsent bytes would keep the socket (and its buffers) alive for as long as the peer keeps
         its window shut; abort discards them. The reader then sees EOF and the handler ends.
         """
-        self._dead = True
-        self._close_session()
+        self._link = Link.GONE
+        self._close_lifecycle()
         if self._transport is not None:
             self._transport.abort()
 
-    def _close_session(self) -> None:
-        """The client is gone: stop the session's runs; the takes it cut off are stored by :meth:`close`."""
-        for action in self.session.close():
+    def _close_lifecycle(self) -> None:
+        """The client is gone: stop the lifecycle's runs; the takes it cut off are stored by :meth:`close`."""
+        for action in self.lifecycle.close():
             if isinstance(action, Stop):
                 self._stop(action)
             else:
                 self._keeps_on_close.append(action.take)
 
-    # -- performing the session's actions -------------------------------------------------
+    # -- performing the lifecycle's actions -----------------------------------------------
 
     async def _perform(self, actions: Sequence[Action]) -> None:
         for action in actions:
@@ -199,13 +227,11 @@ class Connection:
                 self._stop(action)
             elif isinstance(action, Admit):
                 self._outs.track(action.run, action.take)
-                self._follow_words(action.run, action.take)
-                take_id = action.take.take_id
-                self._spawn(action.run, functools.partial(self._run_take, action), f"take-{take_id}", take_id)
+                self._follow_words(action.take)
+                self._spawn(action.run, action.take.take_id, functools.partial(self._run_take, action))
             elif isinstance(action, Replay):
-                self._replay_runs.add(action.run)
                 self._outs.track(action.run, action.take, replay=True)
-                self._spawn(action.run, functools.partial(self._run_replay, action), f"replay-{action.take.take_id}")
+                self._spawn(action.run, action.take.take_id, functools.partial(self._run_replay, action), replay=True)
             elif isinstance(action, Keep):
                 await self._keep(action.take)
             elif isinstance(action, FinishWords):
@@ -216,7 +242,8 @@ class Connection:
                     words.checkpoint(action.text)
             elif isinstance(action, SendAudio):
                 if await self._send_audio(action):
-                    words = self._words.get(self._run_takes.get(action.run, ""))
+                    io = self._runs.get(action.run)
+                    words = None if io is None or io.replay else self._words.get(io.take_id)
                     if words is not None:
                         words.audio(action.pcm)
             else:
@@ -224,18 +251,15 @@ class Connection:
 
     # -- word timing (docs/words.md) -----------------------------------------------------
 
-    def _follow_words(self, run: int, take: TakeRecord) -> None:
+    def _follow_words(self, take: TakeRecord) -> None:
         """A take that asked for ``words``: align its audio as it is sent (the continuations of a take fed with
         text share one)."""
-        self._run_takes[run] = take.take_id
         if take.request.words and take.take_id not in self._words and self.state.aligner is not None:
             self._words[take.take_id] = TakeWords(self.state, self.state.aligner, take, self.send_frame)
 
     async def _finish_words(self, action: FinishWords) -> None:
         """Its last words before its ``end``: the rest aligned now (a take that never streamed: its kept words)."""
-        for run in [r for r, t in self._run_takes.items() if t == action.take.take_id]:
-            self._run_takes.pop(run, None)
-        words = self._words.pop(action.take.take_id, None)
+        words = self._words.pop(action.take.take_id, None)  # its audio from now on (none) is not aligned
         if words is not None:
             await words.finish(complete=action.complete)
             return
@@ -245,22 +269,23 @@ class Connection:
 
     async def _words_for_seek(self, msg: Seek) -> None:
         """``seek`` by ``word`` needs the take's words: a finished take without them is aligned first."""
-        take = self.session.history.get(msg.take)  # not_found for an unknown take
+        take = self.lifecycle.history.get(msg.take)  # not_found for an unknown take
         if take.words is None and take.status is TakeStatus.ENDED:
             require_aligner(self.state)
             take.words = await take_words(self.state, take)
 
-    def _spawn(self, run: int, body: Callable[[], Awaitable[None]], name: str, take: str | None = None) -> None:
+    def _spawn(self, run: int, take_id: str, body: Callable[[], Awaitable[None]], *, replay: bool = False) -> None:
         """Start the task of a run; the connection owns it (close cancels it). The runs of one take
         (the continuations of a take fed with text) share its pacer: it is paced as one stream."""
-        if take is not None and self._take_pacer is not None and self._take_pacer[0] == take:
+        if not replay and self._take_pacer is not None and self._take_pacer[0] == take_id:
             pacer = self._take_pacer[1]
         else:
             pacer = Pacer(self.state.settings.max_lead_sec)
-            self._take_pacer = None if take is None else (take, pacer)
-        self._pacers[run] = pacer
-        task = asyncio.create_task(self._owned(run, body), name=name)
-        self._tasks[run] = task
+            self._take_pacer = None if replay else (take_id, pacer)
+        # Not cancelled before its body runs (its ``finally`` forgets the run): a replay is cancellable once fetching.
+        stage = RunStage.QUEUED if replay else RunStage.ADMITTING
+        io = self._runs[run] = RunIO(run, take_id, replay, pacer, stage)
+        io.task = asyncio.create_task(self._owned(run, body), name=f"{'replay' if replay else 'take'}-{take_id}")
 
     async def _owned(self, run: int, body: Callable[[], Awaitable[None]]) -> None:
         try:
@@ -270,34 +295,34 @@ class Connection:
         except Exception:
             log.exception("run %d of %s failed", run, self.client)
         finally:
-            self._tasks.pop(run, None)
-            self._pacers.pop(run, None)
-            self._replay_runs.discard(run)
+            self._runs.pop(run, None)
             self._outs.forget(run)
 
     def _stop(self, action: Stop) -> None:
-        """Stop a run: an engine take is cancelled (its end then comes through the session). A replay
-        (whose end the session already sent) stops sending by itself: each of its chunks is checked against
-        the session right before it goes out; one still fetching its audio (a render) is cancelled. A run
-        still being admitted is left to finish admission: the session stops what it admits as soon as it
+        """Stop a run: an engine take is cancelled (its end then comes through the lifecycle). A replay
+        (whose end the lifecycle already sent) stops sending by itself: each of its chunks is checked against
+        the lifecycle right before it goes out; one still fetching its audio (a render) is cancelled. A run
+        still being admitted is left to finish admission: the lifecycle stops what it admits as soon as it
         reports back."""
-        handle = self._handles.get(action.run)
-        if handle is not None:
-            handle.cancel(action.reason)
-        elif action.run in self._replay_fetching and action.run in self._tasks:
+        io = self._runs.get(action.run)
+        if io is None:
+            return
+        if io.stage is RunStage.STREAMING and io.handle is not None:
+            io.handle.cancel(action.reason)
+        elif io.stage is RunStage.FETCHING and io.task is not None:
             # Only while fetching: cancelling a task in the middle of a send or an encode would not stop
             # anything sooner (Python 3.11's wait_for can even swallow the cancel) and could lose encoded bytes.
-            self._tasks[action.run].cancel()
+            io.task.cancel()
 
     @property
     def current_handle(self) -> TakeHandle | None:
         """The engine handle of the take now streaming (tests and diagnostics)."""
-        take = self.session.current_take
-        runs = [run for run, handle in self._handles.items() if take is not None and handle.take_id == take.take_id]
-        return self._handles[runs[-1]] if runs else None
-
-    def _admitting(self, run: int) -> bool:
-        return run in self._tasks and run not in self._handles and run not in self._replay_runs
+        take = self.lifecycle.current_take
+        streaming = [
+            io.handle for io in self._runs.values()
+            if io.handle is not None and take is not None and io.handle.take_id == take.take_id
+        ]  # fmt: skip
+        return streaming[-1] if streaming else None
 
     async def _run_take(self, action: Admit) -> None:
         run = action.run
@@ -305,31 +330,32 @@ class Connection:
             # Counted per client address across all its sockets and HTTP streams.
             self.state.client_takes.acquire(self.client)
         except ProtocolError as err:
-            await self._perform(self.session.admission_failed(run, err))
+            await self._perform(self.lifecycle.admission_failed(run, err))
             return
         try:
             try:
                 handle = await admit(self.state, action)
             except ProtocolError as err:
-                await self._perform(self.session.admission_failed(run, err))
+                await self._perform(self.lifecycle.admission_failed(run, err))
                 return
             except EngineBusy as busy:
-                await self._perform(self.session.admission_failed(run, busy_error(busy)))
+                await self._perform(self.lifecycle.admission_failed(run, busy_error(busy)))
                 return
-            self._handles[run] = handle
+            io = self._runs[run]
+            io.handle, io.stage = handle, RunStage.STREAMING
             try:
-                await self._perform(self.session.admitted(run, rebuilt=handle.rebuilt))
-                if self.session.is_current(run):
-                    await pump_events(handle, run, self.session, self._perform)
+                await self._perform(self.lifecycle.admitted(run, rebuilt=handle.rebuilt))
+                if self.lifecycle.is_current(run):
+                    await pump_events(handle, run, self.lifecycle, self._perform)
                 else:
                     handle.cancel()  # let go of while being admitted (already ended for the client)
             except (ConnectionResetError, asyncio.CancelledError):
                 raise
             except Exception:
                 log.exception("take %s failed", action.take.take_id)
-                await self._perform(self.session.take_failed(run))
+                await self._perform(self.lifecycle.take_failed(run))
             finally:
-                self._handles.pop(run, None)
+                io.handle, io.stage = None, RunStage.STREAMED
         finally:
             self.state.client_takes.release(self.client)
 
@@ -338,24 +364,25 @@ class Connection:
         try:
             # A replay streams (and renders) like a take, so it counts toward the client's take cap.
             with self.state.client_takes.hold(self.client):
-                self._replay_fetching.add(run)  # a Stop cancels the fetch (a render nobody will hear)
+                io = self._runs[run]
+                io.stage = RunStage.FETCHING  # a Stop cancels the fetch (a render nobody will hear)
                 try:
                     async with held_take_audio(self.state, action.take, client=self.client) as pcm:
-                        self._replay_fetching.discard(run)
-                        await self._perform(self.session.replay_audio(run, pcm))
-                        await self._perform(self.session.replay_finished(run))
+                        io.stage = RunStage.SENDING
+                        await self._perform(self.lifecycle.replay_audio(run, pcm))
+                        await self._perform(self.lifecycle.replay_finished(run))
                 finally:
-                    self._replay_fetching.discard(run)
+                    io.stage = RunStage.SENDING
         except ProtocolError as err:
-            await self._perform(self.session.replay_failed(run, err))
+            await self._perform(self.lifecycle.replay_failed(run, err))
         except EngineBusy as busy:
-            await self._perform(self.session.replay_failed(run, busy_error(busy)))
+            await self._perform(self.lifecycle.replay_failed(run, busy_error(busy)))
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception:  # a replay acknowledged must end (error, then end), whatever its audio did
             log.exception("replay of take %s failed", action.take.take_id)
             failed = ProtocolError(ErrorCode.INTERNAL, "the take's audio could not be replayed")
-            await self._perform(self.session.replay_failed(run, failed))
+            await self._perform(self.lifecycle.replay_failed(run, failed))
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -384,10 +411,10 @@ class Connection:
                 try:
                     msg = await self.ws.receive(timeout=idle if idle > 0 else None)
                 except TimeoutError:
-                    if self.session.busy:
+                    if self.lifecycle.busy:
                         continue  # a listener that only listens is not idle
                     # A take still waiting for text that never came ends first, with reason "timeout".
-                    await self._perform(self.session.idle_timeout())
+                    await self._perform(self.lifecycle.idle_timeout())
                     log.info("closing idle websocket of %s after %.0f s", self.client, idle)
                     await self._close(CLOSE_IDLE, b"idle timeout")
                     break
@@ -399,8 +426,9 @@ class Connection:
                 elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
                     break
         finally:
-            self._dead = self._dead or self.ws.closed
-            self._close_session()
+            if self.ws.closed:
+                self._link = Link.GONE
+            self._close_lifecycle()
 
     async def _close(self, code: int, message: bytes) -> None:
         """Close with ``code``; a peer that does not complete the handshake in time is aborted."""
@@ -441,7 +469,7 @@ class Connection:
                 await self._words_for_seek(msg)
             if isinstance(msg, StartTake) or (isinstance(msg, Seek) and msg.mode == "retake"):
                 await self._check_session_room()
-            await self._perform(self.session.handle(msg))
+            await self._perform(self.lifecycle.handle(msg))
         except ProtocolError as err:
             await self.send_error(err)
             if err.fatal:
@@ -470,9 +498,9 @@ class Connection:
         stored = await asyncio.to_thread(store.takes, session_id)  # not_found for an unknown id
         # The session's limit first: adopted into a history still bounded like a connection without a
         # session (max_takes_kept), the oldest stored takes would be dropped again at once (issue 23, finding 6).
-        self.session.keep_takes(store.max_takes)
+        self.lifecycle.keep_takes(store.max_session_takes)
         codebook = self.state.engine.info.codebook_size
-        held = {t.take_id for t in self.session.history.takes}
+        held = {t.take_id for t in self.lifecycle.history.takes}
         for record in stored:
             if record.take_id in held:
                 continue
@@ -493,11 +521,12 @@ class Connection:
             )  # fmt: skip
             take.append(0, codes)
             take.words = await self._stored_words(session_id, record.take_id)
-            self.session.history.adopt(take)  # a retake of it rebuilds the model state from these codes
+            self.lifecycle.history.adopt(take)  # a retake of it rebuilds the model state from these codes
         self.session_id = session_id
         await self.send_message(
             SessionResumed(
-                session=session_id, resumed=resumed, max_takes=store.max_takes, takes=[t.public() for t in stored]
+                session=session_id, resumed=resumed, max_takes=store.max_session_takes,
+                takes=[t.public() for t in stored],
             )
         )
 
@@ -605,18 +634,19 @@ class Connection:
     async def shutdown(self, grace_sec: float) -> None:
         """End the running take with reason ``shutdown`` (its end frame goes out), then close 1001."""
         with contextlib.suppress(ConnectionResetError, RuntimeError):
-            await self._perform(self.session.shutdown())
-        running = {task for run, task in self._tasks.items() if not self._admitting(run)}
+            await self._perform(self.lifecycle.shutdown())
+        # Streams and replays send their ends; takes still being admitted were ended by the lifecycle already.
+        running = {io.task for io in self._runs.values() if io.task is not None and io.stage is not RunStage.ADMITTING}
         if running:
             await asyncio.wait(running, timeout=grace_sec)
         await self._close(CLOSE_SHUTDOWN, b"server shutdown")
 
     async def close(self) -> None:
         """Release everything the connection holds; bounded, never leaves a task behind."""
-        self._dead = True
-        self._close_session()
+        self._link = Link.GONE
+        self._close_lifecycle()
         keeping = self._keep_cut_off_takes()  # registered before anything is awaited: a resume waits for it
-        pending = {t for t in self._tasks.values() if not t.done()}
+        pending = {io.task for io in self._runs.values() if io.task is not None and not io.task.done()}
         for task in pending:
             # Cancelling a run also closes its event iterator, which cancels its engine take; an
             # engine's submit is cancel-safe (a cancelled submit admits nothing).

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from moss_rt.cluster.replica import Admitted, ReplicaStatus
-from moss_rt.cluster.router import ClusterEngine, ReplicaView
+from moss_rt.cluster.router import ClusterEngine, Reach, ReplicaView
 from moss_rt.config import Settings
-from moss_rt.engine.base import TakeSpec
+from moss_rt.engine.base import EngineStatus, TakeSpec
 from moss_rt.engine.kept_digests import KeptDigests
 from moss_rt.engine.prompt_names import PromptNamer, PromptRecipe
 from moss_rt.model.tiny import build_tiny_tokenizer_json, tiny_config
@@ -95,8 +95,8 @@ def recording_router(margin: int, replicas: int = 2) -> tuple[ClusterEngine, dic
     router = ClusterEngine(Settings(cluster="auto", route_cache_margin=margin))
     actors = {f"replica-{i}": RecordingReplica() for i in range(replicas)}
     for name, actor in actors.items():
-        view = ReplicaView(name, actor, answering=True)
-        view.status = ReplicaStatus(name, f"{name}-1", True, "ready", 0, 0, 16, 1, "node", slots=8)
+        view = ReplicaView(name, actor, reach=Reach.ANSWERING)
+        view.status = ReplicaStatus(name, f"{name}-1", EngineStatus.READY, 0, 0, 16, 1, "node", slots=8)
         view.prompts.apply(KeptDigests().since())  # each reported an empty cache
         router._replicas.append(view)
     config = tiny_config()

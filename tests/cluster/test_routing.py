@@ -85,9 +85,9 @@ def test_single_process_mode_never_imports_ray(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from moss_rt.cli import build_engine\n"
+        "from moss_rt.serving import build_engine\n"
         "from moss_rt.config import Settings\n"
-        "from moss_rt.web import create_app\n"
+        "from moss_rt.web.app import create_app\n"
         f"create_app({settings}, build_engine({settings}))\n"
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'moss_rt.cluster'))))\n"
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from moss_rt.config import Settings
 from moss_rt.engine.base import AudioChunk, EndReason, TakeEvent, TakeFinished, TakeFirstAudio, TakeSpec
 from moss_rt.engine.moss import MossEngine
 from moss_rt.engine.prompts import prompt_rows
+from moss_rt.engine.scheduler import Scheduler
 from moss_rt.engine.slots import Take
 from moss_rt.generation import SamplingParams
 
@@ -130,6 +131,35 @@ def new_take(engine: MossEngine, spec: TakeSpec) -> Take:
     return Take(spec, RecordingChannel(spec.take_id, spec.start_frame), prompt=prompt_rows(runner, spec))  # type: ignore[arg-type]
 
 
+class Rounds:
+    """Runs scheduler rounds by hand (``drive`` adds takes only at the start)."""
+
+    def __init__(self, engine: MossEngine) -> None:
+        self.engine = engine
+        self.sched: Scheduler = engine._scheduler  # type: ignore[assignment]
+
+    def add(self, *specs: TakeSpec) -> list[Take]:
+        takes = [new_take(self.engine, s) for s in specs]
+        for take in takes:
+            self.sched.add(take)
+        return takes
+
+    def until(self, done: Callable[[], bool], timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if done():
+                return
+            self.engine._wake.clear()
+            if not self.sched.iterate():
+                self.engine._wake.wait(0.05)  # the codec worker wakes us when a call is done
+        sched = self.sched
+        state = {name: [(t.take_id, t.phase.value, t.frames, t.prefilled, t.rebuilt, t.waits_for, t.ending)
+                        for t in group]
+                 for name, group in (("waiting", sched.waiting), ("preparing", sched.preparing),
+                                     ("running", sched.running), ("draining", sched.draining))}
+        raise AssertionError(f"the condition never came true: {state}")
+
+
 def drive(
     engine: MossEngine,
     specs: list[TakeSpec],
@@ -151,7 +181,8 @@ def drive(
         engine._wake.clear()
         worked = sched.iterate()
         out.rounds += 1
-        out.most_pending = max(out.most_pending, sched.worker.pending)
+        worker = sched.worker  # hand-overs queued or running, per lane (what max_pending bounds)
+        out.most_pending = max(out.most_pending, worker.handovers(False), worker.handovers(True))
         if each_round is not None:
             each_round(sched, out.rounds)
         if not worked:
@@ -181,12 +212,13 @@ def first_round() -> list[TakeSpec]:
 
 
 def overlap_scenario(data_dir: Path, *, overlap: bool, device: str = "cpu", all_graphs: bool = False,
-                     check: Any = None) -> dict[str, Any]:
+                     check: Any = None, **overrides: Any) -> dict[str, Any]:
     """Six takes together, then two retakes of one of them (its cache shared; a changed prompt, re-prefilled),
     each rebuilding its codec state through the worker. Returns each take's chunks and end, and some metrics.
-    ``check(engine)`` runs before the engine closes."""
+    ``check(engine)`` runs before the engine closes; ``overrides`` are settings (e.g. ``codec_call_streams``)."""
     out: dict[str, Any] = {}
-    with loaded_engine(engine_settings(data_dir, overlap=overlap, device=device), all_graphs=all_graphs) as engine:
+    settings = engine_settings(data_dir, overlap=overlap, device=device, **overrides)
+    with loaded_engine(settings, all_graphs=all_graphs) as engine:
         worker = engine._codec_worker
         assert worker is not None and worker.threaded is overlap
         first = drive(engine, first_round())

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from moss_rt.engine.codec_worker import CodecWorker, CodecWorkerClosed
+from moss_rt.engine.codec_worker import CodecCall, CodecWorker, CodecWorkerClosed
 
 
 def _threads(name: str) -> list[threading.Thread]:
@@ -133,3 +133,121 @@ def test_inline_worker_runs_work_at_once_on_the_callers_thread() -> None:
     w.close()
     with pytest.raises(CodecWorkerClosed):
         w.call(lambda: None)
+
+
+# ----------------------------------------------------------------------------- lanes (issue 22, directing at scale)
+
+
+def _held(w: CodecWorker, keys: tuple[str, ...] = ("held",)) -> tuple[threading.Event, threading.Event, int]:
+    """A bulk call that runs until the test releases it: (started, release, its seq)."""
+    started, release = threading.Event(), threading.Event()
+
+    def run() -> None:
+        started.set()
+        release.wait(10)
+
+    seq = w.submit(run, keys=keys)
+    assert started.wait(5.0)
+    return started, release, seq
+
+
+def test_a_priority_call_goes_ahead_of_queued_bulk_calls_but_never_ahead_of_its_own_streams() -> None:
+    """Bulk calls of streams a and b are queued behind a running one; priority calls come: those of new streams run
+    next, in their order (they wait only for the running call); the one of stream b waits for b's earlier bulk call (a
+    stream's calls stay in order) and then goes first."""
+    w = CodecWorker(threaded=True, max_pending=4, name="test-codec-lanes")
+    w.start()
+    ran: list[str] = []
+    try:
+        _, release, _ = _held(w)
+        w.submit(lambda: ran.append("bulk a"), keys=("a",))
+        w.submit(lambda: ran.append("bulk b"), keys=("b",))
+        w.submit(lambda: ran.append("first chunk c"), priority=True, keys=("c",))
+        w.submit(lambda: ran.append("first chunk b"), priority=True, keys=("b",))
+        w.submit(lambda: ran.append("first chunk d"), priority=True, keys=("d",))
+        w.submit(lambda: ran.append("bulk e"), keys=("e",))
+        release.set()
+        w.drain()
+        assert ran == ["first chunk c", "first chunk d", "bulk a", "bulk b", "first chunk b", "bulk e"]
+    finally:
+        w.close()
+
+
+def test_nothing_queued_after_a_call_runs_before_it() -> None:
+    """``call`` (renders, encodes, graph captures) is a barrier: a priority call queued after it does not pass it."""
+    w = CodecWorker(threaded=True, max_pending=4, name="test-codec-barrier")
+    w.start()
+    ran: list[str] = []
+    try:
+        _, release, _ = _held(w)
+        caller = threading.Thread(target=lambda: w.call(lambda: ran.append("capture")))
+        caller.start()
+        while w.pending < 2:
+            time.sleep(0.001)
+        w.submit(lambda: ran.append("first chunk"), priority=True, keys=("x",))
+        release.set()
+        caller.join(5.0)
+        w.drain()
+        assert ran == ["capture", "first chunk"]
+    finally:
+        w.close()
+
+
+def test_the_lanes_are_bounded_each_so_a_first_chunk_never_waits_for_room_behind_bulk_work() -> None:
+    waits: list[float] = []
+    w = CodecWorker(threaded=True, max_pending=2, on_wait=waits.append, name="test-codec-bounds")
+    w.start()
+    try:
+        _, release, _ = _held(w)
+        w.submit(lambda: None, keys=("b",))
+        assert w.handovers(False) == 2  # the bulk lane is full
+        seqs = w.submit_all([CodecCall(lambda: None, ("p",)), CodecCall(lambda: None, ("q",))], priority=True)
+        assert len(seqs) == 2 and w.handovers(True) == 1 and w.pending == 4 and not waits  # no wait for room
+        blocked = threading.Event()
+
+        def produce() -> None:
+            w.submit(lambda: None)
+            blocked.set()
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        assert not blocked.wait(0.2), "a third bulk hand-over must wait for room"
+        release.set()
+        assert blocked.wait(5.0)
+        producer.join(5.0)
+        w.drain()
+        assert w.pending == 0 and all(w.done(s) for s in seqs)
+    finally:
+        w.close()
+
+
+def test_withdraw_takes_a_stream_out_of_queued_calls_and_names_the_running_one() -> None:
+    """A cancelled take: its queued calls give its stream up (their callback swaps in a padding row; the call still
+    runs for the other streams), and the call running on it is the one its state waits for."""
+    w = CodecWorker(threaded=True, max_pending=4, name="test-codec-withdraw")
+    w.start()
+    withdrawn: list[tuple[str, object]] = []
+    try:
+        _, release, running = _held(w, keys=("x", "y"))
+        queued = w.submit(lambda: None, keys=("x", "z"), withdraw=lambda key: withdrawn.append(("queued", key)))
+        stuck = w.submit(lambda: None, keys=("w",))  # no withdraw callback: it cannot give its stream up
+        assert w.withdraw("x") == running  # the running call still touches x
+        assert withdrawn == [("queued", "x")] and not w.done(queued)
+        assert w.withdraw("z") == 0 and withdrawn[-1] == ("queued", "z")  # only queued calls held z
+        assert w.withdraw("w") == stuck
+        assert w.withdraw("nobody") == 0
+        release.set()
+        w.drain()
+        assert w.withdraw("x") == 0
+    finally:
+        w.close()
+
+
+def test_inline_calls_run_at_once_in_the_order_given_whatever_their_lane() -> None:
+    w = CodecWorker(threaded=False)
+    ran: list[str] = []
+    w.submit(lambda: ran.append("bulk"), keys=("a",))
+    seqs = w.submit_all([CodecCall(lambda: ran.append("p1"), ("b",)), CodecCall(lambda: ran.append("p2"), ("c",))],
+                        priority=True)
+    assert ran == ["bulk", "p1", "p2"] and all(w.done(s) for s in seqs) and w.withdraw("a") == 0
+    w.close()

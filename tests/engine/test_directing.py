@@ -10,8 +10,6 @@ close to the parent's end; from further back it is rebuilt from the codes.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +22,8 @@ from moss_rt.engine.base import EndReason, TakeFinished, TakePriority
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.moss import MossEngine
 from moss_rt.engine.scheduler import Scheduler
-from moss_rt.engine.slots import Take
 from moss_rt.protocol import FRAME_SAMPLES
-from tests.engine.harness import Driven, drive, engine_settings, loaded_engine, new_take, spec
+from tests.engine.harness import Driven, Rounds, drive, engine_settings, loaded_engine, spec
 
 TEXT = "The rain had stopped an hour ago, and the street was quiet."
 
@@ -135,35 +132,6 @@ def test_a_burst_of_retakes_is_rebuilt_in_batched_calls(tiny_data_dir: Path, mon
             assert np.abs(_pcm(ch.pcm) - _whole(engine, full)[n * FRAME_SAMPLES :]).max() <= 1
 
 
-class _Rounds:
-    """Runs scheduler rounds by hand (the harness's drive adds takes only at the start)."""
-
-    def __init__(self, engine: MossEngine) -> None:
-        self.engine = engine
-        self.sched: Scheduler = engine._scheduler  # type: ignore[assignment]
-
-    def add(self, *specs: Any) -> list[Take]:
-        takes = [new_take(self.engine, s) for s in specs]
-        for take in takes:
-            self.sched.add(take)
-        return takes
-
-    def until(self, done: Callable[[], bool], timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if done():
-                return
-            self.engine._wake.clear()
-            if not self.sched.iterate():
-                self.engine._wake.wait(0.05)  # the codec worker wakes us when a call is done
-        sched = self.sched
-        state = {name: [(t.take_id, t.phase.value, t.frames, t.prefilled, t.rebuilt, t.waits_for, t.ending)
-                        for t in group]
-                 for name, group in (("waiting", sched.waiting), ("preparing", sched.preparing),
-                                     ("running", sched.running), ("stopping", sched.stopping))}
-        raise AssertionError(f"the condition never came true: {state}")
-
-
 def test_a_cancel_is_handled_before_the_next_prefill_pass(tiny_data_dir: Path) -> None:
     """A take streams while a burst of prompts goes in as one small pass a round. The director cancels in the middle
     of a pass: the take stops, its frames go to the codec and its end goes out before the next pass starts. With
@@ -171,7 +139,7 @@ def test_a_cancel_is_handled_before_the_next_prefill_pass(tiny_data_dir: Path) -
     before the next one too, and is not prefilled any further."""
     settings = engine_settings(tiny_data_dir, overlap=False, prefill_chunk=16, prefill_stream_rows=32)
     with loaded_engine(settings) as engine:
-        rounds = _Rounds(engine)
+        rounds = Rounds(engine)
         runner: Any = engine._runner
         (x,) = rounds.add(spec("x", 1, 200, 4, text=TEXT))
         rounds.until(lambda: x.frames >= 3)
@@ -230,7 +198,7 @@ def test_batch_work_gets_what_interactive_takes_leave(tiny_data_dir: Path) -> No
     that is full, and still runs to its end."""
     settings = engine_settings(tiny_data_dir, overlap=False, max_slots=4, prefill_max_rows=256, batch_share=0.5)
     with loaded_engine(settings) as engine:
-        rounds = _Rounds(engine)
+        rounds = Rounds(engine)
         renders = rounds.add(*[spec(f"r{i}", i, 8, 4, text=f"{TEXT} Script line {i}.", priority=TakePriority.BATCH)
                                for i in range(4)])
         directors = rounds.add(*[spec(f"d{i}", 50 + i, 8, 4, text=f"{TEXT} A director's line {i}.")
@@ -261,12 +229,14 @@ def test_batch_work_gets_what_interactive_takes_leave(tiny_data_dir: Path) -> No
             assert take.channel.end.reason is EndReason.MAX_FRAMES  # type: ignore[attr-defined]
 
 
-def test_a_retake_cancelled_while_its_rebuild_runs_ends_after_it(tiny_data_dir: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_retake_cancelled_while_its_rebuild_runs_ends_at_once_and_gives_its_state_back_after_the_call(
+    tiny_data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A take in the round (one small prefill pass a round) and a codec call held until the test releases it: a retake
     with a new direction is cancelled while its prompt is still going in and the call rebuilding its codec state
-    still runs on the codec worker. It waits in ``stopping`` and ends once that call is done (its state is never
-    closed under a running decode), with no audio; the take in the same rebuild call goes on to its end."""
+    still runs on the codec worker. Its end goes out in the next round, with no audio; its codec state waits in
+    ``draining`` and is given back only once that call is done (never closed under a running decode); the take in the
+    same rebuild call goes on to its end."""
     closed_during: list[bool] = []
     started, release = threading.Event(), threading.Event()
     real = CodecBatcher.advance
@@ -283,7 +253,7 @@ def test_a_retake_cancelled_while_its_rebuild_runs_ends_after_it(tiny_data_dir: 
     with loaded_engine(settings) as engine:
         parents = drive(engine, [spec(f"p{i}", i, length, 8, text=f"{TEXT} Line {i}.") for i in range(2)])
         _ok(parents)
-        rounds = _Rounds(engine)
+        rounds = Rounds(engine)
         (streaming,) = rounds.add(spec("s", 9, 60, 4, text=TEXT))
         rounds.until(lambda: streaming.frames >= 4 and streaming.pending == 0)
         # Its client falls behind: it stays in the round (one pass a round) but makes no codec calls meanwhile, so
@@ -296,13 +266,15 @@ def test_a_retake_cancelled_while_its_rebuild_runs_ends_after_it(tiny_data_dir: 
         ])
         rounds.until(lambda: started.is_set())
         assert victim in rounds.sched.preparing  # its prompt is still going in
+        state = victim.decoder
         victim.channel.cancel()
         rounds.sched.iterate()
-        assert victim in rounds.sched.stopping and not victim.channel.finished  # the rebuild call is still running
+        assert victim.channel.finished and victim.channel.end.reason is EndReason.CANCELLED  # type: ignore[attr-defined]
+        assert victim in rounds.sched.draining and state is not None and not state.closed  # the call still runs
         release.set()
         streaming.channel.paused = False  # type: ignore[misc]
-        rounds.until(lambda: victim.channel.finished and other.channel.finished and streaming.channel.finished)
-        assert victim.channel.end.reason is EndReason.CANCELLED  # type: ignore[attr-defined]
+        rounds.until(lambda: not rounds.sched.draining and other.channel.finished and streaming.channel.finished)
+        assert state.closed
         assert not victim.channel.chunks and not victim.channel.problems  # type: ignore[attr-defined]
         assert other.channel.end.reason is EndReason.MAX_FRAMES  # type: ignore[attr-defined]
         assert closed_during and not any(closed_during)

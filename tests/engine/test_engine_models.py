@@ -9,11 +9,11 @@ import pytest
 import requests
 import torch
 
-from moss_rt.cli import build_engine
 from moss_rt.client import DirectingClient
 from moss_rt.config import Settings
 from moss_rt.engine.moss import MossEngine
 from moss_rt.engine.resolve import choose_codec, choose_model, placement
+from moss_rt.serving import build_engine
 from tests.engine.helpers import LONG
 from tests.helpers import run
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
@@ -10,7 +9,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from moss_rt.model import load_model
-from moss_rt.model.commands import make_tiny_command, say_codes_command
+from moss_rt.model.commands import MakeTiny, SayCodes, make_tiny_command, say_codes_command
 from moss_rt.model.prompt import encode_text
 from moss_rt.model.tiny import TINY_SPECIAL_TOKENS, build_random_model, tiny_config, write_tiny_checkpoint
 
@@ -63,11 +62,11 @@ def test_stop_head_is_biased_to_continue_for_a_few_seconds(tiny, make_runner):
 
 
 def test_make_tiny_and_say_commands(tmp_path, capsys):
-    assert make_tiny_command(argparse.Namespace(dir=tmp_path / "m", seed=0, dtype="bf16")) == 0
+    assert make_tiny_command(MakeTiny(dir=tmp_path / "m", seed=0, dtype="bf16")) == 0
     assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == "moss_tts_local"
     outs = []
     for name in ("a", "b"):
-        args = argparse.Namespace(
+        args = SayCodes(
             model=str(tmp_path / "m"),
             text="Hello there.",
             instruction="",

@@ -111,7 +111,7 @@ def test_a_take_fed_with_text_cut_off_while_waiting_is_kept(server: RunningServe
                 take = obj["take"]
             elif tag == 1:
                 frames += len(obj) // (3840 * 4)
-        await wait_until(lambda: all(c.session.phase is Phase.WAITING for c in server.state.connections))
+        await wait_until(lambda: all(c.lifecycle.phase is Phase.WAITING for c in server.state.connections))
         await ws.close()
         await wait_until(lambda: not server.state.connections, within=10)
         ws2 = await jar.connect(server.ws_url, max_size=None)

@@ -19,7 +19,7 @@ import requests
 
 from moss_rt.protocol import StartTake
 from moss_rt.session import TakeRecord, TakeStatus
-from moss_rt.session_store import StoredTake
+from moss_rt.session_records import StoredTake
 from tests.helpers import OwnerJar, error_of
 from tests.reliability.archives import valid_archive
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 import requests
 
-from moss_rt.session import TakeStatus, TakeStore
+from moss_rt.session import RecentTakes, TakeStatus
 from tests.helpers import RunningServer, run, wait_until
 from tests.reliability.conftest import raw_http, read_head
 
@@ -40,7 +40,7 @@ def test_the_take_store_cap_holds_after_many_clients_leave_mid_take(
     fast_server: Callable[..., RunningServer], path: str, body: dict[str, object]
 ) -> None:
     server = fast_server(http_requests_per_sec=0.0)
-    store = server.state.takes = TakeStore(max_takes=CAP)  # every take from here on is recorded in it
+    store = server.state.takes = RecentTakes(capacity=CAP)  # every take from here on is recorded in it
     data = json.dumps(body)
     for _ in range(DISCONNECTS):
         sock = raw_http(

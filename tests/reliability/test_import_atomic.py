@@ -32,7 +32,7 @@ import moss_rt.session_store as store_module
 from moss_rt.session_store import SessionStore
 
 root, source, where = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-store = SessionStore(root, max_takes=200)
+store = SessionStore(root, max_session_takes=200)
 
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
@@ -111,7 +111,7 @@ def test_kill_9_of_the_server_mid_import_leaves_the_whole_session_or_none(server
     poster = threading.Thread(target=post, daemon=True)
     poster.start()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(list(staging.glob("*/session/*.pcm"))) < 3 and poster.is_alive():
+    while time.monotonic() < deadline and len(list(staging.glob("*/*/session/*.pcm"))) < 3 and poster.is_alive():
         time.sleep(0.005)
     server.stop()  # SIGKILL
     poster.join(10)
@@ -137,7 +137,7 @@ def test_a_client_that_leaves_mid_import_leaves_no_session_and_frees_its_slot(fa
     sock.sendall(head.encode() + data)
     staging = srv.state.settings.data_dir / "sessions" / ".staging"
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not list(staging.glob("*/session/*.pcm")):
+    while time.monotonic() < deadline and not list(staging.glob("*/*/session/*.pcm")):
         time.sleep(0.005)  # unpacking has begun
     sock.close()
 

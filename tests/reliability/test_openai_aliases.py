@@ -14,7 +14,7 @@ import requests
 from moss_rt.config import Settings
 from moss_rt.engine.scripted import ScriptedEngine
 from moss_rt.openai_aliases import OPENAI_MODELS, OPENAI_VOICES, OpenAIAliases, parse_pairs
-from moss_rt.web import create_app
+from moss_rt.web.app import create_app
 from tests.conftest import sine_wav
 from tests.helpers import RunningServer
 

@@ -15,7 +15,7 @@ import pytest
 
 from moss_rt.engine.base import EngineBusy
 from moss_rt.protocol import StartTake
-from moss_rt.session import TakeRecord, TakeStatus, TakeStore
+from moss_rt.session import RecentTakes, TakeRecord, TakeStatus
 from moss_rt.web.renders import SharedRenders
 from tests.helpers import OwnerJar, run
 from tests.reliability.archives import valid_archive
@@ -28,7 +28,7 @@ def ended(take_id: str) -> TakeRecord:
 
 
 def test_the_store_evicts_from_the_client_that_holds_the_most() -> None:
-    store = TakeStore(max_takes=10)
+    store = RecentTakes(capacity=10)
     for i in range(3):
         store.add(ended(f"t_victim{i}"), "victim")
     for i in range(100):
@@ -43,7 +43,7 @@ def test_the_store_evicts_from_the_client_that_holds_the_most() -> None:
         store.add(ended(f"t_more{i}"), "attacker")
     assert store.get("t_running") is not None and store.held_by("victim") == 3
     # A client whose takes all run (it cannot give any up) still never evicts one that holds fewer.
-    busy = TakeStore(max_takes=4)
+    busy = RecentTakes(capacity=4)
     for i in range(2):
         busy.add(ended(f"t_victim{i}"), "victim")
     for i in range(5):
@@ -74,7 +74,7 @@ def test_another_clients_resumes_cannot_evict_a_victims_download(fast_server) ->
     srv = fast_server(trusted_proxies=("127.0.0.1",))
 
     async def shrink() -> None:
-        srv.state.takes._max = 8  # the service keeps 1024 takes; 8 makes the flood short
+        srv.state.takes.capacity = 8  # the service keeps 1024 takes; 8 makes the flood short
 
     asyncio.run_coroutine_threadsafe(shrink(), srv.loop).result(5)
     victim = OwnerJar()

@@ -14,7 +14,7 @@ import pytest
 import requests
 import websockets
 
-from moss_rt.session_store import StoredTake
+from moss_rt.session_records import StoredTake
 from tests.helpers import OwnerJar, error_of, run, wait_until
 from tests.reliability.archives import valid_archive
 

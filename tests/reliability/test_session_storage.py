@@ -13,7 +13,8 @@ from typing import Any
 import requests
 
 from moss_rt.protocol import Limits
-from moss_rt.session_store import SessionStore, StoreBudget, StoredTake
+from moss_rt.session_records import StoredTake
+from moss_rt.session_store import SessionStore, StoreBudget
 from tests.helpers import OwnerJar, error_of, run, wait_until
 from tests.reliability.archives import valid_archive
 
@@ -84,9 +85,8 @@ def test_unused_sessions_are_deleted_after_the_retention(fast_server) -> None:
     assert folder.is_dir()
 
     async def gone() -> None:
-        # The sweep forgets the session (404), then deletes its folder: the test waits for both.
         await wait_until(lambda: jar.request("GET", f"{srv.url}/api/sessions/{sid}").status_code == 404, within=10)
-        await wait_until(lambda: not folder.exists(), within=10)
+        await wait_until(lambda: not folder.exists(), within=10)  # the files go right after the records
 
     run(gone())
 

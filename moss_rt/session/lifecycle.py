@@ -1,26 +1,18 @@
-"""The directing session, sans-I/O: takes, their history, and seek/replay bookkeeping.
-
-A session turns client intents (start, seek) into plans for the transport to carry out, and
-records what the engine produced (codes per frame) so any take can be replayed, branched from,
-or downloaded. It touches no socket and no tensor; codes are small numpy arrays.
-"""
+"""One client's take lifecycle as a state machine, sans-I/O (like the ``websockets`` protocol object)."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 import math
-import secrets
 import time
-from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from moss_rt.align.base import WordTime, kept_words
-from moss_rt.engine.base import AudioChunk, TakeEvent, TakeFinished, TakeFirstAudio, TakeSpec
-from moss_rt.generation import FRAME_RATE, FRAME_SAMPLES, N_CODEBOOKS, EndReason, frame_at_time
+from moss_rt.engine.base import AudioChunk, TakeEvent, TakeFinished, TakeFirstAudio
+from moss_rt.generation import FRAME_RATE, EndReason
 from moss_rt.heard_audio import HeardAudio
 from moss_rt.protocol import (
     DEFAULT_LIMITS,
@@ -37,321 +29,31 @@ from moss_rt.protocol import (
     ProtocolError,
     Seek,
     SeekAck,
-    ServerMessage,
     StartTake,
     TakeEnded,
     TakeStarted,
     Unset,
-    seek_ack,
 )
+from moss_rt.session.actions import (
+    Action,
+    Admit,
+    FinishAudio,
+    FinishWords,
+    Keep,
+    Replay,
+    SendAudio,
+    SendMessage,
+    Stop,
+    WordsCheckpoint,
+)
+from moss_rt.session.history import TakeHistory
+from moss_rt.session.recent_takes import RecentTakes
+from moss_rt.session.records import TakeRecord, TakeStatus, bytes_per_frame, new_take_id, random_seed
 from moss_rt.text_feed import TextFeed
 
 
-def new_take_id() -> str:
-    # Unguessable: a take id doubles as the capability to download it.
-    return "t_" + secrets.token_urlsafe(9)
-
-
-def random_seed() -> int:
-    return secrets.randbelow(2**31)
-
-
-class TakeStatus(enum.StrEnum):
-    RUNNING = "running"  # being admitted, streamed or stopped: its codes may still grow
-    ENDED = "ended"
-
-
-@dataclass
-class TakeRecord:
-    """One take: its direction, seed, lineage and the codes generated so far."""
-
-    take_id: str
-    request: StartTake  # as resolved: its ``seed`` is set, the take's one seed
-    parent: str | None = None
-    branch_frame: int = 0  # frames [0, branch_frame) come from the parent
-    label: str | None = None
-    status: TakeStatus = TakeStatus.RUNNING
-    reason: str | None = None
-    stats: dict[str, float] = field(default_factory=dict)
-    # When each word of its text is said (moss_rt.align), once aligned: streamed with the take (``words``), or on
-    # demand for downloads and ``seek`` by word. None: not aligned (yet).
-    words: list[WordTime] | None = None
-    _chunks: list[np.ndarray] = field(default_factory=list)
-    _n_frames: int = 0
-
-    @property
-    def seed(self) -> int:
-        assert self.request.seed is not None, "a take's request carries its resolved seed"
-        return self.request.seed
-
-    @property
-    def n_frames(self) -> int:
-        return self._n_frames
-
-    @property
-    def codes(self) -> np.ndarray:
-        """All frames so far, [n_frames, 12] int64."""
-        if not self._chunks:
-            return np.zeros((0, N_CODEBOOKS), dtype=np.int64)
-        if len(self._chunks) > 1:
-            self._chunks = [np.concatenate(self._chunks, axis=0)]
-        return self._chunks[0]
-
-    def append(self, first_frame: int, codes: np.ndarray) -> None:
-        if first_frame != self._n_frames:
-            raise ValueError(f"take {self.take_id}: chunk at frame {first_frame}, expected {self._n_frames}")
-        self._chunks.append(np.asarray(codes, dtype=np.int64).reshape(-1, N_CODEBOOKS))
-        self._n_frames += int(codes.shape[0])
-
-    def engine_spec(
-        self, *, reference_codes: np.ndarray | None = None, prefix_codes: np.ndarray | None = None
-    ) -> TakeSpec:
-        """The engine's request for this take: the wire request resolved (one seed, reference codes)."""
-        r = self.request
-        return TakeSpec(
-            take_id=self.take_id,
-            text=r.text,
-            instruction=r.instruction,
-            language=r.language,
-            seed=self.seed,
-            sampling=r.sampling,
-            max_frames=r.max_new_tokens,
-            chunk_frames=r.chunk_frames,
-            channels=r.channels,
-            tokens=r.tokens,
-            reference_codes=reference_codes,
-            prefix_codes=prefix_codes if prefix_codes is not None and len(prefix_codes) else None,
-            parent_take=self.parent,
-        )
-
-    def summary(self) -> dict[str, object]:
-        return {
-            "take": self.take_id,
-            "label": self.label,
-            "parent": self.parent,
-            "branch_frame": self.branch_frame,
-            "seed": self.seed,
-            "status": self.status,
-            "reason": self.reason,
-            "n_frames": self.n_frames,
-            "request": self.request.to_dict(),
-            **self.stats,
-        }
-
-
-class TakeStore:
-    """App-wide, bounded store of recent takes (by id), shared by every connection.
-
-    Past ``max_takes`` a take is evicted from the client that holds the most (its oldest that is not running;
-    a running take is never evicted), and never from a client holding fewer takes than the one adding. So a
-    client that adds takes in bulk (many resumed sessions, a burst of requests) pushes out its own, never the
-    takes of a client that holds fewer: eviction is per client, and a victim's download cannot be made to
-    vanish by somebody else's traffic. (When only running takes are left to evict, the store stays over its
-    cap by them until they end.)
-    """
-
-    def __init__(self, max_takes: int = 1024) -> None:
-        self._takes: OrderedDict[str, TakeRecord] = OrderedDict()
-        self._max = max_takes
-        self._client_of: dict[str, str] = {}  # take id -> the client that added it ("" when unknown)
-        self._counts: Counter[str] = Counter()
-
-    def __len__(self) -> int:
-        return len(self._takes)
-
-    def held_by(self, client: str) -> int:
-        return self._counts.get(client, 0)
-
-    def add(self, take: TakeRecord, client: str | None = None) -> None:
-        self._forget_owner(take.take_id)
-        self._takes[take.take_id] = take
-        owner = client or ""
-        self._client_of[take.take_id] = owner
-        self._counts[owner] += 1
-        self._evict(owner)
-
-    def get(self, take_id: str) -> TakeRecord | None:
-        return self._takes.get(take_id)
-
-    def discard(self, take_id: str) -> None:
-        take = self._takes.get(take_id)
-        if take is not None and take.status is not TakeStatus.RUNNING:
-            self._drop(take_id)
-
-    def _drop(self, take_id: str) -> None:
-        del self._takes[take_id]
-        self._forget_owner(take_id)
-
-    def _forget_owner(self, take_id: str) -> None:
-        owner = self._client_of.pop(take_id, None)
-        if owner is not None:
-            self._counts[owner] -= 1
-            if self._counts[owner] <= 0:
-                del self._counts[owner]
-
-    def _evict(self, adder: str) -> None:
-        while len(self._takes) > self._max:
-            floor = self._counts.get(adder, 0)
-            for owner, held in self._counts.most_common():
-                if held < floor:
-                    return  # everyone left holds fewer takes than the adder: not theirs to give up
-                victim = next(
-                    (
-                        take_id
-                        for take_id, take in self._takes.items()
-                        if self._client_of.get(take_id) == owner and take.status is not TakeStatus.RUNNING
-                    ),
-                    None,
-                )
-                if victim is not None:
-                    self._drop(victim)
-                    break
-            else:
-                return  # only running takes are left over the cap
-
-
-@dataclass(frozen=True)
-class StartPlan:
-    take: TakeRecord
-
-
-@dataclass(frozen=True)
-class SeekPlan:
-    mode: str  # retake | replay
-    source: TakeRecord
-    frame: int
-    take: TakeRecord  # the new take (retake) or the source itself (replay)
-
-    @property
-    def sample(self) -> int:
-        return self.frame * FRAME_SAMPLES
-
-    @property
-    def prefix_codes(self) -> np.ndarray:
-        return self.source.codes[: self.frame]
-
-    def ack(self) -> SeekAck:
-        return seek_ack(take=self.take.take_id, from_take=self.source.take_id, frame=self.frame)
-
-
-class TakeHistory:
-    """One client's takes: a bounded history (by id), what is running, plans for starts and seeks.
-
-    Bookkeeping only; :class:`DirectingSession` decides when takes start and stop.
-    """
-
-    def __init__(
-        self,
-        store: TakeStore,
-        *,
-        max_takes: int = 32,
-        id_factory: Callable[[], str] = new_take_id,
-        seed_factory: Callable[[], int] = random_seed,
-        client: str | None = None,
-    ) -> None:
-        self._store = store
-        self._client = client  # whose takes these are, for the store's per-client eviction
-        self._max_takes = max_takes
-        self._new_id = id_factory
-        self._new_seed = seed_factory
-        self._history: OrderedDict[str, TakeRecord] = OrderedDict()
-        self.running: TakeRecord | None = None
-
-    @property
-    def takes(self) -> list[TakeRecord]:
-        return list(self._history.values())
-
-    def get(self, take_id: str) -> TakeRecord:
-        take = self._history.get(take_id)
-        if take is None:
-            raise ProtocolError(ErrorCode.NOT_FOUND, f"no take {take_id!r} in this session", field="take")
-        return take
-
-    def plan_start(self, request: StartTake) -> StartPlan:
-        seed = request.seed if request.seed is not None else self._new_seed()
-        take = TakeRecord(self._new_id(), dataclasses.replace(request, seed=seed), label=request.take)
-        self._remember(take)
-        self.running = take
-        return StartPlan(take)
-
-    def plan_seek(self, msg: Seek) -> SeekPlan:
-        source = self.get(msg.take)
-        if msg.word is not None:
-            msg = dataclasses.replace(msg, frame=word_frame(source, msg.word), word=None)
-        if msg.frame > source.n_frames:
-            raise ProtocolError(
-                ErrorCode.INVALID_FIELD,
-                f"frame {msg.frame} is past the {source.n_frames} frames take {source.take_id} has",
-                field="frame",
-            )
-        if msg.mode == "replay":
-            if source.status is TakeStatus.RUNNING:
-                raise ProtocolError(ErrorCode.INVALID_FIELD, "cannot replay a take while it is running", field="take")
-            self.running = None
-            return SeekPlan("replay", source, msg.frame, source)
-        parent = source.request
-        request = dataclasses.replace(
-            parent,
-            text=parent.text if msg.text is None else msg.text,
-            instruction=parent.instruction if msg.instruction is None else msg.instruction,
-            sampling=parent.sampling.replace(**msg.sampling),
-            seed=msg.seed if msg.seed is not None else self._new_seed(),
-            words=parent.words if msg.words is None else msg.words,
-        )
-        take = TakeRecord(
-            self._new_id(), request, parent=source.take_id, branch_frame=msg.frame, label=source.label
-        )
-        if msg.frame:
-            take.append(0, source.codes[: msg.frame])
-        if source.words is not None and request.words:
-            # The kept frames keep their words: those that end before the branch point (and are still the text's).
-            take.words = kept_words(source.words, request.text, msg.frame / FRAME_RATE)
-        self._remember(take)
-        self.running = take
-        return SeekPlan("retake", source, msg.frame, take)
-
-    def keep_until_deleted(self, max_takes: int) -> None:
-        """Bound to a stored session: takes stay until the director deletes them (the store's quota applies)."""
-        self._max_takes = max(self._max_takes, max_takes)
-
-    def adopt(self, take: TakeRecord) -> None:
-        """An ended take of this session from an earlier connection (or before a restart), rebuilt from its stored
-        codes: replayable and retakeable like one made here (a retake rebuilds the cache from the codes)."""
-        take.status = TakeStatus.ENDED
-        self._remember(take)
-
-    def record_chunk(self, take: TakeRecord, first_frame: int, codes: np.ndarray) -> None:
-        take.append(first_frame, codes)
-
-    def record_end(self, take: TakeRecord, reason: str, stats: dict[str, float]) -> None:
-        take.status = TakeStatus.ENDED
-        take.reason = reason
-        take.stats.update(stats)
-        if self.running is take:
-            self.running = None
-
-    def _remember(self, take: TakeRecord) -> None:
-        self._history[take.take_id] = take
-        self._store.add(take, self._client)
-        while len(self._history) > self._max_takes:
-            for take_id, old in self._history.items():
-                if old.status is not TakeStatus.RUNNING:
-                    del self._history[take_id]
-                    self._store.discard(take_id)
-                    break
-            else:
-                break
-
-    def close(self) -> None:
-        """The connection is gone: its takes stay downloadable until the store evicts them."""
-        self.running = None
-
-
-# --------------------------------------------------------------------------- the take lifecycle
-
-
 class Phase(enum.Enum):
-    """What the session's one current take is doing (at most one per session, by construction)."""
+    """What the lifecycle's one current take is doing (at most one at a time, by construction)."""
 
     IDLE = "idle"  # nothing
     ADMITTING = "admitting"  # reference voice being encoded, engine admission under way
@@ -361,120 +63,24 @@ class Phase(enum.Enum):
     STOPPING = "stopping"  # asked to stop; its end (and then any pending start) follows
 
 
-# Actions: what the transport must do. Each names its ``run``, the session's serial number of one
-# admission / stream / replay, which is how the transport reports back (and how stale reports of a
-# run the session has already let go of are recognised and ignored).
+class RunKind(enum.Enum):
+    """What one run of the lifecycle carries out."""
 
-
-@dataclass(frozen=True)
-class SendMessage:
-    message: ServerMessage
-
-
-@dataclass(frozen=True)
-class SendAudio:
-    """PCM of the current take. ``paced``: hold the client to real time (not while stopping)."""
-
-    run: int
-    pcm: bytes
-    seconds: float
-    paced: bool = True
-
-
-@dataclass(frozen=True)
-class Admit:
-    """Resolve the reference voice, submit ``spec(reference_codes)`` to the engine, then report
-    :meth:`DirectingSession.admitted` (or :meth:`DirectingSession.admission_failed`)."""
-
-    run: int
-    take: TakeRecord
-    prefix_codes: np.ndarray | None = None
-    # A continuation of a take fed with text: its own engine take id, the previous one as parent
-    # (the engine may keep that one's cache), and the frames left of the take's budget.
-    engine_take_id: str | None = None
-    parent_take: str | None = None
-    max_frames: int | None = None
-
-    def spec(self, reference_codes: np.ndarray | None) -> TakeSpec:
-        spec = self.take.engine_spec(reference_codes=reference_codes, prefix_codes=self.prefix_codes)
-        if self.engine_take_id is None:
-            return spec
-        return dataclasses.replace(
-            spec,
-            take_id=self.engine_take_id,
-            parent_take=self.parent_take,
-            max_frames=spec.max_frames if self.max_frames is None else self.max_frames,
-        )
-
-
-@dataclass(frozen=True)
-class Replay:
-    """Fetch the take's audio (as heard, else rendered) and report :meth:`DirectingSession.replay_audio`."""
-
-    run: int
-    take: TakeRecord
-    frame: int
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Stop run ``run``: cancel its engine take with ``reason`` (a replay: stop sending at once)."""
-
-    run: int
-    reason: EndReason
-
-
-@dataclass(frozen=True)
-class Keep:
-    """Store the ended ``take`` in the directing session the connection is bound to (``resume``), before its
-    ``end`` goes out: a client that has seen the end and reloads at once finds the take."""
-
-    take: TakeRecord
-
-
-@dataclass(frozen=True)
-class FinishAudio:
-    """The take's audio is complete: a take delivered in a format (tag 2) flushes the rest of its
-    file now, before its ``end``; nothing for native PCM. ``replay``: the file of a replay run."""
-
-    run: int
-    take: TakeRecord
-    replay: bool = False
-
-
-@dataclass(frozen=True)
-class FinishWords:
-    """A take that asked for ``words`` is over: align what is left of it and send its last ``words`` message
-    (``final``) now, before its record is kept and its ``end`` goes out. ``complete``: it ended ``done``, so its
-    whole text is in its audio; otherwise only the words its audio reached are kept."""
-
-    run: int
-    take: TakeRecord
-    complete: bool
-
-
-@dataclass(frozen=True)
-class WordsCheckpoint:
-    """A take fed with text that asked for ``words``: a continuation ended, so the text handed out so far is all in
-    its audio so far (the word aligner may settle it). Nothing to wait for."""
-
-    run: int
-    take: TakeRecord
-    text: str  # the take's text as handed out so far (the take's record moves on with the next continuation)
-
-
-Action = SendMessage | SendAudio | Admit | Replay | Stop | FinishAudio | Keep | FinishWords | WordsCheckpoint
+    TAKE = "take"  # one engine take, admitted then streamed: a start, or a retake (a seek)
+    FED = "fed"  # a take fed with text (stream_text): a chain of engine takes, its continuations, one run each
+    REPLAY = "replay"  # an ended take's audio sent again from a frame (a seek with mode replay)
 
 
 @dataclass
 class _Run:
-    """The session's current take, as one admission → stream, or one replay."""
+    """The lifecycle's current take, as one admission → stream, a chain of them (fed with text), or one replay."""
 
-    run: int
+    kind: RunKind
+    run: int  # the serial number the transport reports back with (a continuation of a fed take gets a new one)
     take: TakeRecord
     model: str
     t_request: float
-    replay_frame: int | None = None  # a replay from this frame
+    from_frame: int = 0  # a replay: the frame its audio starts at
     # A seek's answer: a replay's is sent when the run begins; a retake's once the engine admitted it
     # (only then is it known whether its parent's cache was reused or rebuilt elsewhere, ``rebuilt``).
     ack: SeekAck | None = None
@@ -484,18 +90,19 @@ class _Run:
     gpu_first_ms: float | None = None
     ttfa_ms: float | None = None
     stop_reason: EndReason | None = None
-    # A take fed with text (``stream_text``): its text, and the continuations that speak it.
+    # A take fed with text (``stream_text``, kind FED): its text, and the continuations that speak it.
     feed: TextFeed | None = None
     continuations: int = 0
     text_waits: int = 0  # times it had nothing to say once speaking had begun
     gpu_total_ms: float = 0.0  # of the continuations that finished
+    barge_in: bool = False  # it replaced a take that was streaming (the director cut in): admitted ahead of new takes
 
 
 ClientIntent = StartTake | Seek | Cancel | Ping | AppendText | FlushText | EndOfText
 TextIntent = AppendText | FlushText | EndOfText
 
 
-class DirectingSession:
+class TakeLifecycle:
     """One client's take lifecycle as a state machine, sans-I/O (like the ``websockets`` protocol object).
 
     The transport feeds it client messages (:meth:`handle`) and what happened to the runs it was
@@ -505,7 +112,7 @@ class DirectingSession:
     - at most one current take; a start or seek while one runs replaces it (barge-in), and the
       replaced take's ``end`` goes out before anything of the new one;
     - every take that was started gets exactly one ``end`` (or one take-level ``error``);
-    - reports about a run the session has let go of (replaced while still being admitted, a replay
+    - reports about a run the lifecycle has let go of (replaced while still being admitted, a replay
       stopped) are ignored, and an engine take admitted too late is stopped at once;
     - a run's audio goes out only while it is the current run (:meth:`is_current`): the transport
       checks that right before each frame, since it sends a replay's chunks long after
@@ -516,12 +123,12 @@ class DirectingSession:
 
     def __init__(
         self,
-        store: TakeStore,
+        recent: RecentTakes,
         *,
         models: tuple[str, ...] = (DEFAULT_MODEL_ALIAS,),
         default_model: str = DEFAULT_MODEL_ALIAS,
         heard: HeardAudio | None = None,
-        max_takes: int = 32,
+        max_takes_kept: int = DEFAULT_LIMITS.max_takes_kept,
         max_text_chars: int = DEFAULT_LIMITS.max_text_chars,
         id_factory: Callable[[], str] = new_take_id,
         seed_factory: Callable[[], int] = random_seed,
@@ -530,7 +137,7 @@ class DirectingSession:
         client: str | None = None,
     ) -> None:
         self.history = TakeHistory(
-            store, max_takes=max_takes, id_factory=id_factory, seed_factory=seed_factory, client=client
+            recent, max_takes_kept=max_takes_kept, id_factory=id_factory, seed_factory=seed_factory, client=client
         )
         self._models = models
         self._default_model = default_model
@@ -546,11 +153,11 @@ class DirectingSession:
         self._refusing: str | None = None  # why new takes are refused (shutdown, closed)
         self._keeping = False  # bound to a stored session: every ended take is kept (a Keep action)
 
-    def keep_takes(self, max_takes: int) -> None:
+    def keep_takes(self, max_session_takes: int) -> None:
         """The connection is bound to a stored directing session: ended takes are kept (a :class:`Keep` before
-        their ``end``) and stay in the history until deleted, up to the session's ``max_takes``."""
+        their ``end``) and stay in the history until deleted, up to the takes one stored session keeps."""
         self._keeping = True
-        self.history.keep_until_deleted(max_takes)
+        self.history.keep_until_deleted(max_session_takes)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -578,7 +185,7 @@ class DirectingSession:
         return self._stop_current(EndReason.TIMEOUT)
 
     def is_current(self, run: int) -> bool:
-        """Run ``run`` is the session's current one: its audio may still go out (its end has not)."""
+        """Run ``run`` is the current one: its audio may still go out (its end has not)."""
         return self._current is not None and self._current.run == run
 
     # -- client messages --------------------------------------------------------------------
@@ -586,7 +193,7 @@ class DirectingSession:
     def handle(self, msg: ClientIntent, *, received_at: float | None = None) -> list[Action]:
         """One validated client message → actions. Raises ProtocolError for a request that cannot be
         carried out (unknown take or model, bad frame, refused); the current take is then untouched.
-        ``received_at`` (this session's clock) is when the request arrived, for ``ttfa_ms``."""
+        ``received_at`` (this lifecycle's clock) is when the request arrived, for ``ttfa_ms``."""
         if isinstance(msg, Ping):
             return [SendMessage(Pong(t=msg.t, server_t=self._wall_clock()))]
         if isinstance(msg, Cancel):
@@ -599,17 +206,19 @@ class DirectingSession:
             model = self.resolve_model(msg.model)
             t_request = self._clock() if received_at is None else received_at
             take = self.history.plan_start(msg).take
-            run = _Run(self._next_run(), take, model, t_request)
             if msg.stream_text:
-                run.feed = TextFeed(self._max_text_chars, msg.text)
-            return self._replace(run)
+                feed = TextFeed(self._max_text_chars, msg.text)
+                return self._replace(_Run(RunKind.FED, self._next_run(), take, model, t_request, feed=feed))
+            return self._replace(_Run(RunKind.TAKE, self._next_run(), take, model, t_request))
         t_request = self._clock() if received_at is None else received_at
         plan = self.history.plan_seek(msg)
         model = self.resolve_model(plan.take.request.model)
         if plan.mode == "replay":
-            run = _Run(self._next_run(), plan.source, model, t_request, replay_frame=plan.frame, ack=plan.ack())
+            run = _Run(RunKind.REPLAY, self._next_run(), plan.source, model, t_request, from_frame=plan.frame,
+                       ack=plan.ack())
         else:
-            run = _Run(self._next_run(), plan.take, model, t_request, ack=plan.ack(), prefix_codes=plan.prefix_codes)
+            run = _Run(RunKind.TAKE, self._next_run(), plan.take, model, t_request, ack=plan.ack(),
+                       prefix_codes=plan.prefix_codes)
         return self._replace(run)
 
     def resolve_model(self, requested: str) -> str:
@@ -630,9 +239,11 @@ class DirectingSession:
             # while waiting ends right after that end, before the newest begins.
             if self._pending is not None:
                 self._queued += self._retire(self._pending, EndReason.REPLACED)
+            new.barge_in = True
             self._pending = new
             return []
         if self._phase is Phase.STREAMING:
+            new.barge_in = True
             cur.stop_reason = EndReason.REPLACED
             self._phase = Phase.STOPPING
             self._pending = new
@@ -669,7 +280,7 @@ class DirectingSession:
 
     def _let_go(self, cur: _Run, reason: EndReason) -> list[Action]:
         """End a take still being admitted, or a replay, at once (their run's later reports are stale)."""
-        if cur.replay_frame is not None:
+        if cur.kind is RunKind.REPLAY:
             if not cur.started:  # its audio never began: like a take that never streamed, start then end
                 return [Stop(cur.run, reason), *self._retire(cur, reason)]
             finish = FinishAudio(cur.run, cur.take, replay=True)  # a replay in a format: its file, cut here
@@ -682,15 +293,15 @@ class DirectingSession:
         if run.ack is None or run.acked:
             return []
         run.acked = True
-        ack = run.ack if run.replay_frame is not None else dataclasses.replace(run.ack, rebuilt=rebuilt)
+        ack = run.ack if run.kind is RunKind.REPLAY else dataclasses.replace(run.ack, rebuilt=rebuilt)
         return [SendMessage(ack)]
 
     def _retire(self, run: _Run, reason: EndReason) -> list[Action]:
         """A take that never streamed ends: ``start`` then ``end`` with ``reason`` (a replay: its end),
         after the answer to its seek if that did not go out yet."""
         actions = self._ack(run)
-        if run.replay_frame is not None:
-            start = SendMessage(self._started(run, None, first_frame=run.replay_frame, replay=True))
+        if run.kind is RunKind.REPLAY:
+            start = SendMessage(self._started(run, None, first_frame=run.from_frame, replay=True))
             return [*actions, start, SendMessage(self._replay_end(run, reason))]
         take = run.take
         text_stats = self._text_stats(run)
@@ -721,17 +332,20 @@ class DirectingSession:
     @staticmethod
     def _text_stats(run: _Run) -> dict[str, int]:
         """What a take fed with text reports in its ``end``: continuations, and waits for text."""
-        return {} if run.feed is None else {"continuations": run.continuations, "text_waits": run.text_waits}
+        if run.kind is not RunKind.FED:
+            return {}
+        return {"continuations": run.continuations, "text_waits": run.text_waits}
 
     def _begin(self, run: _Run) -> list[Action]:
         self._current = run
-        if run.replay_frame is not None:
+        if run.kind is RunKind.REPLAY:
             self._phase = Phase.REPLAYING
-            return [*self._ack(run), Replay(run.run, run.take, run.replay_frame)]
-        if run.feed is not None:
+            return [*self._ack(run), Replay(run.run, run.take, run.from_frame)]
+        if run.kind is RunKind.FED:
             return [*self._ack(run), *self._next_continuation(run)]
         self._phase = Phase.ADMITTING
-        return [Admit(run.run, run.take, run.prefix_codes)]  # a retake is acknowledged once admitted
+        # A retake is acknowledged once admitted.
+        return [Admit(run.run, run.take, run.prefix_codes, barge_in=run.barge_in)]
 
     def _finish_current(self) -> list[Action]:
         """The current take is over: flush the ends queued behind it, then begin what was pending."""
@@ -754,7 +368,7 @@ class DirectingSession:
         # A take started right behind a stopping one is pending: its text is kept for when it begins.
         run = self._pending if self._phase is Phase.STOPPING else self._current
         named = run is not None and (msg.take is None or msg.take in (run.take.take_id, run.take.label))
-        if run is None or run.feed is None or not named:
+        if run is None or run.kind is not RunKind.FED or run.feed is None or not named:
             raise ProtocolError(
                 ErrorCode.NOT_FOUND,
                 "no running take is waiting for text (open one with start and stream_text: true)",
@@ -787,7 +401,8 @@ class DirectingSession:
             cur.run = self._next_run()
             self._phase = Phase.ADMITTING
             prefix = take.codes if take.n_frames else None
-            return [Admit(cur.run, take, prefix, engine_take_id=engine_id, parent_take=parent, max_frames=budget)]
+            return [Admit(cur.run, take, prefix, engine_take_id=engine_id, parent_take=parent, max_frames=budget,
+                          barge_in=cur.barge_in and cur.continuations == 1)]
         if feed.finished:
             return self._end_fed(cur, EndReason.DONE)
         if cur.continuations:
@@ -826,7 +441,7 @@ class DirectingSession:
         self, cur: _Run, reason: EndReason, *, n_frames: int, gpu_total_ms: float, gpu_first_ms: float | None,
         extra: Mapping[str, float], recorded: Mapping[str, float], error: ProtocolError | None = None,
     ) -> list[Action]:
-        """A take that streamed ends: its record (stored first when the session keeps takes), the end of
+        """A take that streamed ends: its record (stored first when the lifecycle keeps takes), the end of
         its audio file, any error, then its one ``end`` with the timing figures."""
         take = cur.take
         new_frames = n_frames - take.branch_frame
@@ -862,7 +477,7 @@ class DirectingSession:
 
     def admitted(self, run: int, *, rebuilt: bool = False) -> list[Action]:
         """The engine accepted run ``run`` (``rebuilt``: a retake whose parent's cache was not where it
-        was kept, rebuilt from the stored codes); a run the session let go of meanwhile is stopped."""
+        was kept, rebuilt from the stored codes); a run the lifecycle let go of meanwhile is stopped."""
         cur = self._current
         if cur is None or cur.run != run or self._phase is not Phase.ADMITTING:
             return [Stop(run, EndReason.CANCELLED)]
@@ -879,7 +494,7 @@ class DirectingSession:
         cur = self._current
         if cur is None or cur.run != run:
             return []
-        if cur.feed is not None and cur.started:  # a later continuation of a take that is under way
+        if cur.kind is RunKind.FED and cur.started:  # a later continuation of a take that is under way
             return self._end_fed(cur, EndReason.ERROR, err)
         self.history.record_end(cur.take, EndReason.ERROR.value, {})
         return [*self._ack(cur), SendMessage(ErrorMessage.of(err, take=cur.take.take_id)), *self._finish_current()]
@@ -895,7 +510,7 @@ class DirectingSession:
                 cur.gpu_first_ms = event.gpu_first_ms
             return []
         actions: list[Action] = []
-        if not cur.started and (isinstance(event, AudioChunk) or cur.feed is None):
+        if not cur.started and (isinstance(event, AudioChunk) or cur.kind is not RunKind.FED):
             cur.started = True
             gpu_first = cur.gpu_first_ms if isinstance(event, AudioChunk) else event.gpu_first_ms
             actions.append(SendMessage(self._started(cur, gpu_first)))
@@ -908,7 +523,7 @@ class DirectingSession:
             actions.append(SendAudio(run, event.pcm, seconds, paced=self._phase is Phase.STREAMING))
             return actions
         # TakeFinished
-        if cur.feed is not None:
+        if cur.kind is RunKind.FED:
             return actions + self._continuation_finished(cur, event)
         error = None
         if event.reason is EndReason.ERROR:
@@ -925,7 +540,7 @@ class DirectingSession:
         if cur is None or cur.run != run:
             return []
         error = ProtocolError(ErrorCode.INTERNAL, message)
-        if cur.feed is not None and cur.started:
+        if cur.kind is RunKind.FED and cur.started:
             return self._end_fed(cur, EndReason.ERROR, error)
         self.history.record_end(cur.take, EndReason.ERROR.value, {})
         return [SendMessage(ErrorMessage.of(error, take=cur.take.take_id)), *self._finish_current()]
@@ -935,9 +550,9 @@ class DirectingSession:
     def replay_audio(self, run: int, pcm: bytes) -> list[Action]:
         """The replayed take's whole PCM is at hand → its ``start`` and paced chunks from the frame."""
         cur = self._current
-        if cur is None or cur.run != run or self._phase is not Phase.REPLAYING or cur.replay_frame is None:
+        if cur is None or cur.run != run or self._phase is not Phase.REPLAYING or cur.kind is not RunKind.REPLAY:
             return []
-        take, frame = cur.take, cur.replay_frame
+        take, frame = cur.take, cur.from_frame
         cur.started = True
         actions: list[Action] = [SendMessage(self._started(cur, None, first_frame=frame, replay=True))]
         frame_bytes = bytes_per_frame(take)
@@ -979,7 +594,7 @@ class DirectingSession:
         """The client is gone (a reload, a network drop): stop what runs; nothing is sent any more.
 
         Takes stay downloadable. A take cut off while its audio was going out ends ``cancelled``, as for a
-        ``cancel``, and when the session keeps takes it is kept as heard, with the frames made up to now
+        ``cancel``, and when the lifecycle keeps takes it is kept as heard, with the frames made up to now
         (a :class:`Keep` after the stops; issue 23, finding 5)."""
         self._refusing = "the connection is closed"
         actions: list[Stop | Keep] = []
@@ -989,7 +604,7 @@ class DirectingSession:
                 continue
             actions.append(Stop(run.run, EndReason.CANCELLED))
             take = run.take
-            if run.replay_frame is not None or take.status is not TakeStatus.RUNNING:
+            if run.kind is RunKind.REPLAY or take.status is not TakeStatus.RUNNING:
                 continue  # a replay's take ended long ago (and was kept then)
             reason = run.stop_reason or EndReason.CANCELLED
             self.history.record_end(take, reason.value, dict(self._text_stats(run)))
@@ -1030,7 +645,7 @@ class DirectingSession:
             reason=reason.value,
             replay=True,
             n_frames=take.n_frames,
-            new_frames=take.n_frames - (run.replay_frame or 0) if done else UNSET,
+            new_frames=take.n_frames - run.from_frame if done else UNSET,
             duration_sec=round(take.n_frames / FRAME_RATE, 3),
             gpu_total_ms=UNSET if gpu_total_ms is None else round(gpu_total_ms, 2),
         )
@@ -1048,23 +663,6 @@ def resolve_model(requested: str, models: tuple[str, ...], default_model: str) -
 def continuation_id(take_id: str, index: int) -> str:
     """The engine's take id of a take's ``index``-th continuation (the first is the take itself)."""
     return take_id if index == 0 else f"{take_id}.{index}"
-
-
-def word_frame(take: TakeRecord, index: int) -> int:
-    """The frame where the take's ``index``-th word starts (``seek`` by ``word``); the take's words must be known."""
-    words = take.words
-    if words is None:
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"take {take.take_id} has no word timings yet", field="word")
-    if index >= len(words):
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD, f"word {index} is past the {len(words)} words of take {take.take_id}", field="word"
-        )
-    return frame_at_time(words[index].start)
-
-
-def bytes_per_frame(take: TakeRecord) -> int:
-    """Bytes of one 80 ms frame of the take's PCM (int16, its channel count)."""
-    return FRAME_SAMPLES * take.request.channels * 2
 
 
 def _opt(value: float | None) -> float | Unset:
