@@ -24,7 +24,8 @@ error and the rest still run):
   torch one, compared the same way;
 - ``prefill`` (not run by default): one batched prefill pass of 1 / 4 / 16 / 20 fresh ``--prefill-rows`` prompts,
   with SDPA chunk attention and ``MOSS_RT_CHUNK_SDPA=0``, ms and backbone TFLOP/s, one prompt through its prefill
-  graph, and the pass's top kernels;
+  graph, the prompt's rows past its first ``--prefill-prefix`` (160) as one lone piece after that prefix (a line after
+  its cached opening) through its after-a-prefix graph and eagerly, and the pass's top kernels;
 - ``draws``: one frame's 13 draws alone (stop head + 12 codebooks, penalty on), graphed, µs: the fused kernel
   (with 1/2/4/8 warps) vs the torch path.
 """
@@ -115,7 +116,42 @@ def bench_step(runner: ModelRunner, slots: list[int], batch: int, context: int, 
         runner._graphs[key] = graph
 
 
-def prefill_bench(runner: ModelRunner, slots: list[int], rows: int, batches: list[int], reps: int) -> dict[str, Any]:
+def after_prefix_bench(runner: ModelRunner, slot: int, prompt: np.ndarray, prefix: int, reps: int) -> dict[str, Any]:
+    """A line after its cached opening (issue 24's ``--prompts lines``): the prompt's rows past its first ``prefix``
+    prefilled as one lone piece from there (the slot keeps the prefix), ms (mean of ``reps`` after 2 untimed), through
+    its after-a-prefix prefill graph and eagerly (graphs off for the pass)."""
+    runner.prefill_batch([PrefillRequest(slot, prompt[:prefix])])  # from position 0: replaces what the slot held
+    piece = prompt[prefix:]
+    shape = runner.prefill_graphs.shape_for(len(piece), prefix)
+    if shape is not None:
+        runner.prefill_graphs.capture(shape)  # the engine's warm-up or idle time has it; here it may be new
+
+    def one_pass() -> None:
+        runner.truncate(slot, prefix)
+        runner.prefill_batch([PrefillRequest(slot, piece, prefix)])
+
+    out: dict[str, Any] = {}
+    for name, graphs in (("after_prefix_graph", True), ("after_prefix_eager", False)):
+        runner.use_cuda_graphs = graphs  # bench-only: the switch the runner reads for each pass
+        replays = runner.prefill_graphs.replays
+        try:
+            for _ in range(2):
+                one_pass()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                one_pass()
+            torch.cuda.synchronize()
+        finally:
+            runner.use_cuda_graphs = True
+        out[name] = {"ms": round((time.perf_counter() - t0) / reps * 1000.0, 2), "prefix": prefix,
+                     "rows": len(piece), "graphed": runner.prefill_graphs.replays - replays == reps + 2,
+                     "shape": list(shape) if shape is not None else None}
+    return out
+
+
+def prefill_bench(runner: ModelRunner, slots: list[int], rows: int, batches: list[int], reps: int,
+                  prefix: int) -> dict[str, Any]:
     """One batched prefill pass of ``b`` fresh ``rows``-row prompts, ms (mean of ``reps`` after 2 untimed), with the
     SDPA chunk attention and with MOSS_RT_CHUNK_SDPA=0; achieved backbone TFLOP/s (2 x non-embedding parameters x
     rows); and the pass's top CUDA kernels by device time at the largest batch (SDPA)."""
@@ -148,7 +184,7 @@ def prefill_bench(runner: ModelRunner, slots: list[int], rows: int, batches: lis
             out[f"{'sdpa' if mode == '1' else 'plain'}_b{b}"] = {"ms": round(ms, 2), "tflops": round(tflops, 1)}
     os.environ["MOSS_RT_CHUNK_SDPA"] = "1"
     # A lone prompt through its prefill graph (the engine captures them at warm-up): padded to its row bucket.
-    runner.prefill_graphs.capture_all()
+    runner.prefill_graphs.capture_common()
     replays = runner.prefill_graphs.replays
     for _ in range(2):
         one_pass(1)
@@ -159,6 +195,7 @@ def prefill_bench(runner: ModelRunner, slots: list[int], rows: int, batches: lis
     torch.cuda.synchronize()
     out["graph_b1"] = {"ms": round((time.perf_counter() - t0) / reps * 1000.0, 2),
                        "graphed": runner.prefill_graphs.replays - replays == reps + 2}
+    out.update(after_prefix_bench(runner, slots[0], prompt, prefix, reps))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         one_pass(max(batches))
         torch.cuda.synchronize()
@@ -390,6 +427,8 @@ def main() -> int:
     ap.add_argument("--samplers", default="fused,torch",
                     help="samplers to compare; one only avoids clearing the runner's graphs (PyTorch allocator assert)")
     ap.add_argument("--prefill-rows", type=int, default=400, help="prompt rows per take in the prefill section")
+    ap.add_argument("--prefill-prefix", type=int, default=160,
+                    help="rows of the prompt a slot already holds in the prefill section's after-a-prefix pass")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA GPU is needed"
@@ -455,7 +494,8 @@ def main() -> int:
 
     if "prefill" in sections:  # first: the other sections refill the slots to --context themselves
         prefill_batches = [b for b in (1, 4, 16, 20) if b <= len(slots)]
-        section("prefill", lambda: prefill_bench(runner, slots, args.prefill_rows, prefill_batches, 5))
+        section("prefill", lambda: prefill_bench(runner, slots, args.prefill_rows, prefill_batches, 5,
+                                                 min(args.prefill_prefix, args.prefill_rows - 1)))
         runner.prefill_batch(requests)
     if "step" in sections:
         section("step", per_batch_and_sampler(lambda b: bench_step(runner, slots, b, args.context, args.steps)))

@@ -2,9 +2,13 @@
 
 Layout (version 1)::
 
-    session.json               {"moss_rt_session": 1, "sample_rate": 48000, "takes": [take records]}
+    session.json               {"moss_rt_session": 1, "sample_rate": 48000, "next_number": 8, "takes": [records]}
     takes/<take id>.wav        the audio as it was heard: 16-bit PCM WAV, 48 kHz, mono or stereo
-    takes/<take id>.codes.npy  its codes, [n_frames, 12] integers
+    takes/<take id>.codes.npy  its codes, [n_frames, 12] integers (none for a take with ``"has_codes": false``)
+
+A record keeps the take's number (``number``, never reused: ``next_number`` is the session's next one) and, for a
+splice or comp, where its audio came from (``kind``, ``parts``, ``crossfade``; moss_rt/splices.py). Archives
+written before numbers existed are numbered in their order on import.
 
 Writing (:func:`write_archive`) copies each take from its files in pieces into any writable stream, so an
 export never holds more than a piece of audio, whatever the session's size.
@@ -49,13 +53,14 @@ import numpy as np
 from moss_rt.audio import wav_header
 from moss_rt.bounded_json import loads_bounded
 from moss_rt.protocol import FRAME_SAMPLES, N_CODEBOOKS, SAMPLE_RATE, ErrorCode, Limits, ProtocolError, StartTake
-from moss_rt.session_records import NOTE_FIELDS, TAKE_ID, StorageFull, StoredTake, check_notes
+from moss_rt.session_records import NOTE_FIELDS, TAKE_ID, StorageFull, StoredTake, TakeKind, check_notes
 
 ARCHIVE_VERSION = 1
 MANIFEST = "session.json"
 COPY_CHUNK = 256 * 1024  # bytes per read/write when copying audio
 MAX_STATS = 64  # numbers in a take's stats
 MAX_REASON = 64  # characters of an end reason
+MAX_NUMBER = 2**31 - 1  # a take's number in its session
 # Integer codes up to 8 bytes wide (int8 … uint64); anything else (floats, objects, strings) is refused.
 CODE_KINDS = "iu"
 
@@ -95,15 +100,22 @@ class UnpackedTake:
 def write_archive(
     out: IO[bytes],
     takes: list[StoredTake],
+    next_number: int,
     open_pcm: Callable[[str], BinaryIO],
     codes_path: Callable[[str], Path],
 ) -> None:
-    """Write the archive of ``takes`` (records as stored) into ``out``, which need not be seekable.
+    """Write the archive of ``takes`` (records as stored) into ``out``, which need not be seekable;
+    ``next_number`` is the session's next take number.
 
     ``open_pcm(take_id)`` opens a take's raw PCM, ``codes_path(take_id)`` names its codes file; both were
     checked by the caller (a take whose files are damaged is left out before the first byte goes out).
     """
-    manifest = {"moss_rt_session": ARCHIVE_VERSION, "sample_rate": SAMPLE_RATE, "takes": [t.public() for t in takes]}
+    manifest = {
+        "moss_rt_session": ARCHIVE_VERSION,
+        "sample_rate": SAMPLE_RATE,
+        "next_number": next_number,
+        "takes": [t.public() for t in takes],
+    }
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z:
         z.writestr(MANIFEST, json.dumps(manifest, indent=1, allow_nan=False))
         for t in takes:
@@ -120,7 +132,8 @@ def write_archive(
                         raise OSError(f"take {t.take_id}: its audio ended {left} bytes early")
                     dst.write(piece)
                     left -= len(piece)
-            z.write(codes_path(t.take_id), f"takes/{t.take_id}.codes.npy")
+            if t.has_codes:
+                z.write(codes_path(t.take_id), f"takes/{t.take_id}.codes.npy")
 
 
 # --------------------------------------------------------------------------- reading
@@ -176,32 +189,41 @@ class _Budget:
             raise StorageFull(f"the data dir has no room for this archive ({self.used} bytes unpacked so far)")
 
 
-def unpack_archive(source: str | Path | IO[bytes], staging: Path, bounds: ArchiveBounds) -> list[UnpackedTake]:
-    """Check the archive and unpack its takes into ``staging`` as ``<new take id>.pcm`` / ``.codes.npy``.
+def unpack_archive(
+    source: str | Path | IO[bytes], staging: Path, bounds: ArchiveBounds
+) -> tuple[list[UnpackedTake], int]:
+    """Check the archive and unpack its takes into ``staging`` as ``<new take id>.pcm`` / ``.codes.npy``; the
+    takes and the session's next take number.
 
-    Take ids are issued anew (lineage kept within the archive). Raises ProtocolError; what it wrote to
-    ``staging`` is then the caller's to discard.
+    Take ids are issued anew (lineage and a splice's parts kept within the archive), numbers kept. Raises
+    ProtocolError; what it wrote to ``staging`` is then the caller's to discard.
     """
     with _reading("the zip file"):
         z = zipfile.ZipFile(source)
     with z:
         members = _members(z, bounds)
-        records = _records(z, members, bounds)
+        records, next_number = _records(z, members, bounds)
         renamed = {r["take_id"]: "t_" + secrets.token_urlsafe(9) for r in records}
         budget = _Budget(bounds)
         staging.mkdir(parents=True, exist_ok=True)
         out = []
         for r in records:
             old, new = r["take_id"], renamed[r["take_id"]]
-            codes = _read_codes(z, members, old, bounds)
-            codes_file = io.BytesIO()
-            np.save(codes_file, codes, allow_pickle=False)
-            budget.spend(codes_file.tell())
-            _write_file(staging / f"{new}.codes.npy", [codes_file.getvalue()])
-            n_frames = int(codes.shape[0])
+            if r["has_codes"]:
+                codes = _read_codes(z, members, old, bounds)
+                codes_file = io.BytesIO()
+                np.save(codes_file, codes, allow_pickle=False)
+                budget.spend(codes_file.tell())
+                _write_file(staging / f"{new}.codes.npy", [codes_file.getvalue()])
+                codes_bytes, n_frames = codes_file.tell(), int(codes.shape[0])
+            else:
+                codes_bytes, n_frames = 0, _audio_frames(z, members, old, bounds)
             channels, pcm_bytes = _copy_audio(z, members, old, n_frames, staging / f"{new}.pcm", budget)
             if r["branch_frame"] > n_frames:
                 raise bad(f"take {old}: branch_frame {r['branch_frame']} is past its {n_frames} frames")
+            if r["parts"] and sum(p["to"] - p["from"] for p in r["parts"]) != n_frames * FRAME_SAMPLES:
+                raise bad(f"take {old}: its parts do not add up to its {n_frames} frames")
+            parts = [{**p, "take": renamed.get(p["take"]) if p["take"] is not None else None} for p in r["parts"]]
             take = StoredTake(
                 take_id=new,
                 request=r["request"],
@@ -213,10 +235,15 @@ def unpack_archive(source: str | Path | IO[bytes], staging: Path, bounds: Archiv
                 reason=r["reason"],
                 stats=r["stats"],
                 created=r["created"],
+                number=r["number"],
+                kind=r["kind"],
+                parts=parts,
+                crossfade=r["crossfade"],
+                has_codes=r["has_codes"],
                 **r["notes"],
             )
-            out.append(UnpackedTake(take, pcm_bytes + codes_file.tell()))
-    return out
+            out.append(UnpackedTake(take, pcm_bytes + codes_bytes))
+    return out, next_number
 
 
 def _members(z: zipfile.ZipFile, bounds: ArchiveBounds) -> dict[str, zipfile.ZipInfo]:
@@ -239,7 +266,9 @@ def _members(z: zipfile.ZipFile, bounds: ArchiveBounds) -> dict[str, zipfile.Zip
     return members
 
 
-def _records(z: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], bounds: ArchiveBounds) -> list[dict[str, Any]]:
+def _records(
+    z: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], bounds: ArchiveBounds
+) -> tuple[list[dict[str, Any]], int]:
     limits = bounds.limits
     info = members[MANIFEST]
     if info.file_size > limits.max_session_json_bytes:
@@ -274,7 +303,24 @@ def _records(z: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], bounds: Ar
         if r["take_id"] in seen:
             raise bad(f"take {r['take_id']} appears twice")
         seen.add(r["take_id"])
-    return records
+    return records, _number(records, manifest.get("next_number"))
+
+
+def _number(records: list[dict[str, Any]], declared: Any) -> int:
+    """Each record's number kept (an archive from before numbers: numbered in its order, after any given); the
+    session's next number, past every one of them."""
+    given = [r["number"] for r in records if r["number"]]
+    if len(set(given)) != len(given):
+        raise bad("two takes have the same number")
+    last = max(given, default=0)
+    for r in records:
+        if not r["number"]:
+            last += 1
+            r["number"] = last
+    if declared is not None:
+        _int(declared, "next_number", 1, MAX_NUMBER, MANIFEST)
+        last = max(last, declared - 1)
+    return last + 1
 
 
 def _int(value: Any, name: str, lo: int, hi: int, where: str) -> int:
@@ -328,17 +374,58 @@ def _record(r: Any, index: int, bounds: ArchiveBounds) -> dict[str, Any]:
         notes = check_notes({k: r[k] for k in NOTE_FIELDS if k in r})
     except ProtocolError as err:
         raise bad(f"{where}: {err.message}") from None
+    number = _int(r.get("number") or 0, "number", 0, MAX_NUMBER, where)
+    kind = r.get("kind", TakeKind.TAKE.value)
+    if kind not in {k.value for k in TakeKind}:
+        raise bad(f"{where}: 'kind' must be one of {', '.join(k.value for k in TakeKind)}")
+    has_codes = r.get("has_codes", True)
+    if not isinstance(has_codes, bool) or (not has_codes and kind == TakeKind.TAKE.value):
+        raise bad(f"{where}: 'has_codes' must be true or false (false only for a splice or comp)")
+    crossfade = _int(r.get("crossfade") or 0, "crossfade", 0, FRAME_SAMPLES, where)
+    parts = _parts(r.get("parts") or [], kind, where, bounds)
     return {
         "take_id": take_id,
         "seed": seed,
-        "request": start.to_dict(),
+        # As asked: a seed the server picked stays out of the request (the record's ``seed`` is the take's).
+        "request": start.to_dict() if "seed" in request else {k: v for k, v in start.to_dict().items() if k != "seed"},
         "parent": parent,
         "reason": reason,
         "stats": kept_stats,
         "created": float(created),
         "branch_frame": branch_frame,
         "notes": notes,
+        "number": number,
+        "kind": kind,
+        "parts": parts,
+        "crossfade": crossfade,
+        "has_codes": has_codes,
     }
+
+
+def _parts(raw: Any, kind: str, where: str, bounds: ArchiveBounds) -> list[dict[str, Any]]:
+    """A splice's or comp's parts, checked: ``{"take": id or null, "number", "from", "to"}``, whole frames."""
+    limit = bounds.limits.max_splice_parts
+    if kind == TakeKind.TAKE.value:
+        if raw:
+            raise bad(f"{where}: only a splice or comp has 'parts'")
+        return []
+    if not isinstance(raw, list) or not 1 <= len(raw) <= limit:
+        raise bad(f"{where}: 'parts' must be a list of 1 to {limit} regions (max_splice_parts)")
+    out = []
+    for i, p in enumerate(raw):
+        at = f"{where}, part {i}"
+        if not isinstance(p, dict):
+            raise bad(f"{at} is not an object")
+        take = p.get("take")
+        if take is not None and (not isinstance(take, str) or not TAKE_ID.match(take)):
+            raise bad(f"{at}: 'take' must be a take id or null")
+        top = bounds.max_take_frames * FRAME_SAMPLES
+        start, end = _int(p.get("from"), "from", 0, top, at), _int(p.get("to"), "to", 0, top, at)
+        if start % FRAME_SAMPLES or end % FRAME_SAMPLES or end <= start:
+            raise bad(f"{at}: 'from' and 'to' must be whole frames, 'to' after 'from'")
+        number = _int(p.get("number") or 0, "number", 0, MAX_NUMBER, at)
+        out.append({"take": take, "number": number, "from": start, "to": end})
+    return out
 
 
 def _member(members: dict[str, zipfile.ZipInfo], name: str, take_id: str) -> zipfile.ZipInfo:
@@ -384,6 +471,24 @@ def _read_codes(z: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], take_id
             field="archive",
         )
     return np.ascontiguousarray(codes, dtype=np.int64)
+
+
+def _audio_frames(z: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], take_id: str, bounds: ArchiveBounds) -> int:
+    """Frames of a take without codes, from its WAV header: whole frames, at most the frame cap."""
+    name = f"takes/{take_id}.wav"
+    info = _member(members, name, take_id)
+    with _reading(name), z.open(info) as f, wave.open(f) as w:
+        samples = int(w.getnframes())
+    if samples % FRAME_SAMPLES:
+        raise bad(f"{name}: holds {samples} samples, not whole {FRAME_SAMPLES}-sample frames")
+    n = samples // FRAME_SAMPLES
+    if n > bounds.max_take_frames:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"take {take_id} holds {n} frames; a take holds at most {bounds.max_take_frames}",
+            field="archive",
+        )
+    return n
 
 
 def _copy_audio(

@@ -68,6 +68,7 @@ from moss_rt.session_records import (
     pcm_bytes,
     short_id,
 )
+from moss_rt.splices import EditRequest, PartAudio, Source, assemble, assemble_codes, check_sources, has_codes
 from moss_rt.storage import front_ends, session_schema
 from moss_rt.storage.database import Database, Reader, SqliteDatabase, StoreUnavailable, Tx
 from moss_rt.storage.migrations import MigrationContext, migrate
@@ -299,7 +300,9 @@ class SessionStore:
     # ------------------------------------------------------------------ takes
     def put_take(self, session_id: str, take: StoredTake, codes: np.ndarray, pcm: bytes) -> StoredTake:
         """Store a finished take (its files, then its record); refused when the session is full (``SessionFull``),
-        the take longer than a stored take may be (``too_large``) or the budgets spent (``StorageFull``).
+        the take longer than a stored take may be (``too_large``) or the budgets spent (``StorageFull``). A take
+        stored for the first time gets the session's next number (``StoredTake.number``); stored again, it keeps
+        its own.
 
         The early checks spare writing files that could not be kept; the session's take count and the budgets are
         checked again in the transaction that records the take (another front end may have stored meanwhile)."""
@@ -318,11 +321,16 @@ class SessionStore:
                 ErrorCode.TOO_LARGE,
                 f"take {take.take_id} has {take.n_frames} frames; a stored take keeps at most {cap}",
             )
+        return self._keep(session_id, take, codes, pcm)
+
+    def _keep(self, session_id: str, take: StoredTake, codes: np.ndarray | None, pcm: bytes) -> StoredTake:
+        """Write a take's files (``codes`` None: audio only), then record it (see :meth:`put_take`)."""
         known = self._take_bytes(self.db, session_id, take.take_id) is not None
         if not known and self._take_count(self.db, session_id) >= self.max_session_takes:
             raise SessionFull(self.max_session_takes)
         buf = io.BytesIO()
-        np.save(buf, codes, allow_pickle=False)
+        if codes is not None:
+            np.save(buf, codes, allow_pickle=False)
         nbytes = len(pcm) + buf.tell()
         client = self._client_of(session_id)
         if self.room(client) < nbytes:
@@ -330,7 +338,10 @@ class SessionStore:
         pcm_path, codes_path = self._pcm_path(session_id, take.take_id), self._codes_path(session_id, take.take_id)
         try:
             atomic_write(pcm_path, pcm)
-            atomic_write(codes_path, buf.getvalue())
+            if codes is not None:
+                atomic_write(codes_path, buf.getvalue())
+            else:
+                codes_path.unlink(missing_ok=True)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StorageFull("the disk is full") from None
@@ -339,13 +350,19 @@ class SessionStore:
             with self.db.transaction(serialized=True) as tx:
                 if tx.one("SELECT 1 FROM sessions WHERE id = ?", (session_id,)) is None:
                     raise _no_session()  # deleted meanwhile
-                old = self._take_bytes(tx, session_id, take.take_id)
+                old = tx.one(
+                    "SELECT bytes, number FROM takes WHERE session_id = ? AND take_id = ?", (session_id, take.take_id)
+                )
                 if old is None and self._take_count(tx, session_id) >= self.max_session_takes:
                     raise SessionFull(self.max_session_takes)
-                grow = nbytes - (old or 0)
+                grow = nbytes - (0 if old is None else int(old["bytes"]))
                 self._check_bytes(tx, client, grow, on_disk=True)
                 seq = tx.scalar("SELECT COALESCE(MAX(seq), 0) + 1 FROM takes WHERE session_id = ?", (session_id,))
-                take = dataclasses.replace(take, seq=take.seq or int(seq))
+                if old is None or not old["number"]:
+                    number = self._next_number(tx, session_id)
+                else:
+                    number = int(old["number"])
+                take = dataclasses.replace(take, seq=take.seq or int(seq), number=number, has_codes=codes is not None)
                 self._insert_take(tx, session_id, take, nbytes)
                 tx.execute(
                     "UPDATE sessions SET updated = ?, bytes = bytes + ? WHERE id = ?", (time.time(), grow, session_id)
@@ -356,6 +373,70 @@ class SessionStore:
                 codes_path.unlink(missing_ok=True)
             raise
         return take
+
+    @staticmethod
+    def _next_number(tx: Tx, session_id: str) -> int:
+        """The session's next take number, taken (never given again, whatever is deleted)."""
+        number = int(tx.scalar("SELECT next_number FROM sessions WHERE id = ?", (session_id,)))
+        tx.execute("UPDATE sessions SET next_number = ? WHERE id = ?", (number + 1, session_id))
+        return number
+
+    def next_number(self, session_id: str) -> int:
+        """The number the session's next take will get."""
+        value = self.db.scalar("SELECT next_number FROM sessions WHERE id = ?", (session_id,))
+        if value is None:
+            raise _no_session()
+        return int(value)
+
+    def put_edit(self, session_id: str, edit: EditRequest, take_id: str) -> tuple[StoredTake, bytes]:
+        """A splice or comp of the session's stored takes (moss_rt/splices.py), assembled from their stored audio
+        (and codes, when it is whole frames of them), stored as take ``take_id``; the record and its PCM.
+
+        Its request and seed are its first part's take's (what a retake of it starts from). Refused like any
+        take (``SessionFull``, ``StorageFull``, longer than a stored take may be: ``too_large``), and
+        ``not_found`` / ``invalid_field`` for parts that name no stored take or lie outside theirs."""
+        self.require(session_id)
+        takes = {}
+        for part in edit.parts:
+            if part.take not in takes:
+                takes[part.take] = self.get_take(session_id, part.take)  # not_found: not (yet) stored
+        sources = {take_id: Source(t.n_frames * FRAME_SAMPLES, t.channels, t.has_codes) for take_id, t in takes.items()}
+        check_sources(edit, sources)
+        n_frames = edit.samples // FRAME_SAMPLES
+        cap = self.budget.max_take_frames or self.limits.max_new_tokens  # as an import would take it back
+        if n_frames > cap:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE,
+                f"the {edit.kind} would hold {n_frames} frames; a {edit.kind} holds at most {cap} (max_new_tokens)",
+                field="parts",
+            )
+        if self._take_count(self.db, session_id) >= self.max_session_takes:
+            raise SessionFull(self.max_session_takes)
+        pieces = []
+        last = len(edit.parts) - 1
+        for i, part in enumerate(edit.parts):
+            source = takes[part.take]
+            fade_out = edit.crossfade if i < last else 0
+            with self.open_pcm(session_id, part.take) as f:
+                f.seek(part.start * source.channels * 2)
+                data = f.read((part.samples + fade_out) * source.channels * 2)
+            audio = np.frombuffer(data, dtype="<i2").reshape(-1, source.channels)
+            pieces.append(PartAudio(audio[: part.samples], audio[part.samples :] if fade_out else None))
+        pcm = assemble(pieces, edit.crossfade)
+        codes = None
+        if has_codes(edit, sources):
+            codes = assemble_codes(edit.parts, [self.codes(session_id, p.take) for p in edit.parts])
+        first = takes[edit.parts[0].take]
+        record = StoredTake(
+            take_id=take_id, request=dict(first.request), seed=first.seed, n_frames=n_frames,
+            channels=int(pcm.shape[1]), reason="done", kind=edit.kind, crossfade=edit.crossfade,
+            parts=[
+                {"take": p.take, "number": takes[p.take].number, "from": p.start, "to": p.end} for p in edit.parts
+            ],
+            **edit.notes,
+        )  # fmt: skip
+        data = pcm.astype("<i2", copy=False).tobytes()
+        return self._keep(session_id, record, codes, data), data
 
     def takes(self, session_id: str) -> list[StoredTake]:
         self.require(session_id)
@@ -415,6 +496,8 @@ class SessionStore:
     def codes(self, session_id: str, take_id: str) -> np.ndarray:
         """The take's codes, [n_frames, 12] int64 (ValueError when the file is damaged)."""
         take = self.get_take(session_id, take_id)
+        if not take.has_codes:
+            raise ValueError(f"take {take_id} is audio only (a splice with a crossfade): it has no codes")
         codes: np.ndarray = np.load(self._codes_path(session_id, take_id), allow_pickle=False)
         if codes.dtype.kind not in "iu" or codes.shape != (take.n_frames, N_CODEBOOKS):
             raise ValueError(f"take {take_id}: stored codes {codes.dtype}{list(codes.shape)} are damaged")
@@ -472,7 +555,7 @@ class SessionStore:
         out = []
         for t in self.takes(session_id):
             pcm_ok = self._file_size(self._pcm_path(session_id, t.take_id)) == pcm_bytes(t)
-            if pcm_ok and _codes_file_ok(self._codes_path(session_id, t.take_id), t.n_frames):
+            if pcm_ok and (not t.has_codes or _codes_file_ok(self._codes_path(session_id, t.take_id), t.n_frames)):
                 out.append(t)
             else:
                 log.warning("session %s: take %s is damaged; left out of the export", short_id(session_id), t.take_id)
@@ -483,6 +566,7 @@ class SessionStore:
         write_archive(
             out,
             takes,
+            self.next_number(session_id),
             lambda take_id: open(self._pcm_path(session_id, take_id), "rb"),
             lambda take_id: self._codes_path(session_id, take_id),
         )
@@ -535,12 +619,14 @@ class SessionStore:
         staging = self.new_staging()
         try:
             source = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
-            unpacked = unpack_archive(source, staging / "session", bounds)
-            return self._commit_import(staging / "session", unpacked, owner=owner, client=client)
+            unpacked, next_number = unpack_archive(source, staging / "session", bounds)
+            return self._commit_import(staging / "session", unpacked, next_number, owner=owner, client=client)
         finally:
             self.drop_staging(staging)
 
-    def _commit_import(self, folder: Path, unpacked: list[Any], *, owner: str | None, client: str | None) -> str:
+    def _commit_import(
+        self, folder: Path, unpacked: list[Any], next_number: int, *, owner: str | None, client: str | None
+    ) -> str:
         """Put an unpacked session in place: its folder renamed whole, then session and takes in one transaction.
         A crash between the two leaves a folder without a record, which a later sweep removes."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -556,8 +642,9 @@ class SessionStore:
                 self._check_new_session(tx, client)
                 self._check_bytes(tx, client, total, on_disk=True)
                 tx.execute(
-                    "INSERT INTO sessions (id, created, updated, owner, client, bytes) VALUES (?, ?, ?, ?, ?, ?)",
-                    (session_id, now, now, owner, client, total),
+                    "INSERT INTO sessions (id, created, updated, owner, client, bytes, next_number)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (session_id, now, now, owner, client, total, next_number),
                 )
                 for seq, u in enumerate(unpacked, start=1):
                     self._insert_take(tx, session_id, dataclasses.replace(u.take, seq=seq), u.nbytes)
@@ -688,17 +775,21 @@ class SessionStore:
     def _insert_take(self, db: Tx, session_id: str, take: StoredTake, nbytes: int) -> None:
         db.execute(
             "INSERT INTO takes (session_id, take_id, seq, parent, branch_frame, seed, request, reason,"
-            " n_frames, channels, stats, title, starred, note, markers, created, bytes)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " n_frames, channels, stats, title, starred, note, markers, created, bytes,"
+            " number, kind, parts, crossfade, has_codes)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (session_id, take_id) DO UPDATE SET seq = excluded.seq, parent = excluded.parent,"
             " branch_frame = excluded.branch_frame, seed = excluded.seed, request = excluded.request,"
             " reason = excluded.reason, n_frames = excluded.n_frames, channels = excluded.channels,"
             " stats = excluded.stats, title = excluded.title, starred = excluded.starred, note = excluded.note,"
-            " markers = excluded.markers, created = excluded.created, bytes = excluded.bytes",
+            " markers = excluded.markers, created = excluded.created, bytes = excluded.bytes,"
+            " number = excluded.number, kind = excluded.kind, parts = excluded.parts,"
+            " crossfade = excluded.crossfade, has_codes = excluded.has_codes",
             (
                 session_id, take.take_id, take.seq, take.parent, take.branch_frame, str(take.seed),
                 json.dumps(take.request), take.reason, take.n_frames, take.channels, json.dumps(take.stats),
                 take.title, int(take.starred), take.note, json.dumps(take.markers), take.created, nbytes,
+                take.number, take.kind, json.dumps(take.parts), take.crossfade, int(take.has_codes),
             ),
         )  # fmt: skip
 
@@ -729,6 +820,11 @@ class SessionStore:
             markers=json.loads(row["markers"]),
             created=row["created"],
             seq=row["seq"],
+            number=row["number"],
+            kind=row["kind"],
+            parts=json.loads(row["parts"]),
+            crossfade=row["crossfade"],
+            has_codes=bool(row["has_codes"]),
         )
 
 

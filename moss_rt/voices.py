@@ -19,7 +19,7 @@ import re
 import tempfile
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -402,6 +402,38 @@ class VoiceStore:
             await asyncio.to_thread(_remove)
         log.info("deleted voice %s", voice_id)
         return voice
+
+    async def rename(self, voice_id: str, name: str, *, owner: str | None, admin: bool = False) -> Voice:
+        """Give an uploaded voice a new display name, for its owner (or the admin); kept in its record on disk.
+
+        The name is trimmed and must be 1-64 characters without control characters (``invalid_field``). Anyone
+        else, and built-in voices (named by their file), get ``not_found`` as for a voice that does not exist.
+        The record is rewritten atomically: a crash leaves the old name or the new one.
+        """
+        voice = self._voices.get(voice_id)
+        if voice is None or voice.kind != "uploaded" or not (admin or (owner is not None and voice.owner == owner)):
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no uploaded voice {voice_id[:64]!r} of yours", field="voice")
+        name = name.strip() if isinstance(name, str) else name
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, "name must be 1-64 characters without control characters", field="name"
+            )
+        async with self._lock:
+            current = self._voices.get(voice_id)
+            if current is None:
+                raise ProtocolError(ErrorCode.NOT_FOUND, f"no uploaded voice {voice_id[:64]!r}", field="voice")
+            meta_path = self._dir / f"{voice_id}.json"
+
+            def _persist() -> None:
+                record = json.loads(meta_path.read_text())
+                record["name"] = name
+                atomic_write(meta_path, json.dumps(record).encode())
+
+            await asyncio.to_thread(_persist)
+            renamed = replace(current, name=name)
+            self._voices[voice_id] = renamed
+        log.info("renamed voice %s", voice_id)
+        return renamed
 
     async def codes(self, voice: Voice, encoder: Encoder, codec_tag: str) -> np.ndarray:
         """Codes [T, 12] of a voice under the current codec, cached in memory and on disk."""

@@ -11,7 +11,8 @@ from moss_rt.engine.scheduler import PREFILL_KEYS_PER_ROW
 from moss_rt.model.config import MossTTSConfig
 
 # Graph pools (step graphs per batch/key bucket, codec graphs per batch/chunk bucket, the lone-prompt prefill
-# graphs: about 50 MB for the 512-row one at full size), cuBLAS/cuDNN
+# graphs: about 50 MB for the 512-row one from position 0 at full size, an estimated 150 MB for 512 rows after a
+# prefix over 5,120 keys; one shared pool holds the largest, not the sum), cuBLAS/cuDNN
 # workspaces and the allocator's rounding, beyond the prefill pass below. Checked against the
 # device's peak after warm-up (bench/RESULTS.md); the margin covers the rest.
 GRAPH_BASE_BYTES = 1 * GIB

@@ -291,7 +291,8 @@ class MossEngine(EngineLifecycle):
     def _capture_idle(self) -> bool:
         """Capture one missing CUDA graph while nothing runs (a take arriving now waits for it, 0.1-0.3 s).
 
-        The step graphs, then the codec's odd chunk lengths. The codec's first- and full-chunk shapes are captured
+        The step graphs (with the model's prefill graphs of longer key windows among them, runner.capture_next), then
+        the codec's odd chunk lengths. The codec's first- and full-chunk shapes are captured
         before ready (_warm_up); one still missing (a capture there failed) comes first: a burst meeting it
         uncaptured decodes eagerly (about 55 ms a call) and then has it captured under load, stalling every stream."""
         runner, batcher, worker = self._runner, self._batcher, self._codec_worker
@@ -318,9 +319,8 @@ class MossEngine(EngineLifecycle):
 
     def _graphs_pending(self) -> int:
         runner, batcher = self._runner, self._batcher
-        return (len(runner.pending_graphs()) if runner is not None else 0) + (
-            len(batcher.pending()) if batcher is not None else 0
-        )
+        model = len(runner.pending_graphs()) + len(runner.pending_prefill_graphs()) if runner is not None else 0
+        return model + (len(batcher.pending()) if batcher is not None else 0)
 
     def _report_memory(self, when: str) -> None:
         """Log (and show in /api/info) what the device really holds next to the plan."""
@@ -655,7 +655,8 @@ class MossEngine(EngineLifecycle):
         t0 = time.perf_counter()
         runner = self._runner
         assert runner is not None
-        # Before ready: the step graph a first take needs, and the codec's first-chunk and full-chunk graphs of
+        # Before ready: the step graph a first take needs, the prefill graphs of a lone line (from position 0 and
+        # after a cached opening, prefill_graphs.common_shapes), and the codec's first-chunk and full-chunk graphs of
         # every batch bucket. Those codec captures are the slow ones (each shape compiles Triton kernels of its
         # own: 1-4 s each on a machine whose Triton cache is cold, 0.3 s warm), and a take arriving while one
         # ran at idle time waited for it (first audio 0.7-2.2 s in the first rounds after ready). The other

@@ -1,17 +1,46 @@
-"""CUDA graphs of a lone fresh prompt's prefill pass: one slot, rows from position 0, up to 512 rows.
+"""CUDA graphs of a lone prompt piece's prefill pass: one slot, up to 512 rows, from position 0 or after a prefix.
 
 Why: run eagerly, a pass over one 400-row prompt is launch-bound (about 22 ms on an H200 for 4 ms of GEMMs: 36
-layers of Python and kernel launches), and it is most of what a lone arrival's first audio waits for; a take that
-arrives while others stream is prefilled this way too. Replayed from a graph it costs about its GEMMs.
+layers of Python and kernel launches, 22-40 ms for the 240 rows after a cached opening), and it is most of what a
+lone arrival's first audio waits for; a take that arrives while others stream is prefilled this way too. Replayed
+from a graph it costs about its GEMMs.
 
-One graph per row bucket (``PREFILL_GRAPH_ROWS`` up to the runner's ``max_seq_len``): the prompt is padded to the
-bucket, and padded rows write their keys, values and hidden state to the scratch position, as in any padded pass
-(``step.prefill_batch_rows``), so the cache holds exactly the prompt's rows. The GEMMs then see the bucket's row
-count instead of the prompt's: the cache equals an eager pass to float rounding, not bit for bit (as a batched pass
-does). Batched passes of several takes (bursts) and later chunks of long prompts stay eager: they are compute-bound.
+Two families of graphs, both one per row bucket (``PREFILL_GRAPH_ROWS`` up to the runner's ``max_seq_len``):
+
+- **from position 0** (``GraphShape(rows, keys=0)``): a fresh prompt. The attention is plainly causal over the
+  pass's own rows (flash attention, chunk_attention's ``causal`` case), no key of the cache is read.
+- **after a prefix** (``GraphShape(rows, keys=K)``): the piece starts at a position > 0, after rows the slot already
+  holds, above all the opening the prompt cache shares between lines (``engine/prompt_cache.py``): a fresh line
+  then prefills only its own rows, from there. The start is runtime data (a static input tensor); the attention
+  reads the slot's paged keys 0..K-1 (K: a key bucket, ``PREFILL_GRAPH_MIN_KEYS`` doubling up to the runner's
+  ``max_seq_len``) under the causal key mask, so one graph serves any start with start + rows <= K. Keys past the piece
+  are masked out (unused table entries point at the zero-filled scratch block: finite, never NaN). The same code
+  path serves later chunks of a long prompt, which the scheduler feeds in chunks of at most ``prefill_chunk`` (512)
+  rows: each is a lone piece after a prefix.
+
+Why fresh prompts keep their own graphs instead of using an after-a-prefix graph with start 0 (which would be
+correct too): the from-zero pass reads no cache keys and skips half of the score work (causal flash), while the
+masked path gathers K keys per layer, repeats them to the query heads and scores every row against all of them:
+an estimated 1 ms more on a 400-row prompt (8.2 ms graphed). Cold lines must not get slower to make warm ones faster.
+
+Which graphs exist when (capture count is ready time): ``capture_common`` (the runner's warm-up, before ready)
+takes every row bucket from position 0 and after a prefix within the first key bucket (512 positions: the lines of
+ordinary prompts), 8 graphs at full size; the rest (after a prefix at longer key windows: long prompts' later
+chunks, retakes continuing late in a take) are captured while the engine is idle (``pending`` /
+``ModelRunner.capture_next``). A piece whose graph is not captured yet, or that is wider than the largest bucket,
+or a pass of several takes (bursts: compute-bound), runs eagerly as before. No graph is captured on first use:
+a capture costs three passes.
+
+Padded rows (the piece padded to its bucket) write their keys, values and hidden state to the scratch position,
+as in any padded pass (``step.prefill_batch_rows``), so the cache holds exactly the piece's rows and nothing else
+of the slot (nor of any other) changes. The GEMMs see the bucket's row count and the attention the bucket's key
+window instead of the piece's: the cache equals an eager pass to float rounding, not bit for bit (as a batched
+pass does).
 
 Graphs are captured with every row marked padded (the capture's runs write only to scratch) and replay from their
-static inputs; they share the runner's graph memory pool (they and the step graphs run on one thread, never at once).
+static inputs; they share the runner's graph memory pool (they and the step graphs run on one thread, never at
+once, and keep no output tensor: the pool holds the largest pass's transients, an estimated 150 MB for 512 rows over
+5,120 keys at full size, not the sum).
 """
 
 from __future__ import annotations
@@ -19,7 +48,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -30,15 +59,29 @@ from moss_rt.model.step import Tables, prefill_batch_rows
 logger = logging.getLogger(__name__)
 
 PREFILL_GRAPH_ROWS = (128, 256, 384, 512)
+# The smallest key window of an after-a-prefix graph: a line's prompt (a few hundred rows) fits; a smaller window
+# would save a few µs of attention per layer for one more capture per row bucket.
+PREFILL_GRAPH_MIN_KEYS = 512
+
+
+class GraphShape(NamedTuple):
+    """One prefill graph: ``rows`` the row bucket; ``keys`` the key window after a prefix, 0 from position 0."""
+
+    rows: int
+    keys: int
+
+    @property
+    def from_zero(self) -> bool:
+        return self.keys == 0
 
 
 @dataclass
 class _PrefillGraph:
     slots: torch.Tensor  # [1] the slot
-    rows: torch.Tensor  # [1, T, channels] the prompt, zero-padded
-    starts: torch.Tensor  # [1] always 0
-    counts: torch.Tensor  # [1] the prompt's rows
-    graph: torch.cuda.CUDAGraph | None = None
+    rows: torch.Tensor  # [1, T, channels] the piece, zero-padded
+    starts: torch.Tensor  # [1] the piece's first position (always 0 from position 0)
+    counts: torch.Tensor  # [1] the piece's rows
+    graph: Any = None  # the captured torch.cuda.CUDAGraph (anything with replay())
 
 
 class PrefillGraphs:
@@ -52,60 +95,122 @@ class PrefillGraphs:
     ) -> None:
         self.model, self.state, self.tables = model, state, tables
         self.buckets = [b for b in PREFILL_GRAPH_ROWS if b <= max_rows]
+        self.key_buckets = _key_buckets(state.max_seq_len)
         self._pool = pool  # the runner's graph memory pool handle
-        self._graphs: dict[int, _PrefillGraph] = {}
+        self._graphs: dict[GraphShape, _PrefillGraph] = {}
         self.replays = 0  # passes that ran through a graph
 
     def bucket(self, rows: int) -> int | None:
         return next((b for b in self.buckets if b >= rows), None)
 
-    def run(self, slot: int, rows: torch.Tensor) -> bool:
-        """Prefill ``rows`` [T, channels] at positions 0..T-1 of ``slot`` through a graph; False (nothing done) when
-        no captured graph fits them. The slot's blocks must already be writable (the runner's prefill_batch)."""
-        bucket = self.bucket(int(rows.shape[0]))
-        g = self._graphs.get(bucket) if bucket is not None else None
+    def shape_for(self, rows: int, start: int) -> GraphShape | None:
+        """The graph a lone piece of ``rows`` rows at positions [start, start+rows) replays; None: no graph's
+        shape holds it (wider than the largest bucket, or past the last key window)."""
+        bucket = self.bucket(rows)
+        if bucket is None or rows < 1 or start < 0:
+            return None
+        if start == 0:
+            return GraphShape(bucket, 0)
+        keys = next((k for k in self.key_buckets if k >= start + rows), None)
+        return None if keys is None else GraphShape(bucket, keys)
+
+    def shapes(self) -> list[GraphShape]:
+        """Every graph this runner may capture: from position 0 per bucket, then after a prefix per key window and
+        bucket (only windows some piece of that bucket can use: rows past the next smaller bucket, start >= 1)."""
+        out = [GraphShape(b, 0) for b in self.buckets]
+        for keys in self.key_buckets:
+            for i, b in enumerate(self.buckets):
+                smallest = self.buckets[i - 1] + 1 if i else 1  # the fewest rows this bucket serves
+                if 1 + smallest <= keys:
+                    out.append(GraphShape(b, keys))
+        return out
+
+    def common_shapes(self) -> list[GraphShape]:
+        """The graphs captured before serving: every bucket from position 0 and after a prefix in the first window."""
+        first = self.key_buckets[0] if self.key_buckets else 0
+        return [s for s in self.shapes() if s.keys in (0, first)]
+
+    def pending(self) -> list[GraphShape]:
+        """Graphs not captured yet, the likeliest first (short key windows, then few rows)."""
+        return sorted((s for s in self.shapes() if s not in self._graphs), key=lambda s: (s.keys, s.rows))
+
+    def run(self, slot: int, rows: torch.Tensor, start: int = 0) -> bool:
+        """Prefill ``rows`` [T, channels] at positions start..start+T-1 of ``slot`` through a graph; False (nothing
+        done) when no captured graph fits them. The slot's blocks for those positions must already be writable and
+        pushed (the runner's prefill_batch), and positions 0..start-1 hold the slot's prefix."""
+        n = int(rows.shape[0])
+        shape = self.shape_for(n, int(start))
+        g = self._graphs.get(shape) if shape is not None else None
         if g is None:
             return False
-        n = int(rows.shape[0])
         g.rows.zero_()
         g.rows[0, :n].copy_(rows)
         g.slots.fill_(slot)
+        g.starts.fill_(int(start))
         g.counts.fill_(n)
-        assert g.graph is not None
         g.graph.replay()
         self.replays += 1
         return True
 
-    def capture_all(self) -> None:
-        for bucket in self.buckets:
-            if bucket not in self._graphs:
-                self._graphs[bucket] = self._capture(bucket)
+    def capture_common(self) -> None:
+        for shape in self.common_shapes():
+            self.capture(shape)
 
-    def _pass(self, g: _PrefillGraph, width: int) -> None:
+    def capture_all(self) -> None:
+        for shape in self.shapes():
+            self.capture(shape)
+
+    def capture(self, shape: GraphShape) -> None:
+        if shape not in self._graphs:
+            self._graphs[shape] = self._capture(shape)
+
+    def _pass(self, g: _PrefillGraph, shape: GraphShape) -> None:
+        # From position 0 the key window is the pass's own rows (causal); after a prefix it is the bucket's keys.
+        key_len = shape.rows if shape.from_zero else shape.keys
         prefill_batch_rows(
-            self.model, self.state, self.tables, g.slots, g.rows, g.starts, g.counts, width, from_zero=True
+            self.model, self.state, self.tables, g.slots, g.rows, g.starts, g.counts, key_len,
+            from_zero=shape.from_zero,
         )
 
-    def _capture(self, width: int) -> _PrefillGraph:
+    def _statics(self, shape: GraphShape) -> _PrefillGraph:
+        """The graph's static inputs, every row padding (counts 0: a pass over them writes only to scratch)."""
+        device = self.state.hidden.device
+
+        def zeros(*dims: int) -> torch.Tensor:
+            return torch.zeros(dims, dtype=torch.int64, device=device)
+
+        return _PrefillGraph(
+            slots=zeros(1), rows=zeros(1, shape.rows, self.model.config.n_channels), starts=zeros(1), counts=zeros(1)
+        )
+
+    def _capture(self, shape: GraphShape) -> _PrefillGraph:
         t0 = time.perf_counter()
         device = self.state.hidden.device
-        channels = self.model.config.n_channels
-
-        def zeros(*shape: int) -> torch.Tensor:
-            return torch.zeros(shape, dtype=torch.int64, device=device)
-
-        g = _PrefillGraph(slots=zeros(1), rows=zeros(1, width, channels), starts=zeros(1), counts=zeros(1))
-        # counts = 0: every row is padding, so these runs (and the capture) write only to the scratch position.
+        g = self._statics(shape)
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):  # warm up kernels and the allocator outside the capture
-                self._pass(g, width)
+                self._pass(g, shape)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._pass(g, width)
+            self._pass(g, shape)
         torch.cuda.synchronize(device)
         g.graph = graph
-        logger.info("captured prefill graph rows=%d in %.0f ms", width, (time.perf_counter() - t0) * 1e3)
+        logger.info(
+            "captured prefill graph rows=%d %s in %.0f ms", shape.rows,
+            "from position 0" if shape.from_zero else f"after a prefix, keys={shape.keys}",
+            (time.perf_counter() - t0) * 1e3,
+        )
         return g
+
+
+def _key_buckets(max_seq_len: int) -> list[int]:
+    """Key windows of the after-a-prefix graphs: PREFILL_GRAPH_MIN_KEYS doubling, the last one ``max_seq_len``
+    (a prompt piece ends there at the latest: the runner refuses longer ones)."""
+    out, keys = [], PREFILL_GRAPH_MIN_KEYS
+    while keys < max_seq_len:
+        out.append(keys)
+        keys *= 2
+    return [*out, max_seq_len]

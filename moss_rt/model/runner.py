@@ -25,7 +25,7 @@ from moss_rt.generation import SamplingParams
 from moss_rt.model.blocks import BlockPool, BlockRef, PoolExhausted
 from moss_rt.model.config import MossTTSConfig
 from moss_rt.model.network import MossTTSLocalModel
-from moss_rt.model.prefill_graphs import PrefillGraphs
+from moss_rt.model.prefill_graphs import GraphShape, PrefillGraphs
 from moss_rt.model.prompt import build_prompt_rows
 from moss_rt.model.sampling import split_seed
 from moss_rt.model.state import SlotState
@@ -115,7 +115,8 @@ class ModelRunner:
         # not a callback into the runner: a reference cycle would leave a closed runner's graphs to the cyclic
         # garbage collector, which may then destroy them in the middle of another graph's capture (an abort).
         self._pool: Any = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
-        # A lone fresh prompt's pass through a graph (prefill_graphs; captured by warmup).
+        # A lone prompt piece's pass through a graph, from position 0 or after a prefix (prefill_graphs; the
+        # common shapes captured by warmup, the rest by capture_next).
         self.prefill_graphs = PrefillGraphs(
             model, self.state, self.tables, min(self.max_seq_len, self.prefill_max_rows), self._pool
         )
@@ -331,14 +332,18 @@ class ModelRunner:
         prefilling that slot alone, for the reason ``step`` runs slot by slot there: CPU GEMMs are not
         row-invariant across row counts (a chunk of a few rows takes another kernel path batched with
         hundreds), so any shared projection could change a slot's numbers with its neighbours.
+
+        With CUDA graphs a lone piece replays a prefill graph when one of its shape is captured (prefill_graphs:
+        from position 0, or after a prefix the slot already holds, e.g. a line's opening shared by the prompt
+        cache, or the earlier chunks of a long prompt); several pieces (a burst: compute-bound) run eagerly.
         """
         if self.per_slot_eager and len(pieces) > 1:
             for piece in pieces:
                 self._prefill_pass([piece])
             return
-        if self.use_cuda_graphs and len(pieces) == 1 and pieces[0][2] == 0:
-            slot, rows, _ = pieces[0]
-            if self.prefill_graphs.run(slot, rows):  # False: no graph holds that many rows (or none yet)
+        if self.use_cuda_graphs and len(pieces) == 1:  # a lone piece, from position 0 or after a prefix
+            slot, rows, start = pieces[0]
+            if self.prefill_graphs.run(slot, rows, start):  # False: no graph holds that shape (or none yet)
                 return
         width = max(int(rows.shape[0]) for _, rows, _ in pieces)
         padded = torch.zeros((len(pieces), width, self.config.n_channels), dtype=torch.int64)  # ids 0 are valid
@@ -524,13 +529,25 @@ class ModelRunner:
         every = [(b, k) for k in self.key_buckets() for b in self._batch_buckets()]
         return sorted((key for key in every if key not in self._graphs), key=lambda bk: (bk[1], bk[0]))
 
+    def pending_prefill_graphs(self) -> list[GraphShape]:
+        """Prefill graphs (prefill_graphs) not captured yet, the likeliest first."""
+        return self.prefill_graphs.pending() if self.use_cuda_graphs else []
+
     @torch.inference_mode()
     def capture_next(self) -> bool:
-        """Capture the likeliest missing step graph (the engine calls this while idle); False: none left."""
-        pending = self.pending_graphs()
-        if not pending:
+        """Capture the likeliest missing graph (the engine calls this while idle); False: none left.
+
+        Step graphs and prefill graphs by key window: a prefill graph comes after the step graphs of its window and
+        of the shorter ones (every take steps; few prompts reach past the first prefill window, which warmup
+        captures)."""
+        steps = self.pending_graphs()
+        prefills = self.pending_prefill_graphs()
+        if prefills and (not steps or prefills[0].keys < steps[0][1]):
+            self.prefill_graphs.capture(prefills[0])
+            return True
+        if not steps:
             return False
-        self._graph(*pending[0])
+        self._graph(*steps[0])
         return True
 
     @torch.inference_mode()
@@ -538,11 +555,11 @@ class ModelRunner:
         self, batch_sizes: list[int] | None = None, key_lengths: list[int] | None = None, prefill: bool = True
     ) -> None:
         """Capture graphs ahead of serving (no-op without CUDA graphs): steps of these batch sizes and key lengths
-        (default: all), and with ``prefill`` the lone-prompt prefill graphs (prefill_graphs)."""
+        (default: all), and with ``prefill`` the common lone-prompt prefill graphs (prefill_graphs.common_shapes)."""
         if not self.use_cuda_graphs:
             return
         if prefill:
-            self.prefill_graphs.capture_all()
+            self.prefill_graphs.capture_common()
         batches = sorted({_bucket(b, self._batch_buckets()) for b in (batch_sizes or self._batch_buckets())})
         keys = sorted({self._key_bucket(k) for k in (key_lengths or self.key_buckets())})
         for b in batches:

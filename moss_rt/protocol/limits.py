@@ -50,6 +50,8 @@ class Limits:
     max_script_bytes: int = 1024 * 1024
     max_pause_sec: float = 60.0
     max_gap_sec: float = 10.0
+    # Splices and comps (POST /api/sessions/{id}/takes): regions joined into one stored take.
+    max_splice_parts: int = 64
 
     def to_dict(self) -> dict[str, int | float]:
         return asdict(self)
@@ -89,4 +91,5 @@ LIMIT_HELP: dict[str, str] = {
     "max_script_bytes": "bytes of one POST /api/scripts body",
     "max_pause_sec": "longest [pause] of a script, in seconds",
     "max_gap_sec": "longest gap between a script's lines (gap_sec, scene_gap_sec), in seconds",
+    "max_splice_parts": "regions one splice or comp joins (POST /api/sessions/{id}/takes)",
 }

@@ -265,6 +265,23 @@ def _take_field() -> Field:
 
 
 @dataclass(frozen=True, slots=True)
+class Discard:
+    """The director never had take ``take`` (a take id, or the label of a ``start``; replaced before it was heard):
+    it is not kept in the bound session, so it takes no number there. A take already kept stays (delete it over
+    HTTP)."""
+
+    type: ClassVar[str] = "discard"
+    take: str
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any], limits: Limits) -> Discard:
+        return cls(**validate_fields({"take": Field("str", max_length=64)}, obj))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "take": self.take}
+
+
+@dataclass(frozen=True, slots=True)
 class AppendText:
     """More text for the running take opened with ``stream_text`` (spoken sentence by sentence)."""
 
@@ -311,7 +328,7 @@ class EndOfText:
         return {"type": self.type, **({"take": self.take} if self.take is not None else {})}
 
 
-ClientMessage = StartTake | Cancel | Seek | Ping | AppendText | FlushText | EndOfText | Resume
+ClientMessage = StartTake | Cancel | Seek | Ping | AppendText | FlushText | EndOfText | Resume | Discard
 CLIENT_TYPES: dict[str, type[ClientMessage]] = {
     "start": StartTake,
     "cancel": Cancel,
@@ -321,6 +338,7 @@ CLIENT_TYPES: dict[str, type[ClientMessage]] = {
     "append": AppendText,
     "flush": FlushText,
     "end_of_text": EndOfText,
+    "discard": Discard,
 }
 
 
@@ -580,6 +598,19 @@ class SessionResumed(ServerMessage):
     resumed: bool = False  # False: a new session was created
     max_takes: int | Unset = UNSET
     takes: list[dict[str, Any]] = field(default_factory=list)  # stored take records, oldest first
+    next_number: int | Unset = UNSET  # the number the session's next stored take gets ("Take 8")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TakeStored(ServerMessage):
+    """``stored``: a take of this connection was kept in its bound session as take ``number`` (given once, never
+    reused in the session); sent right before the take's ``end``."""
+
+    type: ClassVar[str] = "stored"
+    required: ClassVar[tuple[str, ...]] = ("take", "number")
+    take: str
+    number: int
+    session: str | Unset = UNSET
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -600,7 +631,8 @@ class Words(ServerMessage):
 
 
 SERVER_TYPES: dict[str, type[ServerMessage]] = {
-    cls.type: cls for cls in (Hello, TakeStarted, SeekAck, TakeEnded, ErrorMessage, Pong, SessionResumed, Words)
+    cls.type: cls
+    for cls in (Hello, TakeStarted, SeekAck, TakeEnded, ErrorMessage, Pong, SessionResumed, Words, TakeStored)
 }
 
 

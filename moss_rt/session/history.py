@@ -75,7 +75,10 @@ class TakeHistory:
 
     def plan_start(self, request: StartTake) -> StartPlan:
         seed = request.seed if request.seed is not None else self._new_seed()
-        take = TakeRecord(self._new_id(), dataclasses.replace(request, seed=seed), label=request.take)
+        take = TakeRecord(
+            self._new_id(), dataclasses.replace(request, seed=seed), label=request.take,
+            seed_given=request.seed is not None,
+        )  # fmt: skip
         self._remember(take)
         self.running = take
         return StartPlan(take)
@@ -105,8 +108,9 @@ class TakeHistory:
             words=parent.words if msg.words is None else msg.words,
         )
         take = TakeRecord(
-            self._new_id(), request, parent=source.take_id, branch_frame=msg.frame, label=source.label
-        )
+            self._new_id(), request, parent=source.take_id, branch_frame=msg.frame, label=source.label,
+            seed_given=msg.seed is not None,
+        )  # fmt: skip
         if msg.frame:
             take.append(0, source.codes[: msg.frame])
         if source.words is not None and request.words:
@@ -121,11 +125,14 @@ class TakeHistory:
         session keeps (``max_session_takes``)."""
         self._max_takes_kept = max(self._max_takes_kept, max_session_takes)
 
-    def adopt(self, take: TakeRecord) -> None:
+    def adopt(self, take: TakeRecord, *, shared: bool = True) -> None:
         """An ended take of this session from an earlier connection (or before a restart), rebuilt from its stored
-        codes: replayable and retakeable like one made here (a retake rebuilds the cache from the codes)."""
+        codes: replayable and retakeable like one made here (a retake rebuilds the cache from the codes).
+
+        ``shared`` False keeps it out of the service's recent takes (downloads and captions by take id): a splice
+        or comp, whose audio is not its codes' decoding, is downloaded from its session."""
         take.status = TakeStatus.ENDED
-        self._remember(take)
+        self._remember(take, shared=shared)
 
     def record_chunk(self, take: TakeRecord, first_frame: int, codes: np.ndarray) -> None:
         take.append(first_frame, codes)
@@ -137,9 +144,10 @@ class TakeHistory:
         if self.running is take:
             self.running = None
 
-    def _remember(self, take: TakeRecord) -> None:
+    def _remember(self, take: TakeRecord, *, shared: bool = True) -> None:
         self._history[take.take_id] = take
-        self._recent.add(take, self._client)
+        if shared:
+            self._recent.add(take, self._client)
         while len(self._history) > self._max_takes_kept:
             for take_id, old in self._history.items():
                 if old.status is not TakeStatus.RUNNING:

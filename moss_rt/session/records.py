@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,9 @@ class TakeRecord:
     status: TakeStatus = TakeStatus.RUNNING
     reason: str | None = None
     stats: dict[str, float] = field(default_factory=dict)
+    # Whether the director gave the seed (False: the server picked it). Stored takes keep their request as asked,
+    # without a picked seed, so a studio can tell a fixed seed from a random one after a reload.
+    seed_given: bool = True
     # When each word of its text is said (moss_rt.align), once aligned: streamed with the take (``words``), or on
     # demand for downloads and ``seek`` by word. None: not aligned (yet).
     words: list[WordTime] | None = None
@@ -90,6 +94,14 @@ class TakeRecord:
             prefix_codes=prefix_codes if prefix_codes is not None and len(prefix_codes) else None,
             parent_take=self.parent,
         )
+
+    def request_as_asked(self) -> dict[str, Any]:
+        """The request as the director sent it: its ``seed`` only when one was given (the take's one seed is
+        :attr:`seed`). What a stored take keeps."""
+        asked = self.request.to_dict()
+        if not self.seed_given:
+            asked.pop("seed", None)
+        return asked
 
     def summary(self) -> dict[str, object]:
         return {

@@ -1,7 +1,8 @@
 """The session store's tables, as migrations (moss_rt/storage/migrations.py), for SQLite and PostgreSQL.
 
-    sessions        id, owner, client, bytes (audio and codes on disk), created, updated (last use)
-    takes           one row per stored take: its request, seed, lineage, notes, stats, bytes
+    sessions        id, owner, client, bytes (audio and codes on disk), created, updated (last use), next_number
+    takes           one row per stored take: its request, seed, lineage, notes, stats, bytes, number, and for a
+                    splice or comp its kind, parts and crossfade (has_codes 0: audio only)
     shares          a session's read-only share token
     take_words      word timings of stored takes (moss_rt.align)
     front_ends      the front ends using the store now (moss_rt/storage/front_ends.py)
@@ -154,11 +155,47 @@ CREATE TABLE store_secrets (
 CREATE INDEX IF NOT EXISTS sessions_owner ON sessions(owner)
 """
 
+_V5_COLUMNS = {
+    "sessions": (("next_number", "INTEGER NOT NULL DEFAULT 1"),),
+    "takes": (
+        ("number", "INTEGER NOT NULL DEFAULT 0"),
+        ("kind", "TEXT NOT NULL DEFAULT 'take'"),
+        ("parts", "TEXT NOT NULL DEFAULT '[]'"),
+        ("crossfade", "INTEGER NOT NULL DEFAULT 0"),
+        ("has_codes", "INTEGER NOT NULL DEFAULT 1"),
+    ),
+}
+
+
+def _v5(tx: Tx, context: MigrationContext) -> None:
+    """Take numbers that are never reused, and splices and comps (the same on both backends).
+
+    The takes stored before get the numbers a reload showed them under (their place in the session, oldest
+    first), and each session numbers its next take after its last."""
+    for table, columns in _V5_COLUMNS.items():
+        for name, decl in columns:
+            tx.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+    rows = tx.query("SELECT session_id, take_id FROM takes ORDER BY session_id, seq")
+    numbers: list[tuple[int, str, str]] = []
+    place: dict[str, int] = {}
+    for session_id, take_id in rows:
+        place[session_id] = place.get(session_id, 0) + 1
+        numbers.append((place[session_id], session_id, take_id))
+    tx.executemany("UPDATE takes SET number = ? WHERE session_id = ? AND take_id = ?", numbers)
+    tx.execute(
+        "UPDATE sessions SET next_number = 1 + (SELECT COALESCE(MAX(number), 0) FROM takes"
+        " WHERE takes.session_id = sessions.id)"
+    )
+    if rows:
+        log.info("session store: %d stored takes numbered", len(rows))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("sessions and takes", _V1_SQLITE, _V1_POSTGRESQL),
     Migration("owners, budgets and shares", _v2_sqlite, _v2_postgresql),
     Migration("word timings", _V3.format(real="REAL"), _V3.format(real="DOUBLE PRECISION")),
     Migration("front ends and shared secrets", _V4.format(real="REAL"), _V4.format(real="DOUBLE PRECISION")),
+    Migration("take numbers, splices and comps", _v5, _v5),
 )
 
 

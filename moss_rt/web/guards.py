@@ -143,7 +143,8 @@ class ClientConnections:
 
 
 class ArchiveSlots:
-    """Session imports (or exports) in progress: at most ``limit`` at once, one per client address.
+    """Session imports (or exports, or splices being built) in progress: at most ``limit`` at once, one per client
+    address.
 
     Each unpacks or packs whole takes on a worker thread; unbounded, a burst of them would hold every thread
     the event loop hands blocking work to (and the disk) while other clients wait. Refused at once rather than
@@ -151,9 +152,13 @@ class ArchiveSlots:
     Only the event loop touches it.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self, limit: int, *, doing: str = "imports or exports a session", work: str = "session imports or exports"
+    ) -> None:
         self._limit = max(1, limit)
         self._clients: set[str] = set()
+        self._doing = doing  # what a client holding a slot does
+        self._work = work  # what the slots are for, in the plural
 
     def __len__(self) -> int:
         return len(self._clients)
@@ -161,13 +166,9 @@ class ArchiveSlots:
     @contextmanager
     def hold(self, client: str) -> Iterator[None]:
         if client in self._clients:
-            raise ProtocolError(
-                ErrorCode.RATE_LIMITED, "this client already imports or exports a session; wait for it to finish"
-            )
+            raise ProtocolError(ErrorCode.RATE_LIMITED, f"this client already {self._doing}; wait for it to finish")
         if len(self._clients) >= self._limit:
-            raise ProtocolError(
-                ErrorCode.BUSY, f"{self._limit} session imports or exports are in progress; retry shortly"
-            )
+            raise ProtocolError(ErrorCode.BUSY, f"{self._limit} {self._work} are in progress; retry shortly")
         self._clients.add(client)
         try:
             yield

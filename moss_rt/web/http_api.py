@@ -26,10 +26,9 @@ from moss_rt.web.errors import busy_response, error_response, protocol_error_res
 from moss_rt.web.format_download import send_encoded, wants_other_format
 from moss_rt.web.http_take import admit_http_take
 from moss_rt.web.openapi import openapi_document
-from moss_rt.web.owners import owner_or_mint, set_owner_cookie
+from moss_rt.web.owners import owner_or_mint, set_owner_cookie, voice_owner
 from moss_rt.web.security import bearer, is_authorized, issue_token, same_secret, unauthorized
 from moss_rt.web.state import STATE
-from moss_rt.web.voices_api import voice_owner
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()

@@ -29,10 +29,11 @@ from aiohttp import web
 
 from moss_rt import __version__
 from moss_rt.formats import FORMATS, MAX_SPEED, MIN_SPEED, SAMPLE_RATES
-from moss_rt.protocol import SAMPLING_DEFAULTS, ErrorCode, Limits, stream_fields
+from moss_rt.protocol import FRAME_SAMPLES, SAMPLING_DEFAULTS, ErrorCode, Limits, stream_fields
 from moss_rt.protocol.schema import Field
 from moss_rt.scripts.store import SCRIPT_ID_PATTERN
-from moss_rt.session_records import SESSION_ID, TAKE_ID
+from moss_rt.session_records import SESSION_ID, TAKE_ID, TakeKind
+from moss_rt.splices import EDIT_KINDS, MAX_CROSSFADE
 from moss_rt.voices import REF_ID_PATTERN, UPLOAD_EXTENSIONS
 from moss_rt.web.state import STATE
 
@@ -57,6 +58,10 @@ CONSTANTS: dict[str, Any] = {
     "take_id_pattern": TAKE_ID.pattern,
     "script_id_pattern": f"^{SCRIPT_ID_PATTERN}$",
     "ref_id_pattern": REF_ID_PATTERN.pattern,
+    "take_kinds": [kind.value for kind in TakeKind],
+    "edit_kinds": list(EDIT_KINDS),
+    "frame_samples": FRAME_SAMPLES,
+    "max_crossfade": MAX_CROSSFADE,
 }
 _LIMIT_IN_TEXT = re.compile(r"\{limits\.(\w+)\}")
 # Routes outside the document: the WebSocket channel (docs/protocol.md) and the studio's static files.

@@ -125,6 +125,12 @@ def request_owner(request: web.Request) -> str | None:
     return None if owner_id is None else f"cookie:{owner_id}"
 
 
+def voice_owner(request: web.Request) -> str:
+    """The owner a request's voice uploads get and its voice edits must match: the client's address (as resolved
+    through ``trusted_proxies``), not the session owner above (docs/security.md, "Voice owners")."""
+    return request.remote or "unknown"
+
+
 def owner_or_mint(request: web.Request) -> tuple[str | None, str | None]:
     """(owner, cookie value to set): the request's identity, or on a keyless server a new one minted for it."""
     owner = request_owner(request)

@@ -24,10 +24,12 @@ from typing import IO, Any
 from aiohttp import web
 
 from moss_rt.audio import wav_header
-from moss_rt.protocol import SAMPLE_RATE, ErrorCode, ProtocolError
+from moss_rt.protocol import FRAME_SAMPLES, SAMPLE_RATE, ErrorCode, ProtocolError
 from moss_rt.protocol.frames import dumps_json
+from moss_rt.session import new_take_id
 from moss_rt.session_records import pcm_bytes, short_id
 from moss_rt.session_store import SessionStore
+from moss_rt.splices import parse_edit_request
 from moss_rt.web.downloads import WRITE_CHUNK
 from moss_rt.web.errors import error_response
 from moss_rt.web.http_api import expect_within_limit, read_body_into, read_json_request, write_or_drop
@@ -69,8 +71,13 @@ async def _owned(request: web.Request, *, read_only: bool = False) -> tuple[Sess
     return store, session_id
 
 
-def _session_json(store: SessionStore, session_id: str, takes: list[Any]) -> web.Response:
-    body = {"session": session_id, "takes": [t.public() for t in takes], "max_takes": store.max_session_takes}
+def _session_json(store: SessionStore, session_id: str, takes: list[Any], next_number: int) -> web.Response:
+    body = {
+        "session": session_id,
+        "takes": [t.public() for t in takes],
+        "max_takes": store.max_session_takes,
+        "next_number": next_number,
+    }
     return _json(body)
 
 
@@ -99,7 +106,7 @@ async def create_session(request: web.Request) -> web.Response:
     if owner is None:
         raise ProtocolError(ErrorCode.UNAUTHORIZED, "no identity to own a session")
     session_id = await asyncio.to_thread(store.create, owner=owner, client=_client(request))
-    response = _json({"session": session_id, "takes": [], "max_takes": store.max_session_takes})
+    response = _json({"session": session_id, "takes": [], "max_takes": store.max_session_takes, "next_number": 1})
     set_owner_cookie(response, request, cookie)
     return response
 
@@ -119,7 +126,7 @@ async def list_sessions(request: web.Request) -> web.Response:
 async def get_session(request: web.Request) -> web.Response:
     store, session_id = await _owned(request, read_only=True)
     takes = await asyncio.to_thread(store.takes, session_id)
-    return _session_json(store, session_id, takes)
+    return _session_json(store, session_id, takes, await asyncio.to_thread(store.next_number, session_id))
 
 
 @routes.delete(f"/api/sessions/{SID}")
@@ -151,6 +158,28 @@ async def unshare_session(request: web.Request) -> web.Response:
 
 
 # --------------------------------------------------------------------------- takes
+
+
+@routes.post(f"/api/sessions/{SID}/takes")
+@_errors
+async def create_edit(request: web.Request) -> web.Response:
+    """A splice or comp of the session's stored takes (moss_rt/splices.py): ``{"kind": "splice"|"comp", "parts":
+    [{"take", "from", "to"}], "crossfade", "title", "starred", "note"}``, assembled from their stored audio on a
+    worker thread and kept as a take of the session; answers 201 with its record."""
+    state = request.app[STATE]
+    store, session_id = await _owned(request)
+    body = await read_json_request(request)  # bad_json / too_large / unsupported_media_type, never a 500
+    edit = parse_edit_request(body, max_parts=state.settings.limits.max_splice_parts)
+    with state.edit_slots.hold(_client(request)):
+        take, pcm = await asyncio.to_thread(store.put_edit, session_id, edit, new_take_id())
+    if take.has_codes:
+        # Held as heard: a replay, and the kept frames of a retake of it, are these samples (its codes alone would
+        # decode to other audio around the joins).
+        frame_bytes = FRAME_SAMPLES * take.channels * 2
+        state.heard.begin(take.take_id, frame_bytes)
+        state.heard.append(take.take_id, 0, pcm)
+    log.info("session %s: %s %s of %d part(s) kept", short_id(session_id), take.kind, take.take_id, len(edit.parts))
+    return _json(take.public(), status=201)
 
 
 @routes.get(f"/api/sessions/{SID}/takes/{TID}.wav")
@@ -308,6 +337,6 @@ async def import_archive(request: web.Request) -> web.Response:
             await asyncio.to_thread(store.drop_staging, staging)
     takes = await asyncio.to_thread(store.takes, session_id)
     log.info("session %s imported with %d take(s)", short_id(session_id), len(takes))
-    response = _session_json(store, session_id, takes)
+    response = _session_json(store, session_id, takes, await asyncio.to_thread(store.next_number, session_id))
     set_owner_cookie(response, request, cookie)
     return response

@@ -41,6 +41,10 @@ class ServiceState:
     # Session exports at once: packed at the pace their reader reads, so a slow reader must not hold an import's
     # slot; they have their own, more of them (one per client all the same).
     export_slots: ArchiveSlots = field(default_factory=lambda: ArchiveSlots(8))
+    # Splices and comps being assembled at once (each reads and joins up to a long take's audio on a worker thread).
+    edit_slots: ArchiveSlots = field(
+        default_factory=lambda: ArchiveSlots(4, doing="builds a splice or comp", work="splices or comps")
+    )
     scripts: ScriptService | None = None  # script renders (their state beside the sessions); None: no sessions
     websockets: set[web.WebSocketResponse] = field(default_factory=set)
     shutting_down: bool = False

@@ -13,15 +13,12 @@ from aiohttp import web
 from moss_rt.protocol import ErrorCode, ProtocolError
 from moss_rt.voices import REF_ID_PATTERN, Voice
 from moss_rt.web.errors import error_response, protocol_error_response
+from moss_rt.web.http_api import read_json_request
+from moss_rt.web.owners import voice_owner
 from moss_rt.web.security import bearer, same_secret
 from moss_rt.web.state import STATE
 
 routes = web.RouteTableDef()
-
-
-def voice_owner(request: web.Request) -> str:
-    """The owner a request's uploads get and its deletes must match: the client's address."""
-    return request.remote or "unknown"
 
 
 def is_admin(request: web.Request) -> bool:
@@ -71,6 +68,29 @@ async def delete_voice(request: web.Request) -> web.Response:
     except ProtocolError as err:
         return protocol_error_response(err)
     return web.json_response({"deleted": voice.id})
+
+
+@routes.patch(r"/api/voices/{voice_id}")
+async def rename_voice(request: web.Request) -> web.Response:
+    """Rename an uploaded voice (its owner or the admin): a JSON object ``{"name": "..."}`` (1-64 characters
+    without control characters, trimmed); any other key is refused. Answers the voice as listed."""
+    voice_id = request.match_info["voice_id"]
+    if not REF_ID_PATTERN.match(voice_id):
+        return error_response(ErrorCode.NOT_FOUND, "only uploaded voices (ref_…) can be renamed", field="voice")
+    try:
+        body = await read_json_request(request)  # bad_json / too_large / unsupported_media_type, never a 500
+        unknown = sorted(set(body) - {"name"})
+        if unknown:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, f"unknown voice field {unknown[0][:40]!r}", field=unknown[0][:40]
+            )
+        if "name" not in body:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "'name' is required", field="name")
+        owner = voice_owner(request)
+        voice = await request.app[STATE].voices.rename(voice_id, body["name"], owner=owner, admin=is_admin(request))
+    except ProtocolError as err:
+        return protocol_error_response(err)
+    return web.json_response(_listed(voice, owner))
 
 
 @routes.get("/api/admin/voices")

@@ -30,7 +30,9 @@ from moss_rt.engine.base import EngineBusy, TakeHandle
 from moss_rt.protocol import (
     AUDIO_FORMATS,
     AUDIO_SAMPLE_RATES,
+    UNSET,
     ClientMessage,
+    Discard,
     ErrorCode,
     ErrorMessage,
     ProtocolError,
@@ -39,6 +41,7 @@ from moss_rt.protocol import (
     ServerMessage,
     SessionResumed,
     StartTake,
+    TakeStored,
     Words,
     decode_client_binary,
     decode_client_text,
@@ -56,8 +59,9 @@ from moss_rt.session import (
     TakeRecord,
     TakeStatus,
     WordsCheckpoint,
+    bytes_per_frame,
 )
-from moss_rt.session_records import StoredTake, short_id
+from moss_rt.session_records import StoredTake, TakeKind, short_id
 from moss_rt.web.audio_out import AudioOuts
 from moss_rt.web.errors import busy_response, error_response
 from moss_rt.web.guards import TokenBucket
@@ -128,6 +132,11 @@ class Connection:
         self._bucket = TokenBucket(limits.ws_messages_per_sec, limits.ws_message_burst)
         self._refused_in_row = 0
         self._send_lock = asyncio.Lock()
+        # The lifecycle's actions are performed from several tasks (the receive loop, each run's task), and some
+        # await (a take is stored, its words finished, before its `end`). Their control actions go out one list at a
+        # time, in the order the lifecycle made them, so nothing of a later state overtakes an `end` still being
+        # stored (docs/protocol.md, "Barge-in"). Audio (paced) and stops never wait for it.
+        self._order = asyncio.Lock()
         # The transport side of the lifecycle's runs, by run number: one task each (admission and
         # stream, or replay), the engine handle once admitted, the pacer of its audio.
         self._runs: dict[int, RunIO] = {}
@@ -136,6 +145,10 @@ class Connection:
         self._link = Link.OPEN
         self.session_id: str | None = None  # the stored directing session this connection is bound to (resume)
         self._keeps_on_close: list[TakeRecord] = []  # takes the client's leaving cut off, stored by close()
+        # Splices and comps of the bound session adopted for retakes and replays: their audio is their stored PCM,
+        # not their codes' decoding (moss_rt/splices.py), held as heard before either (_edit_audio_for_seek).
+        self._edits: set[str] = set()
+        self._unkept: set[str] = set()  # running takes the client discarded: not kept when they end (discard)
         self.owner: str | None = None  # who the connection acts as for stored sessions (moss_rt/web/owners.py)
         # Takes that asked for ``words``: their word aligners (by take id).
         self._words: dict[str, TakeWords] = {}
@@ -216,38 +229,54 @@ class Connection:
         for action in self.lifecycle.close():
             if isinstance(action, Stop):
                 self._stop(action)
-            else:
+            elif action.take.take_id not in self._unkept:
                 self._keeps_on_close.append(action.take)
 
     # -- performing the lifecycle's actions -----------------------------------------------
 
     async def _perform(self, actions: Sequence[Action]) -> None:
-        for action in actions:
-            if isinstance(action, Stop):
-                self._stop(action)
-            elif isinstance(action, Admit):
-                self._outs.track(action.run, action.take)
-                self._follow_words(action.take)
-                self._spawn(action.run, action.take.take_id, functools.partial(self._run_take, action))
-            elif isinstance(action, Replay):
-                self._outs.track(action.run, action.take, replay=True)
-                self._spawn(action.run, action.take.take_id, functools.partial(self._run_replay, action), replay=True)
-            elif isinstance(action, Keep):
-                await self._keep(action.take)
-            elif isinstance(action, FinishWords):
-                await self._finish_words(action)
-            elif isinstance(action, WordsCheckpoint):
-                words = self._words.get(action.take.take_id)
+        """Perform a list of the lifecycle's actions in order: its runs of control actions (messages, stores, runs
+        started) under the order lock, its audio and stops directly."""
+        i = 0
+        while i < len(actions):
+            if isinstance(actions[i], SendAudio | Stop):
+                await self._perform_one(actions[i])
+                i += 1
+                continue
+            j = i
+            while j < len(actions) and not isinstance(actions[j], SendAudio | Stop):
+                j += 1
+            async with self._order:
+                for action in actions[i:j]:
+                    await self._perform_one(action)
+            i = j
+
+    async def _perform_one(self, action: Action) -> None:
+        if isinstance(action, Stop):
+            self._stop(action)
+        elif isinstance(action, Admit):
+            self._outs.track(action.run, action.take)
+            self._follow_words(action.take)
+            self._spawn(action.run, action.take.take_id, functools.partial(self._run_take, action))
+        elif isinstance(action, Replay):
+            self._outs.track(action.run, action.take, replay=True)
+            self._spawn(action.run, action.take.take_id, functools.partial(self._run_replay, action), replay=True)
+        elif isinstance(action, Keep):
+            await self._keep(action.take)
+        elif isinstance(action, FinishWords):
+            await self._finish_words(action)
+        elif isinstance(action, WordsCheckpoint):
+            words = self._words.get(action.take.take_id)
+            if words is not None:
+                words.checkpoint(action.text)
+        elif isinstance(action, SendAudio):
+            if await self._send_audio(action):
+                io = self._runs.get(action.run)
+                words = None if io is None or io.replay else self._words.get(io.take_id)
                 if words is not None:
-                    words.checkpoint(action.text)
-            elif isinstance(action, SendAudio):
-                if await self._send_audio(action):
-                    io = self._runs.get(action.run)
-                    words = None if io is None or io.replay else self._words.get(io.take_id)
-                    if words is not None:
-                        words.audio(action.pcm)
-            else:
-                await send_action(action, self.send_frame, None, self._outs)
+                    words.audio(action.pcm)
+        else:
+            await send_action(action, self.send_frame, None, self._outs)
 
     # -- word timing (docs/words.md) -----------------------------------------------------
 
@@ -463,10 +492,15 @@ class Connection:
             if isinstance(msg, Resume):
                 await self._resume(msg)
                 return
+            if isinstance(msg, Discard):
+                self._discard(msg.take)
+                return
             if (isinstance(msg, StartTake) and msg.words) or (isinstance(msg, Seek) and msg.words):
                 require_aligner(self.state)
             if isinstance(msg, Seek) and msg.word is not None:
                 await self._words_for_seek(msg)
+            if isinstance(msg, Seek) and msg.take in self._edits:
+                await self._edit_audio_for_seek(msg.take)
             if isinstance(msg, StartTake) or (isinstance(msg, Seek) and msg.mode == "retake"):
                 await self._check_session_room()
             await self._perform(self.lifecycle.handle(msg))
@@ -502,13 +536,14 @@ class Connection:
         codebook = self.state.engine.info.codebook_size
         held = {t.take_id for t in self.lifecycle.history.takes}
         for record in stored:
-            if record.take_id in held:
+            if record.take_id in held or not record.has_codes:  # audio only: played and downloaded from the session
                 continue
             try:
                 codes = await asyncio.to_thread(store.codes, session_id, record.take_id)
                 if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= codebook):
                     raise ValueError(f"codes outside the codebook [0, {codebook})")
-                # The take's one seed rides on its request (stored with it; the record's is the same).
+                # The take's one seed rides on its request (the record's; its stored request has it only when the
+                # director gave it).
                 request = dataclasses.replace(
                     StartTake.parse(record.request, self.state.settings.limits), seed=record.seed
                 )
@@ -517,18 +552,41 @@ class Connection:
                 continue
             take = TakeRecord(
                 record.take_id, request, parent=record.parent, branch_frame=record.branch_frame,
-                reason=record.reason, stats=dict(record.stats),
+                reason=record.reason, stats=dict(record.stats), seed_given="seed" in record.request,
             )  # fmt: skip
             take.append(0, codes)
             take.words = await self._stored_words(session_id, record.take_id)
-            self.lifecycle.history.adopt(take)  # a retake of it rebuilds the model state from these codes
+            edit = record.kind != TakeKind.TAKE
+            if edit:
+                self._edits.add(record.take_id)
+            # A retake of it rebuilds the model state from these codes.
+            self.lifecycle.history.adopt(take, shared=not edit)
         self.session_id = session_id
+        next_number = await asyncio.to_thread(store.next_number, session_id)
         await self.send_message(
             SessionResumed(
                 session=session_id, resumed=resumed, max_takes=store.max_session_takes,
-                takes=[t.public() for t in stored],
+                takes=[t.public() for t in stored], next_number=next_number,
             )
         )
+
+    async def _edit_audio_for_seek(self, take_id: str) -> None:
+        """A splice or comp about to be replayed or retaken: its stored audio held as heard (unless it is), so the
+        replay sends, and the retake keeps, exactly its samples. Unreadable: its codes are rendered instead."""
+        store, session_id, heard = self.state.sessions, self.session_id, self.state.heard
+        take = self.lifecycle.history.get(take_id)  # not_found: no such take here
+        frame_bytes = bytes_per_frame(take)
+        if store is None or session_id is None or heard.get(take_id, take.n_frames, frame_bytes) is not None:
+            return
+        try:
+            pcm = await asyncio.to_thread(store.pcm, session_id, take_id)
+        except (OSError, ProtocolError) as exc:
+            log.warning("session %s: the audio of %s is unreadable (%s); its codes are rendered", short_id(session_id),
+                        take_id, exc)  # fmt: skip
+            return
+        if len(pcm) == take.n_frames * frame_bytes:
+            heard.begin(take_id, frame_bytes)
+            heard.append(take_id, 0, pcm)
 
     async def _wait_for_closing_keeps(self, session_id: str) -> None:
         """A reload right after a disconnect: the old connection may still be storing the take it cut off."""
@@ -552,26 +610,42 @@ class Connection:
         if self.session_id is not None and self.state.sessions is not None:
             await asyncio.to_thread(self.state.sessions.check_room, self.session_id)
 
-    async def _keep(self, take: TakeRecord) -> None:
-        """Store an ended take in the bound session: its record, codes and the audio as it was streamed."""
-        err = await self._store_take(take)
-        if err is not None:
-            await self.send_error(err, take=take.take_id)
+    def _discard(self, take: str) -> None:
+        """The client never had the take (an id, or a start's label: it replaced it before hearing it, perhaps
+        before it started): it is not kept when it ends (or when its words are done); one kept already stays."""
+        takes = self.lifecycle.history.takes
+        named = {t.take_id for t in takes if t.take_id == take or (t.label == take and t.status is TakeStatus.RUNNING)}
+        if not named:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no take {take!r} in this session", field="take")
+        # Bounded by the history: a take that ended without being kept (no frames) never comes to _keep.
+        self._unkept = (self._unkept | named) & {t.take_id for t in takes}
 
-    async def _store_take(self, take: TakeRecord) -> ProtocolError | None:
-        """Store ``take`` in the bound session; the error to tell the client when that failed."""
+    async def _keep(self, take: TakeRecord) -> None:
+        """Store an ended take in the bound session: its record, codes and the audio as it was streamed; the client
+        is told its number (``stored``), or why it was not kept."""
+        if take.take_id in self._unkept:
+            self._unkept.discard(take.take_id)
+            return
+        kept = await self._store_take(take)
+        if isinstance(kept, ProtocolError):
+            await self.send_error(kept, take=take.take_id)
+        elif kept is not None:
+            await self.send_message(TakeStored(take=take.take_id, number=kept.number, session=self.session_id or UNSET))
+
+    async def _store_take(self, take: TakeRecord) -> StoredTake | ProtocolError | None:
+        """Store ``take`` in the bound session: its record as stored, or the error to tell the client."""
         store, session_id = self.state.sessions, self.session_id
         if store is None or session_id is None:
             return None
         record = StoredTake(
-            take_id=take.take_id, request=take.request.to_dict(), seed=take.seed, n_frames=take.n_frames,
+            take_id=take.take_id, request=take.request_as_asked(), seed=take.seed, n_frames=take.n_frames,
             channels=take.request.channels, parent=take.parent, branch_frame=take.branch_frame, reason=take.reason,
             stats={k: v for k, v in take.stats.items() if isinstance(v, int | float)},
         )  # fmt: skip
         try:
             # The PCM as streamed, exactly the take's frames so far (held, else rendered from the codes).
             async with held_take_audio(self.state, take, client=self.client) as pcm:
-                await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
+                record = await asyncio.to_thread(store.put_take, session_id, record, take.codes, pcm)
             if take.words is not None and self.state.aligner is not None:
                 words = [w.to_record() for w in take.words]
                 await asyncio.to_thread(store.put_words, session_id, take.take_id, words, self.state.aligner.name)
@@ -580,7 +654,7 @@ class Connection:
         except (OSError, ValueError, EngineBusy):
             log.exception("could not keep take %s in session %s", take.take_id, short_id(session_id))
             return ProtocolError(ErrorCode.INTERNAL, "the take could not be stored")
-        return None
+        return record
 
     def _keep_cut_off_takes(self) -> asyncio.Task[None] | None:
         """Start storing the takes the client's leaving cut off (a reload, a network drop), as heard so far.
@@ -609,9 +683,9 @@ class Connection:
 
     async def _store_cut_off(self, takes: list[TakeRecord]) -> None:
         for take in takes:
-            err = await self._store_take(take)
-            if err is not None:  # nobody left to tell
-                log.warning("take %s cut off by a disconnect was not kept: %s", take.take_id, err.message)
+            kept = await self._store_take(take)
+            if isinstance(kept, ProtocolError):  # nobody left to tell
+                log.warning("take %s cut off by a disconnect was not kept: %s", take.take_id, kept.message)
 
     async def _refuse_rate(self) -> None:
         """Drop a message over the rate; say so once per run of refusals; close a flood."""

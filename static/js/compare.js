@@ -1,9 +1,11 @@
 /* A/B compare: two takes side by side; play either from the same position, switch at the playhead (X), and, for
- * takes that share a lineage, jump to 1 s before they diverge. Owns the two slots. */
-import { $, SR, FRAME, fmtSec } from './util.js';
+ * takes that share a lineage, jump to 1 s before they diverge. The panel shows which side is playing. Playing a
+ * side never changes the selected take (the editor, the take's name and note stay where the director is). Owns
+ * the two slots. */
+import { $, SR, FRAME, fmtSec, takeTitle } from './util.js';
 import * as playback from './playback.js';
 import { allTakes, pinTakes, takeByKey, takeEvents, takeUpdated } from './takes.js';
-import { cursorSample, playTake, selectedTake } from './selection.js';
+import { cursorSample, selectedTake } from './selection.js';
 
 let ab = { a: null, b: null };
 
@@ -33,7 +35,8 @@ function divergence(a, b) {
 export function refreshCompare() {
   const { a, b } = ab;
   $('compare').hidden = !(a || b);
-  const desc = (t) => t.name + ' · ' + (t.pcm ? fmtSec(t.pcm.length) : '') + ' · seed ' + (t.seed ?? '—') + (t.parent ? ' · from ' + (takeByKey(t.parent) || {}).name + ' @ ' + fmtSec(t.spliceSample) : '');
+  const parentName = (t) => { const p = takeByKey(t.parent); return p ? takeTitle(p) : 'a take no longer here'; };
+  const desc = (t) => takeTitle(t) + ' · ' + (t.pcm ? fmtSec(t.pcm.length) : '') + ' · seed ' + (t.seed ?? '—') + (t.parent ? ' · from ' + parentName(t) + ' @ ' + fmtSec(t.spliceSample) : '');
   $('abA').textContent = a ? desc(a) : 'choose a take with its A button';
   $('abB').textContent = b ? desc(b) : 'choose a take with its B button';
   $('abPlayA').disabled = !a; $('abPlayB').disabled = !b;
@@ -42,14 +45,32 @@ export function refreshCompare() {
   $('abSplice').hidden = d == null || d <= 0;
   $('abSplice').disabled = d == null;
   $('abNote').textContent = d != null ? 'They share the first ' + fmtSec(d) + '.' : a && b ? 'Independent takes: switching keeps the time position.' : '';
+  refreshComparePlaying();
 }
 
-/* Play slot 'a' or 'b' from where the other one plays (or from the playhead). */
+/* The side that is playing ('a', 'b' or null). */
+export function playingSide() {
+  const p = playback.current();
+  if (!p || (!ab.a && !ab.b)) return null;
+  return p.take === ab.a ? 'a' : p.take === ab.b ? 'b' : null;
+}
+let shown = null;
+/* Which side plays, on the panel (every frame drawn: playback starts and stops without a refresh). */
+export function refreshComparePlaying() {
+  const side = playingSide(), now = side ? side + takeTitle(ab[side]) : '';
+  if (now === shown) return;
+  shown = now;
+  for (const k of ['a', 'b']) $('abRow' + k.toUpperCase()).classList.toggle('playing', side === k);
+  $('abNow').textContent = side ? '▶ Playing ' + side.toUpperCase() + ': ' + takeTitle(ab[side]) : '';
+}
+
+/* Play slot 'a' or 'b' from where the other one plays (or from the playhead); the selection stays. */
 export function playAB(slot) {
-  const t = ab[slot]; if (!t) return;
+  const t = ab[slot]; if (!t || !t.pcm || !t.pcm.length) return;
   const p = playback.current(), ph = playback.playheadSample();
   const from = p && (p.take === ab.a || p.take === ab.b) && ph != null ? ph : cursorSample();
-  playTake(t, Math.min(from, Math.max(0, t.pcm.length - FRAME)));
+  playback.playLocal(t, Math.min(from, Math.max(0, t.pcm.length - FRAME)));
+  refreshComparePlaying();
 }
 export function switchAB() {
   const { a, b } = ab; if (!a || !b) return;
@@ -59,6 +80,7 @@ export function switchAB() {
 
 export function initCompare() {
   pinTakes((t) => t === ab.a || t === ab.b);
+  takeEvents.on('notes', () => { if (ab.a || ab.b) refreshCompare(); });
   takeEvents.on('removed', (take) => { if (ab.a === take || ab.b === take) { for (const k of ['a', 'b']) if (ab[k] === take) ab[k] = null; refreshCompare(); } });
   $('abPlayA').addEventListener('click', () => playAB('a'));
   $('abPlayB').addEventListener('click', () => playAB('b'));
@@ -67,6 +89,7 @@ export function initCompare() {
   $('abSplice').addEventListener('click', () => {
     const { a, b } = ab; const d = divergence(a, b); if (d == null) return;
     const p = playback.current(), cur = p ? p.take : null;
-    playTake(cur === a ? b : a, Math.max(0, d - SR));
+    playback.playLocal(cur === a ? b : a, Math.max(0, d - SR));
+    refreshComparePlaying();
   });
 }

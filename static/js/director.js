@@ -3,6 +3,7 @@
  * routes incoming PCM into the take being generated (or into a replay's store); mirrors which takes the service
  * still holds. Owns the requests in flight and the live take. */
 import { SR, FRAME, now, fmtSec, plural } from './util.js';
+import { frameSuffix } from './units.js';
 import { PcmStore } from './pcm.js';
 import { audio } from './audio-out.js';
 import { conn, onClose, onMessage, onPcm } from './connection.js';
@@ -14,15 +15,19 @@ import { voiceName } from './voices.js';
 import * as playback from './playback.js';
 import { addTake, allTakes, holds, newTake, pinTakes, removeTake, setTakeId, takeById, takeTitle, takeUpdated } from './takes.js';
 import { selectTake, lastTakeSummary, openLocalTake } from './selection.js';
-import { sessionId, sessionLost, sessionEvents } from './sessions.js';
+import { createEdit, sessionId, sessionLost, sessionEvents } from './sessions.js';
 import * as render from './render.js';
 
-export const XFADE = 480;   // 10 ms: the crossfade where a region retake gives way to the old tail
+export const XFADE = 480;   // 10 ms: the crossfade where a region retake gives way to the old tail (or none: at the frame)
 
 let starts = [];     // start requests sent, in order, each waiting for its server start (or error): [{take, cancelled}]
 let seekReq = null;  // the seek sent and not yet acknowledged: {mode, frame, source, take, tail, preroll, cancelled}
 let rx = null;       // where incoming PCM goes: {kind:'take', take} | {kind:'replay', take, store, base}
-let live = null;     // the take the server is generating for us
+let live = null;     // the take the server is generating for us (its PCM arrives now)
+// Every take that started and has not ended yet. Usually just `live`; but the service may send a replaced take's
+// `end` after the next take's `start` (it stores the ended take before sending its end, and answers new
+// requests meanwhile), so a take can still be open when another one is live.
+const open = new Set();
 let held = [];       // ids of this connection's takes the service keeps (it drops the oldest beyond limits.max_takes_kept)
 
 export const stats = {
@@ -34,34 +39,46 @@ export const stats = {
 export function liveTake() { return live; }
 /* A start or seek sent and not answered yet. */
 export function hasPending() { return starts.length > 0 || !!seekReq; }
+/* A start sent for `take` that the service has not answered yet. */
+export function pendingStart(take) { return starts.some((r) => r.take === take); }
+/* The service is still working for this page: a request not answered, or a take started and not ended. */
+export function busy() { return hasPending() || open.size > 0 || !!live; }
 /* The service is re-sending a take (a replay). */
 export function replaying() { return !!(rx && rx.kind === 'replay'); }
 
-/* Speak: the scene as a new take. */
-export function speak() {
-  if (!conn.ready) { showAlert('offline', 'Not connected yet.'); return; }
+/* Speak: the scene as a new take. With streamText, a take whose text is fed afterwards ("speak as I type": the
+ * scene's text so far is its first piece, typing.js sends the rest with `append`); the take record, or null. */
+export function speak({ streamText = false } = {}) {
+  if (!conn.ready) { showAlert('offline', 'Not connected yet.'); return null; }
   const req = collectRequest();
-  if (!validateScene(req)) { setStatus('Check the scene', 'Some fields need attention.'); return; }
+  if (!validateScene(req, { emptyText: streamText })) { setStatus('Check the scene', 'Some fields need attention.'); return null; }
   hideAlert();
   audio.init().catch(() => {});
   playback.stopPlayback();
-  const take = newTake({ req: { ...req, referenceName: voiceName(req.reference) } });
+  discardUnheard();
+  const take = newTake({ req: { ...req, referenceName: voiceName(req.reference), ...(streamText ? { stream_text: true } : {}) } });
   take.sentAt = now();
   const r = { take };
   starts.push(r);
   const msg = { type: 'start', ...req, take: take.key, channels: req.channels || 1 };
   if (!seedIsFixed()) delete msg.seed;
-  if (!conn.send(msg)) { starts.pop(); return; }
-  setStatus('Requesting a take…', 'Waiting for the first audio.');
+  if (streamText) { msg.stream_text = true; take.streamText = true; }
+  if (!conn.send(msg)) { starts.pop(); return null; }
+  setStatus('Requesting a take…', streamText ? 'Its text follows as you type.' : 'Waiting for the first audio.');
   render.refresh();
   saveScene();
+  return take;
 }
+
+/* Text was sent to a take fed with text: until its first audio, "heard after" counts from the last text sent
+ * (before it, the take was waiting for words, not for the service). */
+export function noteTextSent(take) { if (take.firstPcmAt == null) take.sentAt = now(); }
 
 /* Cancel: stop the audio, and whatever the service is generating or about to. */
 export function cancelAll() {
   const hadPlayback = !!playback.current();
   playback.stopPlayback();
-  if (live || hasPending() || replaying()) {
+  if (busy() || replaying()) {
     conn.send({ type: 'cancel' });
     if (live) live.cancelling = true;
     setStatus('Cancelling…', 'Audio stopped.');
@@ -71,7 +88,7 @@ export function cancelAll() {
       const before = starts.length + (seekReq ? 1 : 0);
       starts = starts.filter((r) => !pend.includes(r));
       if (pend.includes(seekReq)) seekReq = null;
-      if (starts.length + (seekReq ? 1 : 0) !== before) { if (!live) setStatus('Cancelled', ''); render.refresh(); }
+      if (starts.length + (seekReq ? 1 : 0) !== before) { if (!busy()) setStatus('Cancelled', ''); render.refresh(); }
     }, 5000);
   } else if (hadPlayback) setStatus('Stopped', '');
   if (replaying()) { rx.store.complete = true; rx = null; }
@@ -106,10 +123,11 @@ export function seek(mode, src, at, { direction = null, tail = null } = {}) {
     take.sentAt = now();
     preroll = d.prerollSec;
   }
+  discardUnheard();
   seekReq = { mode, frame, source: src, take, tail, preroll };
   if (!conn.send(msg)) { seekReq = null; return; }
-  setStatus(mode === 'retake' ? 'Retaking ' + src.name + ' from ' + fmtSec(frame * FRAME) + '…' : 'Replaying ' + src.name + '…',
-    mode === 'retake' ? 'Everything before frame ' + frame + ' is kept exactly.' : 'The service re-sends the stored audio.');
+  setStatus(mode === 'retake' ? 'Retaking ' + takeTitle(src) + ' from ' + fmtSec(frame * FRAME) + frameSuffix(frame * FRAME) + '…' : 'Replaying ' + takeTitle(src) + '…',
+    mode === 'retake' ? 'Everything before ' + fmtSec(frame * FRAME) + ' is kept exactly.' : 'The service re-sends the stored audio.');
   render.refresh();
 }
 
@@ -143,13 +161,13 @@ function onStart(msg) {
   else if (take.pcm.ch !== ch) take.pcm = new PcmStore(ch);
   take.startAt = now();
   rx = { kind: 'take', take };
-  live = take;
+  live = take; open.add(take);
   stats.takesStarted++;
   if (!holds(take)) addTake(take);
   if (!take.isRetake) {             // a fresh take: follow it and play it as it streams
     selectTake(take, 0);
     if (!take.muted) playback.startStream(take, take.pcm, 0, 0, 'live');
-    announce('Speaking ' + take.name + '.');
+    announce('Speaking ' + takeTitle(take) + '.');
     render.showWaveOnPhone();
   }
   takeUpdated(take); render.refresh(); render.drawAll();
@@ -163,6 +181,8 @@ function onAudio(pcm) {
     take.pcm.append(pcm);
     const n = take.pcm.length - before;
     stats.samplesReceived += n;
+    if (!take.firstChunks) take.firstChunks = [];
+    if (take.firstChunks.length < 8) take.firstChunks.push(n / FRAME);   // frames per message: sound starts from the first
     if (take.firstPcmAt == null) {
       take.firstPcmAt = now();
       take.ttfaClient = take.firstPcmAt - take.sentAt;
@@ -197,7 +217,7 @@ function onSeekAck(msg) {
     rx = { kind: 'replay', take: source, store, base: sample };
     selectTake(source, sample);
     playback.startStream(source, store, 0, sample, 'replay');
-    setStatus('Replaying ' + source.name, 'From ' + fmtSec(sample) + ' (frame ' + msg.frame + '), re-sent by the service.');
+    setStatus('Replaying ' + takeTitle(source), 'From ' + fmtSec(sample) + frameSuffix(sample) + ', re-sent by the service.');
     render.refresh();
     return;
   }
@@ -212,13 +232,13 @@ function onSeekAck(msg) {
   stats.lastSplice = { take: msg.take, from_take: msg.from_take, frame: msg.frame, sample, prefixSamples: take.pcm.length,
     parentHeld: source.pcm.length, padded: source.pcm.length < sample };
   rx = { kind: 'take', take };
-  live = take;
+  live = take; open.add(take);
   addTake(take);
   selectTake(take, sample);
   const pre = Math.round((p ? p.preroll : 0) * SR);
   take.muted = !!(p && p.cancelled);
   if (!take.muted) playback.startStream(take, take.pcm, Math.max(0, sample - pre), 0, 'retake');
-  announce('Retaking ' + source.name + ' from ' + fmtSec(sample) + ' as ' + take.name + '.');
+  announce('Retaking ' + takeTitle(source) + ' from ' + fmtSec(sample) + ' as ' + take.name + '.');
   render.showWaveOnPhone();
   takeUpdated(take); render.refresh(); render.drawAll();
 }
@@ -234,11 +254,12 @@ function onEnd(msg) {
   if (!take) return;
   take.end = msg;
   take.status = msg.reason || 'done';
-  if (sessionId() && msg.n_frames > 0 && take.conn === conn.serial) take.stored = sessionId();   // kept before its end was sent
+  if (sessionId() && msg.n_frames > 0 && take.conn === conn.serial && !take.discarded) take.stored = sessionId();   // kept before its end was sent
   take.endAt = now();
   if (take.pcm) take.pcm.complete = true;
   if (rx && rx.take === take) rx = null;
   if (live === take) live = null;
+  open.delete(take);
   stats.takesEnded++;
   stats.lastEnd = { ...msg, receivedSamples: take.pcm ? take.pcm.length : 0 };
   if (take.pcm && msg.n_frames != null && take.pcm.length !== msg.n_frames * FRAME) take.mismatch = `holds ${take.pcm.length} samples, the service reports ${msg.n_frames} frames`;
@@ -246,22 +267,19 @@ function onEnd(msg) {
   const kept = !!(take.pcm && take.pcm.length);
   // Nothing to keep: no audio, or replaced by a new Speak before the director heard a quarter second of it.
   if (!kept && (msg.reason === 'replaced' || msg.reason === 'cancelled')) removeTake(take);
-  else if (msg.reason === 'replaced' && (take.heardSamples || 0) < SR / 4 && !take.title && !take.starred && !take.note) removeTake(take);
+  else if (msg.reason === 'replaced' && unheard(take)) removeTake(take);
   else takeUpdated(take);
   if (take.tailSplice) {
     const ts = take.tailSplice;
-    if (take.pcm && take.pcm.length >= ts.to + XFADE && holds(ts.source)) {
-      const spliced = spliceOldTail(take, ts.source, ts.to);
-      announce(takeTitle(spliced) + ': the region re-done, the old tail back after ' + fmtSec(ts.to) + '.');
-      setStatus('Spliced', takeTitle(spliced) + ': new audio ' + fmtSec(take.spliceSample) + ' – ' + fmtSec(ts.to) + ', then ' + ts.source.name + '\'s tail (10 ms crossfade).');
-    } else showAlert('splice', 'The retake ended before the region\'s end, so the old tail was not brought back.', { info: true });
+    if (take.pcm && take.pcm.length >= ts.to + XFADE && holds(ts.source)) keepOldTail(take, ts);
+    else showAlert('splice', 'The retake ended before the region\'s end, so the old tail was not brought back.', { info: true });
     render.refresh(); render.drawAll();
     return;
   }
-  if (!live && !hasPending()) {
+  if (!busy()) {
     const what = { done: 'finished', max_frames: 'reached its frame limit', cancelled: 'cancelled', replaced: 'replaced', shutdown: 'stopped: the service is shutting down', error: 'ended with an error' }[msg.reason] || msg.reason;
-    if (kept || msg.reason !== 'replaced') announce(take.name + ' ' + what + (kept ? ', ' + fmtSec(take.pcm.length) + '.' : '.'));
-    if (!playback.current() || msg.reason === 'cancelled') setStatus(msg.reason === 'cancelled' ? 'Cancelled' : 'Ready', msg.reason === 'cancelled' ? take.name + ' cancelled at ' + fmtSec(kept ? take.pcm.length : 0) + '.' : lastTakeSummary());
+    if (kept || msg.reason !== 'replaced') announce(takeTitle(take) + ' ' + what + (kept ? ', ' + fmtSec(take.pcm.length) + '.' : '.'));
+    if (!playback.current() || msg.reason === 'cancelled') setStatus(msg.reason === 'cancelled' ? 'Cancelled' : 'Ready', msg.reason === 'cancelled' ? takeTitle(take) + ' cancelled at ' + fmtSec(kept ? take.pcm.length : 0) + '.' : lastTakeSummary());
   }
   render.refresh(); render.drawAll();
   if (msg.reason === 'error') showAlert('error', 'The take ended with an error.');
@@ -277,25 +295,38 @@ function onServerError(msg) {
   }
   if (msg.take) {
     const t = takeById(msg.take);
-    if (t && t.status === 'streaming') { t.status = 'error'; t.pcm && (t.pcm.complete = true); if (live === t) live = null; if (rx && rx.take === t) rx = null; takeUpdated(t); }
+    if (t && t.status === 'streaming') { t.status = 'error'; t.pcm && (t.pcm.complete = true); if (live === t) live = null; open.delete(t); if (rx && rx.take === t) rx = null; takeUpdated(t); }
   }
   if (msg.field) markField(msg.field, msg.message);
   const retry = msg.code === 'busy' || msg.code === 'loading' || msg.code === 'rate_limited';
   showAlert(msg.code || 'error', msg.message || 'The service reported an error.', { retry });
-  if (!live && !playback.current()) setStatus(msg.code === 'busy' ? 'Service busy' : msg.code === 'loading' ? 'Model loading' : msg.code === 'rate_limited' ? 'Limit reached' : 'Not started', msg.message || '');
+  if (!busy() && !playback.current()) setStatus(msg.code === 'busy' ? 'Service busy' : msg.code === 'loading' ? 'Model loading' : msg.code === 'rate_limited' ? 'Limit reached' : 'Not started', msg.message || '');
   render.refresh(); playback.feed();
 }
 
 function onDisconnected(ev) {
   setConn('closed', 'Disconnected');
-  const lost = live;
-  if (lost) { lost.status = 'disconnected'; lost.pcm && (lost.pcm.complete = true); takeUpdated(lost); }
+  for (const lost of new Set([...open, live].filter(Boolean))) {
+    if (lost.status === 'streaming') lost.status = 'disconnected';
+    lost.pcm && (lost.pcm.complete = true); takeUpdated(lost);
+  }
   if (replaying()) rx.store.complete = true;
-  live = null; rx = null; starts = []; seekReq = null;
+  live = null; rx = null; starts = []; seekReq = null; open.clear();
   playback.feed();                // let the player drain what it holds
   render.refresh();
   for (const t of allTakes()) takeUpdated(t);
   if (ev && ev.code === 1008) showAlert('closed', 'The service closed the connection: ' + (ev.reason || 'policy violation'));
+}
+
+/* A take the director never really had: under a quarter second of it heard, no notes on it. */
+function unheard(t) { return (t.heardSamples || 0) < SR / 4 && !t.title && !t.starred && !t.note; }
+/* The live take (and any start not answered yet) is about to be replaced: unheard, the session is told not to
+ * keep it (it then takes no number there), and the page drops it when it ends. */
+function discardUnheard() {
+  if (!sessionId()) return;
+  const t = live;
+  if (t && t.id && !t.discarded && unheard(t)) { t.discarded = true; conn.send({ type: 'discard', take: t.id }); }
+  for (const r of starts) if (!r.take.discarded) { r.take.discarded = true; conn.send({ type: 'discard', take: r.take.key }); }
 }
 
 /* The service keeps the last limits.max_takes_kept takes of a connection (the running one never goes): mirror
@@ -315,23 +346,43 @@ function serviceKeeps(id) {
   render.refresh();
 }
 
-/* new[0, to) + a crossfade into old[to, to + XFADE) + old[to + XFADE, end): the region re-done, the rest kept. */
-function spliceOldTail(retake, source, to) {
+/* The region re-done, the rest kept: the retake up to the region's end, then the old take's tail (joined with
+ * ts.crossfade samples of crossfade, or at the frame). Bound to a session the service makes it from the two stored
+ * takes and keeps it (moss_rt/splices.py), a take like any other; otherwise it is made here and lives in the page. */
+async function keepOldTail(retake, ts) {
+  const source = ts.source, xfade = ts.crossfade ?? XFADE;
+  const join = xfade ? Math.round(xfade / SR * 1000) + ' ms crossfade' : 'joined at the frame';
+  let spliced;
+  if (sessionId()) {
+    try {
+      spliced = await createEdit('splice', [{ take: retake, from: 0, to: ts.to }, { take: source, from: ts.to, to: source.pcm.length }], { crossfade: xfade });
+    } catch (e) { showAlert('splice', 'The splice could not be kept: ' + e.message); return; }
+    selectTake(spliced, 0);
+    stats.lastSplice = { ...(stats.lastSplice || {}), kept: spliced.id };
+  } else spliced = spliceOldTail(retake, source, ts.to, xfade);
+  announce(takeTitle(spliced) + ': the region re-done, the old tail back after ' + fmtSec(ts.to) + '.');
+  setStatus('Spliced', takeTitle(spliced) + ': new audio ' + fmtSec(retake.spliceSample) + ' – ' + fmtSec(ts.to) + ', then ' + takeTitle(source) + '\'s tail (' + join + ').');
+  render.refresh(); render.drawAll();
+}
+
+/* Without a session: new[0, to) + a crossfade into old[to, to + x) + old[to + x, end), made here (the service does
+ * the same to the sample: moss_rt/splices.py). */
+function spliceOldTail(retake, source, to, xfade) {
   const ch = retake.pcm.ch, out = new PcmStore(ch, source.pcm.length + SR);
   out.append(retake.pcm.data.subarray(0, to * ch));
-  const x = new Int16Array(XFADE * ch);
-  for (let i = 0; i < XFADE; i++) {
-    const w = (i + 0.5) / XFADE;
+  const x = new Int16Array(xfade * ch);
+  for (let i = 0; i < xfade; i++) {
+    const w = (i + 0.5) / xfade;
     for (let c = 0; c < ch; c++) x[i * ch + c] = Math.round(retake.pcm.sample(to + i, c) * (1 - w) + source.pcm.sample(to + i, c) * w);
   }
   out.append(x);
-  out.append(source.pcm.data.subarray((to + XFADE) * ch, source.pcm.length * ch));
+  out.append(source.pcm.data.subarray((to + xfade) * ch, source.pcm.length * ch));
   return openLocalTake(out, { req: retake.req, seed: retake.seed, parent: source.key, spliceSample: retake.spliceSample, spliceFrame: retake.spliceFrame,
-    splices: [{ sample: to, kind: 'crossfade ' + Math.round(XFADE / SR * 1000) + ' ms' }], spliceOf: { retake: retake.key, source: source.key, to } });
+    splices: [{ sample: to, kind: xfade ? 'crossfade ' + Math.round(xfade / SR * 1000) + ' ms' : 'join' }], spliceOf: { retake: retake.key, source: source.key, to } });
 }
 
 export function initDirector() {
-  pinTakes((t) => t === live);
+  pinTakes((t) => t === live || open.has(t));
   onMessage('hello', onHello);
   onMessage('start', onStart);
   onMessage('seek', onSeekAck);
@@ -340,7 +391,7 @@ export function initDirector() {
   onPcm(onAudio);
   onClose(onDisconnected);
   sessionEvents.on('resumed', (fresh) => {
-    if (!live && !hasPending()) setStatus('Session resumed', plural(fresh, 'take') + ' back from the service, every one playable and retakeable.');
+    if (!busy()) setStatus('Session resumed', plural(fresh, 'take') + ' back from the service, every one playable and retakeable.');
   });
-  playback.playbackEvents.on('drained', () => { if (!live && !hasPending()) setStatus('Ready', lastTakeSummary()); });
+  playback.playbackEvents.on('drained', () => { if (!busy()) setStatus('Ready', lastTakeSummary()); });
 }

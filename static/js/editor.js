@@ -1,23 +1,34 @@
 /* The take editor ("waveform and regions"): the selected take's waveform with its playhead, zoom and scroll; the
- * region (Shift+drag, [ ]) with loop, region retake and keep-the-old-tail; markers; the take's name, star, note
- * and delete; replay and retake from the playhead, with the retake direction panel. Owns the view, the region and
- * the pointer gestures; the selection and the playhead are selection.js's. */
+ * region (long-press and drag, by mouse or touch; Shift+drag; [ ]) with handles to drag its ends, loop, region
+ * retake and keep-the-old-tail; markers; the take's name, star, note and delete (with undo: deletes.js); replay
+ * and retake from the playhead, with the retake direction panel. Owns the view, the region and the pointer
+ * gestures; the selection and the playhead are selection.js's. */
 import { $, el, SR, FRAME, clamp, fmtSec } from './util.js';
+import { frameNote, frameSuffix, showFrames, unitEvents } from './units.js';
 import { conn } from './connection.js';
 import { limits } from './service.js';
 import { setStatus, announce } from './status.js';
 import * as playback from './playback.js';
 import { drawWaveform, fitCanvas } from './waveform.js';
-import { notesChanged, removeTake, serverHolds, takeByKey, takeEvents, takeTitle } from './takes.js';
+import { notesChanged, partTitle, serverHolds, takeByKey, takeEvents, takeTitle } from './takes.js';
 import { cursorSample, playTake, selectedTake, selectionEvents, setCursor } from './selection.js';
 import { XFADE, hasPending, liveTake, seek } from './director.js';
+import { deleteTake, deleteWording } from './deletes.js';
 import * as render from './render.js';
 
 const wave = $('wave');
 let view = { zoom: 1, start: 0 };   // the editor's window on the selected take (zoom 1 = all of it)
 let region = null;                  // {from, to} samples of the selected take, whole frames
-let deleteArmed = null;             // the take whose Delete was pressed once (a second press deletes)
 let dragging = false, hoverX = null, regionDrag = null;
+// A press on the waveform: {id, x, y, timer, moved} until it is a playhead drag (it moved), a region drag (held
+// still for LONG_PRESS_MS, or Shift), or a handle drag (it started on a region end).
+let press = null;
+const LONG_PRESS_MS = 450;          // held this long without moving: the press selects a region
+const MOVE_SLOP_PX = 8;             // moving less than this is still holding still
+// How far from a region end a press grabs it: 22 px each side under a finger (a 44 px target), 7 with a mouse.
+const handleReach = (pointerType) => (pointerType === 'mouse' ? 7 : 22);
+
+export const stats = { longPresses: 0, handleDrags: 0 };
 
 export function currentRegion() { return region; }
 
@@ -91,6 +102,15 @@ export function drawEditor() {
     g.beginPath(); if (g.roundRect) g.roundRect(lx, y, tw, 16 * dpr, 4 * dpr); else g.rect(lx, y, tw, 16 * dpr);
     g.fill(); g.fillStyle = '#0e1114'; g.fillText(label, lx + 5 * dpr, y + 8 * dpr);
   };
+  if (R) {                 // the region's ends as handles (over the waveform): grips to drag them
+    const gw = 8 * dpr, gh = Math.min(34 * dpr, H / 2), gy = (H - gh) / 2;
+    for (const x of [xOf(R.from), xOf(R.to)]) {
+      g.fillStyle = '#9aa5e8'; g.fillRect(x, 0, Math.max(1, dpr), H);
+      g.beginPath(); if (g.roundRect) g.roundRect(x - gw / 2, gy, gw, gh, 3 * dpr); else g.rect(x - gw / 2, gy, gw, gh); g.fill();
+      g.fillStyle = '#0e1114';
+      for (let k = -1; k <= 1; k++) g.fillRect(x - dpr, gy + gh / 2 + k * 5 * dpr, 2 * dpr, dpr);
+    }
+  }
   for (const sp of t.splices || []) flag(xOf(sp.sample), 'splice · ' + sp.kind, '#9aa5e8', H - 22 * dpr);
   for (const m of t.markers || []) flag(xOf(m.sample), m.label, '#7cc593', 24 * dpr);
   if (S0) {
@@ -124,20 +144,36 @@ export function drawEditor() {
   const maxS = t.pcm.length;
   wave.setAttribute('aria-valuemax', String(Math.floor(maxS / FRAME)));
   wave.setAttribute('aria-valuenow', String(Math.floor(cursor / FRAME)));
-  wave.setAttribute('aria-valuetext', takeTitle(t) + ': playhead at ' + fmtSec(cursor) + ' of ' + fmtSec(maxS) + ', frame ' + Math.floor(cursor / FRAME));
+  wave.setAttribute('aria-valuetext', takeTitle(t) + ': playhead at ' + fmtSec(cursor) + ' of ' + fmtSec(maxS) + frameSuffix(cursor));
   $('edPos').innerHTML = '';
-  $('edPos').append(fmtSec(cursor) + ' ', el('small', { text: 'frame ' + Math.floor(cursor / FRAME) + (cursor && cursor >= t.pcm.length && t.status !== 'streaming' ? ' (end)' : '') + (ph != null ? ' · playing ' + fmtSec(ph) : '') }));
+  const atEnd = cursor && cursor >= t.pcm.length && t.status !== 'streaming';
+  const small = [frameNote(cursor), atEnd ? 'the end' : '', ph != null ? 'playing ' + fmtSec(ph) : ''].filter(Boolean).join(' · ');
+  $('edPos').append(fmtSec(cursor) + ' ', el('small', { text: small }));
 }
 
 /* "retake of Take 1 @ 2.40 s (frame 30) · t_…": where a take comes from, under its title. */
 function takeLineage(t) {
   const parent = t.parent && takeByKey(t.parent);
   const bits = [];
-  if (t.spliceOf) bits.push('region ' + fmtSec(t.spliceSample) + ' – ' + fmtSec(t.spliceOf.to) + ' re-done from ' + (takeByKey(t.spliceOf.retake) || {}).name + ', then ' + (parent || {}).name + '\'s tail');
-  else if (parent) bits.push('retake of ' + parent.name + ' @ ' + fmtSec(t.spliceSample) + ' (frame ' + t.spliceFrame + ')');
+  const named = (x) => (x ? takeTitle(x) : 'a take no longer here');
+  if (t.parts && t.parts.length) {
+    const regions = t.parts.map((p) => partTitle(p) + ' ' + fmtSec(p.from) + ' – ' + fmtSec(p.to));
+    bits.push(t.kind === 'splice' ? 'splice: ' + regions.join(', then ') : 'comp of ' + regions.join(' + '));
+    if (t.crossfade) bits.push(Math.round(t.crossfade / SR * 1000) + ' ms crossfade at each join');
+    if (t.hasCodes === false) bits.push('audio only');
+  } else if (t.spliceOf) bits.push('region ' + fmtSec(t.spliceSample) + ' – ' + fmtSec(t.spliceOf.to) + ' re-done from ' + named(takeByKey(t.spliceOf.retake)) + ', then ' + named(parent) + '\'s tail · made here');
+  else if (parent) bits.push('retake of ' + takeTitle(parent) + ' @ ' + fmtSec(t.spliceSample) + frameSuffix(t.spliceSample));
   if (t.comp) bits.push('comp of ' + t.comp.length + ' regions · made here');
-  if (t.id) bits.push(t.id);
+  if (t.id && showFrames()) bits.push(t.id);    // the service's id: for the advanced view
   return bits.join(' · ');
+}
+
+/* Why the model cannot continue or re-send a take the service keeps (a splice with a crossfade), or ''. */
+export function noCodesReason(t) {
+  if (!t || t.hasCodes !== false) return '';
+  return takeTitle(t) + ' joins its parts with a ' + Math.round((t.crossfade || 0) / SR * 1000) + ' ms crossfade inside a frame, so it has no codes '
+    + 'for the model to continue from or re-send: retake one of the takes it is made of, or keep the old tail joined at the frame. '
+    + 'Play, compare and download work.';
 }
 
 /* ------------------------------------------------------------------ replay and retake from the playhead */
@@ -171,7 +207,8 @@ export function seekFromPlayhead(mode, tail = null) {
 function retakeRegion() {
   const R = region, t = selectedTake();
   if (!R || !t) return;
-  const tail = $('keepTail').checked && R.to + XFADE <= t.pcm.length ? { to: R.to, source: t } : null;
+  const crossfade = $('tailJoin').value === 'frame' ? 0 : XFADE;
+  const tail = $('keepTail').checked && R.to + XFADE <= t.pcm.length ? { to: R.to, source: t, crossfade } : null;
   setCursor(R.from);
   seekFromPlayhead('retake', tail);
 }
@@ -179,13 +216,16 @@ function retakeRegion() {
 /* The cursor bar's buttons (on every render.refresh()). */
 export function refreshEditorButtons() {
   const t = selectedTake(), cursor = cursorSample();
-  const canServer = serverHolds(t) && t.pcm && t.pcm.length > 0 && t.status !== 'streaming';
+  const noCodes = noCodesReason(t);
+  const canServer = serverHolds(t) && t.pcm && t.pcm.length > 0 && t.status !== 'streaming' && !noCodes;
   const atEnd = !!(t && t.pcm && t.pcm.length && cursor >= t.pcm.length);
   $('replayBtn').disabled = !canServer || atEnd;
-  $('retakeBtn').disabled = !(serverHolds(t) && t.pcm && t.pcm.length > 0);
+  $('retakeBtn').disabled = !(serverHolds(t) && t.pcm && t.pcm.length > 0 && !noCodes);
   $('retakeBtn').textContent = atEnd && t.status !== 'streaming' ? 'Continue from the end' : 'Retake from here';
   const why = !t ? '' : !t.id ? '' : t.conn !== conn.serial ? 'This take belongs to an earlier connection: the service no longer has it in this session. Play and download still work.'
-    : t.dropped ? 'The service no longer holds this take (it keeps the last ' + (limits().max_takes_kept || 32) + ' of a connection). Play and download still work.' : '';
+    : t.dropped ? 'The service no longer holds this take (it keeps the last ' + (limits().max_takes_kept || 32) + ' of a connection). Play and download still work.' : noCodes;
+  if ($('seekWhy').textContent !== noCodes) $('seekWhy').textContent = noCodes;
+  $('seekWhy').hidden = !noCodes;
   $('retakeBtn').title = why || 'Keep everything before the playhead, generate a new continuation (Ctrl+Shift+Enter)';
   $('replayBtn').title = why || (t && t.status === 'streaming' ? 'Available when the take has finished' : 'Have the service re-send this take\'s audio from the playhead');
   $('edPlay').disabled = !(t && t.pcm && t.pcm.length);
@@ -215,13 +255,15 @@ export function markRegionEnd() { const t = selectedTake(), c = cursorSample(); 
 export function refreshRegion() {
   const R = region, t = selectedTake();
   const pos = $('regionPos'); pos.replaceChildren();
-  if (R && R.to > R.from) pos.append('Region ' + fmtSec(R.from) + ' – ' + fmtSec(R.to) + ' ', el('small', { text: 'frames ' + R.from / FRAME + '–' + R.to / FRAME + ' · ' + fmtSec(R.to - R.from) }));
-  else pos.append('No region ', el('small', {}, 'Shift+drag on the waveform, or ', el('kbd', { text: '[' }), ' ', el('kbd', { text: ']' }), ' at the playhead'));
+  if (R && R.to > R.from) pos.append('Region ' + fmtSec(R.from) + ' – ' + fmtSec(R.to) + ' ', el('small', { text: fmtSec(R.to - R.from) + (showFrames() ? ' · frames ' + R.from / FRAME + '–' + R.to / FRAME : '') + ' · drag its ends to change it' }));
+  else if (matchMedia('(pointer: coarse)').matches) pos.append('No region ', el('small', { text: 'Long-press and drag on the waveform' }));
+  else pos.append('No region ', el('small', {}, 'Long-press and drag on the waveform (or Shift+drag, ', el('kbd', { text: '[' }), ' ', el('kbd', { text: ']' }), ')'));
   const has = !!(R && R.to > R.from && t && t.pcm);
   const looping = !!playback.loopRegion();
   $('loopBtn').disabled = !has; $('loopBtn').setAttribute('aria-pressed', String(looping));
   $('loopBtn').textContent = looping ? 'Stop loop' : 'Loop region';
-  $('retakeRegionBtn').disabled = !(has && serverHolds(t) && t.status !== 'streaming' && !hasPending());
+  $('retakeRegionBtn').disabled = !(has && serverHolds(t) && t.status !== 'streaming' && !hasPending() && !noCodesReason(t));
+  $('retakeRegionBtn').title = noCodesReason(t) || 'Retake from the region\'s start (with the retake direction below)';
   $('compAdd').disabled = !has; $('regionClear').disabled = !R;
   $('markerAdd').disabled = !(t && t.pcm && t.pcm.length);
 }
@@ -254,6 +296,12 @@ function refreshMarkers() {
 
 /* ------------------------------------------------------------------ the take's details */
 
+/* The editor's heading: the take's name, and where it comes from (naming the takes it comes from). */
+function refreshHeading(take) {
+  $('edTitle').textContent = take ? takeTitle(take) : 'No take yet';
+  $('edSub').textContent = take ? takeLineage(take) : '';
+}
+
 function refreshDetails() {
   const t = selectedTake();
   $('takeDetails').hidden = !t;
@@ -262,15 +310,11 @@ function refreshDetails() {
   if (document.activeElement !== $('takeNote')) $('takeNote').value = t.note || '';
   $('takeStar').setAttribute('aria-pressed', String(!!t.starred)); $('takeStar').textContent = t.starred ? '★' : '☆';
   $('takeDelete').disabled = t === liveTake();
-  $('takeDelete').textContent = deleteArmed === t ? 'Delete ' + t.name + '?' : 'Delete';
+  $('takeDelete').title = t.stored ? 'Delete ' + takeTitle(t) + ' from the session (Undo for a few seconds)'
+    : 'Remove ' + takeTitle(t) + ' ' + deleteWording(t) + ' (the service does not keep it; Undo for a few seconds)';
+  $('takeDelete').setAttribute('aria-label', 'Delete ' + takeTitle(t) + ' ' + deleteWording(t));
 }
-function deleteSelected() {
-  const t = selectedTake(); if (!t || t === liveTake()) return;
-  if (deleteArmed !== t) { deleteArmed = t; refreshDetails(); setTimeout(() => { if (deleteArmed === t) { deleteArmed = null; refreshDetails(); } }, 4000); return; }
-  deleteArmed = null;
-  announce(takeTitle(t) + ' deleted.');
-  removeTake(t, false);
-}
+function deleteSelected() { deleteTake(selectedTake()); }
 
 /* ------------------------------------------------------------------ pointer and keys on the waveform */
 
@@ -284,24 +328,66 @@ function setCursorFromEvent(e) {
   if (regionDrag) { setRegion(regionDrag.anchor, Math.round(s / FRAME) * FRAME); return; }
   setCursor(Math.round(s / FRAME) * FRAME);
 }
+/* The region end (a handle) a press at clientX grabs: 'from', 'to' or null. */
+function handleAt(e) {
+  const R = region, t = selectedTake(); if (!R || R.to <= R.from || !t || !t.pcm) return null;
+  const r = wave.getBoundingClientRect(), v = viewRange(t), px = (s) => r.left + (s - v.start) / v.span * r.width;
+  const dFrom = Math.abs(e.clientX - px(R.from)), dTo = Math.abs(e.clientX - px(R.to)), reach = handleReach(e.pointerType);
+  if (Math.min(dFrom, dTo) > reach) return null;
+  return dTo <= dFrom ? 'to' : 'from';
+}
+function cancelPress() { if (press) { clearTimeout(press.timer); press = null; } }
+/* Held still long enough: from here the drag selects a region, anchored where the press began. */
+function beginRegionFromPress() {
+  if (!press || press.moved || !dragging) return;
+  regionDrag = { anchor: press.anchor };
+  stats.longPresses++;
+  if (navigator.vibrate) try { navigator.vibrate(10); } catch (e) { /* not allowed */ }
+  setRegion(press.anchor, press.anchor);
+  setStatus('Selecting a region', 'Drag to where it ends; lift to keep it.');
+  press.timer = null;
+  render.scheduleDraw();
+}
 function initPointer() {
-  wave.addEventListener('pointerleave', () => { hoverX = null; render.scheduleDraw(); });
+  wave.addEventListener('pointerleave', () => { hoverX = null; wave.style.cursor = ''; render.scheduleDraw(); });
+  wave.addEventListener('contextmenu', (e) => e.preventDefault());   // a long press is a region, not a menu
   wave.addEventListener('pointerdown', (e) => {
     const t = selectedTake();
-    if (!t || !t.pcm) return;
+    if (!t || !t.pcm || (e.pointerType === 'mouse' && e.button !== 0)) return;
+    cancelPress();
     dragging = true; wave.setPointerCapture(e.pointerId);
-    // Shift+drag selects a region (frame-aligned); a plain click or drag moves the playhead
-    if (e.shiftKey) regionDrag = { anchor: Math.round(sampleAt(e) / FRAME) * FRAME };
+    const edge = handleAt(e);
+    if (edge) {                     // a region end: drag it (the other end stays)
+      regionDrag = { anchor: edge === 'to' ? region.from : region.to };
+      stats.handleDrags++;
+      return;
+    }
+    // Shift+drag selects a region at once; a plain press places the playhead, a drag scrubs it, and a press held
+    // still for LONG_PRESS_MS turns into a region drag (the way in on a touch screen).
+    const anchor = Math.round(sampleAt(e) / FRAME) * FRAME;
+    if (e.shiftKey) regionDrag = { anchor };
+    else press = { id: e.pointerId, x: e.clientX, y: e.clientY, anchor, moved: false, timer: setTimeout(beginRegionFromPress, LONG_PRESS_MS) };
     setCursorFromEvent(e);
   });
   wave.addEventListener('pointermove', (e) => {
+    if (press && press.id === e.pointerId && !press.moved && Math.hypot(e.clientX - press.x, e.clientY - press.y) > MOVE_SLOP_PX) {
+      press.moved = true; clearTimeout(press.timer);          // it moves: a playhead drag
+    }
     if (dragging) setCursorFromEvent(e);
     hoverX = e.pointerType === 'mouse' ? (e.clientX - wave.getBoundingClientRect().left) / wave.clientWidth : null;
+    if (!dragging && e.pointerType === 'mouse') wave.style.cursor = handleAt(e) ? 'ew-resize' : '';
     render.scheduleDraw();
   });
   const endDrag = () => {
+    cancelPress();
     if (!dragging) return; dragging = false;
-    if (regionDrag) { regionDrag = null; if (region && region.to - region.from < FRAME) setRegion(null); else setCursor(region.from); return; }
+    if (regionDrag) {
+      regionDrag = null;
+      if (!region || region.to - region.from < FRAME) { setRegion(null); setStatus('No region', 'Hold still a moment on the waveform, then drag.'); return; }
+      setCursor(region.from);
+      setStatus('Region ' + fmtSec(region.from) + ' – ' + fmtSec(region.to), 'Loop it, retake it or add it to the comp; drag its ends to change it.');
+      return;
+    }
     const t = selectedTake();   // scrubbing during local playback jumps the audio to the playhead
     if (playback.playsLocally(t)) playTake(t, cursorSample());
   };
@@ -336,23 +422,21 @@ export function initEditor() {
   selectionEvents.on('select', ({ prev, take }) => {
     if (take !== prev) {
       clearRetakeDirection();
-      view = { zoom: 1, start: 0 }; deleteArmed = null;
+      view = { zoom: 1, start: 0 };
       const p = playback.current();
       if (!(p && p.loop && p.take === take)) region = null;
     }
-    $('edTitle').textContent = take ? takeTitle(take) : 'No take yet';
-    $('edSub').textContent = take ? takeLineage(take) : '';
+    refreshHeading(take);
     syncScrollbar(); refreshDetails(); refreshMarkers(); refreshRegion();
   });
   selectionEvents.on('cursor', (cursor) => {
     const v = viewRange(selectedTake());                     // zoomed in: keep the playhead in view
     if (view.zoom > 1 && (cursor < v.start || cursor > v.start + v.span)) { view.start = Math.max(0, cursor - v.span / 2); syncScrollbar(); }
   });
-  takeEvents.on('removed', (take, { renumbered }) => {
-    const t = selectedTake();
-    if (renumbered && t && t !== take) $('edTitle').textContent = takeTitle(t);
-  });
-  takeEvents.on('notes', (t) => { refreshDetails(); if (selectedTake() === t) $('edTitle').textContent = takeTitle(t); });
+  takeEvents.on('removed', (take) => { const t = selectedTake(); if (t && t !== take) refreshHeading(t); });
+  // a name or a number changed: every label that names a take follows (the lineage names takes too)
+  for (const ev of ['notes', 'numbered']) takeEvents.on(ev, () => { refreshDetails(); refreshHeading(selectedTake()); });
+  unitEvents.on('change', () => { refreshHeading(selectedTake()); refreshRegion(); render.scheduleDraw(); });
   $('replayBtn').addEventListener('click', () => seekFromPlayhead('replay'));
   $('retakeBtn').addEventListener('click', () => seekFromPlayhead('retake'));
   $('edPlay').addEventListener('click', togglePlaySelected);

@@ -8,10 +8,13 @@ import { conn, stats as connectionStats } from './connection.js';
 import * as playback from './playback.js';
 import { allTakes, findTake, holds, takeByKey } from './takes.js';
 import { cursorSample, selectTake, selectedTake, setCursor } from './selection.js';
-import { hasPending, liveTake, stats as directorStats } from './director.js';
+import { busy, stats as directorStats } from './director.js';
 import { sessionId, stats as sessionStats } from './sessions.js';
-import { currentRegion, setRegion, viewRange } from './editor.js';
+import { currentRegion, setRegion, viewRange, stats as editorStats } from './editor.js';
 import { compSegments } from './comp.js';
+import { compared, playingSide } from './compare.js';
+import { pendingDeletes, stats as deleteStats } from './deletes.js';
+import { typedSoFar, typingOpen, stats as typingStats } from './typing.js';
 import { currentScript, stats as scriptJobStats } from './script-job.js';
 import { stats as scriptPanelStats } from './script-panel.js';
 import { stats as wordStats, wordsOf } from './words.js';
@@ -29,24 +32,29 @@ function liveStats(...sources) {
 function describeTake(t) {
   return { key: t.key, name: t.name, id: t.id, status: t.status, seed: t.seed, samples: t.pcm ? t.pcm.length : 0,
     channels: t.pcm ? t.pcm.ch : null, parent: t.parent ? (takeByKey(t.parent) || {}).id || null : null, spliceSample: t.spliceSample || 0,
-    spliceFrame: t.spliceFrame || 0, end: t.end || null, ttfaMs: t.ttfaClient ?? null, heardMs: t.heardMs ?? null, mismatch: t.mismatch || null, request: t.req,
+    spliceFrame: t.spliceFrame || 0, end: t.end || null, ttfaMs: t.ttfaClient ?? null, heardMs: t.heardMs ?? null,
+    heardAtMs: t.heardAtMs ?? null, prerollMs: t.prerollMs ?? null, firstChunks: t.firstChunks || [], mismatch: t.mismatch || null, request: t.req, deleting: !!t.deleting,
     underruns: t.underruns || 0, dropped: !!t.dropped, title: t.title || null, starred: !!t.starred, note: t.note || '',
-    local: !!t.local, stored: !!t.stored, loaded: !!(t.pcm && t.pcm.complete), splices: (t.splices || []).map((x) => ({ ...x })), markers: (t.markers || []).map((m) => ({ ...m })) };
+    local: !!t.local, stored: !!t.stored, loaded: !!(t.pcm && t.pcm.complete), splices: (t.splices || []).map((x) => ({ ...x })), markers: (t.markers || []).map((m) => ({ ...m })),
+    number: t.n ?? null, numbered: !!t.numbered, kind: t.kind || (t.local ? (t.comp ? 'comp' : 'splice') : 'take'), hasCodes: t.hasCodes !== false,
+    crossfade: t.crossfade || 0, parts: (t.parts || []).map((p) => ({ ...p })) };
 }
 
 export function installFacade() {
   window.studio = {
-    stats: liveStats(connectionStats, directorStats, playback.stats, audioStats, sessionStats, wordStats, scriptJobStats, scriptPanelStats),
+    stats: liveStats(connectionStats, directorStats, playback.stats, audioStats, sessionStats, editorStats, deleteStats, typingStats,
+      wordStats, scriptJobStats, scriptPanelStats),
     get connected() { return conn.ready; },
     get hello() { return hello(); },
     get audioMode() { return audio.mode; },
     get audioState() { return audio.ctx ? audio.ctx.state : null; },
-    get busy() { return !!(hasPending() || liveTake()); },
+    get busy() { return busy(); },
     get playing() { return !!playback.current(); },
     get cursor() { return cursorSample(); },
     get selected() { const t = selectedTake(); return t ? t.key : null; },
     get playingTake() { const p = playback.current(); return p ? p.take.key : null; },
     get playhead() { return playback.playheadSample(); },
+    get audioLatencyMs() { return audio.latencyMs(); },
     get connectionSerial() { return conn.serial; },
     get session() { return sessionId(); },
     takes() { return allTakes().map(describeTake); },
@@ -65,6 +73,10 @@ export function installFacade() {
     get view() { const t = selectedTake(); return t && t.pcm ? viewRange(t) : null; },
     get loop() { const l = playback.loopRegion(); return l ? { ...l } : null; },
     get comp() { return compSegments().map((g) => ({ key: g.take.key, from: g.from, to: g.to })); },
+    /* A/B: the keys in the slots and the side playing ('a', 'b' or null). */
+    get ab() { const a = compared('a'), b = compared('b'); return { a: a ? a.key : null, b: b ? b.key : null, playing: playingSide() }; },
+    get pendingDeletes() { return pendingDeletes().map((t) => t.key); },
+    get typing() { return { open: typingOpen(), sent: typedSoFar() }; },
     /* The script the Script panel follows, as the service last said it ({script, state, lines: [...]}), or null. */
     get script() { const s = currentScript(); return s ? JSON.parse(JSON.stringify(s)) : null; },
     markers(idOrKey) { const t = findTake(idOrKey); return t ? (t.markers || []).map((m) => ({ ...m })) : null; },

@@ -16,9 +16,12 @@ import * as playback from './playback.js';
 import { allTakes } from './takes.js';
 import { initSelection, selectedTake, cursorSample, setCursor } from './selection.js';
 import { initSessions, resumeSession } from './sessions.js';
-import { initDirector, cancelAll, hasPending, liveTake, speak } from './director.js';
+import { initDirector, busy, cancelAll, liveTake } from './director.js';
+import { initTyping, refreshTyping, speakFromScene } from './typing.js';
+import { initDeletes, pendingDeletes, undoDelete } from './deletes.js';
+import { setShowFrames, showFrames } from './units.js';
 import * as editor from './editor.js';
-import { initCompare, playAB, switchAB, refreshCompare } from './compare.js';
+import { initCompare, playAB, switchAB, refreshCompare, refreshComparePlaying } from './compare.js';
 import { initComp } from './comp.js';
 import { initTakeList, drawAllMinis, drawLiveCards } from './takelist.js';
 import { initTransport, refreshTransport, updateMeters } from './transport.js';
@@ -35,6 +38,8 @@ initVoices();
 initRecorder();
 initScene();
 initDirector();
+initTyping();
+initDeletes();
 initSessions();
 initTakeList();
 editor.initEditor();
@@ -49,12 +54,14 @@ render.onRefresh(refreshTransport);
 render.onRefresh(editor.refreshEditorButtons);
 render.onRefresh(refreshCompare);
 render.onRefresh(editor.refreshRegion);
+render.onRefresh(refreshTyping);
 render.onRefresh(refreshWords);
 render.onRefresh(refreshScriptPanel);
 render.onDraw(editor.drawEditor);
 render.onDraw(drawWords);
 render.onDraw(updateMeters);
 render.onDraw(drawLiveCards);
+render.onDraw(refreshComparePlaying);
 render.keepDrawingWhile(() => !!(playback.current() || liveTake()));
 setTitlePrefix(() => (liveTake() ? '● ' : playback.current() ? '▶ ' : ''));
 
@@ -67,7 +74,7 @@ onMessage('hello', (msg) => {
   if (msg.sessions) resumeSession();
   loadVoices();
   render.refresh();
-  if (!hasPending() && !liveTake()) setStatus('Ready', 'Write a scene and press Speak.');
+  if (!busy()) setStatus('Ready', 'Write a scene and press Speak.');
   hideAlert(['offline', 'protocol']);
 });
 authEvents.on('key', () => { conn.attempt = 0; conn.connect(); });
@@ -75,16 +82,31 @@ authEvents.on('key', () => { conn.attempt = 0; conn.connect(); });
 /* ------------------------------------------------------------------ page-wide */
 new ResizeObserver(() => { render.scheduleDraw(); drawAllMinis(); }).observe(document.body);
 new ResizeObserver(() => document.body.style.setProperty('--transport-h', $('transport').offsetHeight + 'px')).observe($('transport'));
+// On a phone the transport is a bar fixed at the bottom: the meters fold away behind one button.
+$('metersToggle').addEventListener('click', () => {
+  const open = !$('transport').classList.contains('meters-open');
+  $('transport').classList.toggle('meters-open', open);
+  $('metersToggle').setAttribute('aria-expanded', String(open));
+  $('metersToggle').setAttribute('aria-label', open ? 'Hide the meters' : 'Show the meters');
+  $('metersToggle').textContent = open ? '▾' : '▴';
+});
+// The advanced view: codec frames beside the seconds.
+$('showFrames').checked = showFrames();
+$('showFrames').addEventListener('change', () => { setShowFrames($('showFrames').checked); render.refresh(); render.scheduleDraw(); });
 window.addEventListener('beforeunload', (e) => {   // comps and splices live only in this page
   if (allTakes().some((t) => t.local)) { e.preventDefault(); e.returnValue = ''; }
 });
 
+const typingTarget = (e) => /^(INPUT|TEXTAREA|SELECT)$/.test(e.target.tagName) || e.target.isContentEditable;
 document.addEventListener('keydown', (e) => {
-  const typing = /^(INPUT|TEXTAREA|SELECT)$/.test(e.target.tagName) || e.target.isContentEditable;
+  const typing = typingTarget(e);
   if ((e.ctrlKey || e.metaKey) && e.key === 'Enter') {
     e.preventDefault();
-    if (e.shiftKey) { if (!$('retakeBtn').disabled) editor.seekFromPlayhead('retake'); } else if (!$('speak').disabled) speak();
+    if (e.shiftKey) { if (!$('retakeBtn').disabled) editor.seekFromPlayhead('retake'); } else if (!$('speak').disabled) speakFromScene();
     return;
+  }
+  if ((e.ctrlKey || e.metaKey) && !e.shiftKey && (e.key === 'z' || e.key === 'Z') && pendingDeletes().length && !typingTarget(e)) {
+    e.preventDefault(); undoDelete(); return;
   }
   if (e.key === 'Escape') { if (isRecording()) stopRecording(); else cancelAll(); return; }
   if (typing || e.ctrlKey || e.metaKey || e.altKey) return;

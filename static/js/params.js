@@ -3,6 +3,7 @@
 import { $, el } from './util.js';
 import { createEmitter } from './events.js';
 import { clearFieldErrors } from './status.js';
+import { framesToSeconds, secondsToFrames, showFrames, unitEvents } from './units.js';
 
 // Shown before the first hello only: the service's hello.defaults replace them.
 const BUILTIN_DEFAULTS = {
@@ -23,9 +24,11 @@ const PARAMS = [
   { key: 'text_top_p', label: 'Top-p', type: 'float', min: 0.01, max: 1, step: 0.01 },
   { key: 'text_top_k', label: 'Top-k', type: 'int', min: 0, max: 1024, step: 1 },
   { head: 'Length and streaming' },
-  { key: 'max_new_tokens', label: 'Max frames', type: 'int', min: 1, max: 4096, step: 1 },
-  { key: 'tokens', label: 'Duration hint (frames)', type: 'int', min: 1, max: 4096, step: 1, optional: true },
-  { key: 'chunk_frames', label: 'Chunk frames', type: 'int', min: 1, max: 100, step: 1 },
+  // Durations the service counts in 80 ms frames are asked in seconds (type 'frames': typed as seconds, sent as
+  // whole frames); the advanced view ("Show codec frames") shows the frame count beside each.
+  { key: 'max_new_tokens', label: 'Longest take (s)', type: 'frames', min: 1, max: 4096 },
+  { key: 'tokens', label: 'Duration hint (s)', type: 'frames', min: 1, max: 4096, optional: true },
+  { key: 'chunk_frames', label: 'Audio chunk (s)', type: 'frames', min: 1, max: 100 },
   { key: 'channels', label: 'Output', type: 'select', options: [['1', 'Mono'], ['2', 'Stereo']], def: '1' },
   { head: 'Player (this browser)' },
   { key: 'cushion_ms', label: 'Jitter cushion (ms)', type: 'int', min: 20, max: 3000, step: 10, def: 200, client: true },
@@ -62,7 +65,12 @@ export function loadParams(req) { for (const p of FIELDS) if (!p.client && req[p
 /* The values that differ from the defaults, as typed (what the scene saves). */
 export function changedValues() {
   const params = {};
-  for (const p of FIELDS) if (p.defEl) { const v = $(p.key).value; if (String(v) !== String(paramDefault(p) ?? '')) params[p.key] = v; }
+  for (const p of FIELDS) {
+    if (!p.defEl) continue;
+    const typed = $(p.key).value;
+    const value = p.type === 'frames' ? (typed.trim() === '' ? '' : readParam(p)) : typed;
+    if (String(value ?? '') !== String(paramDefault(p) ?? '')) params[p.key] = typed;
+  }
   return params;
 }
 
@@ -72,13 +80,17 @@ export function buildParams() {
     if (p.head) { box.append(el('div', { class: 'subhead', text: p.head })); continue; }
     const input = p.type === 'select'
       ? el('select', { id: p.key }, ...p.options.map(([v, l]) => el('option', { value: v, text: l })))
-      : el('input', { id: p.key, type: 'number', min: p.min, max: p.max, step: p.step, placeholder: p.optional ? 'none' : '', inputmode: p.type === 'int' ? 'numeric' : 'decimal' });
+      : p.type === 'frames'
+        ? el('input', { id: p.key, type: 'number', min: framesToSeconds(p.min), max: framesToSeconds(p.max), step: framesToSeconds(1), placeholder: p.optional ? 'none' : '', inputmode: 'decimal' })
+        : el('input', { id: p.key, type: 'number', min: p.min, max: p.max, step: p.step, placeholder: p.optional ? 'none' : '', inputmode: p.type === 'int' ? 'numeric' : 'decimal' });
     const def = el('span', { class: 'def' });
-    box.append(el('div', { class: 'param', id: 'param_' + p.key }, el('label', { for: p.key }, el('span', { text: p.label }), def), input));
-    p.defEl = def;
+    const frameCount = p.type === 'frames' ? el('span', { class: 'frame-count' }) : null;
+    box.append(el('div', { class: 'param', id: 'param_' + p.key }, el('label', { for: p.key }, el('span', { text: p.label }, frameCount), def), input));
+    p.defEl = def; p.framesEl = frameCount;
     input.addEventListener('input', () => { clearFieldErrors(input); paramChanged(); paramEvents.emit('change'); });
   }
   $('resetParams').addEventListener('click', () => { for (const p of FIELDS) writeParam(p, paramDefault(p)); paramChanged(); clearFieldErrors(); paramEvents.emit('change'); });
+  unitEvents.on('change', paramChanged);
 }
 
 /* The service's hello: its defaults replace the built-in ones. */
@@ -93,8 +105,12 @@ export function setServiceDefaults(msg) {
 export function applyParamLimits(limits, hello) {
   for (const p of FIELDS) {
     const n = $(p.key); if (!n || p.type === 'select') continue;
-    if (p.key === 'max_new_tokens' || p.key === 'tokens') n.max = limits.max_new_tokens || p.max;
-    if (p.key === 'chunk_frames') { n.min = limits.min_chunk_frames || p.min; n.max = limits.max_chunk_frames || p.max; }
+    if (p.key === 'max_new_tokens' || p.key === 'tokens') { p.max = limits.max_new_tokens || p.max; n.max = framesToSeconds(p.max); }
+    if (p.key === 'chunk_frames') {
+      p.min = limits.min_chunk_frames || p.min; p.max = limits.max_chunk_frames || p.max;
+      n.min = framesToSeconds(p.min); n.max = framesToSeconds(p.max);
+    }
+    if (p.type === 'frames') continue;   // counted in frames: no sampling range
     const r = ((hello && hello.sampling_ranges) || {})[p.key];
     if (r) { p.min = r.exclusive_minimum ? r.minimum + (p.step || 0.01) : r.minimum; p.max = r.maximum; n.min = p.min; n.max = p.max; }
   }
@@ -104,8 +120,9 @@ export function applyParamLimits(limits, hello) {
 export function applyParamDefaults(saved) {
   for (const p of FIELDS) {
     const d = paramDefault(p);
-    p.defEl.textContent = d === '' || d == null ? '' : p.type === 'select' ? '' : String(d);
-    writeParam(p, saved[p.key] !== undefined ? saved[p.key] : d);
+    p.defEl.textContent = d === '' || d == null ? '' : p.type === 'select' ? '' : p.type === 'frames' ? framesToSeconds(d) : String(d);
+    if (saved[p.key] !== undefined) $(p.key).value = String(saved[p.key]);   // as the director typed it
+    else writeParam(p, d);
   }
   paramChanged();
 }
@@ -117,12 +134,15 @@ function readParam(p) {
   if (raw === '') return p.optional ? undefined : paramDefault(p);
   if (p.type === 'select') return raw;
   const v = Number(raw);
+  if (p.type === 'frames') return secondsToFrames(v);
   return p.type === 'int' ? Math.round(v) : v;
 }
-function writeParam(p, v) { $(p.key).value = v == null ? '' : String(v); }
+/* A value as the request has it (frames for 'frames' parameters) into its input (seconds). */
+function writeParam(p, v) { $(p.key).value = v == null || v === '' ? '' : p.type === 'frames' ? framesToSeconds(v) : String(v); }
 function paramInvalid(p) {
   const raw = $(p.key).value.trim(); if (p.type === 'select' || raw === '') return false;
   const v = Number(raw), max = +$(p.key).max, min = +$(p.key).min;
+  if (p.type === 'frames') return !Number.isFinite(v) || v <= 0 || secondsToFrames(v) < p.min || secondsToFrames(v) > p.max;
   return !Number.isFinite(v) || v < min || v > max || (p.type === 'int' && !Number.isInteger(v));
 }
 function paramChanged() {
@@ -130,6 +150,10 @@ function paramChanged() {
   for (const p of FIELDS) {
     const changed = String(readParam(p) ?? '') !== String(paramDefault(p) ?? '');
     $('param_' + p.key).classList.toggle('changed', changed); if (changed) n++;
+    if (p.framesEl) {                      // the advanced view: the frames the service will count
+      const f = paramInvalid(p) ? undefined : readParam(p);
+      p.framesEl.textContent = showFrames() && f !== undefined ? ' = ' + f + ' frame' + (f === 1 ? '' : 's') : '';
+    }
   }
   $('advChanged').textContent = n ? n + ' changed' : 'service defaults';
 }

@@ -2,7 +2,7 @@
  * as it arrives ('live', 'retake'), a replay the service re-sends ('replay'), or audio the page holds ('local',
  * optionally a region loop). Feeds the player ahead of its playhead, follows its reports, and records on a live
  * take what the director heard (heardMs, heardSamples, underruns). */
-import { SR, FRAME, now, clamp, fmtSec } from './util.js';
+import { SR, FRAME, now, clamp, fmtSec, takeTitle } from './util.js';
 import { createEmitter } from './events.js';
 import { audio, onPlayerState } from './audio-out.js';
 import { paramValue } from './params.js';
@@ -103,7 +103,7 @@ export function playLocal(take, from) {
   if (from >= take.pcm.length - FRAME / 4) from = 0;
   stopPlayback();
   startStream(take, take.pcm, from, 0, 'local');
-  setStatus('Playing ' + take.name, 'From ' + fmtSec(from) + ', from the audio this page holds.');
+  setStatus('Playing ' + takeTitle(take), 'From ' + fmtSec(from) + ', from the audio this page holds.');
   return from;
 }
 
@@ -119,11 +119,15 @@ function onReport(m) {
     const pos = p.startPos + m.played, first = t.spliceSample || 0;   // a retake's own audio starts at the splice
     t.heardSamples = Math.max(t.heardSamples || 0, pos - first);
     if (t.heardMs == null && t.sentAt != null && m.primed && pos > first) {
-      // What the director hears: the first sample of the take's own audio leaving the speaker. The player
-      // reports after a render quantum; what it played past that sample is already heard, so subtract it,
-      // and add the output latency the browser states (the way to the speaker).
+      // What the director hears: the first NEW sample of the take (a retake's or a continuation's starts at the
+      // splice) leaving the speaker. The player reports after a render quantum; what it played past that sample
+      // is already heard, so subtract it, and add the output latency the browser states (the way to the speaker).
       const past = (pos - first) / SR * 1000;
-      t.heardMs = Math.max(t.ttfaClient ?? 0, now() - t.sentAt - past) + audio.latencyMs();
+      t.heardAtMs = now() - t.sentAt - past + audio.latencyMs();          // the click → the first new sample out
+      // The pre-roll is kept audio the director chose to hear before the new audio: not a wait, so "heard after"
+      // leaves it out; never less than the new audio's arrival (it cannot be heard before it came).
+      t.prerollMs = Math.max(0, first - p.startPos) / SR * 1000;
+      t.heardMs = Math.max((t.ttfaClient ?? 0) + audio.latencyMs(), t.heardAtMs - t.prerollMs);
     }
   }
   stats.bufferLevel = p.fed - p.played; stats.bufferMs = stats.bufferLevel / SR * 1000; stats.cushion = m.cushion;

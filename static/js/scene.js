@@ -1,12 +1,13 @@
 /* The Scene panel: direction (instruction), text, language, voice choice, seed, word timing, and the sampling
  * panel (params.js); the cue chips; character counts against the service's limits; the scene saved in this browser
  * (not the takes: the service keeps those). Turns the panel into a start request (collectRequest). */
-import { $, el } from './util.js';
+import { $, el, takeTitle } from './util.js';
 import { hello, limits } from './service.js';
 import { markField, clearFieldErrors, setStatus } from './status.js';
 import { chosenModel } from './topbar.js';
-import { chosenVoice, setVoice, voiceEvents } from './voices.js';
+import { chosenVoice, setVoice, voiceEvents, wantVoice } from './voices.js';
 import * as params from './params.js';
+import { framesToSeconds } from './units.js';
 
 const STORAGE_KEY = 'moss_rt.studio.v1';
 const CUES = ['(a soft laugh)', '(sighs)', '(whispering)', '(breathes in)', '(clears throat)', '(voice breaking)', '[pause]', '[long pause]'];
@@ -14,6 +15,11 @@ const DEFAULT_TEXT = 'The lighthouse keeper counted the ships until the fog roll
 
 let savedScene = {};
 try { savedScene = JSON.parse(localStorage.getItem(STORAGE_KEY) || '{}') || {}; } catch (e) { savedScene = {}; }
+// Scenes saved before durations were asked in seconds hold those parameters in frames.
+const FRAME_PARAMS = ['max_new_tokens', 'tokens', 'chunk_frames'];
+if (savedScene.params && savedScene.durations !== 'seconds') {
+  for (const k of FRAME_PARAMS) if (savedScene.params[k] != null && savedScene.params[k] !== '') savedScene.params[k] = framesToSeconds(+savedScene.params[k]);
+}
 let saveTimer = null;
 let seedMode = 'random';
 // Cue chips insert where the caret was last: in the direction, the text, or the retake panel's fields.
@@ -38,12 +44,13 @@ export function collectRequest() {
   return req;
 }
 
-/* Marks what the service would refuse; true when the request may be sent. */
-export function validateScene(req) {
+/* Marks what the service would refuse; true when the request may be sent. emptyText: the text may be empty (a
+ * take fed with text as it is typed starts before its first word). */
+export function validateScene(req, { emptyText = false } = {}) {
   clearFieldErrors();
   const L = limits();
   let ok = true;
-  if (!req.text.trim()) { markField('text', 'Write something for the voice to say.'); ok = false; }
+  if (!emptyText && !req.text.trim()) { markField('text', 'Write something for the voice to say.'); ok = false; }
   if (L.max_text_chars && req.text.length > L.max_text_chars) { markField('text', `${req.text.length} characters: at most ${L.max_text_chars} are accepted. Shorten it before speaking.`); ok = false; }
   if (L.max_instruction_chars && req.instruction.length > L.max_instruction_chars) { markField('instruction', `${req.instruction.length} characters: at most ${L.max_instruction_chars} are accepted.`); ok = false; }
   if (seedMode === 'fixed' && !/^\d{1,19}$/.test(req.seed || '')) { markField('seed', 'A fixed seed is a whole number ≥ 0.'); ok = false; }
@@ -61,13 +68,13 @@ export function loadIntoScene(t) {
   params.loadParams(r);
   if (t.seed != null) { setSeedMode('fixed'); $('seed').value = t.seed; }
   updateCounts(); saveScene();
-  setStatus('Scene loaded from ' + t.name, 'Direction, voice, parameters and seed ' + (t.seed ?? '') + '.');
+  setStatus('Scene loaded from ' + takeTitle(t), 'Direction, voice, parameters and seed ' + (t.seed ?? '') + '.');
 }
 
 export function saveScene() {
   clearTimeout(saveTimer);
   saveTimer = setTimeout(() => {
-    savedScene = { instruction: $('instruction').value, text: $('text').value, language: $('language').value, reference: chosenVoice(), seedMode, seed: $('seed').value, params: params.changedValues(), words: $('wantWords').checked };
+    savedScene = { instruction: $('instruction').value, text: $('text').value, language: $('language').value, reference: chosenVoice(), seedMode, seed: $('seed').value, params: params.changedValues(), words: $('wantWords').checked, durations: 'seconds' };
     try { localStorage.setItem(STORAGE_KEY, JSON.stringify(savedScene)); } catch (e) { /* private mode */ }
   }, 300);
 }
@@ -158,6 +165,7 @@ export function restoreScene() {
   $('text').value = savedScene.text != null ? savedScene.text : DEFAULT_TEXT;
   if (savedScene.language) $('language').value = savedScene.language;
   if (savedScene.seedMode === 'fixed') { $('seed').value = savedScene.seed || ''; setSeedMode('fixed'); }
+  if (savedScene.reference && savedScene.reference !== 'none') wantVoice(savedScene.reference);   // once the list is here
   if (savedScene.words === false) $('wantWords').checked = false;   // on unless the director turned it off
   updateCounts();
 }

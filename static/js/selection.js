@@ -1,7 +1,7 @@
 /* Which take the editor shows, and its playhead ("cursor", a whole frame). Changing them tells the panels through
  * selectionEvents: 'select' ({prev, take}) and 'cursor' (the sample). Also the two actions that end in a
  * selection: playing a take from the page's audio, and opening a take made here (a splice, a comp). */
-import { FRAME, clamp, fmtSec } from './util.js';
+import { FRAME, clamp, fmtSec, takeTitle } from './util.js';
 import { createEmitter } from './events.js';
 import { addLocalTake, allTakes, takeEvents, pinTakes, takeUpdated } from './takes.js';
 import { playLocal } from './playback.js';
@@ -37,7 +37,7 @@ export function setCursor(sample) {
 /* "Take 2 · 3.20 s · seed 7": the selected take, for the status line. */
 export function lastTakeSummary() {
   const t = selected; if (!t || !t.pcm) return '';
-  return t.name + ' · ' + fmtSec(t.pcm.length) + ' · seed ' + (t.seed ?? '—');
+  return takeTitle(t) + ' · ' + fmtSec(t.pcm.length) + ' · seed ' + (t.seed ?? '—');
 }
 
 /* Play a take from the audio this page holds, and show it in the editor. */
@@ -58,5 +58,9 @@ export function openLocalTake(pcm, props) {
 export function initSelection() {
   pinTakes((t) => t === selected);
   // The selected take removed: show the newest one.
-  takeEvents.on('removed', (take) => { if (selected === take) selectTake(allTakes()[allTakes().length - 1] || null, 0); });
+  takeEvents.on('removed', (take) => {
+    if (selected !== take) return;
+    const rest = allTakes().filter((t) => !t.deleting);   // not one that is being deleted (deletes.js)
+    selectTake(rest[rest.length - 1] || null, 0);
+  });
 }

@@ -1,13 +1,19 @@
-/* The Takes panel: one card per take (status, seed, voice, parameters, direction, a mini waveform and its
- * actions), newest first, with the filter and search. A view of takes.js: it follows takeEvents, and keeps each
- * card in its own map (nothing of the view is stored on the take). */
-import { $, el, SR, FRAME, now, fmtSec, plural } from './util.js';
+/* The Takes panel: one card per take (status, seed, voice, parameters in plain words, direction, a mini waveform
+ * and its actions), newest first, with the filter and search. One WAV download per take, named by the session and
+ * the take's name; "as heard" and "as rendered" are offered apart only where the page's audio and the service's
+ * differ. A view of takes.js: it follows takeEvents, and keeps each card in its own map (nothing of the view is
+ * stored on the take). */
+import { $, el, SR, FRAME, now, fmtSec, plural, fileSlug } from './util.js';
 import { wavBlob } from './pcm.js';
-import { auth, authEvents } from './auth.js';
+import { apiFetch } from './auth.js';
 import { serviceDefaults } from './params.js';
+import { framesToSeconds, showFrames, unitEvents } from './units.js';
+import { listedVoice, voiceEvents } from './voices.js';
+import { sessionFileStem, sessionId } from './sessions.js';
+import { showAlert } from './status.js';
 import * as playback from './playback.js';
 import { drawWaveform, fitCanvas } from './waveform.js';
-import { allTakes, serverHolds, takeByKey, takeEvents, takeTitle } from './takes.js';
+import { allTakes, partTitle, serverHolds, takeByKey, takeEvents, takeTitle } from './takes.js';
 import { cursorSample, playTake, selectTake, selectedTake, selectionEvents } from './selection.js';
 import { liveTake } from './director.js';
 import { compared, setAB } from './compare.js';
@@ -17,20 +23,73 @@ import * as render from './render.js';
 
 const cards = new Map();   // take -> {card, ui: {...the card's parts}, lastDraw}
 
+/* The parameters that differ from the service's defaults, in plain words ("text temperature 0 · at most 20 s"). */
+const PARAM_WORDS = {
+  audio_temperature: 'audio temperature', audio_top_p: 'audio top-p', audio_top_k: 'audio top-k',
+  audio_repetition_penalty: 'repetition penalty', text_temperature: 'text temperature', text_top_p: 'text top-p',
+  text_top_k: 'text top-k',
+};
+function seconds(frames) { return framesToSeconds(frames) + ' s' + (showFrames() ? ' (' + plural(frames, 'frame') + ')' : ''); }
 function paramSummary(req) {
   if (!req) return '';
   const d = serviceDefaults(), out = [];
-  const short = { audio_temperature: 'aT', audio_top_p: 'aP', audio_top_k: 'aK', audio_repetition_penalty: 'rep', text_temperature: 'tT', text_top_p: 'tP', text_top_k: 'tK', chunk_frames: 'chunk', max_new_tokens: 'max' };
-  for (const k of Object.keys(short)) if (req[k] != null && req[k] !== d[k]) out.push(short[k] + ' ' + req[k]);
-  if (req.tokens) out.push('dur ' + req.tokens);
+  for (const [k, words] of Object.entries(PARAM_WORDS)) if (req[k] != null && req[k] !== d[k]) out.push(words + ' ' + req[k]);
+  if (req.max_new_tokens != null && req.max_new_tokens !== d.max_new_tokens) out.push('at most ' + seconds(req.max_new_tokens));
+  if (req.tokens) out.push('about ' + seconds(req.tokens) + ' long');
+  if (req.chunk_frames != null && req.chunk_frames !== d.chunk_frames) out.push('sent in ' + seconds(req.chunk_frames) + ' chunks');
   if (req.channels === 2) out.push('stereo');
-  return out.length ? out.join(' · ') : 'service defaults';
+  if (req.stream_text) out.push('text fed as typed');
+  return out.length ? out.join(' · ') : 'default sampling';
+}
+
+/* The seed as the director gave it: "seed 42 (fixed)", or "random seed 7731" (the service picked it). */
+function seedLabel(t) {
+  const r = t.req || {};
+  if (t.seed == null) return 'seed —';
+  return r.seed != null && r.seed !== '' ? 'seed ' + t.seed + ' (fixed)' : 'random seed ' + t.seed;
+}
+/* The voice by the name the director knows it by (never a raw ref_ id). */
+function voiceLabel(r) {
+  if (!r.reference || r.reference === 'none') return null;
+  const v = listedVoice(r.reference);
+  if (v) return 'voice ' + v.name;
+  if (r.referenceName && r.referenceName !== r.reference) return 'voice ' + r.referenceName;
+  return 'a voice not in your list';
+}
+
+/* The service offers its own rendering of the take (this connection holds it, or the session keeps it). */
+function serviceHas(t) { return !!(t.id && !t.local && (serverHolds(t) || (t.stored && t.stored === sessionId()))); }
+/* The page's audio ("as heard") is not the service's ("as rendered"): only then are both offered. */
+function audioDiffers(t) {
+  if (!serviceHas(t) || !t.pcm || t.status === 'streaming') return false;
+  return !!t.mismatch || !!(t.end && t.end.n_frames != null && t.pcm.length !== t.end.n_frames * FRAME);
+}
+/* A take's WAV file name: the session, then the take's name ("moss_rt-Vb2x0Zq1-keeper-take-2.wav"). */
+export function wavName(t, suffix = '') { return sessionFileStem() + '-' + fileSlug(takeTitle(t)) + suffix + '.wav'; }
+function serviceWavPath(t) {
+  const sid = sessionId();
+  return t.stored && t.stored === sid ? '/api/sessions/' + encodeURIComponent(sid) + '/takes/' + encodeURIComponent(t.id) + '.wav'
+    : '/api/takes/' + encodeURIComponent(t.id) + '.wav';
+}
+/* Save a blob under `name` (a download the browser names as the page says, whatever the server would call it). */
+function saveAs(blob, name) {
+  const a = el('a', { href: URL.createObjectURL(blob), download: name });
+  document.body.append(a); a.click(); a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 30000);
+}
+/* The service's rendering of the take, saved under the take's name. */
+async function downloadRendered(t) {
+  try {
+    const r = await apiFetch(serviceWavPath(t), { cache: 'no-store' });
+    if (!r.ok) throw new Error('HTTP ' + r.status);
+    saveAs(await r.blob(), wavName(t, '-rendered'));
+  } catch (e) { showAlert('download', 'The service\'s rendering of ' + takeTitle(t) + ' could not be downloaded: ' + e.message); }
 }
 
 function buildCard(t) {
   const mini = el('canvas', { 'aria-hidden': 'true' });
-  const card = el('article', { class: 'take', 'data-key': t.key, tabindex: '0', 'aria-label': t.name });
-  const nameEl = el('span', { class: 'name', text: t.name });
+  const card = el('article', { class: 'take', 'data-key': t.key, tabindex: '0', 'aria-label': takeTitle(t) });
+  const nameEl = el('span', { class: 'name', text: takeTitle(t) });
   const badge = el('span', { class: 'badge' });
   const when = el('span', { class: 'faint num', style: 'font-size:11.5px' });
   const lineage = el('span', { class: 'lineage' });
@@ -44,8 +103,8 @@ function buildCard(t) {
   });
   const aB = btn('A', 'Compare: set as A', () => setAB('a', t));
   const bB = btn('B', 'Compare: set as B', () => setAB('b', t));
-  const wavB = btn('WAV', 'Download the audio this page holds as a 16-bit WAV', () => downloadTake(t));
-  const srvB = el('a', { class: 'btn small', title: 'Download the service\'s rendering of this take', text: 'Service WAV', download: '', onclick: (e) => e.stopPropagation() });
+  const wavB = btn('WAV', 'Download this take as a 16-bit WAV', () => downloadTake(t));
+  const srvB = btn('WAV as rendered', 'Download the service\'s rendering of this take (it differs from what this page played)', () => downloadRendered(t));
   const capLinks = captionLinks();   // SRT, VTT (words.js)
   const branchB = btn('Retake from…', 'Open in the editor: place the playhead, then Retake from here', () => {
     const wave = $('wave');
@@ -69,14 +128,15 @@ function updateCard(t) {
   const view = cards.get(t); if (!view) return;
   const u = view.ui, card = view.card;
   u.badge.className = 'badge ' + t.status;
-  u.badge.textContent = t.status === 'streaming' ? 'live' : t.local ? (t.comp ? 'comp' : 'splice') : t.status;
+  u.badge.textContent = t.status === 'streaming' ? 'live' : t.kind && t.kind !== 'take' ? t.kind : t.local ? (t.comp ? 'comp' : 'splice') : t.status;
   const dur = t.pcm ? fmtSec(t.pcm.length) : '';
   u.when.textContent = t.created.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' }) + (dur ? ' · ' + dur : '');
   const parent = t.parent && takeByKey(t.parent);
-  u.lineage.textContent = parent ? '↳ from ' + parent.name + ' @ ' + fmtSec(t.spliceSample) : '';
+  u.lineage.textContent = t.parts && t.parts.length ? '↳ ' + t.parts.map(partTitle).join(' + ')
+    : parent ? '↳ from ' + takeTitle(parent) + ' @ ' + fmtSec(t.spliceSample) : '';
   const r = t.req || {};
-  u.meta.textContent = ['seed ' + (t.seed ?? '—') + (r.seed != null && r.seed !== '' ? ' (fixed)' : ''), r.referenceName && r.reference !== 'none' ? 'voice ' + r.referenceName : null,
-    r.language || null, paramSummary(r), t.end && t.end.rtf != null ? 'rtf ' + t.end.rtf : null, t.heardMs != null ? 'heard after ' + t.heardMs.toFixed(0) + ' ms' : null,
+  u.meta.textContent = [seedLabel(t), voiceLabel(r), r.language || null, paramSummary(r),
+    t.end && t.end.rtf != null ? (+t.end.rtf).toFixed(1) + '× real time' : null, t.heardMs != null ? 'heard after ' + t.heardMs.toFixed(0) + ' ms' : null,
     t.underruns ? plural(t.underruns, 'underrun') : null]
     .filter(Boolean).join(' · ');
   u.meta.title = u.meta.textContent + (t.mismatch ? '\n⚠ ' + t.mismatch : '');
@@ -95,14 +155,16 @@ function updateCard(t) {
   u.playB.setAttribute('aria-label', u.playB.textContent + ' ' + nm);
   u.aB.setAttribute('aria-label', 'Compare ' + nm + ' as A');
   u.bB.setAttribute('aria-label', 'Compare ' + nm + ' as B');
-  u.wavB.setAttribute('aria-label', 'Download ' + nm + ' as WAV (the audio this page holds)');
-  u.srvB.setAttribute('aria-label', 'Service WAV of ' + nm);
+  const differs = audioDiffers(t);
+  u.wavB.textContent = differs ? 'WAV as heard' : 'WAV';
+  u.wavB.title = differs ? 'Download what this page played (' + (t.mismatch || 'not what the service rendered') + ')' : 'Download this take as a 16-bit WAV';
+  u.wavB.setAttribute('aria-label', 'Download ' + nm + ' as WAV' + (differs ? ', as heard' : ''));
+  u.srvB.setAttribute('aria-label', 'Download ' + nm + ' as WAV, as rendered by the service');
   u.branchB.setAttribute('aria-label', 'Retake from… (' + nm + ')');   // names start with the visible text
   u.loadB.setAttribute('aria-label', 'Use direction of ' + nm);
   const a = compared('a'), b = compared('b');
   u.aB.classList.toggle('on', a === t); u.bB.classList.toggle('on', b === t); u.bB.classList.toggle('bsel', b === t);
-  if (t.id) u.srvB.href = auth.query('/api/takes/' + encodeURIComponent(t.id) + '.wav'); else u.srvB.removeAttribute('href');
-  u.srvB.hidden = !serverHolds(t) || t.status === 'streaming';
+  u.srvB.hidden = !differs;
   updateCaptionLinks(t, u.capLinks);
   u.branchB.disabled = !(has && serverHolds(t));
   drawMini(t);
@@ -131,13 +193,11 @@ export function drawLiveCards() {
 
 function downloadTake(t) {
   if (!t.pcm || !t.pcm.length) return;
-  const blob = wavBlob(t.pcm.data.subarray(0, t.pcm.length * t.pcm.ch), t.pcm.ch, SR);
-  const a = el('a', { href: URL.createObjectURL(blob), download: `moss_rt-${t.name.replace(/\s+/g, '').toLowerCase()}-${t.id || t.key}-seed${t.seed ?? 'x'}.wav` });
-  document.body.append(a); a.click(); a.remove();
-  setTimeout(() => URL.revokeObjectURL(a.href), 30000);
+  saveAs(wavBlob(t.pcm.data.subarray(0, t.pcm.length * t.pcm.ch), t.pcm.ch, SR), wavName(t));
 }
 
 function takeVisible(t) {
+  if (t.deleting) return false;                 // deleted, in its Undo time
   const mode = $('takeFilter').value, q = $('takeSearch').value.trim().toLowerCase();
   if (mode === 'starred' && !t.starred) return false;
   if (mode === 'kept' && (t.status === 'replaced' || t.status === 'cancelled')) return false;
@@ -147,8 +207,8 @@ function takeVisible(t) {
 }
 function applyFilter() {
   let shown = 0;
-  const list = allTakes();
-  for (const t of list) { const v = takeVisible(t), view = cards.get(t); if (view) view.card.hidden = !v; if (v) shown++; }
+  const list = allTakes().filter((t) => !t.deleting);
+  for (const t of allTakes()) { const v = takeVisible(t), view = cards.get(t); if (view) view.card.hidden = !v; if (v) shown++; }
   const n = list.length;
   $('takesCount').textContent = !n ? '' : shown === n ? plural(n, 'take') : shown + ' of ' + plural(n, 'take');
 }
@@ -159,14 +219,20 @@ export function initTakeList() {
   takeEvents.on('trimmed', dropCard);
   takeEvents.on('removed', (t) => { dropCard(t); $('takesEmpty').hidden = allTakes().length > 0; });
   takeEvents.on('listed', applyFilter);
-  takeEvents.on('updated', updateCard);
-  takeEvents.on('notes', (t) => { updateCard(t); applyFilter(); });
+  takeEvents.on('updated', (t) => {            // shown or hidden now (deleted, undone): the count follows
+    const view = cards.get(t), was = view && view.card.hidden;
+    updateCard(t);
+    if (view && view.card.hidden !== was) applyFilter();
+  });
+  // A name changed: its card, and every card that names it (retakes of it) follow.
+  takeEvents.on('notes', () => { for (const x of allTakes()) updateCard(x); applyFilter(); });
+  voiceEvents.on('listed', () => { for (const x of allTakes()) updateCard(x); });      // voice names (a rename)
+  unitEvents.on('change', () => { for (const x of allTakes()) updateCard(x); });
   selectionEvents.on('select', ({ prev, take }) => {
     const a = prev && cards.get(prev), b = take && cards.get(take);
     if (a) a.card.classList.remove('selected');
     if (b) b.card.classList.add('selected');
   });
-  authEvents.on('renewed', () => { for (const t of allTakes()) updateCard(t); });
   $('takeFilter').addEventListener('change', applyFilter);
   $('takeSearch').addEventListener('input', applyFilter);
 }

@@ -11,6 +11,14 @@ export const fmtSec = (samples) => (samples / SR).toFixed(2) + ' s';
 export const plural = (n, word) => n + ' ' + word + (n === 1 ? '' : 's');
 export const fmtClock = (sec) => { const m = Math.floor(sec / 60); return m + ':' + (sec - m * 60).toFixed(1).padStart(4, '0'); };
 
+/* A take as every label names it: its name ("Keeper (Take 2)") when the director gave one, else "Take 2". */
+export function takeTitle(t) { return t.title ? t.title + ' (' + t.name + ')' : t.name; }
+
+/* A take's name as a file name part: "keeper-take-2" (letters and digits of any script, dashes between). */
+export function fileSlug(text) {
+  return String(text || '').normalize('NFC').toLowerCase().replace(/[^\p{L}\p{N}]+/gu, '-').replace(/^-+|-+$/g, '').slice(0, 60) || 'take';
+}
+
 /* A real-time factor as shown: the words follow the rounded number (0.996 is "1.00×, real time"). */
 export function describeRtf(rtf) {
   const shown = rtf.toFixed(2);

@@ -1,21 +1,29 @@
-/* Reference voices: the list the service offers (/api/voices), the voice picker, listening to a voice before
- * using it, and uploading a reference file (recorder.js records one from the microphone). */
+/* Reference voices: the list the service offers (/api/voices), the voice picker (restored after a reload once the
+ * list is here), listening to a voice before using it, uploading a reference file (recorder.js records one from
+ * the microphone), and renaming one of the director's uploads (PATCH /api/voices/{id}). */
 import { $, el } from './util.js';
 import { createEmitter } from './events.js';
 import { auth, apiFetch } from './auth.js';
 import { limits } from './service.js';
 
 let voiceById = new Map();
+let listed = false;     // the service's list came at least once
+let wanted = null;      // the voice to choose once the list is here (the scene saved before a reload)
 
-/* 'uploaded': a new voice was uploaded and chosen (the scene saves); 'listed': the list came (again). */
+/* 'uploaded': a new voice was uploaded and chosen (the scene saves); 'listed': the list came (again), or a name
+ * changed. */
 export const voiceEvents = createEmitter();
 
-/* The voices the service offers, as it listed them ({id, name, kind, duration}); read only. */
+/* The voices the service offers, as it listed them ({id, name, kind, duration, owned}); read only. */
 export function listedVoices() { return [...voiceById.values()]; }
-/* The voice the picker holds ('none' for the model's own voice). */
-export function chosenVoice() { return $('voice').value; }
+/* The voice the picker holds ('none' for the model's own voice); before the list came, the one it will hold. */
+export function chosenVoice() { return !listed && wanted ? wanted : $('voice').value; }
 /* A voice's display name (its id when the service does not list it; null for none). */
 export function voiceName(id) { if (!id || id === 'none') return null; const v = voiceById.get(id); return v ? v.name : id; }
+/* A voice the service lists ({id, name, kind, owned, ...}), or undefined. */
+export function listedVoice(id) { return voiceById.get(id); }
+/* Choose `id` in the picker as soon as the service's list is here (now, when it already is). */
+export function wantVoice(id) { if (listed) setVoice(voiceById.has(id) ? id : 'none'); else wanted = id; }
 
 export async function loadVoices(selectId) {
   let voices;
@@ -26,7 +34,8 @@ export async function loadVoices(selectId) {
     voices = body.voices || [];
   } catch (e) { note('err', 'Could not list voices: ' + e.message); return; }
   voiceById = new Map(voices.map((v) => [v.id, v]));
-  const sel = $('voice'), keep = selectId || sel.value;
+  const sel = $('voice'), keep = selectId || (!listed && wanted) || sel.value;
+  listed = true; wanted = null;
   const opt = (v) => el('option', { value: v.id, text: v.name + (v.duration ? ' · ' + (+v.duration).toFixed(1) + ' s' : '') });
   const builtin = voices.filter((v) => v.kind === 'builtin'), uploaded = voices.filter((v) => v.kind !== 'builtin');
   sel.replaceChildren(el('option', { value: 'none', text: 'No reference (model voice)' }));
@@ -40,7 +49,35 @@ export function setVoice(id) {
   const sel = $('voice');
   if (id !== 'none' && !voiceById.has(id)) sel.append(el('option', { value: id, text: id + ' (not listed)' }));
   sel.value = id;
-  refreshVoicePlay();
+  refreshVoicePlay(); refreshRename();
+}
+
+/* ------------------------------------------------------------------ renaming an upload */
+
+function refreshRename() {
+  const v = voiceById.get($('voice').value);
+  const can = !!(v && v.kind === 'uploaded' && v.owned);
+  $('voiceRenameBtn').hidden = !can;
+  if (!can) $('voiceRenameRow').hidden = true;
+}
+function openRename() {
+  const v = voiceById.get($('voice').value); if (!v) return;
+  $('voiceRenameRow').hidden = false; $('voiceRenameBtn').setAttribute('aria-expanded', 'true');
+  $('voiceRenameInput').value = v.name; $('voiceRenameInput').focus(); $('voiceRenameInput').select();
+}
+function closeRename() { $('voiceRenameRow').hidden = true; $('voiceRenameBtn').setAttribute('aria-expanded', 'false'); }
+/* PATCH the voice's name (the service keeps it with the voice); the picker and every label follow. */
+async function saveRename() {
+  const id = $('voice').value, name = $('voiceRenameInput').value.trim();
+  if (!name) { note('err', 'A voice needs a name.'); $('voiceRenameInput').focus(); return; }
+  try {
+    const r = await apiFetch('/api/voices/' + encodeURIComponent(id), { method: 'PATCH', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ name }) });
+    const body = await r.json().catch(() => null);
+    if (!r.ok) throw new Error((body && body.error && body.error.message) || 'HTTP ' + r.status);
+    closeRename();
+    await loadVoices(id);
+    note('ok', 'Voice renamed: ' + body.name + '.');
+  } catch (e) { note('err', 'Could not rename the voice: ' + e.message); }
 }
 
 /* The note under the voice tools: kind '' (progress), 'err' or 'ok'. */
@@ -98,6 +135,14 @@ export function initVoices() {
   });
   $('refreshVoices').addEventListener('click', () => loadVoices());
   $('voice').addEventListener('change', refreshVoicePlay);
+  $('voice').addEventListener('change', refreshRename);
+  voiceEvents.on('listed', refreshRename);
+  $('voiceRenameBtn').addEventListener('click', () => ($('voiceRenameRow').hidden ? openRename() : closeRename()));
+  $('voiceRenameSave').addEventListener('click', saveRename);
+  $('voiceRenameCancel').addEventListener('click', closeRename);
+  $('voiceRenameInput').addEventListener('keydown', (e) => {
+    if (e.key === 'Enter') { e.preventDefault(); saveRename(); } else if (e.key === 'Escape') { e.stopPropagation(); closeRename(); }
+  });
   $('voicePlay').addEventListener('click', () => {
     const a = $('voicePreview'), id = $('voice').value;
     if (!a.paused) { a.pause(); return; }

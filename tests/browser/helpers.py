@@ -76,13 +76,15 @@ def run_server(
     engine: Sequence[str] = SCRIPTED_ENGINE,
     ready_timeout: float = 60.0,
     port: int | None = None,
+    module: str = "moss_rt",
 ) -> Iterator[str]:
     """The real service as a subprocess (by default on the scripted engine); yields its base URL. The same
-    ``base`` (data dir) and ``port`` again is a restart of the same service (same origin for the browser)."""
+    ``base`` (data dir) and ``port`` again is a restart of the same service (same origin for the browser).
+    ``module`` is what ``python -m`` runs: ``moss_rt``, or a test launcher that wraps its CLI."""
     port = port or free_port()
     log_path = base / "server.log"
     cmd = [
-        sys.executable, "-m", "moss_rt", "serve", *engine,
+        sys.executable, "-m", module, "serve", *engine,
         "--host", "127.0.0.1", "--port", str(port),
         "--data-dir", str(base / "data"), "--voices-dir", str(base / "voices"),
         *extra,
@@ -127,11 +129,24 @@ def takes(pg: Any) -> list[dict[str, Any]]:
     return pg.evaluate("window.studio.takes()")
 
 
+# The parameters the service counts in 80 ms frames; the studio asks them in seconds.
+FRAME_PARAMS = ("tokens", "max_new_tokens", "chunk_frames")
+
+
+def seconds_of(frames: int | str) -> str:
+    """``frames`` codec frames as the studio's duration fields take them (seconds: 30 → "2.40")."""
+    return f"{int(frames) * FRAME / SR:.2f}"
+
+
 def set_param(pg: Any, key: str, value: str) -> None:
+    """Set a sampling-panel field as a director would. The frame-counted parameters (``FRAME_PARAMS``) are given
+    in frames, as the service counts them, and typed as the seconds the studio asks for."""
     if not pg.locator("#advanced").evaluate("d => d.open"):
         pg.click("#advanced > summary")
     if key == "channels":
         pg.select_option("#channels", value)
+    elif key in FRAME_PARAMS:
+        pg.fill(f"#{key}", seconds_of(value))
     else:
         pg.fill(f"#{key}", value)
 
@@ -147,6 +162,18 @@ def wait_take_ended(pg: Any, count: int, timeout: float = 30_000) -> dict[str, A
         timeout=timeout,
     )
     return takes(pg)[count - 1]
+
+
+def wait_session(pg: Any, test: str, timeout: float = 10_000) -> None:
+    """Wait until the stored session the page is bound to passes ``test``, a JavaScript expression over its JSON
+    ``b`` (GET /api/sessions/{id}). Polled from here: ``wait_for_function`` does not wait for a promise (one is
+    truthy, so it would pass at once)."""
+    expr = f"fetch('/api/sessions/' + window.studio.session).then((r) => r.json()).then((b) => !!({test}))"
+    deadline = time.monotonic() + timeout / 1000
+    while not pg.evaluate(expr):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the session never passed {test}")
+        pg.wait_for_timeout(100)
 
 
 def wait_playback_drained(pg: Any, timeout: float = 30_000) -> None:

@@ -18,7 +18,15 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from tests.browser.helpers import CHROMIUM_ARGS, ROOT, SCRIPTED_ENGINE, TINY_MODEL_ENGINE, find_chromium, run_server
+from tests.browser.helpers import (
+    CHROMIUM_ARGS,
+    ROOT,
+    SCRIPTED_ENGINE,
+    TINY_MODEL_ENGINE,
+    find_chromium,
+    run_server,
+    seconds_of,
+)
 
 ENGINES = {"tiny": TINY_MODEL_ENGINE, "scripted": SCRIPTED_ENGINE}
 FRAMES = 110  # 8.8 s per take
@@ -53,11 +61,11 @@ def main(out: Path, engine: str = "tiny") -> None:
         pg.fill("#text", TEXT)
         pg.fill("#language", "English")
         pg.click("#advanced > summary")
-        pg.fill("#tokens", str(FRAMES))
+        pg.fill("#tokens", seconds_of(FRAMES))  # the studio asks durations in seconds
         if engine == "tiny":
             # Takes of exactly FRAMES frames: with greedy text the tiny model's random stop head never fires.
             pg.fill("#text_temperature", "0")
-            pg.fill("#max_new_tokens", str(FRAMES))
+            pg.fill("#max_new_tokens", seconds_of(FRAMES))
         pg.click("#advanced > summary")
 
         def take(n: int) -> None:

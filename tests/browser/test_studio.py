@@ -18,6 +18,7 @@ import io
 import time
 import urllib.request
 import wave
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def test_speak_streams_and_plays_through_the_worklet(page: Any) -> None:
     assert hello["protocol"] == 1 and hello["sr"] == SR and hello["frame_samples"] == FRAME
     assert pg.locator("#demoBanner").is_visible(), "hello says demo: the banner must show"
     assert pg.locator("#audio_temperature").input_value() == "1.7"
-    assert pg.locator("#chunk_frames").input_value() == "8"
+    assert pg.locator("#chunk_frames").input_value() == "0.64"  # 8 frames, asked in seconds
 
     # Direction through the helper: GENERAL/SCRIPT layout and a delivery cue.
     pg.click("#instruction")
@@ -103,7 +104,7 @@ def test_speak_streams_and_plays_through_the_worklet(page: Any) -> None:
     # The take is in the history with its seed and the live numbers are shown.
     card = pg.locator("article.take").first
     assert take["seed"] in card.inner_text()
-    assert pg.locator("#mFrames").inner_text() == "60"
+    assert pg.locator("#mFrames").inner_text() == "4.80 s"  # 60 frames
     assert pg.locator("#mSeed").inner_text() == take["seed"]
     shot(pg, "studio-after-take")
 
@@ -306,16 +307,12 @@ def test_download_take_as_wav(page: Any, server: str, tmp_path: Path) -> None:
         assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (SR, 1, 2)
         assert w.getnframes() == take["samples"] == 20 * FRAME
         client_pcm = w.readframes(w.getnframes())
-    assert info.value.suggested_filename.endswith("seed3.wav")
+    # Named by the session and the take's name (issue 27): moss_rt-<session>-take-1.wav.
+    session = pg.evaluate("window.studio.session")
+    assert info.value.suggested_filename == f"moss_rt-{session[2:10]}-take-1.wav"
 
-    # The service's own rendering of the take (GET /api/takes/{id}.wav) is the same audio.
-    with pg.expect_download() as info2:
-        card.get_by_role("link", name="Service WAV").click()
-    served = tmp_path / "server.wav"
-    info2.value.save_as(served)
-    with wave.open(str(served)) as w:
-        assert w.getframerate() == SR and w.getnchannels() == 1
-        assert w.readframes(w.getnframes()) == client_pcm
+    # One WAV button: the service's own rendering (GET /api/takes/{id}.wav) is the same audio, so no other.
+    assert card.get_by_role("link", name="as rendered", exact=False).count() == 0 or not card.locator("a").is_visible()
     with urllib.request.urlopen(f"{server}/api/takes/{take['id']}.wav", timeout=10) as r:
         with wave.open(io.BytesIO(r.read())) as w:
             assert w.readframes(w.getnframes()) == client_pcm
@@ -410,14 +407,16 @@ def test_api_key_prompt_token_and_downloads(browser: Any, tmp_path: Path) -> Non
             assert pg.locator("#voice").input_value() == "none"  # /api/voices answered with the token
             take = speak_and_finish(pg, 1, frames=10)
             assert take["end"]["reason"] == "done"
-            link = pg.locator("article.take").first.get_by_role("link", name="Service WAV")
+            # Links to the service carry the token (the session's archive here).
+            link = pg.locator("#sessionExport")
             assert "token=" in (link.get_attribute("href") or "")
             with pg.expect_download() as info:
                 link.click()
-            saved = tmp_path / "take.wav"
+            saved = tmp_path / "session.zip"
             info.value.save_as(saved)
-            with wave.open(str(saved)) as w:
-                assert w.getnframes() == 10 * FRAME
+            with zipfile.ZipFile(saved) as z:
+                with wave.open(io.BytesIO(z.read(f"takes/{take['id']}.wav"))) as w:
+                    assert w.getnframes() == 10 * FRAME
         finally:
             context.close()
 

@@ -158,35 +158,33 @@ def test_takes_the_service_dropped_are_not_offered_for_replay_or_retake(
             context.close()
 
 
-def test_sound_starts_soon_and_the_meter_shows_what_is_heard(page: Any) -> None:
-    """Default settings (chunk 8, cushion 200 ms), an engine twice as fast as real time: sound within 250 ms."""
+def test_sound_starts_from_the_first_frames_and_the_meter_shows_what_is_heard(page: Any) -> None:
+    """Default settings (chunk 8, cushion 200 ms): the service sends a take's first frames one by one, so the player
+    starts on them (not after a whole 8-frame chunk), and the page reports when the director heard it. How soon
+    that is, is a number for the benchmark (bench/studio_bench.py), not an assertion here."""
     pg = page
     set_param(pg, "tokens", "30")
-    heard: list[float] = []
-    # Takes until one is heard within 250 ms, at most eight: a busy machine (other tests run beside this one) delays
-    # some; before the first-chunk policy it was ~400 ms every time.
-    while len(heard) < 8 and not (heard and min(heard) <= 250):
-        n = len(heard) + 1
+    for n in range(1, 3):
         pg.click("#speak")
         wait_take_ended(pg, n)
         wait_playback_drained(pg)
         take = takes(pg)[n - 1]
+        assert take["firstChunks"][:3] == [1, 1, 1], take["firstChunks"]  # the first-chunk policy
         assert take["heardMs"] is not None and take["heardMs"] >= take["ttfaMs"], take
-        heard.append(take["heardMs"])
-    assert min(heard) <= 250, heard
     # The meter's headline is what the director heard, and its caption is not cut off.
-    assert pg.locator("#mTtfa").inner_text().replace(" ", "") == f"{round(heard[-1])}ms"
+    assert pg.locator("#mTtfa").inner_text().replace(" ", "") == f"{round(take['heardMs'])}ms"
     caption = pg.locator("#mTtfaS")
     assert caption.evaluate("n => n.scrollWidth <= n.clientWidth + 1"), caption.inner_text()
-    assert "first audio" in caption.inner_text()
+    assert "first audio" in caption.inner_text() and "service" in caption.inner_text()
     shot(pg, "defect-meter-heard", full_page=False)
 
-    # A retake: "heard" is when its new audio is heard (after the pre-roll), never before it arrived.
+    # A retake: "heard" is when its new audio is heard (the pre-roll not counted), never before it arrived.
     pg.evaluate("window.studio.setCursorFrame(10)")
     pg.click("#retakeBtn")
-    wait_take_ended(pg, len(heard) + 1)
+    wait_take_ended(pg, 3)
     wait_playback_drained(pg)
-    retake = takes(pg)[len(heard)]
+    retake = takes(pg)[2]
+    assert retake["firstChunks"][:3] == [1, 1, 1], retake["firstChunks"]
     assert retake["heardMs"] is not None and retake["heardMs"] >= retake["ttfaMs"], retake
 
 
@@ -299,6 +297,42 @@ def test_quick_repeated_speak_leaves_no_junk_takes(page: Any) -> None:
     left = takes(pg)
     assert [t["end"]["reason"] for t in left] == ["done"], [(t["name"], t["end"]) for t in left]
     assert left[0]["name"] == "Take 1"
+
+
+def test_busy_until_every_take_ended_when_a_replaced_take_ends_late(browser: Any, tmp_path: Path) -> None:
+    """The cause of the rare flake above: the service stores an ended take before it sends its ``end``, and answers
+    new requests meanwhile, so a replaced take's ``end`` can reach the page after the next takes' ``start`` and even
+    after the last take's ``end``. The page then said "not busy" while it still waited for a take's end (it followed
+    one live take). A store that is slow with short takes makes that order certain here."""
+    with run_server(
+        tmp_path, engine=("--engine", "scripted", "--frame-ms", "40"), module="tests.browser.slow_store"
+    ) as url:
+        context = browser.new_context(viewport={"width": 1440, "height": 960})
+        pg = context.new_page()
+        try:
+            pg.goto(url + "/")
+            pg.wait_for_function("window.studio && window.studio.connected && window.studio.session", timeout=15_000)
+            set_param(pg, "tokens", "30")
+            # Every frame: is the page idle while a take it started has not ended?
+            pg.evaluate(
+                """() => { window.__idleWithOpenTakes = [];
+                    const watch = () => { const s = window.studio;
+                        const open = s.takes().filter((t) => t.end === null).map((t) => t.name);
+                        if (!s.busy && open.length) window.__idleWithOpenTakes.push(open);
+                        requestAnimationFrame(watch); };
+                    watch(); }"""
+            )
+            pg.evaluate(
+                """() => new Promise((ok) => { let n = 0; const b = document.getElementById('speak');
+                    const t = setInterval(() => { b.click(); if (++n === 5) { clearInterval(t); ok(); } }, 120); })"""
+            )
+            pg.wait_for_function("!window.studio.busy", timeout=30_000)
+            wait_playback_drained(pg)
+            assert pg.evaluate("window.__idleWithOpenTakes") == []
+            left = takes(pg)
+            assert [t["end"]["reason"] for t in left] == ["done"], [(t["name"], t["end"]) for t in left]
+        finally:
+            context.close()
 
 
 def test_text_over_the_limit_is_not_cut(page: Any) -> None:

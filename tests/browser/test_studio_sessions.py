@@ -21,6 +21,7 @@ from tests.browser.helpers import (
     shot,
     takes,
     wait_playback_drained,
+    wait_session,
     wait_take_ended,
 )
 from tests.helpers import free_port
@@ -76,11 +77,7 @@ def test_takes_come_back_after_a_reload_and_a_restart(browser: Any, tmp_path: Pa
             pg.click("#takeStar")
             pg.fill("#takeNote", "the warm one")
             pg.wait_for_function("window.studio.stats.notesSaved >= 1", timeout=10_000)
-            pg.wait_for_function(
-                f"fetch('/api/sessions/{session}').then((r) => r.json())"
-                ".then((b) => b.takes[0].title === 'Keeper' && b.takes[0].note === 'the warm one')",
-                timeout=10_000,
-            )
+            wait_session(pg, "b.takes[0].title === 'Keeper' && b.takes[0].note === 'the warm one'")
             before = {t["id"]: held(pg, t["key"]) for t in (one, two)}
 
             pg.reload()  # a reload: the page starts empty and asks for its session
@@ -120,12 +117,8 @@ def test_takes_come_back_after_a_reload_and_a_restart(browser: Any, tmp_path: Pa
             assert [t["take_id"] for t in stored(url, session, context)][-1] == retake["id"]
             # Delete: gone from the session too.
             pg.evaluate(f"window.studio.select('{back[1]['key']}')")
-            pg.click("#takeDelete")
-            pg.click("#takeDelete")
-            pg.wait_for_function(
-                f"fetch('/api/sessions/{session}').then((r) => r.json()).then((b) => b.takes.length === 2)",
-                timeout=10_000,
-            )
+            pg.click("#takeDelete")  # gone from the session once its Undo time has passed
+            wait_session(pg, "b.takes.length === 2", timeout=20_000)
             shot(pg, "session-after-restart")
             # The whole session as one archive.
             assert pg.locator("#sessionExport").get_attribute("href").endswith(f"/api/sessions/{session}/archive")

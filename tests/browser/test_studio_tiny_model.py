@@ -171,7 +171,7 @@ def test_tiny_model_speak_streams_and_plays(page: Any, server: str) -> None:
     card = pg.locator("article.take").first
     assert "seed 11" in card.inner_text()
     assert card.locator(".badge").text_content() == "max_frames"
-    assert pg.locator("#mFrames").inner_text() == "40"
+    assert pg.locator("#mFrames").inner_text() == "3.20 s"  # 40 frames
     shot(pg, "tiny-after-take")
 
 
@@ -234,7 +234,7 @@ def test_tiny_model_retake_splices_at_the_acknowledged_sample(page: Any, server:
     # The history shows where it came from: the card and the editor's caption.
     at = f"{splice / SR:.2f} s"
     assert f"from Take 1 @ {at}" in pg.locator("article.take").first.inner_text()
-    assert f"retake of Take 1 @ {at} (frame {frame})" in pg.locator("#edSub").inner_text()
+    assert f"retake of Take 1 @ {at}" in pg.locator("#edSub").inner_text()  # seconds (frames: the advanced view)
 
     # Before the splice the new take is the first one; from it on, new audio (another seed).
     a, b = held_pcm(pg, first["key"]), held_pcm(pg, second["key"])
@@ -284,7 +284,8 @@ def test_tiny_model_download_take_as_wav(page: Any, server: str, tmp_path: Path)
     card = pg.locator("article.take").first
     with pg.expect_download() as info:
         card.get_by_role("button", name="Download Take 1 as WAV", exact=False).click()
-    assert info.value.suggested_filename.endswith("seed3.wav")
+    session = pg.evaluate("window.studio.session")
+    assert info.value.suggested_filename == f"moss_rt-{session[2:10]}-take-1.wav"  # the session, the take
     local = tmp_path / "client.wav"
     info.value.save_as(local)
     with wave.open(str(local)) as w:
@@ -293,11 +294,11 @@ def test_tiny_model_download_take_as_wav(page: Any, server: str, tmp_path: Path)
         client_pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.int32)
     assert np.array_equal(client_pcm, held_pcm(pg, take["key"]))
 
-    # The service's rendering (the card's "Service WAV" link) is the same take.
-    with pg.expect_download() as info2:
-        card.get_by_role("link", name="Service WAV").click()
+    # The service's rendering (GET /api/takes/{id}.wav) is the same take, so the card offers one WAV only.
+    assert card.get_by_role("button", name="as rendered", exact=False).is_hidden()
     served = tmp_path / "server.wav"
-    info2.value.save_as(served)
+    with urllib.request.urlopen(f"{server}/api/takes/{take['id']}.wav", timeout=30) as r:
+        served.write_bytes(r.read())
     with wave.open(str(served)) as w:
         assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (SR, 1, 2)
         assert w.getnframes() == n_frames * FRAME
@@ -306,30 +307,23 @@ def test_tiny_model_download_take_as_wav(page: Any, server: str, tmp_path: Path)
     assert takes(pg)[0]["end"]["reason"] == "max_frames"
 
 
-def test_tiny_model_sound_starts_within_250_ms(page: Any) -> None:
-    """Default chunk (8) and cushion (200 ms): the first-chunk policy sends the first frames one by one, so sound
-    starts about three frames after Speak, measured by the page (Speak click → first sample out of the player)."""
+def test_tiny_model_sound_starts_from_the_first_frames(page: Any) -> None:
+    """Default chunk (8) and cushion (200 ms): the first-chunk policy sends a take's first frames one by one, so the
+    player starts on them rather than after a whole chunk; the page reports when the director heard the take (Speak
+    click → first sample out of the player), with the service's own first-audio time beside it. How many ms that is
+    on a given machine is for the benchmark (bench/studio_bench.py prints it), not an assertion: this shared CPU box
+    runs the tiny model anywhere from 0.5x to 4x real time."""
     pg = page
     set_param(pg, "text_temperature", "0")
     set_param(pg, "max_new_tokens", "30")
-    runs: list[tuple[float, float | None]] = []
-
-    def fast_heard() -> list[float]:
-        # The promise is for an engine with headroom: the takes this shared CPU box ran at least twice as fast as
-        # real time (it is usually 2-4x on the tiny model, slower while other work runs).
-        return [heard for heard, rtf in runs if rtf is not None and rtf >= 2.0]
-
-    # Takes until a fast one is heard within 250 ms, at most eight (the noise of a busy machine delays some).
-    while len(runs) < 8 and not (fast_heard() and min(fast_heard()) <= 250):
-        n = len(runs) + 1
+    for n in range(1, 3):
         pg.click("#speak")
         wait_take_ended(pg, n, timeout=WAIT_MS)
         wait_playback_drained(pg, timeout=WAIT_MS)
         take = takes(pg)[n - 1]
-        assert take["heardMs"] is not None and take["heardMs"] >= take["ttfaMs"]
-        runs.append((take["heardMs"], take["end"]["rtf"]))
+        assert take["firstChunks"][:3] == [1, 1, 1], take["firstChunks"]
+        assert take["heardMs"] is not None and take["heardMs"] >= take["ttfaMs"], take
+        assert take["end"]["ttfa_ms"] is not None
+    assert pg.locator("#mTtfa").inner_text().replace(" ", "") == f"{round(take['heardMs'])}ms"
+    assert f"service {round(take['end']['ttfa_ms'])} ms" in pg.locator("#mTtfaS").inner_text()
     shot(pg, "tiny-heard-after")
-    fast = fast_heard()
-    if not fast:
-        pytest.skip(f"no take ran at 2x real time on this busy box (heard ms, rtf): {runs}")
-    assert min(fast) <= 250, runs

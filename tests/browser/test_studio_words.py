@@ -138,7 +138,8 @@ def test_words_click_retake_span_captions_and_reload(page: Any, server: str, tmp
     frame = word_frame(words[k])
     pg.locator("#words button.word").nth(k).click()
     assert pg.evaluate("window.studio.cursor") == frame * FRAME
-    pg.wait_for_function(f"document.getElementById('edPos').textContent.includes('frame {frame}')")  # drawn next frame
+    shown = f"{frame * FRAME / 48000:.2f} s"  # the position in seconds (frames: the advanced view)
+    pg.wait_for_function(f"document.getElementById('edPos').textContent.startsWith('{shown}')")  # drawn next frame
     assert pg.locator("#words .word.at").all_inner_texts() == [WORDS[k]]
 
     # Retake from there: the new take's kept prefix ends exactly at the word's start frame.

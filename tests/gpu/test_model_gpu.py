@@ -262,3 +262,48 @@ def test_lone_prompt_prefill_through_a_graph_equals_eager(device, make_runner, g
     for x, y in zip(graph_cache, eager_cache, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(graph_codes, eager_codes)
+
+
+# (start, rows) of a piece after a kept prefix, on the 320-position runner (row buckets 128 and 256, one key window
+# of 320): bucket edges (1, 127, 128, 129, 256 rows), a line after its opening, block-aligned starts (no copy on
+# write) and unaligned ones (the shared branch block copied first).
+PREFIX_CASES = [(1, 1), (37, 127), (40, 128), (16, 129), (150, 160), (60, 256)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prompt_after_a_cached_prefix_through_a_graph_equals_eager(device, make_runner, golden_cases) -> None:
+    """A lone piece continuing a kept prefix (start > 0: a line whose opening the prompt cache shares) is prefilled
+    through an after-a-prefix prefill graph once warmup has captured them: its keys, values and hidden states equal
+    the eager pass's to float rounding, nothing else in the pool changes (the slot's prefix, the kept blocks, the
+    slot's positions past the piece: piece_after_prefix checks), and the sampled codes that follow are the same.
+    The CPU has no graphs: both runs are eager there (tests/model/test_prefill_graphs.py runs the graph's own pass
+    on the CPU)."""
+    from tests.model.test_prefill_graphs import piece_after_prefix
+
+    runs = []
+    for graphs in (True, False):
+        options = {"use_cuda_graphs": graphs} if device == "cuda" else {}
+        runner = make_runner(device, max_slots=2, max_seq_len=320, **options)
+        runner.warmup(batch_sizes=[1], key_lengths=[256])
+        assert runner.pending_prefill_graphs() == []  # one key window at 320 positions: all captured by warmup
+        prompt = _directed(runner, golden_cases, LONG_TEXT)
+        rows = np.resize(prompt, (320, prompt.shape[1]))  # the prompt's rows repeated: valid rows
+        caches, codes = [], []
+        for start, count in PREFIX_CASES:
+            replays = runner.prefill_graphs.replays
+            slot = piece_after_prefix(runner, rows, start, count)
+            assert runner.prefill_graphs.replays - replays == (1 if graphs and device == "cuda" else 0)
+            caches.append(runner.slot_cache(slot, start + count))
+            if start + count + 8 <= runner.max_seq_len:
+                runner.set_sampling(slot, PENALTY, seed=start)
+                codes.append(np.stack([runner.step([slot]).codes[0] for _ in range(8)]))
+            runner.free_slot(slot)
+        runs.append((caches, codes))
+    (graph_caches, graph_codes), (eager_caches, eager_codes) = runs
+    for (start, count), graph_cache, eager_cache in zip(PREFIX_CASES, graph_caches, eager_caches, strict=True):
+        for name, x, y in zip(("keys", "values", "hidden"), graph_cache, eager_cache, strict=True):
+            where = f"{name} of {count} rows after {start}"
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=lambda m, w=where: f"{w}: {m}")
+    assert len(graph_codes) == len(eager_codes) == len(PREFIX_CASES) - 1
+    for x, y in zip(graph_codes, eager_codes, strict=True):
+        np.testing.assert_array_equal(x, y)

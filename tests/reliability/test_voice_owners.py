@@ -109,3 +109,51 @@ def test_voices_stored_before_owners_stay_listed_and_admin_deletable(fast_server
     assert ref in [v["id"] for v in requests.get(f"{srv.url}/api/voices", headers=auth).json()["voices"]]
     r = requests.delete(f"{srv.url}/api/voices/{ref}", headers={"Authorization": f"Bearer {KEY}", **OTHER})
     assert r.status_code == 200  # the admin deletes it
+
+
+def test_the_owner_renames_an_uploaded_voice_and_the_name_is_kept(fast_server) -> None:
+    """Issue 27 (8): PATCH /api/voices/<ref_id> {"name"} for the voice's owner (or the admin), validated, kept in
+    the voice's record on disk; everyone else (and built-in voices) get 404 as for a voice that does not exist."""
+    srv = fast_server(api_key=KEY, trusted_proxies=("127.0.0.1",))
+    auth = {"Authorization": f"Bearer {KEY}"}
+    token = requests.post(f"{srv.url}/api/token", headers=auth).json()["token"]
+    mine = {"Authorization": f"Bearer {token}"}
+    ref = upload(srv.url, 11, mine).json()["ref_id"]
+    url = f"{srv.url}/api/voices/{ref}"
+    r = requests.patch(url, json={"name": "  Old sailor  "}, headers=mine)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == ref and r.json()["name"] == "Old sailor" and r.json()["owned"] is True
+    listed = {v["id"]: v for v in requests.get(f"{srv.url}/api/voices", headers=mine).json()["voices"]}
+    assert listed[ref]["name"] == "Old sailor"
+    # Kept in the voice's record on disk: a reload of the store (as after a restart) has the new name.
+    import asyncio
+
+    asyncio.run_coroutine_threadsafe(srv.state.voices.load(), srv.loop).result(10)
+    assert srv.state.voices.get(ref).name == "Old sailor"
+    assert srv.state.voices.get(ref).owner == "127.0.0.1"  # the owner is unchanged
+    # Bad names and bodies: clear 4xx, nothing changed.
+    for body, code, field in (
+        ({"name": ""}, 422, "name"),
+        ({"name": "   "}, 422, "name"),
+        ({"name": "x" * 65}, 422, "name"),
+        ({"name": "tab\there"}, 422, "name"),
+        ({"name": 7}, 422, "name"),
+        ({}, 422, "name"),
+        ({"name": "ok", "owner": "me"}, 422, "owner"),
+    ):
+        r = requests.patch(url, json=body, headers=mine)
+        assert r.status_code == code and error_of(r)["field"] == field, (body, r.text)
+    r = requests.patch(url, data="name=x", headers={**mine, "Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 415
+    r = requests.patch(url, data="{not json", headers={**mine, "Content-Type": "application/json"})
+    assert r.status_code == 400 and error_of(r)["code"] == "bad_json"
+    assert srv.state.voices.get(ref).name == "Old sailor"
+    # Another client cannot rename it (nor learn it exists); built-ins and unknown ids are not renamable.
+    other_token = requests.post(f"{srv.url}/api/token", headers={**auth, **OTHER}).json()["token"]
+    r = requests.patch(url, json={"name": "mine now"}, headers={"Authorization": f"Bearer {other_token}", **OTHER})
+    assert r.status_code == 404 and error_of(r)["code"] == "not_found"
+    assert requests.patch(f"{srv.url}/api/voices/narrator", json={"name": "n"}, headers=mine).status_code == 404
+    assert requests.patch(f"{srv.url}/api/voices/ref_{'0' * 24}", json={"name": "n"}, headers=mine).status_code == 404
+    # The admin may rename any uploaded voice.
+    r = requests.patch(url, json={"name": "Harbour master"}, headers={**auth, **OTHER})
+    assert r.status_code == 200 and r.json()["name"] == "Harbour master"

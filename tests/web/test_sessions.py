@@ -172,3 +172,44 @@ def test_an_unknown_session_is_not_found_and_the_socket_stays_usable(server: Run
             assert np.frombuffer(pcm, "<i2").size == 4 * FRAME_SAMPLES
 
     run(scenario())
+
+
+def test_a_stored_take_keeps_its_request_as_asked_so_a_random_seed_stays_random(make_server) -> None:
+    """Issue 27 (6): a stored take's request holds a seed only when the director gave one; the record's ``seed``
+    is the take's seed either way. Kept across a resume, a restart of the socket, a retake and an archive."""
+    server = make_server(scripted, engine="scripted", frame_ms=FRAME_MS, max_lead_sec=0.0)
+    jar = OwnerJar()
+
+    async def scenario() -> tuple[str, dict[str, str]]:
+        ws, ch, session = await connect(server, None, jar)
+        fixed, _ = await ch.take(type="start", text="a fixed seed", seed=42, tokens=4)
+        rand, _ = await ch.take(type="start", text="the server picks", tokens=4)
+        await ch.send(type="seek", take=fixed["take"], frame=2)  # a retake with a new random seed
+        retake_random, _ = await ch.to_end()
+        await ch.send(type="seek", take=rand["take"], frame=2, seed=7)  # a retake with a given seed
+        retake_fixed, _ = await ch.to_end()
+        await ws.close()
+        ids = {"fixed": fixed["take"], "random": rand["take"], "retake_random": retake_random["take"],
+               "retake_fixed": retake_fixed["take"]}  # fmt: skip
+        return session["session"], ids
+
+    sid, ids = run(scenario())
+
+    async def resumed() -> list[dict[str, Any]]:
+        ws, _ch, session = await connect(server, sid, jar)
+        await ws.close()
+        return session["takes"]
+
+    def asked(records: list[dict[str, Any]], id_of: dict[str, str]) -> dict[str, bool]:
+        by_id = {r["take_id"]: r for r in records}
+        assert all(isinstance(r["seed"], int) for r in records)  # every take has its one seed
+        return {name: "seed" in by_id[take_id]["request"] for name, take_id in id_of.items()}
+
+    expected = {"fixed": True, "random": False, "retake_random": False, "retake_fixed": True}
+    records = run(resumed())
+    assert asked(records, ids) == expected
+    assert {r["take_id"]: r["request"].get("seed") for r in records}[ids["fixed"]] == 42
+    # Through an archive: the imported takes (new ids, same order) keep their requests as asked.
+    archive = jar.request("GET", f"{server.url}/api/sessions/{sid}/archive")
+    imported = jar.request("POST", f"{server.url}/api/sessions/import", data=archive.content).json()["takes"]
+    assert ["seed" in t["request"] for t in imported] == [expected[k] for k in ids]
