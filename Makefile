@@ -50,14 +50,18 @@ run-cluster: $(CLUSTER_STAMP) $(PACKAGE_STAMP)
 run-scripted: $(PACKAGE_STAMP)
 	$(PY) -m moss_rt serve --engine scripted $(SERVE_FLAGS)
 
-## The whole suite (sets everything up, including Chromium for the browser test and PostgreSQL for the shared
-## session store's tests).
-test: $(DEV_STAMP) browser postgresql
-	PYTHONASYNCIODEBUG=1 $(PY) -m pytest
+# The suite runs on one pytest-xdist worker process per CPU (2 on CI; tests/conftest.py keeps a module's tests on one
+# worker and the cluster tests on one); `make test TEST_WORKERS=0` runs it in this one process, `TEST_WORKERS=4` on 4.
+TEST_WORKERS ?= auto
 
-## Everything but the browser test.
+## The whole suite, one worker per CPU (sets everything up, including Chromium for the browser tests and PostgreSQL
+## for the shared session store's tests). PYTHONASYNCIODEBUG=1: asyncio's debug mode (loop misuse fails loudly).
+test: $(DEV_STAMP) browser postgresql
+	PYTHONASYNCIODEBUG=1 $(PY) -m pytest -n $(TEST_WORKERS)
+
+## Everything but the browser tests.
 test-fast: $(DEV_STAMP)
-	$(PY) -m pytest -m "not browser"
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not browser"
 
 ## Only the cluster tests (a local Ray with two tiny CPU replicas; about a minute). `-m "not cluster"` skips them.
 test-cluster: $(DEV_STAMP)

@@ -33,9 +33,23 @@ T = TypeVar("T")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port for a server to listen on, reserved: no other process's ``bind(0)`` gets it for a minute.
+
+    A port that is merely free when asked for may be handed to someone else before the server binds it (a server
+    subprocess takes seconds to start, and under pytest-xdist other workers ask for ports at the same time). So the
+    port is connected to once and closed from its own side first, which leaves it in TIME_WAIT: the kernel skips it
+    when it picks ports for ``bind(0)``, while a server binding it by number with SO_REUSEADDR (aiohttp's default,
+    so every moss_rt server) gets it at once.
+    """
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        address = listener.getsockname()
+        with socket.create_connection(address):
+            accepted, _ = listener.accept()
+            accepted.close()  # closed first on the port's side: the TIME_WAIT is the port's
+        return int(address[1])
 
 
 @dataclass

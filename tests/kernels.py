@@ -10,14 +10,22 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import pytest
 import torch
 
+T = TypeVar("T")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-needs_interpreter = pytest.mark.skipif(
+_interpreter_skip = pytest.mark.skipif(
     not HAS_TRITON or torch.cuda.is_available(), reason="needs Triton (interpreter) and no GPU"
 )
+
+
+def needs_interpreter(test: T) -> T:
+    """A test that runs kernels through Triton's interpreter: skipped without Triton or with a GPU, and ``slow``
+    (tens of seconds of one CPU), which parallel runs start first (tests/conftest.py)."""
+    return pytest.mark.slow(_interpreter_skip(test))
 
 
 @contextmanager

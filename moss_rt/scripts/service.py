@@ -269,8 +269,9 @@ class ScriptService:
         else:
             await asyncio.to_thread(self.sessions.check_access, session_id, owner)
         try:
-            count = await asyncio.to_thread(self.sessions.count, session_id)  # not_found if deleted meanwhile
-            room = self.sessions.max_session_takes - count - self._takes_to_come(session_id)
+            # not_found if deleted meanwhile
+            stored = {take.take_id for take in await asyncio.to_thread(self.sessions.takes, session_id)}
+            room = self.sessions.max_session_takes - len(stored) - self._takes_to_come(session_id, stored)
             if len(cues) > room:
                 raise self._no_room_for(len(cues), room)
             await asyncio.to_thread(self.sessions.check_room, session_id)  # 507 once the storage budget is spent
@@ -297,14 +298,17 @@ class ScriptService:
         )
         return job
 
-    def _takes_to_come(self, session_id: str) -> int:
-        """Takes the session's scripts will still add: their lines not rendered yet (each becomes a take)."""
+    def _takes_to_come(self, session_id: str, stored: set[str]) -> int:
+        """Takes the session's scripts will still add: their lines not rendered yet (each becomes a take). A line
+        whose take is among the session's ``stored`` ones already (stored, not yet recorded done) is not one."""
         return sum(
             1
             for job in self._jobs.values()
             if job.session_id == session_id and job.failure is None
             for line in job.lines.values()
-            if line.row.take_id is None and line.needs_render
+            if line.row.take_id is None
+            and line.needs_render
+            and (line.row.render is None or line.row.render["take"] not in stored)
         )
 
     def _no_room_for(self, lines: int, room: int) -> ProtocolError:

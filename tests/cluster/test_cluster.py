@@ -309,7 +309,9 @@ def test_front_ends_sharing_one_port_serve_the_same_replicas(cluster_server, ray
         seen: dict[str, dict[str, Any]] = {}
         for _ in range(tries):
             info = await info_by_new_connection()
-            if info is not None and (info["ready"] or not ready):
+            # Ready, and every replica heard from: a front end is ready as soon as one replica is, and lists one it
+            # has not polled yet without its pid.
+            if info is not None and (not ready or (info["ready"] and all(r["pid"] for r in info["replicas"]))):
                 seen[info["details"]["front_end"]] = info
                 if len(seen) >= want:
                     return seen

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from moss_rt.cluster.routing import Candidate, Route, plan_routes
 
@@ -77,14 +78,17 @@ def test_a_rebuilt_retake_also_prefers_the_replica_holding_its_prompt() -> None:
     assert plan_routes(c, retake=True, holder=("r0", "i"), cached={"r2": 16}, margin=4)[0] == Route("r0", False)
 
 
-def test_single_process_mode_never_imports_ray() -> None:
+def test_single_process_mode_never_imports_ray(tmp_path: Path) -> None:
     """`make run` needs no Ray: building the app and its engine without --cluster imports none of it."""
+    # The app writes its data dir (owner secret, sessions): the test's own, not ./data of the checkout.
+    settings = f"Settings(engine='scripted', data_dir=Path({str(tmp_path / 'data')!r}))"
     code = (
         "import sys\n"
+        "from pathlib import Path\n"
         "from moss_rt.serving import build_engine\n"
         "from moss_rt.config import Settings\n"
         "from moss_rt.web.app import create_app\n"
-        "create_app(Settings(engine='scripted'), build_engine(Settings(engine='scripted')))\n"
+        f"create_app({settings}, build_engine({settings}))\n"
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'moss_rt.cluster'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -14,10 +14,13 @@ import torch
 
 TINY = Path(__file__).resolve().parent.parent / "fixtures" / "codec" / "tiny"
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
-    reason="needs Triton (interpreter) and no GPU",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+        reason="needs Triton (interpreter) and no GPU",
+    ),
+    pytest.mark.slow,  # Triton's interpreter: started first in parallel runs
+]
 
 
 _SCRIPT = r"""

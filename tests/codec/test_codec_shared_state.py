@@ -108,6 +108,7 @@ def test_a_retake_past_what_the_ring_still_holds_cannot_share(tiny_codec: CodecM
     assert not dec.can_resume(kept, N - 2)  # given back: nothing to share
 
 
+@pytest.mark.slow  # started first in parallel runs (tests/conftest.py)
 def test_references_come_back_after_random_retakes_cancels_and_drops(tiny_codec: CodecModel, codes) -> None:
     """Parents kept, retakes branching from them (some several times, some decoding until their own end and kept
     in turn), streams closed mid-way, kept states dropped or just forgotten: every block's references return to

@@ -6,6 +6,8 @@ import asyncio
 import logging
 import time
 
+import pytest
+
 from moss_rt.client import DirectingClient
 from moss_rt.protocol import FRAME_RATE
 from tests.engine.helpers import metrics
@@ -16,6 +18,7 @@ CLIENTS = 64
 FRAMES = 12
 
 
+@pytest.mark.slow  # started first in parallel runs (tests/conftest.py)
 def test_64_concurrent_websocket_takes(moss_server, record_property) -> None:
     # All clients share 127.0.0.1, so the per-address take cap is lifted (0 = no cap).
     srv = moss_server(max_slots=64, max_queue=64, max_seq_len=512, max_takes_per_client=0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 from moss_rt.client import DirectingClient
 from tests.engine.helpers import LONG, metrics
 from tests.helpers import RunningServer, next_message, run
@@ -70,6 +72,7 @@ def _codec_blocks(srv: RunningServer) -> tuple[list[int], list[set[int]], int]:
     return sched.decoder.free_blocks, held, len(kept)
 
 
+@pytest.mark.slow  # started first in parallel runs (tests/conftest.py)
 def test_every_block_comes_back_after_100_random_takes(moss_server) -> None:  # type: ignore[no-untyped-def]
     """100 random directing acts on 4 slots: takes run out or are cancelled, sockets drop mid-take, retakes branch
     from frames near the end (their codec state shared with the parent's kept blocks) or further back (rebuilt from

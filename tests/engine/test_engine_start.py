@@ -177,7 +177,10 @@ def test_make_run_honours_moss_rt_settings(tmp_path: Path) -> None:
     python = venv / "bin" / "python"
     python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
-    (venv / ".run-installed").touch()  # newer than requirements.txt: make installs nothing
+    # Newer than requirements.txt and pyproject.toml: make installs nothing (an editable install here would go
+    # into the test interpreter's own venv; `make install` is tests/reliability/test_small_traps.py's, in a copy).
+    (venv / ".run-installed").touch()
+    (venv / ".package-installed").touch()
     port = free_port()
     env = {
         "PATH": "/usr/bin:/bin",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import requests
@@ -69,26 +70,31 @@ def _unread_downloads_stay_small(srv: RunningServer, take: str, n: int) -> None:
         raw_http(port, f"GET /api/takes/{take}.wav HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n", rcvbuf=4096)
         for _ in range(n)
     ]
-    time.sleep(1.0)  # every download has started and filled what the sockets take
+    connections = srv.state.client_connections
+
+    async def until(pred: Callable[[], object], within: float) -> None:
+        await wait_until(pred, within)
+
+    run(until(lambda: connections.open("127.0.0.1") == n, 10))  # every download has started
+    # A moment for them to write what the sockets take (a shorter one only measures less: never a false failure).
+    time.sleep(1.0)
     grown = rss_mb() - before
     # Whole files in memory were n x 14.7 MB (plus a copy each): 350 MB and more for 24 of them.
     assert grown < 120, f"RSS grew by {grown:.0f} MB for {n} unread downloads"
-    # The stall timeout (2 s) drops every one of them, and their requests are released.
-    time.sleep(4.0)
+    # The stall timeout (2 s) drops every one of them, and their requests are released ...
+    run(until(lambda: connections.open("127.0.0.1") == 0, 30))
+    # ... with their files cut short.
     for sock in socks:
         received, closed = drain(sock)
         assert closed and received < total, (received, closed)
         sock.close()
-
-    async def released() -> None:
-        await wait_until(lambda: srv.state.client_connections.open("127.0.0.1") == 0, 10)
-
-    run(released())
     # A reader still gets the whole file, byte for byte what a take's stream sent.
     r = requests.get(f"{srv.url}/api/takes/{take}.wav", timeout=60)
     assert r.status_code == 200 and len(r.content) == total and r.headers["Content-Length"] == str(total)
     assert r.content[:4] == b"RIFF" and r.content[40:44] == (1920 * FRAME_BYTES).to_bytes(4, "little")
-    assert srv.state.renders.nbytes == 0
+    # The render it shared is given back once its last reader is done (the server's side of the request ends
+    # after the client has read the last byte).
+    run(until(lambda: srv.state.renders.nbytes == 0, 10))
 
 
 def test_unread_downloads_of_streamed_audio_hold_little_and_are_dropped(fast_server) -> None:

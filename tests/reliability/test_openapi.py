@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -39,6 +40,7 @@ def test_document_lists_every_http_route(fast_server, tmp_path) -> None:
     assert body["properties"]["chunk_frames"]["maximum"] == Limits().max_chunk_frames
 
 
+@pytest.mark.slow  # started first in parallel runs (tests/conftest.py)
 def test_schemathesis_against_the_running_server(fast_server, tmp_path) -> None:
     # One client sends every request: per-client caps would answer most of them 429.
     srv = fast_server(

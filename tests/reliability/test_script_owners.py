@@ -246,6 +246,36 @@ def test_a_scripts_new_session_counts_against_the_session_caps(fast_server) -> N
     assert r.status_code == 413 and "room for 0" in error_of(r)["message"]
 
 
+def test_a_line_stored_but_not_yet_recorded_counts_once_against_the_session_room(fast_server) -> None:
+    """Between storing a line's take in the session and recording the line done, the take is in the session and the
+    line still renders: the room a new script gets counts it once, not twice (a spurious 413 before)."""
+    srv = fast_server(frame_ms=2.0, limits=Limits(max_session_takes=2))
+    assert srv.state.scripts is not None
+    store = srv.state.scripts.store
+    finish_line = store.finish_line
+    release = threading.Event()
+
+    def held_finish_line(*args: Any, **kwargs: Any) -> Any:
+        release.wait(30)  # a worker thread of the server: holds the line between its take stored and recorded
+        return finish_line(*args, **kwargs)
+
+    store.finish_line = held_finish_line  # type: ignore[method-assign]
+    director = OwnerJar()
+    try:
+        first = post(srv.url, director, "A: the first line")
+        assert first.status_code == 201, first.text
+        session = first.json()["session"]
+        sessions = srv.state.sessions
+        assert sessions is not None
+        run(wait_until(lambda: sessions.count(session) == 1, within=30))  # its take is stored; the line waits
+        r = post(srv.url, director, "A: the second line", session=session)
+        assert r.status_code == 201, r.text  # room for one more: 2 - the stored take
+    finally:
+        release.set()
+    wait_done(srv.url, director, r.json()["script"])
+    assert sessions.count(session) == 2
+
+
 def test_a_script_is_refused_when_the_service_keeps_all_the_sessions_it_may(fast_server) -> None:
     srv = fast_server(frame_ms=2.0, limits=Limits(max_sessions=1))
     assert post(srv.url, OwnerJar()).status_code == 201

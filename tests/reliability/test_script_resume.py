@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from tests.helpers import OwnerJar
 
@@ -54,6 +55,7 @@ def pcm_of(data: bytes) -> np.ndarray:
         return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
 
 
+@pytest.mark.slow  # started first in parallel runs (tests/conftest.py)
 def test_a_render_killed_halfway_resumes_without_rendering_finished_lines(server_process, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     proc = server_process(*TINY, data_dir=data_dir)

@@ -145,7 +145,9 @@ def test_idle_websocket_is_closed_but_not_while_a_take_plays(fast_server) -> Non
                 await asyncio.wait_for(ws.recv(), 5)
             except websockets.ConnectionClosed:
                 pass
-            assert 0.4 < time.monotonic() - t0 < 2.0
+            # Closed by the idle timer (its reason says so) at 0.5 s: never sooner, and not much later even while
+            # other tests load the machine.
+            assert 0.4 < time.monotonic() - t0 < 4.0
             assert ws.close_code == 1000 and ws.close_reason == "idle timeout"
         # A take longer than the idle timeout (1.2 s) plays to its end without the client sending anything.
         async with websockets.connect(srv.ws_url) as ws:
@@ -164,8 +166,9 @@ def test_dead_peer_that_never_answers_pings_is_dropped(fast_server) -> None:
 
     async def scenario() -> None:
         await wait_until(lambda: len(srv.state.connections) == 1, 2)
-        waited = await wait_until(lambda: not srv.state.connections and srv.state.ws_slots == 0, 3)
-        assert waited < 2.0
+        # A ping at 0.4 s left unanswered for 0.2 s drops it: far sooner than any other timeout would.
+        waited = await wait_until(lambda: not srv.state.connections and srv.state.ws_slots == 0, 10)
+        assert waited < 5.0
 
     run(scenario())
     sock.close()
