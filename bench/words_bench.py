@@ -194,18 +194,25 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
 
     folder = Path(tempfile.mkdtemp(prefix="ctc-bench-")) / args.size
     write_random_ctc_checkpoint(folder, size=args.size)
-    aligner = CtcAligner(str(folder), device=args.device, max_batch=args.takes)
+    gather = None if args.gather_ms is None else args.gather_ms / 1000
+    aligner = CtcAligner(str(folder), device=args.device, max_batch=args.takes, gather_sec=gather)
     cuda = args.device.startswith("cuda")
-    if cuda:
-        forward = aligner._forward
+    forward = aligner._forward
+    calls = {"forwards": 0, "rows": 0, "padded_sec": 0.0, "audio_sec": 0.0}
 
-        def synced(batch: Any) -> Any:  # the network's time, not just its launch
+    def counted(batch: Any) -> Any:  # the network's time, not just its launch; and what each call held
+        calls["forwards"] += 1
+        calls["rows"] += len(batch)
+        calls["audio_sec"] += sum(len(a) for a in batch) / aligner.sample_rate
+        calls["padded_sec"] += len(batch) * max(len(a) for a in batch) / aligner.sample_rate
+        if cuda:
             torch.cuda.synchronize()
-            out = forward(batch)
+        out = forward(batch)
+        if cuda:
             torch.cuda.synchronize()
-            return out
+        return out
 
-        aligner._forward = synced  # type: ignore[method-assign]
+    aligner._forward = counted  # type: ignore[method-assign]
     service = AlignService(aligner, max_pending=4 * args.takes)
     service.start()
     audio, truth = _speech()
@@ -244,6 +251,7 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
 
         await asyncio.gather(*(service.align(AlignJob(warm, ("a",))) for _ in range(min(8, args.takes))))
         before = aligner.gpu_seconds
+        calls.update(forwards=0, rows=0, padded_sec=0.0, audio_sec=0.0)
         counters = {"jobs": 0, "skipped": 0}
         t0 = time.perf_counter()
         await asyncio.gather(*(take(i, t0 + args.seconds, counters) for i in range(args.takes)))
@@ -251,7 +259,13 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
         busy = aligner.gpu_seconds - before
         params = sum(p.numel() for p in aligner._model.parameters())  # before close() lets the model go
         return {"wall_sec": round(wall, 2), "aligner_gpu_sec": round(busy, 3), "params_m": round(params / 1e6, 1),
-                "gpu_share": round(busy / wall, 4), **counters}  # fmt: skip
+                "gpu_share": round(busy / wall, 4), **counters,
+                # Network calls, windows per call, and the audio they held (padded: what the batch computed)
+                "forwards": calls["forwards"],
+                "windows_per_forward": round(calls["rows"] / max(1, calls["forwards"]), 2),
+                "audio_sec_per_window": round(calls["audio_sec"] / max(1, calls["rows"]), 2),
+                "padded_share": round(1 - calls["audio_sec"] / max(1e-9, calls["padded_sec"]), 3),
+                "ms_per_forward": round(1000 * busy / max(1, calls["forwards"]), 2)}  # fmt: skip
 
     try:
         result = asyncio.run(drive())
@@ -260,7 +274,8 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
     name = torch.cuda.get_device_name() if cuda else "cpu"
     return {
         "bench": "words gpu", "device": name, "size": args.size,
-        "dtype": str(aligner._dtype).removeprefix("torch."), "takes": args.takes, **result, "target_share": 0.05,
+        "dtype": str(aligner._dtype).removeprefix("torch."), "takes": args.takes,
+        "gather_ms": round(aligner.gather_sec * 1000), **result, "target_share": 0.05,
     }  # fmt: skip
 
 
@@ -282,6 +297,8 @@ def main() -> None:
     gpu.add_argument("--seconds", type=float, default=60.0)
     gpu.add_argument("--size", default="mms-300m", choices=("mms-300m", "tiny"))
     gpu.add_argument("--device", default="cuda")
+    gpu.add_argument("--gather-ms", type=float, default=None,
+                     help="how long the aligner waits for jobs to join a batch (default: the aligner's own)")
     args = parser.parse_args()
     result = {"cpu": bench_cpu, "latency": bench_latency, "gpu": bench_gpu}[args.which](args)
     print(json.dumps(result))

@@ -98,6 +98,9 @@ class Aligner(Protocol):
     device: str
     workers: int  # threads that may call align_batch at once (each its own batch)
     max_batch: int  # jobs per align_batch call
+    # How long a worker holding one job waits for more to join its batch (seconds; 0: run at once). A device model
+    # costs about the same per call whatever the batch (launch-bound at these sizes), so a short wait buys fewer calls.
+    gather_sec: float
     demo: bool  # random weights (a test or benchmark model): its times mean nothing
 
     def load(self) -> None:

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CTC_MODEL = "MahmoudAshraf/mms-300m-1130-forced-aligner"
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vocab.json", "preprocessor_config.json"]
+# On a GPU a worker waits this long for more jobs to join a batch: one network call costs about the same for one
+# window or dozens (launch-bound), and the streams' jobs arrive spread out; it adds at most this to a word's lag
+# (docs/words.md: p95 target 1.2 s). On a CPU the cost grows with the batch: no wait.
+GPU_GATHER_SEC = 0.15
 WINDOW_SEC = 20.0  # audio per network call; longer audio goes in overlapping windows
 CONTEXT_SEC = 1.0  # each window's extra audio on both sides, whose frames are dropped when stitching
 DELIMITERS = ("|", " ")
@@ -92,11 +96,15 @@ class CtcAligner:
 
     workers = 1
 
-    def __init__(self, source: str, *, device: str = "cpu", max_batch: int = 64, dtype: str = "auto") -> None:
+    def __init__(
+        self, source: str, *, device: str = "cpu", max_batch: int = 64, dtype: str = "auto",
+        gather_sec: float | None = None,
+    ) -> None:  # fmt: skip
         self.source = source
         self.name = f"ctc:{source}"
         self.device = device
         self.max_batch = max_batch
+        self.gather_sec = (GPU_GATHER_SEC if device.startswith("cuda") else 0.0) if gather_sec is None else gather_sec
         self._dtype_name = dtype
         self.sample_rate = 16000
         self.demo = False

@@ -2,9 +2,10 @@
 
 The event loop never aligns: :meth:`AlignService.align` queues a job and awaits its future. The workers (as many as
 the aligner allows at once: PocketSphinx one per decoder, a GPU model one feeding the device) take a job and every
-job queued behind it up to ``max_batch``, so concurrent takes share one batch on the device. At most
-``max_pending`` jobs wait; a streaming take skips a tick when the queue is full (``wait=False``), a take that ends
-waits for room. The first worker loads the aligner (its weights) before anything else.
+job queued behind it up to ``max_batch`` (waiting up to the aligner's ``gather_sec`` for more to arrive), so
+concurrent takes share one batch on the device. At most ``max_pending`` jobs wait; a streaming take skips a tick
+when the queue is full (``wait=False``), a take that ends waits for room. The first worker loads the aligner (its
+weights) before anything else.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 from moss_rt.align.base import Aligner, AlignJob, AlignResult
@@ -117,9 +119,13 @@ class AlignService:
             if first is _STOP:
                 return
             batch = [first]
+            # Wait up to the aligner's gather time for more jobs (a device model's call costs about the same for
+            # one job or many); what is queued already joins at once.
+            deadline = time.monotonic() + max(0.0, getattr(self.aligner, "gather_sec", 0.0))
             while len(batch) < max(1, self.aligner.max_batch):
                 try:
-                    more = self._queue.get_nowait()
+                    left = deadline - time.monotonic()
+                    more = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if more is _STOP:

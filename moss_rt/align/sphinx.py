@@ -54,6 +54,7 @@ class PocketsphinxAligner:
     sample_rate = 16000
     device = "cpu"
     max_batch = 1
+    gather_sec = 0.0  # one job per decoder: nothing to gather
     demo = False
 
     def __init__(self, *, workers: int = 2, processes: bool = False) -> None:

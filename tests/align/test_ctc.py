@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from moss_rt.align.base import AlignJob
+from moss_rt.align.base import AlignJob, AlignResult
 from moss_rt.align.ctc import AlignerSourceError, CtcAligner, resolve_ctc_source, write_random_ctc_checkpoint
 from moss_rt.align.select import AlignerChoiceError, build_aligner
 from moss_rt.align.service import AlignService
@@ -80,3 +81,53 @@ def test_aligner_choice() -> None:
     assert build_aligner("ctc:some/model", device="cpu").name == "ctc:some/model"  # type: ignore[union-attr]
     with pytest.raises(AlignerChoiceError):
         build_aligner("whisper")
+
+
+class _RecordingAligner:
+    """An aligner that answers at once and remembers the size of every batch it was given."""
+
+    name, sample_rate, device, workers, demo = "recording", 16000, "cpu", 1, True
+
+    def __init__(self, *, max_batch: int, gather_sec: float) -> None:
+        self.max_batch, self.gather_sec = max_batch, gather_sec
+        self.batches: list[int] = []
+
+    def load(self) -> None:
+        pass
+
+    def align_batch(self, jobs: Any) -> list[AlignResult]:
+        self.batches.append(len(jobs))
+        return [AlignResult([None] * len(job.words)) for job in jobs]
+
+    def close(self) -> None:
+        pass
+
+
+def test_jobs_arriving_within_the_gather_time_share_one_batch() -> None:
+    """A device aligner's worker holding one job waits for more (up to ``gather_sec``): jobs of takes that arrive
+    apart go through the network together, and a full batch runs without waiting out the rest of the time."""
+    aligner = _RecordingAligner(max_batch=3, gather_sec=30.0)
+    service = AlignService(aligner, max_pending=8)  # type: ignore[arg-type]
+    service.start()
+
+    async def scenario() -> None:
+        await service.wait_loaded()
+        job = AlignJob(np.zeros(1600, np.float32), ("a",))
+        first = asyncio.ensure_future(service.align(job))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(service.align(job))
+        await asyncio.sleep(0.05)
+        assert not first.done()  # still gathering
+        await asyncio.wait_for(asyncio.gather(first, second, service.align(job)), 20)  # full: runs long before 30 s
+
+    try:
+        asyncio.run(scenario())
+        assert aligner.batches == [3]
+    finally:
+        service.close()
+
+
+def test_a_device_aligner_gathers_and_a_cpu_one_does_not(checkpoint: Path) -> None:
+    assert CtcAligner(str(checkpoint), device="cuda").gather_sec > 0
+    assert CtcAligner(str(checkpoint), device="cpu").gather_sec == 0
+    assert CtcAligner(str(checkpoint), device="cuda", gather_sec=0).gather_sec == 0
