@@ -204,3 +204,14 @@ def speak_and_finish(pg: Any, count: int, *, frames: int = 30) -> dict[str, Any]
     take = wait_take_ended(pg, count)
     wait_playback_drained(pg)
     return take
+
+
+def stereo_take(pg: Any, n: int, seed: int, frames: int) -> dict[str, Any]:
+    """Speak take ``n`` in stereo with a fixed seed and ``frames`` frames; wait until it ended and was heard out."""
+    set_param(pg, "channels", "2")
+    set_param(pg, "tokens", str(frames))
+    set_fixed_seed(pg, seed)
+    pg.click("#speak")
+    wait_take_ended(pg, n)
+    wait_playback_drained(pg)
+    return takes(pg)[n - 1]

@@ -19,13 +19,11 @@ from tests.browser.helpers import (
     SR,
     run_server,
     seed_marker,
-    set_fixed_seed,
-    set_param,
     shot,
     stats,
+    stereo_take,
     takes,
     wait_playback_drained,
-    wait_take_ended,
 )
 from tests.conftest import sine_wav
 
@@ -36,16 +34,6 @@ pytestmark = pytest.mark.browser
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with run_server(tmp_path_factory.mktemp("studio-director")) as url:
         yield url
-
-
-def stereo_take(pg: Any, n: int, seed: int, frames: int) -> dict[str, Any]:
-    set_param(pg, "channels", "2")
-    set_param(pg, "tokens", str(frames))
-    set_fixed_seed(pg, seed)
-    pg.click("#speak")
-    wait_take_ended(pg, n)
-    wait_playback_drained(pg)
-    return takes(pg)[n - 1]
 
 
 def held(pg: Any, key: str, a: int, b: int) -> np.ndarray:

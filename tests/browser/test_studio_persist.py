@@ -24,9 +24,9 @@ from tests.browser.helpers import (
     FRAME,
     run_server,
     seed_marker,
-    set_fixed_seed,
     set_param,
     shot,
+    stereo_take,
     takes,
     wait_playback_drained,
     wait_session,
@@ -35,16 +35,6 @@ from tests.browser.helpers import (
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.browser
-
-
-def stereo_take(pg: Any, n: int, seed: int, frames: int) -> dict[str, Any]:
-    set_param(pg, "channels", "2")
-    set_param(pg, "tokens", str(frames))
-    set_fixed_seed(pg, seed)
-    pg.click("#speak")
-    wait_take_ended(pg, n)
-    wait_playback_drained(pg)
-    return takes(pg)[n - 1]
 
 
 def held(pg: Any, key: str) -> np.ndarray:
