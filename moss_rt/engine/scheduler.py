@@ -750,6 +750,7 @@ class Scheduler:
             self.preparing.remove(take)
             self.prompts.unclaim(take.take_id)
             take.phase = Phase.RUNNING
+            take.running_at = time.monotonic()
             take.prep_ms = (time.monotonic() - (take.prep_started or take.admitted)) * 1000.0
             self.metrics.prefill_time.observe(take.prep_ms / 1000.0)
             self.running.append(take)
@@ -795,6 +796,8 @@ class Scheduler:
                 continue
             take.codes.append(np.array(codes, dtype=np.int64))
             take.frames += 1
+            if take.first_frame_at is None:
+                take.first_frame_at = time.monotonic()
             made += 1
             if take.frames >= take.frame_cap:
                 take.ending = EndReason.MAX_FRAMES
@@ -832,8 +835,11 @@ class Scheduler:
         ]
         if not chunks:
             return
+        now = time.monotonic()
         for chunk in chunks:
             chunk.take.flushed = chunk.take.frames
+            if chunk.take.first_chunk_at is None:
+                chunk.take.first_chunk_at = now
         self._hand_over(self._pieces([c for c in chunks if c.priority], bulk=False), priority=True)
         self._hand_over(self._pieces([c for c in chunks if not c.priority], bulk=True), priority=False)
 
@@ -873,6 +879,10 @@ class Scheduler:
         if all(c.withdrawn for c in chunks):
             return
         t0 = time.perf_counter()
+        began = time.monotonic()
+        for c in chunks:
+            if c.take.first_decode_at is None and not c.withdrawn:
+                c.take.first_decode_at = began
         try:
             pcms = self.codec.decode_pcm(
                 [c.state for c in chunks], [c.codes for c in chunks], [c.take.spec.channels for c in chunks]
@@ -933,7 +943,7 @@ class Scheduler:
         now = time.monotonic()
         first_ms = None if take.first_audio is None else (take.first_audio - take.admitted) * 1000.0
         queue_ms = ((take.prep_started or now) - take.admitted) * 1000.0
-        timings = {"queue_ms": round(queue_ms, 2), "prefill_ms": round(take.prep_ms, 2)}
+        timings = {"queue_ms": round(queue_ms, 2), "prefill_ms": round(take.prep_ms, 2), **first_audio_path(take)}
         # Counted before the end event goes out, so whoever saw the end also sees it in /metrics.
         self.metrics.takes.labels(reason.value).inc()
         if reason in (EndReason.CANCELLED, EndReason.REPLACED):
@@ -1023,6 +1033,17 @@ class Scheduler:
             self._drop_retained(item)
         self.prompts.clear()
         self._update_gauges()
+
+
+def first_audio_path(take: Take) -> dict[str, float]:
+    """Where a take's first audio's time went after its preparation, in ms (each step that happened): from running
+    to its first frame (waiting for a round's step), from that frame to the codec worker (the round's other work), in
+    the worker's queue (calls ahead of it), and its decode."""
+    marks = (("to_first_frame_ms", take.running_at, take.first_frame_at),
+             ("to_codec_ms", take.first_frame_at, take.first_chunk_at),
+             ("codec_queue_ms", take.first_chunk_at, take.first_decode_at),
+             ("decode_ms", take.first_decode_at, take.first_audio))
+    return {name: round((b - a) * 1000.0, 2) for name, a, b in marks if a is not None and b is not None}
 
 
 @dataclass(eq=False)

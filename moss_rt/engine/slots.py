@@ -96,6 +96,12 @@ class Take:
     kept_item: Retained | None = None  # its own kept caches, while its codec state waits for a call (draining)
     prep_started: float | None = None
     prep_ms: float = 0.0
+    # Where its first audio's time went (monotonic; the end's timings): promoted to running, its first new frame made,
+    # that frame handed to the codec worker, and (written by the worker) its decode begun.
+    running_at: float | None = None
+    first_frame_at: float | None = None
+    first_chunk_at: float | None = None
+    first_decode_at: float | None = None
     paused: bool = False
     reuse_path: CacheReuse = CacheReuse.FRESH  # where its model cache came from
     retain_key: np.ndarray | None = None  # the prompt rows proper: a retake may reuse this cache if equal
