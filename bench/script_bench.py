@@ -102,6 +102,7 @@ def start_server(args: argparse.Namespace, model: Path, codec: Path, port: int, 
         "--device", "cpu" if args.tiny else "cuda", "--max-lead-sec", "0", "--max-seq-len", str(args.max_seq_len),
         "--data-dir", str(args.work / "data"), "--log-level", "INFO",
         "--script-total-share", str(args.total_share), "--script-client-share", str(args.client_share),
+        "--aligner", args.aligner,
     ]  # fmt: skip
     if args.max_slots:
         cmd += ["--max-slots", str(args.max_slots)]
@@ -287,6 +288,7 @@ def main() -> None:
     p.add_argument("--target-render-sec", type=float, default=10.0)
     p.add_argument("--target-ratio", type=float, default=1.5)
     p.add_argument("--cold", action="store_true", help="do not wait for the idle-time graph captures")
+    p.add_argument("--aligner", default="auto", help="the server's --aligner (none: lines end without their words)")
     args = p.parse_args()
     if args.tiny:
         args.lines = min(args.lines, 12)
