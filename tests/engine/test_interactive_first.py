@@ -171,10 +171,13 @@ def test_first_chunks_go_in_the_priority_lane_and_bulk_calls_stay_short(tiny_dat
     calls, nothing else does (a batch take's ramp neither); bulk calls hold equal-length chunks of at most 2 streams.
     Every take's audio is still the whole-clip decode of its codes."""
     calls: list[list[tuple[str, int, bool]]] = []
+    lengths: dict[str, list[int]] = {}
     real = Scheduler._decode_and_push
 
     def decode_and_push(self: Scheduler, chunks: list[_Chunk]) -> None:
         calls.append([(c.take.take_id, c.first_frame, c.priority) for c in chunks])
+        for c in chunks:
+            lengths.setdefault(c.take.take_id, []).append(int(c.codes.shape[0]))
         real(self, chunks)
 
     monkeypatch.setattr(Scheduler, "_decode_and_push", decode_and_push)
@@ -193,6 +196,11 @@ def test_first_chunks_go_in_the_priority_lane_and_bulk_calls_stay_short(tiny_dat
         ramp = {(take, frame) for call in priority_calls for take, frame, _ in call}
         assert {(f"d{i}", f) for i in range(3) for f in range(4)} <= ramp  # first audio and one-frame chunks
         assert max(len(call) for call in bulk_calls) == 2
+        # A script line has no listener waiting for its first sound: no one-frame ramp, whole chunks on the shared
+        # cadence (its first one shorter to get in phase, its last what is left).
+        for i in range(3):
+            assert sum(n < 4 for n in lengths[f"b{i}"][1:-1]) == 0 and lengths[f"b{i}"].count(1) <= 2, lengths
+            assert lengths[f"d{i}"][:4] == [1, 1, 1, 1]
         assert _sample(engine, "moss_rt_codec_calls_total", lane="priority") == len(priority_calls)
         assert _sample(engine, "moss_rt_codec_calls_total", lane="bulk") == len(bulk_calls)
         for take_id, ch in driven.channels.items():
