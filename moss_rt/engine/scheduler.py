@@ -82,6 +82,11 @@ DEFAULT_BATCH_SHARE = 0.5  # slots and KV blocks batch work may hold at most (in
 # So by default a round's chunks of one length go in one call, as before; lower it (Settings.codec_call_streams) to
 # trade render throughput for a shorter wait behind a running call.
 DEFAULT_CODEC_CALL_STREAMS = 255
+# While a director's take is starting (waiting, preparing, or in its ramp), bulk calls hold at most this many streams:
+# its first chunks (priority lane) wait for the bulk call running when they come, and during a script render those
+# are the render's 66-stream calls (~21 ms each on an H200: the director's first chunk waited 53 ms at p95 in the
+# codec's queue). Shorter calls cost the render a little codec throughput, only while someone is waiting to hear.
+STARTING_CALL_STREAMS = 16
 # While interactive takes are about (waiting, preparing, streaming), a prefill pass holding only batch work's rows
 # has at most this share of stream_rows: a director arriving during one waits for less (renders prefill a little
 # slower). A pass with an interactive take's rows holds no batch rows at all.
@@ -300,6 +305,12 @@ class Scheduler:
 
     def _batch_count(self) -> int:
         return sum(1 for group in (self.preparing, self.running, self.draining) for t in group if t.batch)
+
+    def _interactive_starting(self) -> bool:
+        """A director is waiting for a take's first sound: an interactive take waiting, preparing, or in its ramp."""
+        return any(not t.batch for group in (self.waiting, self.preparing) for t in group) or any(
+            not t.batch and t.in_ramp for t in self.running
+        )
 
     def _interactive_present(self) -> bool:
         return any(not t.batch for group in (self.waiting, self.preparing, self.running) for t in group)
@@ -845,13 +856,20 @@ class Scheduler:
 
     def _pieces(self, chunks: list[_Chunk], *, bulk: bool) -> list[list[_Chunk]]:
         """Chunks cut into codec calls: equal lengths together; a bulk call holds at most ``codec_call_streams``
-        streams, a priority call as many as one graphed call of that length can (their calls are short anyway)."""
+        streams (STARTING_CALL_STREAMS while a director's take is starting), a priority call as many as one graphed
+        call of that length can (their calls are short anyway)."""
         by_t: dict[int, list[_Chunk]] = {}
         for chunk in chunks:
             by_t.setdefault(int(chunk.codes.shape[0]), []).append(chunk)
         pieces = []
+        starting = bulk and self._interactive_starting()
         for t, group in by_t.items():
-            per_call = self._call_streams(t) if bulk else self._call_streams(t, cap=len(group))
+            if not bulk:
+                per_call = self._call_streams(t, cap=len(group))
+            elif starting:
+                per_call = self._call_streams(t, cap=min(STARTING_CALL_STREAMS, self.config.codec_call_streams))
+            else:
+                per_call = self._call_streams(t)
             pieces += [group[at : at + per_call] for at in range(0, len(group), per_call)]
         return pieces
 

@@ -307,3 +307,41 @@ def test_a_barge_in_start_is_admitted_ahead_of_queued_new_takes(tiny_data_dir: P
         for take in busy[1:]:
             take.channel.cancel()
         rounds.until(lambda: all(t.channel.finished for t in [*queued, cut]))
+
+
+def test_bulk_calls_are_short_while_a_director_waits_for_a_first_sound(tiny_data_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty script lines share one bulk call per chunk (the default allows 255 streams); once a director's take is
+    waiting, preparing or in its ramp, their calls hold at most STARTING_CALL_STREAMS streams (the director's first
+    chunks wait for at most one short call), and after its ramp they are whole again."""
+    from moss_rt.engine import scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "STARTING_CALL_STREAMS", 4)
+    bulk: list[tuple[int, bool]] = []
+    real = Scheduler._hand_over
+
+    def hand_over(self: Scheduler, pieces: list[list[_Chunk]], *, priority: bool) -> None:
+        if not priority:
+            bulk.extend((len(piece), self._interactive_starting()) for piece in pieces)
+        real(self, pieces, priority=priority)
+
+    monkeypatch.setattr(Scheduler, "_hand_over", hand_over)
+    settings = engine_settings(tiny_data_dir, overlap=False, max_seq_len=256, max_slots=24, max_queue=24,
+                               batch_share=1.0)
+    with loaded_engine(settings) as engine:
+        rounds = Rounds(engine)
+        lines = rounds.add(*[spec(f"b{i}", i, 48, 4, text=f"{TEXT} Line {i}.", priority=TakePriority.BATCH)
+                             for i in range(20)])
+        rounds.until(lambda: all(t.flushed >= 8 for t in lines))
+        assert max(n for n, _ in bulk) == 20  # alone: one call for every line's chunk
+        bulk.clear()
+        (d,) = rounds.add(spec("d", 99, 24, 4, text=f"{TEXT} A director."))
+        rounds.until(lambda: not d.in_ramp)
+        during = [n for n, starting in bulk if starting]
+        assert during and max(during) <= 4
+        bulk.clear()
+        rounds.until(lambda: d.channel.finished)
+        assert max(n for n, starting in bulk if not starting) > 4
+        for take in [*lines, d]:
+            take.channel.cancel()
+        rounds.until(lambda: all(t.channel.finished for t in [*lines, d]) and not rounds.sched.draining)
