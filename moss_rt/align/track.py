@@ -11,7 +11,8 @@ Earlier words never change once sent, so the track only settles ("commits") a wo
   ``edge - window_sec`` are committed as that job placed them, and audio before that point in which it found no
   word is let go (the anchor moves up to it). A job's audio, what a GPU aligner's network computes over, is
   therefore bounded whatever the take's length and whether or not its words settle (noise, music, a whisper, a
-  model that cannot follow the voice); so are its words (``SAID_CHARS_PER_SEC``), what a Viterbi pass walks.
+  model that cannot follow the voice); so are its words (``SAID_CHARS_PER_SEC``), what a Viterbi pass walks. A tail
+  unsettled for longer than clear speech ever keeps one (``SLOW_AFTER_SEC``) is read half as often.
 - **lost**: when the aligner reaches no word at all in ``LOST_SEC`` of voiced audio (noise such as the tiny demo
   model's, another language, singing), the words are placed by a speaking-rate estimate over the voiced audio and
   flagged ``interpolated``; the take's words keep arriving on time.
@@ -39,6 +40,11 @@ from moss_rt.align.normalize import Token, tokenize
 SAFE_MARGIN_SEC = 0.15  # a word settles once it ends this far behind the audio edge (and the aligner moved on)
 MIN_STEP_SEC = 0.3  # new audio before the next streaming job
 STEP_FRACTION = 0.25  # … or this share of the uncommitted window, when that is longer (bounds the work)
+# A tail left unsettled for longer than words take on clear speech (a job reads 2.1 s at most streaming the espeak-ng
+# fixture) is audio the aligner cannot follow (noise, music, a whisper): reading it again every chunk buys nothing, so
+# it is read half as often (its words are still settled by age on every step).
+SLOW_AFTER_SEC = 2.5
+SLOW_STEP_FRACTION = 0.5
 LOST_SEC = 0.3  # voiced audio with no word reached before the words are placed by estimate
 CHARS_PER_SEC = 14.0  # speaking rate of the estimate (letters and word gaps of conversational English)
 VOICED_RMS = 0.01  # a 20 ms frame louder than this (-40 dBFS) is voiced
@@ -51,7 +57,9 @@ ONSET_SEC = 0.15
 # module docstring). Long enough that the words a real aligner settles normally never reach it (they settle within
 # about a second), short enough to bound a job's work. Settings.aligner_window_sec sets it for the service.
 STREAM_WINDOW_SEC = 5.0
-MIN_WINDOW_SEC = 1.0  # a word and the margin behind it must fit
+# The smallest window: a word, the pause after it and the margin must fit (on the espeak-ng fixture 1.5 s keeps the
+# streamed accuracy, 1.2 s already cuts words apart: a start off by 0.6 s).
+MIN_WINDOW_SEC = 1.5
 # Nobody says more letters than this a second: a free-end job is handed no more words than its audio could hold.
 SAID_CHARS_PER_SEC = 3 * CHARS_PER_SEC
 
@@ -206,7 +214,8 @@ class WordTrack:
             # Still further back: audio no job has read. It is read from the anchor on, a window at a time.
             end = min(end, self._anchor + self.window_sec)
         window = end - self._anchor
-        step = max(MIN_STEP_SEC, STEP_FRACTION * window)
+        fraction = STEP_FRACTION if window <= SLOW_AFTER_SEC else SLOW_STEP_FRACTION
+        step = max(MIN_STEP_SEC, fraction * window)
         if not tokens or window < MIN_STEP_SEC or self.edge - self._last_job_edge < step:
             return None
         return self._job(tokens, end, fixed_end=False, final=False, chars=len(self._text))
@@ -280,7 +289,8 @@ class WordTrack:
     def _settle_by_age(self, tokens: tuple[Token, ...], cut: float) -> list[WordTime]:
         """The unsettled audio began more than ``window_sec`` ago (before ``cut``): commit the words the last
         streaming job reached that start before ``cut``, as it placed them (unplaced ones among them shared out
-        between their neighbours), then let go of the audio up to ``cut`` in which it found no other word.
+        between their neighbours), then let go of the audio up to ``cut`` in which it found no other word (up to
+        the next word it placed, at most).
 
         Audio no job has read yet (a retake's kept audio, steps skipped while the aligner's queue was full) is not
         let go: the next job reads it from the anchor, a window at a time. A word such a job (one that ended
@@ -304,12 +314,12 @@ class WordTrack:
         if count == 0 and times and not read_to_edge and guess.offset == self._anchor:
             count = 1  # that job settled nothing: its first word is, so the next window starts further on
         committed = self._commit(tokens[:count], times[:count], spans)
-        if count == len(spans):  # every word it reached is settled: what it read up to the cut holds no other
-            stop = min(cut, guess.seen)
-            if self._anchor < stop:
-                self._anchor = stop
-                self._trim()
-        left = _Guess(guess.tokens[count:], guess.spans[count:], self._anchor, guess.seen)
+        # What it read up to the cut holds no other word before the next one it placed: let that audio go.
+        stop = min(cut, guess.seen, *(span[0] for span in spans[count:] if span is not None))
+        if self._anchor < stop:
+            self._anchor = stop
+            self._trim()
+        left = _Guess(guess.tokens[count:], guess.spans[count:], guess.offset, guess.seen)
         self._guess = left if count < len(spans) else None
         return committed
 
