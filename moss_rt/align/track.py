@@ -315,7 +315,7 @@ class WordTrack:
             count = 1  # that job settled nothing: its first word is, so the next window starts further on
         committed = self._commit(tokens[:count], times[:count], spans)
         # What it read up to the cut holds no other word before the next one it placed: let that audio go.
-        stop = min(cut, guess.seen, *(span[0] for span in spans[count:] if span is not None))
+        stop = min(cut, guess.seen, *(span[0] for span in guess.spans[count:] if span is not None))
         if self._anchor < stop:
             self._anchor = stop
             self._trim()
