@@ -128,7 +128,7 @@ def _aligner_service(settings: Settings) -> AlignService | None:
     if aligner is None:
         log.info("word timing is off (--aligner %s)", settings.aligner)
         return None
-    return AlignService(aligner, max_pending=settings.aligner_queue)
+    return AlignService(aligner, max_pending=settings.aligner_queue, window_sec=settings.aligner_window_sec)
 
 
 async def _aligner_lifecycle(app: web.Application) -> AsyncIterator[None]:
