@@ -204,6 +204,13 @@ def engine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
         "prompt_rows_prefilled": d('moss_rt_prompt_rows_total{source="prefill"}'),
         "prompt_rows_cached": d('moss_rt_prompt_rows_total{source="cache"}'),
         "frames": d("moss_rt_frames_total"),
+        # The engine thread's rounds: how many, how many long (a director arriving waits for the one in progress),
+        # and where their time went.
+        "rounds": d("moss_rt_round_seconds_count"),
+        "rounds_over_60ms": d("moss_rt_round_seconds_count") - d('moss_rt_round_seconds_bucket{le="0.06"}'),
+        "rounds_over_120ms": d("moss_rt_round_seconds_count") - d('moss_rt_round_seconds_bucket{le="0.12"}'),
+        **{f"{phase}_sec": d(f'moss_rt_round_phase_seconds_total{{phase="{phase}"}}')
+           for phase in ("control", "step", "flush", "admit", "prepare", "capture", "jobs")},
     }.items()}
 
 

@@ -67,6 +67,16 @@ class EngineMetrics:
             "Padded prompt rows a prefill pass may hold while takes stream (sized at warm-up to prefill_budget_ms)",
             registry=r,
         )
+        # Where the engine thread's time goes, round by round: a take arriving waits for the round in progress (its
+        # queue time), so long rounds are what a director's first audio sees first.
+        self.round_time = Histogram(
+            "moss_rt_round_seconds", "One scheduling round on the engine's thread (cancels, the step, chunks to the "
+            "codec, admissions, preparation, captures)", buckets=STEP_BUCKETS, registry=r,
+        )
+        self.round_phase_time = Counter(
+            "moss_rt_round_phase_seconds", "Engine-thread time per part of the scheduling rounds",
+            ["phase"], registry=r,
+        )
         self.step_interval = Histogram(
             "moss_rt_step_interval_seconds",
             "Start of one batched step to the next while takes keep running: a frame's wall time as running streams "

@@ -281,7 +281,10 @@ class MossEngine(EngineLifecycle):
                 log.exception("scheduling round failed; ending every take with an error")
                 sched.fail_all("internal engine error")
                 worked = True
-            worked |= self._run_jobs(streaming=bool(sched.running))
+            t_jobs = time.perf_counter()
+            if self._run_jobs(streaming=bool(sched.running)):
+                worked = True
+                self.metrics.round_phase_time.labels("jobs").inc(time.perf_counter() - t_jobs)
             if not worked and sched.idle and self._capture_idle():
                 continue
             if not worked:

@@ -87,6 +87,10 @@ DEFAULT_CODEC_CALL_STREAMS = 255
 # are the render's 66-stream calls (~21 ms each on an H200: the director's first chunk waited 53 ms at p95 in the
 # codec's queue). Shorter calls cost the render a little codec throughput, only while someone is waiting to hear.
 STARTING_CALL_STREAMS = 16
+# Batch takes (script lines) admitted in one round at most: admitting one costs the engine's thread its prompt-cache
+# match, block reservation, sampler and codec state (a render posting 200 lines admitted ~100 in one round, and a
+# director arriving meanwhile waited for all of them); 16 also fill one batched prefill graph (prefill_graphs).
+BATCH_ADMITS_PER_ROUND = 16
 # While interactive takes are about (waiting, preparing, streaming), a prefill pass holding only batch work's rows
 # has at most this share of stream_rows: a director arriving during one waits for less (renders prefill a little
 # slower). A pass with an interactive take's rows holds no batch rows at all.
@@ -199,13 +203,16 @@ class Scheduler:
     # ------------------------------------------------------------------ one round
     def iterate(self) -> bool:
         """One scheduling round; False when there was nothing to do (the caller may sleep)."""
-        worked = self._control()  # 1. interactive control
-        worked |= self._step()  # 2. running streams' next frames...
-        worked |= self._flush_and_finish()  # ...to the codec; ends whose last frames are decoded
-        worked |= self._admit()  # 3. admissions (interactive first; 4. batch work with what is left)
-        worked |= self._prepare()  # ...and preparation (interactive first, batch work with what is left)
-        worked |= self._capture_wanted()
+        clock = _PhaseClock(self.metrics)
+        worked = clock.lap("control", self._control())  # 1. interactive control
+        worked |= clock.lap("step", self._step())  # 2. running streams' next frames...
+        worked |= clock.lap("flush", self._flush_and_finish())  # ...to the codec; ends whose last frames are decoded
+        worked |= clock.lap("admit", self._admit())  # 3. admissions (interactive first; 4. batch work after)
+        worked |= clock.lap("prepare", self._prepare())  # ...and preparation (interactive first, batch work after)
+        worked |= clock.lap("capture", self._capture_wanted())
         self._update_gauges()
+        if worked:
+            clock.done()
         return worked
 
     def _control(self) -> bool:
@@ -278,12 +285,16 @@ class Scheduler:
         """Waiting takes start while a slot is free and the KV pool can promise them every block they may need
         (kept caches of finished takes are evicted for room first); otherwise they wait, so a running take never
         finds the pool empty. Retakes and continuations go first, then new interactive takes (each oldest first),
-        then batch work, which also waits while it holds its share of the slots (``batch_share``)."""
+        then batch work, which also waits while it holds its share of the slots (``batch_share``), at most
+        BATCH_ADMITS_PER_ROUND of it a round."""
         admitted = False
+        batch_admits = 0
         while self.waiting and self.active_count < self.config.max_slots:
             take = min(self.waiting, key=lambda t: t.admission_class)  # the first of the lowest class
             if take.batch and self._batch_count() >= self.config.batch_slots:
                 break  # batch work waits for its own takes to end; interactive takes never wait behind it
+            if take.batch and batch_admits >= BATCH_ADMITS_PER_ROUND:
+                break  # the rest in the next rounds: a round stays short for whoever arrives meanwhile
             try:
                 started = self._begin(take)
             except Exception as exc:  # a bad prompt must not take other streams down
@@ -296,6 +307,7 @@ class Scheduler:
                 break  # the pool is full: the queue waits for blocks to come back
             self.waiting.remove(take)
             if take.batch:
+                batch_admits += 1
                 self.preparing.append(take)
             else:  # interactive takes prepare before batch work
                 at = next((i for i, t in enumerate(self.preparing) if t.batch), len(self.preparing))
@@ -1051,6 +1063,24 @@ class Scheduler:
             self._drop_retained(item)
         self.prompts.clear()
         self._update_gauges()
+
+
+class _PhaseClock:
+    """Times one round's parts (metrics: moss_rt_round_phase_seconds, moss_rt_round_seconds): ``lap`` is called
+    with the part's result, once it returned."""
+
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self.metrics = metrics
+        self.start = self.last = time.perf_counter()
+
+    def lap(self, phase: str, result: bool) -> bool:
+        now = time.perf_counter()
+        self.metrics.round_phase_time.labels(phase).inc(now - self.last)
+        self.last = now
+        return result
+
+    def done(self) -> None:
+        self.metrics.round_time.observe(self.last - self.start)
 
 
 def first_audio_path(take: Take) -> dict[str, float]:

@@ -345,3 +345,31 @@ def test_bulk_calls_are_short_while_a_director_waits_for_a_first_sound(tiny_data
         for take in [*lines, d]:
             take.channel.cancel()
         rounds.until(lambda: all(t.channel.finished for t in [*lines, d]) and not rounds.sched.draining)
+
+
+def test_a_round_admits_a_bounded_number_of_script_lines_and_every_director(tiny_data_dir: Path) -> None:
+    """Twenty script lines posted at once are admitted BATCH_ADMITS_PER_ROUND a round (a director arriving meanwhile
+    waits for a short round, not for every line's admission), while twenty directors' takes all start in one round;
+    the rounds' parts are timed in /metrics."""
+    from moss_rt.engine.scheduler import BATCH_ADMITS_PER_ROUND
+
+    settings = engine_settings(tiny_data_dir, overlap=False, max_seq_len=256, max_slots=48, max_queue=48,
+                               batch_share=1.0)
+    with loaded_engine(settings) as engine:
+        rounds = Rounds(engine)
+        sched = rounds.sched
+        lines = rounds.add(*[spec(f"b{i}", i, 4, 4, text=f"{TEXT} Line {i}.", priority=TakePriority.BATCH)
+                             for i in range(20)])
+        sched.iterate()
+        assert sum(t in sched.waiting for t in lines) == 20 - BATCH_ADMITS_PER_ROUND
+        sched.iterate()
+        assert not any(t in sched.waiting for t in lines)
+        directors = rounds.add(*[spec(f"d{i}", 50 + i, 4, 4, text=f"{TEXT} Director {i}.") for i in range(20)])
+        sched.iterate()
+        assert not any(t in sched.waiting for t in directors)
+        for take in [*lines, *directors]:
+            take.channel.cancel()
+        rounds.until(lambda: all(t.channel.finished for t in [*lines, *directors]) and not sched.draining)
+        for phase in ("control", "step", "flush", "admit", "prepare"):
+            assert _sample(engine, "moss_rt_round_phase_seconds_total", phase=phase) > 0, phase
+        assert _sample(engine, "moss_rt_round_seconds_count") >= 3
