@@ -30,6 +30,17 @@ the prompt rows computed and shared from its cache, and where the routers sent t
 (``routes_hit``/``routes_spill``/``routes_miss``, cache-aware routing). The 2xH200 run of issue 29:
     python bench/engine_bench.py --replicas 2 --front-ends 2 --baseline 128 --concurrency 256 --repeats 3 \
         --prompts lines --out cluster.json
+
+Start to ready (issue 24): every single-process run also reports the server's start phase by phase (``startup``,
+from ``moss_rt_startup_seconds`` in /metrics: engine/startup.py; ``process`` is process start to engine start,
+``ready`` process start to ready, the ``compile: ...`` phases ran on threads beside the others) next to
+``server_ready_sec`` (the server process started to /readyz 200). As a freshly started machine (every Triton kernel
+compiled; with ``--drop-page-cache`` the weights from the disk too), then a second start (caches warm):
+    python bench/engine_bench.py --cold --fresh-caches --drop-page-cache --prompts lines --concurrency 1 \
+        --single-repeats 3 --no-profile --out first.json
+    python bench/engine_bench.py --cold --prompts lines --concurrency 1 --single-repeats 3 --no-profile \
+        --out second.json
+``--compile-threads 1`` starts the server compiling every kernel in its captures, one after the other (as before).
 """
 
 from __future__ import annotations
