@@ -181,7 +181,10 @@ class MossEngine(EngineLifecycle):
         if "TRITON_CACHE_DIR" in os.environ:
             log.info("Triton kernel cache: %s (TRITON_CACHE_DIR)", os.environ["TRITON_CACHE_DIR"])
             return
-        if placement(self.settings).device.type != "cuda":
+        try:
+            if placement(self.settings).device.type != "cuda":
+                return
+        except RuntimeError:  # a device or dtype that cannot be used: _load says so, as the start's failure
             return
         folder = (self.settings.data_dir / "triton-cache").resolve()
         try:

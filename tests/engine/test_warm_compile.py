@@ -5,10 +5,17 @@ beside the weights' read: what a CUDA start runs, minus Triton."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
+import torch
 
+from moss_rt.config import Settings
+from moss_rt.engine import moss as moss_module
+from moss_rt.engine.resolve import Placement
 from moss_rt.engine.warm_compile import AheadCompiles, TritonCompileLog
 from tests.engine.harness import drive, engine_settings, loaded_engine, spec
 from tests.engine.helpers import metrics
@@ -50,8 +57,6 @@ def test_compiling_ahead_on_threads_runs_every_chain_and_changes_no_take(tiny_da
 
 
 def test_a_failed_chain_is_reported_and_the_others_still_count() -> None:
-    import torch
-
     compiles = AheadCompiles(torch.device("cpu"), threads=2)
     done: list[str] = []
 
@@ -96,3 +101,25 @@ def test_the_server_shows_its_start_in_metrics(moss_server) -> None:  # type: ig
     for phase in ("engine", "ready", "model weights read", "codec loaded"):
         assert figures[f'moss_rt_startup_seconds{{phase="{phase}"}}'] >= 0.0, phase
     assert figures['moss_rt_startup_seconds{phase="ready"}'] >= figures['moss_rt_startup_seconds{phase="engine"}']
+
+
+def test_on_cuda_triton_keeps_its_kernels_in_the_data_dir_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = moss_module.MossEngine(Settings(data_dir=tmp_path / "data", device="cpu"))
+
+    def on(device: str) -> Callable[[Settings], Placement]:
+        return lambda settings: Placement(torch.device(device), torch.float32)
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", "recorded")  # so the teardown restores whatever was there before
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setattr(moss_module, "placement", on("cpu"))
+    engine._use_kernel_cache()
+    assert "TRITON_CACHE_DIR" not in os.environ  # nothing compiles on a CPU: the environment is left alone
+    monkeypatch.setattr(moss_module, "placement", on("cuda"))
+    engine._use_kernel_cache()
+    folder = tmp_path / "data" / "triton-cache"
+    assert os.environ["TRITON_CACHE_DIR"] == str(folder.resolve()) and folder.is_dir()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    engine._use_kernel_cache()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")  # the user's choice wins
