@@ -339,5 +339,5 @@ def free_pinned_cache() -> None:
     if empty is not None and torch.cuda.is_available():
         try:
             empty()
-        except RuntimeError:  # pragma: no cover - an older build without a host cache
+        except Exception:  # noqa: BLE001 - best effort: the buffers stay cached, nothing else changes
             log.debug("could not empty the pinned host cache", exc_info=True)
