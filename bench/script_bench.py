@@ -42,12 +42,24 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from engine_bench import free_port, pct, save, text_for_rows, wait_graphs, wait_ready, write_checkpoints  # noqa: E402
+from engine_bench import (  # noqa: E402
+    free_port,
+    pct,
+    save,
+    scrape,
+    text_for_rows,
+    wait_graphs,
+    wait_ready,
+    write_checkpoints,
+)
 
 from moss_rt.scripts.client import sse_events  # noqa: E402
 
 log = logging.getLogger("script_bench")
 PENALTY = 1.1
+# The engine's account of a take's first audio (the end message's timings, moss_rt.engine.scheduler): queue, prefill,
+# waiting for its first step, to the codec worker, in the worker's queue, the decode.
+PATH = ("queue_ms", "prefill_ms", "to_first_frame_ms", "to_codec_ms", "codec_queue_ms", "decode_ms")
 SENTENCES = (
     "The tide came in faster than anyone had warned us it would.",
     "I kept the lamp lit all night, though nobody came to the door.",
@@ -90,6 +102,7 @@ def start_server(args: argparse.Namespace, model: Path, codec: Path, port: int, 
         "--device", "cpu" if args.tiny else "cuda", "--max-lead-sec", "0", "--max-seq-len", str(args.max_seq_len),
         "--data-dir", str(args.work / "data"), "--log-level", "INFO",
         "--script-total-share", str(args.total_share), "--script-client-share", str(args.client_share),
+        "--aligner", args.aligner,
     ]  # fmt: skip
     if args.max_slots:
         cmd += ["--max-slots", str(args.max_slots)]
@@ -119,7 +132,8 @@ async def director_take(http: aiohttp.ClientSession, ws_url: str, start: dict[st
                 raise RuntimeError(f"director's take refused: {obj}")
             if obj["type"] == "end":
                 return {"t": t0, "ttfa_ms": None if first is None else (first - t0) * 1000.0,
-                        "gpu_first_ms": obj.get("gpu_first_ms")}  # fmt: skip
+                        "gpu_first_ms": obj.get("gpu_first_ms"),
+                        **{k: obj[k] for k in PATH if k in obj}}  # fmt: skip
     raise RuntimeError("socket closed before the end")
 
 
@@ -148,8 +162,49 @@ async def directors(
 def first_audio(takes: list[dict[str, Any]], t_from: float | None = None, t_to: float | None = None) -> dict[str, Any]:
     vals = [t["ttfa_ms"] for t in takes if t["ttfa_ms"] is not None
             and (t_from is None or t["t"] >= t_from) and (t_to is None or t["t"] <= t_to)]  # fmt: skip
-    return {"takes": len(vals), "p50_ms": round(pct(vals, 50), 1), "p95_ms": round(pct(vals, 95), 1),
-            "max_ms": round(max(vals), 1) if vals else None}  # fmt: skip
+    out = {"takes": len(vals), "p50_ms": round(pct(vals, 50), 1), "p95_ms": round(pct(vals, 95), 1),
+           "max_ms": round(max(vals), 1) if vals else None}  # fmt: skip
+    chosen = [t for t in takes if t["ttfa_ms"] is not None
+              and (t_from is None or t["t"] >= t_from) and (t_to is None or t["t"] <= t_to)]  # fmt: skip
+    # Where the time went: each part's p50 / p95, and the slowest takes' parts (the tail's cause).
+    out["path_p50_p95_ms"] = {
+        k: [round(pct(v, 50), 1), round(pct(v, 95), 1)]
+        for k in PATH if (v := [t[k] for t in chosen if t.get(k) is not None])
+    }
+    slowest = sorted(chosen, key=lambda t: t["ttfa_ms"], reverse=True)[:6]
+    out["slowest"] = [{"ttfa_ms": round(t["ttfa_ms"], 1), **{k: t.get(k) for k in PATH}} for t in slowest]
+    return out
+
+
+async def counters(url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as http:
+        return await scrape(http, url)
+
+
+def engine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the engine did between two /metrics scrapes: steps, their batch and time, codec and prefill work."""
+
+    def d(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    steps = max(1.0, d("moss_rt_step_seconds_count"))
+    passes = max(1.0, d("moss_rt_prefill_call_seconds_count"))
+    return {k: round(v, 2) for k, v in {
+        "steps": d("moss_rt_step_seconds_count"),
+        "mean_batch": d("moss_rt_step_batch_size_sum") / steps,
+        "model_step_ms_mean": 1000.0 * d("moss_rt_step_seconds_sum") / steps,
+        "step_interval_ms_mean": 1000.0 * d("moss_rt_step_interval_seconds_sum")
+        / max(1.0, d("moss_rt_step_interval_seconds_count")),
+        "codec_calls": d("moss_rt_codec_seconds_count"),
+        "codec_ms_per_step": 1000.0 * d("moss_rt_codec_seconds_sum") / steps,
+        "codec_wait_ms_per_step": 1000.0 * d("moss_rt_codec_wait_seconds_sum") / steps,
+        "prefill_passes": d("moss_rt_prefill_call_seconds_count"),
+        "prefill_pass_ms_mean": 1000.0 * d("moss_rt_prefill_call_seconds_sum") / passes,
+        "prefill_ms_total": 1000.0 * d("moss_rt_prefill_call_seconds_sum"),
+        "prompt_rows_prefilled": d('moss_rt_prompt_rows_total{source="prefill"}'),
+        "prompt_rows_cached": d('moss_rt_prompt_rows_total{source="cache"}'),
+        "frames": d("moss_rt_frames_total"),
+    }.items()}
 
 
 # --------------------------------------------------------------------------- the render
@@ -233,6 +288,7 @@ def main() -> None:
     p.add_argument("--target-render-sec", type=float, default=10.0)
     p.add_argument("--target-ratio", type=float, default=1.5)
     p.add_argument("--cold", action="store_true", help="do not wait for the idle-time graph captures")
+    p.add_argument("--aligner", default="auto", help="the server's --aligner (none: lines end without their words)")
     args = p.parse_args()
     if args.tiny:
         args.lines = min(args.lines, 12)
@@ -264,12 +320,15 @@ def main() -> None:
                                       stop=None))  # fmt: skip
         result["directors_alone"] = first_audio(alone)
         save(result, args.out)
+        was = asyncio.run(counters(url))
         solo = asyncio.run(render(url, make_script(args.lines, args.line_frames, 1)))
         result["render_alone"] = {k: v for k, v in solo.items() if k not in ("t0", "t_end")}
+        result["render_alone"]["engine"] = engine_delta(was, was := asyncio.run(counters(url)))
         save(result, args.out)
         both, crew = asyncio.run(render_with_directors(url, make_script(args.lines, args.line_frames, 2), lines,
                                                        instruction, args.director_frames))  # fmt: skip
         result["render_with_directors"] = {k: v for k, v in both.items() if k not in ("t0", "t_end")}
+        result["render_with_directors"]["engine"] = engine_delta(was, asyncio.run(counters(url)))
         result["directors_during_render"] = first_audio(crew, both["t0"], both["t_end"])
         base = result["directors_alone"]["p95_ms"]
         during = result["directors_during_render"]["p95_ms"]

@@ -21,11 +21,16 @@ real-time audio (80 ms frames in 0.64 s chunks, as the engine sends them) throug
 and batching aligner service for ``--seconds``; the GPU time is the aligner's synchronised network time. Target:
 at most 5 % of the GPU's time at 64 takes (report it beside the directing and engine benches).
 
-    python bench/words_bench.py gpu --takes 64 --seconds 60            # on the H200
+    python bench/words_bench.py gpu --takes 64 --seconds 60                    # on the H200: both regimes
     .venv/bin/python bench/words_bench.py gpu --takes 4 --seconds 5 --size tiny --device cpu   # smoke test
 
-The stream of each simulated take is the fixture's real speech, so the track's jobs have real shapes (windows from
-the last settled word to the edge); with random weights the times themselves mean nothing.
+Each take streams the fixture's real speech (from a word of its own, looped) and its text (from that word on,
+repeated, so a take never runs out of words). The network runs on every job's audio; what the track is told back
+is ``--results``: ``random`` (the random network's own Viterbi: no word ever settles, so every word is settled by
+age, the most audio a job can hold: the worst case), ``truth`` (the words where the fixture says they are, as a
+trained checkpoint places them: the typical case), or ``both`` (the default: one run of each, one JSON line each).
+Beside the share it prints the jobs' audio (``job_window_sec``: mean and max, bounded by the track's
+``--window-sec``), the network calls, windows per call, and the share of padding they computed.
 """
 
 from __future__ import annotations
@@ -186,11 +191,49 @@ def bench_latency(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- gpu
 
 
-def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
+class _Speech:
+    """The fixture's speech looped, from word ``first`` on, and the take's text with each word's time in it."""
+
+    def __init__(self, audio: np.ndarray, truth: dict[str, Any], first: int, seconds: float) -> None:
+        from moss_rt.align.normalize import tokenize
+
+        words = truth["words"]
+        duration = len(audio) / 16000
+        self.offset = max(0.0, words[first]["start"] - 0.1)  # fixture time of the take's sample 0
+        order = [(j, 0) for j in range(first, len(words))]
+        loops = int(seconds / duration) + 2
+        order += [(j, n) for n in range(1, loops) for j in range(len(words))]
+        self.text = " ".join(words[j]["word"] for j, _ in order)
+        self.times = [
+            (words[j]["start"] + n * duration - self.offset, words[j]["end"] + n * duration - self.offset)
+            for j, n in order
+        ]
+        self.index = {token.start: i for i, token in enumerate(tokenize(self.text))}
+        assert len(self.index) == len(self.times)
+
+    def answer(self, pending: Any, free_end: bool) -> AlignResult:
+        """What a trained checkpoint would answer for a job: the words at their known times (job time)."""
+        spans: list[tuple[float, float] | None] = []
+        for token in pending.tokens:
+            start, end = self.times[self.index[token.start]]
+            if free_end and start >= pending.end:
+                break
+            span = (max(start, pending.offset) - pending.offset, min(end, pending.end) - pending.offset)
+            spans += [span] * len(token.spoken)
+        return AlignResult(spans)
+
+
+def bench_gpu(args: argparse.Namespace) -> list[dict[str, Any]]:
+    regimes = ["random", "truth"] if args.results == "both" else [args.results]
+    return [_bench_gpu(args, regime) for regime in regimes]
+
+
+def _bench_gpu(args: argparse.Namespace, regime: str) -> dict[str, Any]:
     import torch
 
     from moss_rt.align.ctc import CtcAligner, write_random_ctc_checkpoint
     from moss_rt.align.service import AlignService
+    from moss_rt.align.track import STREAM_WINDOW_SEC
 
     folder = Path(tempfile.mkdtemp(prefix="ctc-bench-")) / args.size
     write_random_ctc_checkpoint(folder, size=args.size)
@@ -199,6 +242,7 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
     cuda = args.device.startswith("cuda")
     forward = aligner._forward
     calls = {"forwards": 0, "rows": 0, "padded_sec": 0.0, "audio_sec": 0.0}
+    window_sec = STREAM_WINDOW_SEC if args.window_sec is None else args.window_sec
 
     def counted(batch: Any) -> Any:  # the network's time, not just its launch; and what each call held
         calls["forwards"] += 1
@@ -220,16 +264,20 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
 
     pcm48 = (np.clip(soxr.resample(audio, 16000, 48000), -1, 1) * 32767).astype("<i2").tobytes()
     step = int(CHUNK_SEC * 48000) * 2
+    job_sec: list[float] = []  # audio of every streaming job (what the network computes over for it)
 
     async def take(index: int, stop_at: float, counters: dict[str, int]) -> None:
-        offset = (index * 7919 * step) % max(step, len(pcm48) - step)  # each take at another place in the speech
-        offset -= offset % 2
-        track = WordTrack(truth["text"], sample_rate=aligner.sample_rate)
+        speech = _Speech(audio, truth, (index * 7919) % len(truth["words"]), args.seconds)
+        start = int(round(speech.offset * 48000)) * 2
+        track = WordTrack(speech.text, sample_rate=aligner.sample_rate, window_sec=window_sec)
         t0 = time.perf_counter()
         sent = 0
         while time.perf_counter() < stop_at:
-            at = (offset + sent * step) % (len(pcm48) - step)
-            track.add_pcm(pcm48[at - at % 2 : at - at % 2 + step], 1)
+            at = (start + sent * step) % len(pcm48)
+            piece = pcm48[at : at + step]
+            if len(piece) < step:  # the loop's seam
+                piece += pcm48[: step - len(piece)]
+            track.add_pcm(piece, 1)
             sent += 1
             if (due := track.next_job()) is not None:
                 job, pending = due
@@ -239,10 +287,15 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
                     counters["skipped"] += 1
                     result = None
                 if result is not None:
+                    job_sec.append(len(job.audio) / aligner.sample_rate)
+                    if regime == "truth":
+                        result = speech.answer(pending, job.free_end)
                     track.apply(pending, result if isinstance(result, AlignResult) else AlignResult())
                     counters["jobs"] += 1
             # Real time: the next chunk is due CHUNK_SEC after this one.
             await asyncio.sleep(max(0.0, t0 + sent * CHUNK_SEC - time.perf_counter()))
+        counters["words"] += len(track.words)
+        counters["audio_sec"] += track.edge
 
     async def drive() -> dict[str, Any]:
         await service.wait_loaded()
@@ -252,14 +305,20 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*(service.align(AlignJob(warm, ("a",))) for _ in range(min(8, args.takes))))
         before = aligner.gpu_seconds
         calls.update(forwards=0, rows=0, padded_sec=0.0, audio_sec=0.0)
-        counters = {"jobs": 0, "skipped": 0}
+        counters = {"jobs": 0, "skipped": 0, "words": 0, "audio_sec": 0}
         t0 = time.perf_counter()
         await asyncio.gather(*(take(i, t0 + args.seconds, counters) for i in range(args.takes)))
         wall = time.perf_counter() - t0
         busy = aligner.gpu_seconds - before
         params = sum(p.numel() for p in aligner._model.parameters())  # before close() lets the model go
+        take_sec = counters.pop("audio_sec")
         return {"wall_sec": round(wall, 2), "aligner_gpu_sec": round(busy, 3), "params_m": round(params / 1e6, 1),
                 "gpu_share": round(busy / wall, 4), **counters,
+                # The jobs' audio (bounded by the track's window) and how much audio the network computed over
+                # for each second of the takes' audio (the jobs overlap: the unsettled tail is read again).
+                "job_window_sec": {"mean": round(statistics.fmean(job_sec), 2) if job_sec else None,
+                                   "max": round(max(job_sec), 2) if job_sec else None},
+                "network_sec_per_take_sec": round(calls["padded_sec"] / max(1e-9, take_sec), 2),
                 # Network calls, windows per call, and the audio they held (padded: what the batch computed)
                 "forwards": calls["forwards"],
                 "windows_per_forward": round(calls["rows"] / max(1, calls["forwards"]), 2),
@@ -273,9 +332,9 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
         service.close()
     name = torch.cuda.get_device_name() if cuda else "cpu"
     return {
-        "bench": "words gpu", "device": name, "size": args.size,
+        "bench": "words gpu", "results": regime, "device": name, "size": args.size,
         "dtype": str(aligner._dtype).removeprefix("torch."), "takes": args.takes,
-        "gather_ms": round(aligner.gather_sec * 1000), **result, "target_share": 0.05,
+        "gather_ms": round(aligner.gather_sec * 1000), "window_sec": window_sec, **result, "target_share": 0.05,
     }  # fmt: skip
 
 
@@ -299,9 +358,15 @@ def main() -> None:
     gpu.add_argument("--device", default="cuda")
     gpu.add_argument("--gather-ms", type=float, default=None,
                      help="how long the aligner waits for jobs to join a batch (default: the aligner's own)")
+    gpu.add_argument("--window-sec", type=float, default=None,
+                     help="a streaming job's audio at most (default: the track's own, STREAM_WINDOW_SEC)")
+    gpu.add_argument("--results", default="both", choices=("random", "truth", "both"),
+                     help="what the track is told: the random network's Viterbi (nothing settles), the fixture's "
+                          "word times (as a trained checkpoint), or one run of each")
     args = parser.parse_args()
     result = {"cpu": bench_cpu, "latency": bench_latency, "gpu": bench_gpu}[args.which](args)
-    print(json.dumps(result))
+    for line in result if isinstance(result, list) else [result]:
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

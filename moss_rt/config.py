@@ -123,8 +123,17 @@ class Settings:
     aligner: str = setting(
         "auto", "word aligner: auto | pocketsphinx | ctc:<hub id or folder> | none (docs/words.md)"
     )
+    # PocketSphinx worker processes (one CPU core each while aligning); a script render aligns every line as it is
+    # stored, so with too few the render waits for its words (200 lines of ~4.5 s: ~0.1 s each, 10 s on 2 workers).
+    aligner_workers: int = setting(0, "PocketSphinx worker processes (0: half the CPU cores, 2 to 8)")
     # Alignment jobs waiting for the aligner's workers, all takes together; a streaming take skips a step past it.
     aligner_queue: int = setting(256, "word alignment jobs waiting at most (bounds the aligner's queue)")
+    # A streaming take's alignment job reads at most this much of its unsettled audio (what a GPU aligner's network
+    # computes over); words unsettled for longer are settled by age, as last placed (docs/words.md). The same
+    # default as moss_rt.align.track.STREAM_WINDOW_SEC; at least 1 s.
+    aligner_window_sec: float = setting(
+        5.0, "seconds of unsettled audio a streaming word alignment job reads at most (older words: settled by age)"
+    )
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
     heard_audio_mb: int = setting(256, "streamed PCM kept for replays")
     # Takes' codes rendered again for downloads (their streamed PCM gone), held while read: one

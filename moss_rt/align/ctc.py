@@ -40,6 +40,11 @@ HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vo
 # (docs/words.md: p95 target 1.2 s). On a CPU the cost grows with the batch: no wait.
 GPU_GATHER_SEC = 0.15
 WINDOW_SEC = 20.0  # audio per network call; longer audio goes in overlapping windows
+# A call's fixed cost (launches, the model's Python), in seconds of audio one row of the batch costs: a batch's
+# windows are split into calls by length only when that saves more padding than this per extra call. On a GPU a
+# call of the MMS-300m network costs several ms whatever its size; on a CPU the cost is all in the audio.
+GPU_CALL_COST_SEC = 8.0
+CPU_CALL_COST_SEC = 0.1
 CONTEXT_SEC = 1.0  # each window's extra audio on both sides, whose frames are dropped when stitching
 DELIMITERS = ("|", " ")
 BLANKS = ("<pad>", "<blank>", "[PAD]", "<eps>")
@@ -105,6 +110,7 @@ class CtcAligner:
         self.device = device
         self.max_batch = max_batch
         self.gather_sec = (GPU_GATHER_SEC if device.startswith("cuda") else 0.0) if gather_sec is None else gather_sec
+        self.call_cost_sec = GPU_CALL_COST_SEC if device.startswith("cuda") else CPU_CALL_COST_SEC
         self._dtype_name = dtype
         self.sample_rate = 16000
         self.demo = False
@@ -186,10 +192,11 @@ class CtcAligner:
         out: list[list[np.ndarray]] = [[] for _ in audios]
         order = sorted(range(len(cuts)), key=lambda k: cuts[k][2] - cuts[k][1])
         frames: dict[int, np.ndarray] = {}
-        for first in range(0, len(order), self.max_batch):
-            group = [cuts[k] for k in order[first : first + self.max_batch]]
+        call_cost = int(self.call_cost_sec * self.sample_rate)
+        for first, last in length_groups([cuts[k][2] - cuts[k][1] for k in order], self.max_batch, call_cost):
+            group = [cuts[k] for k in order[first:last]]
             logits = self._forward([audios[i][s:e] for i, s, e, _, _ in group])
-            for k, lp, (_, s, _, ks, ke) in zip(order[first : first + self.max_batch], logits, group, strict=True):
+            for k, lp, (_, s, _, ks, ke) in zip(order[first:last], logits, group, strict=True):
                 lo = (ks - s) // self._stride
                 hi = lo + max(1, (ke - ks) // self._stride)
                 frames[k] = lp[lo:hi]
@@ -262,6 +269,28 @@ class CtcAligner:
         else:
             spans += [None] * (n - len(spans))
         return AlignResult(spans)
+
+
+def length_groups(lengths: Sequence[int], max_rows: int, call_cost: int) -> list[tuple[int, int]]:
+    """Windows sorted by length (``lengths``, ascending) split into calls [first, last): each call computes its
+    rows padded to its longest, and costs ``call_cost`` (in the same units) more. The split that computes least,
+    at most ``max_rows`` rows a call (dynamic programming over the sorted lengths: a call's rows are neighbours)."""
+    n = len(lengths)
+    rows = max(1, max_rows)
+    best = [0] + [0] * n  # best[j]: the least cost of the first j windows
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        best[j] = -1
+        for i in range(max(0, j - rows), j):
+            cost = best[i] + (j - i) * lengths[j - 1] + call_cost
+            if best[j] < 0 or cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups: list[tuple[int, int]] = []
+    j = n
+    while j > 0:
+        groups.append((cut[j], j))
+        j = cut[j]
+    return groups[::-1]
 
 
 def _letters(word: str) -> str:

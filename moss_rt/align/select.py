@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 
 from moss_rt.align.base import Aligner
 
@@ -36,15 +37,29 @@ def aligner_device(device: str) -> str:
     return device
 
 
-def build_aligner(spec: str, *, device: str = "auto") -> Aligner | None:
-    """The aligner ``spec`` names, not yet loaded (None for ``none``)."""
+def cpu_workers(setting: int = 0) -> int:
+    """Worker processes for a CPU aligner: the setting, or (0) half the cores this process may use, 2 to 8 (the other
+    half serve the engine's threads, the event loop and the codec's; past 8 a script render is no longer waiting)."""
+    if setting > 0:
+        return setting
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 2
+    return max(2, min(8, cores // 2))
+
+
+def build_aligner(spec: str, *, device: str = "auto", workers: int = 0) -> Aligner | None:
+    """The aligner ``spec`` names, not yet loaded (None for ``none``); ``workers``: a CPU aligner's processes (0:
+    cpu_workers' choice)."""
     spec = spec.strip()
     if spec == "none":
         return None
     if spec == "pocketsphinx":
         from moss_rt.align.sphinx import PocketsphinxAligner
 
-        return PocketsphinxAligner(processes=True)  # decoding holds the GIL: off the server's process
+        # Decoding holds the GIL: off the server's process.
+        return PocketsphinxAligner(workers=cpu_workers(workers), processes=True)
     if spec.startswith("ctc:") and len(spec) > 4:
         from moss_rt.align.ctc import CtcAligner
 
@@ -55,12 +70,12 @@ def build_aligner(spec: str, *, device: str = "auto") -> Aligner | None:
 
             try:
                 resolve_ctc_source(DEFAULT_CTC_MODEL, local_only=True)
-                return build_aligner(f"ctc:{DEFAULT_CTC_MODEL}", device=device)
+                return build_aligner(f"ctc:{DEFAULT_CTC_MODEL}", device=device, workers=workers)
             except AlignerSourceError:
                 log.info("--aligner auto: %s is not in the hub cache; using pocketsphinx (CPU, English). "
                          "--aligner ctc:%s downloads it", DEFAULT_CTC_MODEL, DEFAULT_CTC_MODEL)  # fmt: skip
         if importlib.util.find_spec("pocketsphinx") is not None:
-            return build_aligner("pocketsphinx")
+            return build_aligner("pocketsphinx", workers=workers)
         log.warning("--aligner auto: pocketsphinx is not installed and no CTC model is cached: no word timing")
         return None
     raise AlignerChoiceError(f"unknown aligner {spec!r}: auto, pocketsphinx, ctc:<hub id or folder>, or none")

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 from moss_rt.align.base import Aligner, AlignJob, AlignResult
+from moss_rt.align.track import MIN_WINDOW_SEC, STREAM_WINDOW_SEC
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,11 @@ _STOP = object()
 
 
 class AlignService:
-    def __init__(self, aligner: Aligner, *, max_pending: int = 256) -> None:
+    def __init__(self, aligner: Aligner, *, max_pending: int = 256, window_sec: float = STREAM_WINDOW_SEC) -> None:
         self.aligner = aligner
         self.max_pending = max_pending
+        # A streaming take's job reads at most this much audio (its WordTrack's window; Settings.aligner_window_sec).
+        self.window_sec = max(MIN_WINDOW_SEC, window_sec)
         self._queue: queue.Queue[object] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._loaded = threading.Event()

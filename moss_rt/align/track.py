@@ -5,8 +5,14 @@ Earlier words never change once sent, so the track only settles ("commits") a wo
 - **streaming** (audio still arriving): the audio from the end of the last committed word (the *anchor*) to the
   edge is aligned against the words not committed yet, with a free end (:attr:`AlignJob.free_end`). A word is
   committed when the aligner has moved on past it (it is not the last word reached) and it ends at least
-  ``SAFE_MARGIN_SEC`` before the edge. Every job covers only the uncommitted tail, so its cost stays small
-  however long the take is.
+  ``SAFE_MARGIN_SEC`` before the edge. Every job covers only the uncommitted tail.
+- **settled by age**: the uncommitted tail is at most ``window_sec`` of audio (``STREAM_WINDOW_SEC`` by default):
+  when the edge moves further from the anchor than that, the words the last job reached that start before
+  ``edge - window_sec`` are committed as that job placed them, and audio before that point in which it found no
+  word is let go (the anchor moves up to it). A job's audio, what a GPU aligner's network computes over, is
+  therefore bounded whatever the take's length and whether or not its words settle (noise, music, a whisper, a
+  model that cannot follow the voice); so are its words (``SAID_CHARS_PER_SEC``), what a Viterbi pass walks. A tail
+  unsettled for longer than clear speech ever keeps one (``SLOW_AFTER_SEC``) is read half as often.
 - **lost**: when the aligner reaches no word at all in ``LOST_SEC`` of voiced audio (noise such as the tiny demo
   model's, another language, singing), the words are placed by a speaking-rate estimate over the voiced audio and
   flagged ``interpolated``; the take's words keep arriving on time.
@@ -34,6 +40,11 @@ from moss_rt.align.normalize import Token, tokenize
 SAFE_MARGIN_SEC = 0.15  # a word settles once it ends this far behind the audio edge (and the aligner moved on)
 MIN_STEP_SEC = 0.3  # new audio before the next streaming job
 STEP_FRACTION = 0.25  # … or this share of the uncommitted window, when that is longer (bounds the work)
+# A tail left unsettled for longer than words take on clear speech (a job reads 2.1 s at most streaming the espeak-ng
+# fixture) is audio the aligner cannot follow (noise, music, a whisper): reading it again every chunk buys nothing, so
+# it is read half as often (its words are still settled by age on every step).
+SLOW_AFTER_SEC = 2.5
+SLOW_STEP_FRACTION = 0.5
 LOST_SEC = 0.3  # voiced audio with no word reached before the words are placed by estimate
 CHARS_PER_SEC = 14.0  # speaking rate of the estimate (letters and word gaps of conversational English)
 VOICED_RMS = 0.01  # a 20 ms frame louder than this (-40 dBFS) is voiced
@@ -42,6 +53,15 @@ MIN_WORD_SEC = 0.02
 TAIL_DB = -30.0  # the end of a word: its last 10 ms within this of its loudest
 TAIL_FLOOR = 10 ** (-55 / 20)
 ONSET_SEC = 0.15
+# A streaming job aligns at most this much audio: words that have been unsettled longer are settled by age (the
+# module docstring). Long enough that the words a real aligner settles normally never reach it (they settle within
+# about a second), short enough to bound a job's work. Settings.aligner_window_sec sets it for the service.
+STREAM_WINDOW_SEC = 5.0
+# The smallest window: a word, the pause after it and the margin must fit (on the espeak-ng fixture 1.5 s keeps the
+# streamed accuracy, 1.2 s already cuts words apart: a start off by 0.6 s).
+MIN_WINDOW_SEC = 1.5
+# Nobody says more letters than this a second: a free-end job is handed no more words than its audio could hold.
+SAID_CHARS_PER_SEC = 3 * CHARS_PER_SEC
 
 
 @dataclass(frozen=True)
@@ -54,6 +74,17 @@ class Pending:
     fixed_end: bool  # all of ``tokens`` are in the audio (a checkpoint, or the end of a take that said its text)
     final: bool  # the take is over: nothing after this job
     chars: int  # the text up to here is settled once this job is applied
+
+
+@dataclass(frozen=True)
+class _Guess:
+    """How the last streaming job placed the words it reached but did not settle (take time): what settling by
+    age commits."""
+
+    tokens: tuple[Token, ...]
+    spans: tuple[Span, ...]  # per token of ``tokens``
+    offset: float  # take time the job's audio began at (the anchor then)
+    seen: float  # take time the job's audio ran to
 
 
 def _weight(token: Token) -> int:
@@ -72,8 +103,10 @@ class WordTrack:
         sample_rate: int,
         input_rate: int = 48000,
         kept: Sequence[WordTime] = (),
+        window_sec: float = STREAM_WINDOW_SEC,
     ) -> None:
         self.sample_rate = sample_rate
+        self.window_sec = max(MIN_WINDOW_SEC, float(window_sec))  # a streaming job's audio at most
         self._input_rate = input_rate
         self._resamplers: dict[int, soxr.ResampleStream] = {}
         self.words: list[WordTime] = list(kept)
@@ -88,6 +121,7 @@ class WordTrack:
         self._last_job_edge = self._anchor
         self._finished = False
         self._lost = False  # the aligner reaches no word in this audio: words are estimated as it streams
+        self._guess: _Guess | None = None
 
     # ------------------------------------------------------------------ inputs
 
@@ -98,6 +132,7 @@ class WordTrack:
 
     @property
     def anchor(self) -> float:
+        """Take time where the unsettled audio begins (the last settled word's end, or later: see settling by age)."""
         return self._anchor
 
     @property
@@ -172,16 +207,31 @@ class WordTrack:
                 self._finished = True
                 return None
             return self._job(tokens, self.edge, fixed_end=complete, final=True, chars=len(self._text))
-        window = self.edge - self._anchor
-        step = max(MIN_STEP_SEC, STEP_FRACTION * window)
+        end = self.edge
+        if tokens and end - self._anchor > self.window_sec:
+            self._settle_by_age(tokens, end - self.window_sec)
+            tokens = self._pending_tokens()
+            # Still further back: audio no job has read. It is read from the anchor on, a window at a time.
+            end = min(end, self._anchor + self.window_sec)
+        window = end - self._anchor
+        fraction = STEP_FRACTION if window <= SLOW_AFTER_SEC else SLOW_STEP_FRACTION
+        step = max(MIN_STEP_SEC, fraction * window)
         if not tokens or window < MIN_STEP_SEC or self.edge - self._last_job_edge < step:
             return None
-        return self._job(tokens, self.edge, fixed_end=False, final=False, chars=len(self._text))
+        return self._job(tokens, end, fixed_end=False, final=False, chars=len(self._text))
 
     def _job(
         self, tokens: tuple[Token, ...], end: float, *, fixed_end: bool, final: bool, chars: int
     ) -> tuple[AlignJob, Pending]:
         self._last_job_edge = end
+        if not fixed_end:
+            # A free end reaches only the words said in the audio: no more are handed over than it could hold.
+            budget = SAID_CHARS_PER_SEC * (end - self._anchor)
+            keep, weight = 1, _weight(tokens[0])
+            while keep < len(tokens) and weight + _weight(tokens[keep]) <= budget:
+                weight += _weight(tokens[keep])
+                keep += 1
+            tokens = tokens[:keep]
         spoken = tuple(w for t in tokens for w in t.spoken)
         audio = self._window(end).copy()
         pending = Pending(tokens, self._anchor, end, fixed_end, final, chars)
@@ -194,6 +244,7 @@ class WordTrack:
         if pending.offset != self._anchor:
             return []  # a stale result (something was committed since the job was handed out)
         spans, reached = self._token_spans(pending, result)
+        self._guess = None
         if pending.fixed_end:
             times = self._filled(pending, spans, len(pending.tokens), hi=pending.end)
             committed = self._commit(pending.tokens, times, spans)
@@ -231,6 +282,45 @@ class WordTrack:
             # Nothing reached: lost once LOST_SEC of voiced audio says so, and then until the aligner finds a word.
             committed = self._estimate(pending.tokens, pending, upto=limit, lost_only=not self._lost)
             self._lost = self._lost or bool(committed)
+        done = len(committed)  # a prefix of the job's tokens; the rest it reached is what settling by age uses
+        self._guess = _Guess(pending.tokens[done:reached], tuple(spans[done:reached]), pending.offset, pending.end)
+        return committed
+
+    def _settle_by_age(self, tokens: tuple[Token, ...], cut: float) -> list[WordTime]:
+        """The unsettled audio began more than ``window_sec`` ago (before ``cut``): commit the words the last
+        streaming job reached that start before ``cut``, as it placed them (unplaced ones among them shared out
+        between their neighbours), then let go of the audio up to ``cut`` in which it found no other word (up to
+        the next word it placed, at most).
+
+        Audio no job has read yet (a retake's kept audio, steps skipped while the aligner's queue was full) is not
+        let go: the next job reads it from the anchor, a window at a time. A word such a job (one that ended
+        before the edge) reached at its very end may go on after it, so it waits for the next window, unless that
+        job settled nothing at all: then its first word is committed as placed, so every window moves on."""
+        guess = self._guess or _Guess((), (), self._anchor, self._anchor)
+        spans: list[Span] = []
+        for token, guessed, span in zip(tokens, guess.tokens, guess.spans, strict=False):
+            if token != guessed:
+                break  # the text changed from here (a take fed with text): that reading is not this word's
+            spans.append(span)
+        last_placed = max((i for i, s in enumerate(spans) if s is not None), default=-1)
+        pending = Pending(tokens, self._anchor, max(guess.seen, self._anchor), False, False, len(self._text))
+        times = self._filled(pending, spans, last_placed + 1)
+        read_to_edge = guess.seen >= cut
+        count = 0
+        while count < len(times) and times[count][0] < cut:
+            if not read_to_edge and times[count][1] > guess.seen - SAFE_MARGIN_SEC:
+                break  # it may go on after what the job read
+            count += 1
+        if count == 0 and times and not read_to_edge and guess.offset == self._anchor:
+            count = 1  # that job settled nothing: its first word is, so the next window starts further on
+        committed = self._commit(tokens[:count], times[:count], spans)
+        # What it read up to the cut holds no other word before the next one it placed: let that audio go.
+        stop = min(cut, guess.seen, *(span[0] for span in guess.spans[count:] if span is not None))
+        if self._anchor < stop:
+            self._anchor = stop
+            self._trim()
+        left = _Guess(guess.tokens[count:], guess.spans[count:], guess.offset, guess.seen)
+        self._guess = left if count < len(spans) else None
         return committed
 
     def _token_spans(self, pending: Pending, result: AlignResult) -> tuple[list[Span], int]:
@@ -256,7 +346,7 @@ class WordTrack:
         if span is None:
             return False
         first = max(0, int(round((span[0] - self._origin) * self.sample_rate)))
-        last = int(round((span[1] - self._origin) * self.sample_rate))
+        last = min(len(self._audio), int(round((span[1] - self._origin) * self.sample_rate)))
         hop = self.sample_rate // 100
         n = (last - first) // hop
         if n < 1:
@@ -271,7 +361,8 @@ class WordTrack:
         start, end = span
         hop = self.sample_rate // 100
         first = int(round((start - self._origin) * self.sample_rate))
-        last = int(round((end - self._origin) * self.sample_rate))
+        # (never past the audio held: a resampler holds its last few ms back until the take ends)
+        last = min(len(self._audio), int(round((end - self._origin) * self.sample_rate)))
         n = (last - max(first, 0)) // hop
         if first < 0 or n < 2:
             return span

@@ -12,10 +12,11 @@ from moss_rt.model.config import MossTTSConfig
 
 # Graph pools (step graphs per batch/key bucket, codec graphs per batch/chunk bucket, the lone-prompt prefill
 # graphs: about 50 MB for the 512-row one from position 0 at full size, an estimated 150 MB for 512 rows after a
-# prefix over 5,120 keys; one shared pool holds the largest, not the sum), cuBLAS/cuDNN
+# prefix over 5,120 keys, up to an estimated 0.5 GB for a batched pass of 16 short pieces over 1,024 keys (their
+# gathered keys and values); one shared pool holds the largest, not the sum), cuBLAS/cuDNN
 # workspaces and the allocator's rounding, beyond the prefill pass below. Checked against the
 # device's peak after warm-up (bench/RESULTS.md); the margin covers the rest.
-GRAPH_BASE_BYTES = 1 * GIB
+GRAPH_BASE_BYTES = 3 * GIB // 2
 GRAPH_BYTES_PER_SLOT = 8 * MIB  # step and codec-graph activations grow with the batch
 
 

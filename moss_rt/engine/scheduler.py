@@ -82,6 +82,11 @@ DEFAULT_BATCH_SHARE = 0.5  # slots and KV blocks batch work may hold at most (in
 # So by default a round's chunks of one length go in one call, as before; lower it (Settings.codec_call_streams) to
 # trade render throughput for a shorter wait behind a running call.
 DEFAULT_CODEC_CALL_STREAMS = 255
+# While a director's take is starting (waiting, preparing, or in its ramp), bulk calls hold at most this many streams:
+# its first chunks (priority lane) wait for the bulk call running when they come, and during a script render those
+# are the render's 66-stream calls (~21 ms each on an H200: the director's first chunk waited 53 ms at p95 in the
+# codec's queue). Shorter calls cost the render a little codec throughput, only while someone is waiting to hear.
+STARTING_CALL_STREAMS = 16
 # While interactive takes are about (waiting, preparing, streaming), a prefill pass holding only batch work's rows
 # has at most this share of stream_rows: a director arriving during one waits for less (renders prefill a little
 # slower). A pass with an interactive take's rows holds no batch rows at all.
@@ -300,6 +305,12 @@ class Scheduler:
 
     def _batch_count(self) -> int:
         return sum(1 for group in (self.preparing, self.running, self.draining) for t in group if t.batch)
+
+    def _interactive_starting(self) -> bool:
+        """A director is waiting for a take's first sound: an interactive take waiting, preparing, or in its ramp."""
+        return any(not t.batch for group in (self.waiting, self.preparing) for t in group) or any(
+            not t.batch and t.in_ramp for t in self.running
+        )
 
     def _interactive_present(self) -> bool:
         return any(not t.batch for group in (self.waiting, self.preparing, self.running) for t in group)
@@ -750,6 +761,7 @@ class Scheduler:
             self.preparing.remove(take)
             self.prompts.unclaim(take.take_id)
             take.phase = Phase.RUNNING
+            take.running_at = time.monotonic()
             take.prep_ms = (time.monotonic() - (take.prep_started or take.admitted)) * 1000.0
             self.metrics.prefill_time.observe(take.prep_ms / 1000.0)
             self.running.append(take)
@@ -795,6 +807,8 @@ class Scheduler:
                 continue
             take.codes.append(np.array(codes, dtype=np.int64))
             take.frames += 1
+            if take.first_frame_at is None:
+                take.first_frame_at = time.monotonic()
             made += 1
             if take.frames >= take.frame_cap:
                 take.ending = EndReason.MAX_FRAMES
@@ -832,20 +846,30 @@ class Scheduler:
         ]
         if not chunks:
             return
+        now = time.monotonic()
         for chunk in chunks:
             chunk.take.flushed = chunk.take.frames
+            if chunk.take.first_chunk_at is None:
+                chunk.take.first_chunk_at = now
         self._hand_over(self._pieces([c for c in chunks if c.priority], bulk=False), priority=True)
         self._hand_over(self._pieces([c for c in chunks if not c.priority], bulk=True), priority=False)
 
     def _pieces(self, chunks: list[_Chunk], *, bulk: bool) -> list[list[_Chunk]]:
         """Chunks cut into codec calls: equal lengths together; a bulk call holds at most ``codec_call_streams``
-        streams, a priority call as many as one graphed call of that length can (their calls are short anyway)."""
+        streams (STARTING_CALL_STREAMS while a director's take is starting), a priority call as many as one graphed
+        call of that length can (their calls are short anyway)."""
         by_t: dict[int, list[_Chunk]] = {}
         for chunk in chunks:
             by_t.setdefault(int(chunk.codes.shape[0]), []).append(chunk)
         pieces = []
+        starting = bulk and self._interactive_starting()
         for t, group in by_t.items():
-            per_call = self._call_streams(t) if bulk else self._call_streams(t, cap=len(group))
+            if not bulk:
+                per_call = self._call_streams(t, cap=len(group))
+            elif starting:
+                per_call = self._call_streams(t, cap=min(STARTING_CALL_STREAMS, self.config.codec_call_streams))
+            else:
+                per_call = self._call_streams(t)
             pieces += [group[at : at + per_call] for at in range(0, len(group), per_call)]
         return pieces
 
@@ -873,6 +897,10 @@ class Scheduler:
         if all(c.withdrawn for c in chunks):
             return
         t0 = time.perf_counter()
+        began = time.monotonic()
+        for c in chunks:
+            if c.take.first_decode_at is None and not c.withdrawn:
+                c.take.first_decode_at = began
         try:
             pcms = self.codec.decode_pcm(
                 [c.state for c in chunks], [c.codes for c in chunks], [c.take.spec.channels for c in chunks]
@@ -933,7 +961,7 @@ class Scheduler:
         now = time.monotonic()
         first_ms = None if take.first_audio is None else (take.first_audio - take.admitted) * 1000.0
         queue_ms = ((take.prep_started or now) - take.admitted) * 1000.0
-        timings = {"queue_ms": round(queue_ms, 2), "prefill_ms": round(take.prep_ms, 2)}
+        timings = {"queue_ms": round(queue_ms, 2), "prefill_ms": round(take.prep_ms, 2), **first_audio_path(take)}
         # Counted before the end event goes out, so whoever saw the end also sees it in /metrics.
         self.metrics.takes.labels(reason.value).inc()
         if reason in (EndReason.CANCELLED, EndReason.REPLACED):
@@ -1023,6 +1051,17 @@ class Scheduler:
             self._drop_retained(item)
         self.prompts.clear()
         self._update_gauges()
+
+
+def first_audio_path(take: Take) -> dict[str, float]:
+    """Where a take's first audio's time went after its preparation, in ms (each step that happened): from running
+    to its first frame (waiting for a round's step), from that frame to the codec worker (the round's other work), in
+    the worker's queue (calls ahead of it), and its decode."""
+    marks = (("to_first_frame_ms", take.running_at, take.first_frame_at),
+             ("to_codec_ms", take.first_frame_at, take.first_chunk_at),
+             ("codec_queue_ms", take.first_chunk_at, take.first_decode_at),
+             ("decode_ms", take.first_decode_at, take.first_audio))
+    return {name: round((b - a) * 1000.0, 2) for name, a, b in marks if a is not None and b is not None}
 
 
 @dataclass(eq=False)

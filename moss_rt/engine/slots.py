@@ -96,6 +96,12 @@ class Take:
     kept_item: Retained | None = None  # its own kept caches, while its codec state waits for a call (draining)
     prep_started: float | None = None
     prep_ms: float = 0.0
+    # Where its first audio's time went (monotonic; the end's timings): promoted to running, its first new frame made,
+    # that frame handed to the codec worker, and (written by the worker) its decode begun.
+    running_at: float | None = None
+    first_frame_at: float | None = None
+    first_chunk_at: float | None = None
+    first_decode_at: float | None = None
     paused: bool = False
     reuse_path: CacheReuse = CacheReuse.FRESH  # where its model cache came from
     retain_key: np.ndarray | None = None  # the prompt rows proper: a retake may reuse this cache if equal
@@ -148,12 +154,18 @@ class Take:
         with the same ``chunk_frames`` flush on the same step, so one codec call serves them all;
         a take that joined mid-cycle sends one shorter chunk to get in phase.
 
+        Batch work (a script render's line) has no listener waiting for its first sound: no one-frame ramp, only the
+        shared cadence (its first chunk the frames it made until then), so a render's lines cost the codec a call
+        every ``chunk_frames`` steps, not one more every step of their first frames.
+
         It depends only on frames made and handed to the codec, never on when the codec finished them, so
         chunks (and the codec's batches) are the same whether the codec runs overlapped or inline.
         """
         if self.pending <= 0:
             return False
         every = self.spec.chunk_frames
+        if self.batch:
+            return step % every == 0 or self.pending >= every
         return step % every == 0 or self.pending >= chunk_target(self.flushed - self.spec.start_frame, every)
 
     def codes_array(self, start: int = 0, stop: int | None = None) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""CUDA graphs of a lone prompt piece's prefill pass: one slot, up to 512 rows, from position 0 or after a prefix.
+"""CUDA graphs of prefill passes: a lone prompt piece (one slot, up to 512 rows) or a small batch of short pieces
+(2-16 slots, up to 256 rows each), from position 0 or after a prefix.
 
 Why: run eagerly, a pass over one 400-row prompt is launch-bound (about 22 ms on an H200 for 4 ms of GEMMs: 36
 layers of Python and kernel launches, 22-40 ms for the 240 rows after a cached opening), and it is most of what a
@@ -17,6 +18,18 @@ Two families of graphs, both one per row bucket (``PREFILL_GRAPH_ROWS`` up to th
   are masked out (unused table entries point at the zero-filled scratch block: finite, never NaN). The same code
   path serves later chunks of a long prompt, which the scheduler feeds in chunks of at most ``prefill_chunk`` (512)
   rows: each is a lone piece after a prefix.
+
+**Batches of short pieces** (``GraphShape(rows, keys, pieces)``, ``pieces`` > 1): a script render's lines (each
+a few dozen rows after the cast's shared opening, a handful arriving per round), a burst of retakes' re-prefilled
+rows, several lines after their cached openings. Run eagerly such a pass is as launch-bound as a lone piece (one
+padded backbone call: the same ~700 kernels whatever its rows), and slower still when the server's other threads
+hold Python's GIL between its launches: measured on an H200 during a 200-line render with 16 directors, 50-68 ms a
+pass for ~190 rows (2 ms of GEMMs), and every director arriving in such a round waited for it. Replayed, it costs
+about its padded GEMMs. Each piece is padded to the graph's row bucket (``BATCH_GRAPH_ROWS``) and the pass to its
+piece bucket (``BATCH_GRAPH_PIECES``): padding pieces have no rows (they write only to scratch). Only passes within
+``BATCH_GRAPH_MAX_ROWS`` padded rows (that times ``BATCH_GRAPH_KEYS_PER_ROW`` keys, and ``BATCH_GRAPH_MAX_PIECE_KEYS``
+pieces x keys) have graphs: larger ones are
+compute-bound, where a graph saves nothing and padding would cost. They are all captured while the engine is idle.
 
 Why fresh prompts keep their own graphs instead of using an after-a-prefix graph with start 0 (which would be
 correct too): the from-zero pass reads no cache keys and skips half of the score work (causal flash), while the
@@ -59,16 +72,32 @@ from moss_rt.model.step import Tables, prefill_batch_rows
 logger = logging.getLogger(__name__)
 
 PREFILL_GRAPH_ROWS = (128, 256, 384, 512)
+# Batched passes: pieces per pass and rows per piece (its widest piece), padded rows (pieces x rows) at most, and
+# padded rows x key window at most (the masked attention's scores and repeated keys grow with both).
+BATCH_GRAPH_PIECES = (2, 4, 8, 16)
+BATCH_GRAPH_ROWS = (32, 64, 128, 256)
+BATCH_GRAPH_MAX_ROWS = 2048
+BATCH_GRAPH_KEYS_PER_ROW = 1024
+# ...and pieces x key window at most: the masked attention gathers each piece's keys and values (repeated to the
+# query heads), so a pass of many short pieces over a long window would hold a lot: 16 pieces over 1,024 keys at full
+# size hold about 0.5 GB of them, the most any batched graph's pool keeps.
+BATCH_GRAPH_MAX_PIECE_KEYS = 16384
 # The smallest key window of an after-a-prefix graph: a line's prompt (a few hundred rows) fits; a smaller window
 # would save a few µs of attention per layer for one more capture per row bucket.
 PREFILL_GRAPH_MIN_KEYS = 512
 
 
 class GraphShape(NamedTuple):
-    """One prefill graph: ``rows`` the row bucket; ``keys`` the key window after a prefix, 0 from position 0."""
+    """One prefill graph: ``rows`` the row bucket (of each piece); ``keys`` the key window after a prefix, 0 from
+    position 0; ``pieces`` the slots a pass holds (1: a lone piece)."""
 
     rows: int
     keys: int
+    pieces: int = 1
+
+    @property
+    def padded_rows(self) -> int:
+        return self.rows * self.pieces
 
     @property
     def from_zero(self) -> bool:
@@ -77,10 +106,10 @@ class GraphShape(NamedTuple):
 
 @dataclass
 class _PrefillGraph:
-    slots: torch.Tensor  # [1] the slot
-    rows: torch.Tensor  # [1, T, channels] the piece, zero-padded
-    starts: torch.Tensor  # [1] the piece's first position (always 0 from position 0)
-    counts: torch.Tensor  # [1] the piece's rows
+    slots: torch.Tensor  # [P] the slots (padding pieces: the first piece's, never written)
+    rows: torch.Tensor  # [P, T, channels] the pieces, zero-padded
+    starts: torch.Tensor  # [P] each piece's first position (always 0 from position 0)
+    counts: torch.Tensor  # [P] each piece's rows (0: a padding piece)
     graph: Any = None  # the captured torch.cuda.CUDAGraph (anything with replay())
 
 
@@ -92,10 +121,14 @@ class PrefillGraphs:
         tables: Tables,
         max_rows: int,
         pool: Any,
+        max_pieces: int = 1,
     ) -> None:
         self.model, self.state, self.tables = model, state, tables
         self.buckets = [b for b in PREFILL_GRAPH_ROWS if b <= max_rows]
         self.key_buckets = _key_buckets(state.max_seq_len)
+        # Batched graphs: no more pieces than the runner has slots, no more padded rows than a pass may hold.
+        self.piece_buckets = [p for p in BATCH_GRAPH_PIECES if p <= max_pieces]
+        self.max_padded_rows = min(BATCH_GRAPH_MAX_ROWS, max_rows)
         self._pool = pool  # the runner's graph memory pool handle
         self._graphs: dict[GraphShape, _PrefillGraph] = {}
         self.replays = 0  # passes that ran through a graph
@@ -114,25 +147,75 @@ class PrefillGraphs:
         keys = next((k for k in self.key_buckets if k >= start + rows), None)
         return None if keys is None else GraphShape(bucket, keys)
 
+    def shape_for_pass(self, widths: list[int], starts: list[int]) -> GraphShape | None:
+        """The graph a pass of pieces (``widths[i]`` rows at positions starts[i]..) replays: a lone piece's
+        (shape_for), or the smallest batched shape holding every piece (piece, row and key buckets); None: none
+        does (too many pieces, too wide, past the padded-rows bounds)."""
+        if len(widths) == 1:
+            return self.shape_for(widths[0], starts[0])
+        if not widths or min(widths) < 1 or min(starts) < 0:
+            return None
+        pieces = next((p for p in self.piece_buckets if p >= len(widths)), None)
+        rows = next((r for r in BATCH_GRAPH_ROWS if r >= max(widths)), None)
+        if pieces is None or rows is None:
+            return None
+        if not any(starts):
+            shape = GraphShape(rows, 0, pieces)
+        else:
+            end = max(s + w for s, w in zip(starts, widths, strict=True))
+            keys = next((k for k in self.key_buckets if k >= end), None)
+            if keys is None:
+                return None
+            shape = GraphShape(rows, keys, pieces)
+        return shape if self._batch_fits(shape) else None
+
+    def _batch_fits(self, shape: GraphShape) -> bool:
+        keys = shape.keys or shape.rows
+        return (
+            shape.padded_rows <= self.max_padded_rows
+            and shape.padded_rows * keys <= BATCH_GRAPH_MAX_ROWS * BATCH_GRAPH_KEYS_PER_ROW
+            and shape.pieces * keys <= BATCH_GRAPH_MAX_PIECE_KEYS
+        )
+
     def shapes(self) -> list[GraphShape]:
-        """Every graph this runner may capture: from position 0 per bucket, then after a prefix per key window and
-        bucket (only windows some piece of that bucket can use: rows past the next smaller bucket, start >= 1)."""
+        """Every graph this runner may capture: lone pieces from position 0 per bucket, then after a prefix per key
+        window and bucket (only windows some piece of that bucket can use: rows past the next smaller bucket,
+        start >= 1); then batched passes (pieces x rows buckets within the padded-rows bounds) from position 0 and
+        per key window."""
         out = [GraphShape(b, 0) for b in self.buckets]
         for keys in self.key_buckets:
             for i, b in enumerate(self.buckets):
                 smallest = self.buckets[i - 1] + 1 if i else 1  # the fewest rows this bucket serves
                 if 1 + smallest <= keys:
                     out.append(GraphShape(b, keys))
+        for keys in (0, *self.key_buckets):
+            for pieces in self.piece_buckets:
+                for rows in BATCH_GRAPH_ROWS:
+                    shape = GraphShape(rows, keys, pieces)
+                    if (keys == 0 or rows < keys) and self._batch_fits(shape):
+                        out.append(shape)
         return out
 
     def common_shapes(self) -> list[GraphShape]:
         """The graphs captured before serving: every bucket from position 0 and after a prefix in the first window."""
         first = self.key_buckets[0] if self.key_buckets else 0
-        return [s for s in self.shapes() if s.keys in (0, first)]
+        return [s for s in self.shapes() if s.pieces == 1 and s.keys in (0, first)]
+
+    def idle_rank(self, shape: GraphShape) -> float:
+        """Where the graph comes among the idle-time captures, as a key window the runner compares with its step
+        graphs' (steps of a shorter window first): a lone piece at its window (0 from position 0: a cold line's first
+        audio waits on it); a batched pass just after the steps of its window (at least the first: the step graphs
+        every take needs come first, and a pass with no graph yet only runs eagerly, as before)."""
+        if shape.pieces == 1:
+            return float(shape.keys)
+        first = self.key_buckets[0] if self.key_buckets else 0
+        return max(shape.keys, first) + 0.5
 
     def pending(self) -> list[GraphShape]:
-        """Graphs not captured yet, the likeliest first (short key windows, then few rows)."""
-        return sorted((s for s in self.shapes() if s not in self._graphs), key=lambda s: (s.keys, s.rows))
+        """Graphs not captured yet, the likeliest first (idle_rank; then few pieces, few rows)."""
+        return sorted(
+            (s for s in self.shapes() if s not in self._graphs), key=lambda s: (self.idle_rank(s), s.pieces, s.rows)
+        )
 
     def run(self, slot: int, rows: torch.Tensor, start: int = 0) -> bool:
         """Prefill ``rows`` [T, channels] at positions start..start+T-1 of ``slot`` through a graph; False (nothing
@@ -148,6 +231,35 @@ class PrefillGraphs:
         g.slots.fill_(slot)
         g.starts.fill_(int(start))
         g.counts.fill_(n)
+        g.graph.replay()
+        self.replays += 1
+        return True
+
+    def run_pass(self, pieces: list[tuple[int, torch.Tensor, int]]) -> bool:
+        """Prefill (slot, rows [T, channels], start) pieces of distinct slots in one pass through a graph; False
+        (nothing done) when no captured graph holds them. As :meth:`run`: blocks writable and pushed, prefixes held."""
+        if len(pieces) == 1:
+            slot, rows, start = pieces[0]
+            return self.run(slot, rows, start)
+        widths = [int(rows.shape[0]) for _, rows, _ in pieces]
+        starts = [int(start) for _, _, start in pieces]
+        shape = self.shape_for_pass(widths, starts)
+        g = self._graphs.get(shape) if shape is not None else None
+        if g is None:
+            return False
+        # Built on the host and copied once (one copy per input, not per piece): padding pieces have no rows and
+        # point at the first piece's slot (read, never written: their rows all go to scratch).
+        count, (width, channels) = int(g.slots.shape[0]), g.rows.shape[1:]
+        padded = torch.zeros((count, width, channels), dtype=torch.int64)
+        for b, (_, rows, _) in enumerate(pieces):
+            padded[b, : widths[b]] = rows
+        pad = count - len(pieces)
+        slots = [slot for slot, _, _ in pieces]
+        meta = torch.tensor([slots + [slots[0]] * pad, starts + [0] * pad, widths + [0] * pad], dtype=torch.int64)
+        g.rows.copy_(padded)
+        g.slots.copy_(meta[0])
+        g.starts.copy_(meta[1])
+        g.counts.copy_(meta[2])
         g.graph.replay()
         self.replays += 1
         return True
@@ -184,8 +296,9 @@ class PrefillGraphs:
         def zeros(*dims: int) -> torch.Tensor:
             return torch.zeros(dims, dtype=torch.int64, device=device)
 
+        p = shape.pieces
         return _PrefillGraph(
-            slots=zeros(1), rows=zeros(1, shape.rows, self.model.config.n_channels), starts=zeros(1), counts=zeros(1)
+            slots=zeros(p), rows=zeros(p, shape.rows, self.model.config.n_channels), starts=zeros(p), counts=zeros(p)
         )
 
     def _capture(self, shape: GraphShape) -> _PrefillGraph:
@@ -204,8 +317,8 @@ class PrefillGraphs:
         torch.cuda.synchronize(device)
         g.graph = graph
         logger.info(
-            "captured prefill graph rows=%d %s in %.0f ms", shape.rows,
-            "from position 0" if shape.from_zero else f"after a prefix, keys={shape.keys}",
+            "captured prefill graph %srows=%d %s in %.0f ms", f"pieces={shape.pieces} " if shape.pieces > 1 else "",
+            shape.rows, "from position 0" if shape.from_zero else f"after a prefix, keys={shape.keys}",
             (time.perf_counter() - t0) * 1e3,
         )
         return g

@@ -118,7 +118,8 @@ class ModelRunner:
         # A lone prompt piece's pass through a graph, from position 0 or after a prefix (prefill_graphs; the
         # common shapes captured by warmup, the rest by capture_next).
         self.prefill_graphs = PrefillGraphs(
-            model, self.state, self.tables, min(self.max_seq_len, self.prefill_max_rows), self._pool
+            model, self.state, self.tables, min(self.max_seq_len, self.prefill_max_rows), self._pool,
+            max_pieces=self.max_slots,
         )
         self._active_host = torch.zeros(self.max_slots, dtype=torch.bool, pin_memory=cuda)
         logger.info(
@@ -335,16 +336,15 @@ class ModelRunner:
 
         With CUDA graphs a lone piece replays a prefill graph when one of its shape is captured (prefill_graphs:
         from position 0, or after a prefix the slot already holds, e.g. a line's opening shared by the prompt
-        cache, or the earlier chunks of a long prompt); several pieces (a burst: compute-bound) run eagerly.
+        cache, or the earlier chunks of a long prompt), and so does a pass of a few short pieces (a render's lines, a
+        burst of retakes' rows); larger passes (compute-bound) run eagerly.
         """
         if self.per_slot_eager and len(pieces) > 1:
             for piece in pieces:
                 self._prefill_pass([piece])
             return
-        if self.use_cuda_graphs and len(pieces) == 1:  # a lone piece, from position 0 or after a prefix
-            slot, rows, start = pieces[0]
-            if self.prefill_graphs.run(slot, rows, start):  # False: no graph holds that shape (or none yet)
-                return
+        if self.use_cuda_graphs and self.prefill_graphs.run_pass(pieces):  # False: no graph holds it (or none yet)
+            return
         width = max(int(rows.shape[0]) for _, rows, _ in pieces)
         padded = torch.zeros((len(pieces), width, self.config.n_channels), dtype=torch.int64)  # ids 0 are valid
         for b, (_, rows, _) in enumerate(pieces):
@@ -537,12 +537,12 @@ class ModelRunner:
     def capture_next(self) -> bool:
         """Capture the likeliest missing graph (the engine calls this while idle); False: none left.
 
-        Step graphs and prefill graphs by key window: a prefill graph comes after the step graphs of its window and
-        of the shorter ones (every take steps; few prompts reach past the first prefill window, which warmup
-        captures)."""
+        Step graphs and prefill graphs by key window: a prefill graph comes after the step graphs of the shorter
+        windows (every take steps; few prompts reach past the first prefill window, which warmup captures), a batched
+        pass's after those of its own window too (PrefillGraphs.idle_rank)."""
         steps = self.pending_graphs()
         prefills = self.pending_prefill_graphs()
-        if prefills and (not steps or prefills[0].keys < steps[0][1]):
+        if prefills and (not steps or self.prefill_graphs.idle_rank(prefills[0]) < steps[0][1]):
             self.prefill_graphs.capture(prefills[0])
             return True
         if not steps:

@@ -122,13 +122,13 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
 def _aligner_service(settings: Settings) -> AlignService | None:
     """The word aligner ``--aligner`` names (docs/words.md), not loaded yet (its first worker loads it)."""
     try:
-        aligner = build_aligner(settings.aligner, device=settings.device)
+        aligner = build_aligner(settings.aligner, device=settings.device, workers=settings.aligner_workers)
     except AlignerChoiceError as exc:
         raise SystemExit(str(exc)) from None
     if aligner is None:
         log.info("word timing is off (--aligner %s)", settings.aligner)
         return None
-    return AlignService(aligner, max_pending=settings.aligner_queue)
+    return AlignService(aligner, max_pending=settings.aligner_queue, window_sec=settings.aligner_window_sec)
 
 
 async def _aligner_lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -174,8 +174,9 @@ class TakeWords:
         self.take = take
         self._send = send
         self._track = WordTrack(
-            take.request.text, sample_rate=service.aligner.sample_rate, input_rate=SAMPLE_RATE, kept=take.words or ()
-        )
+            take.request.text, sample_rate=service.aligner.sample_rate, input_rate=SAMPLE_RATE, kept=take.words or (),
+            window_sec=service.window_sec,
+        )  # fmt: skip
         self._queued: list[bytes] = []  # PCM that came before the retake's kept audio was in the track
         self._seeded = take.branch_frame == 0
         self._sent = 0  # words sent so far
@@ -239,18 +240,20 @@ class TakeWords:
     async def _tick(self) -> None:
         self._drain()
         self._track.set_text(self.take.request.text)
-        due = self._track.next_job()
+        due = self._track.next_job()  # (words unsettled for longer than the track's window are settled by age here)
         if due is not None:
             job, pending = due
             try:
-                result = await self._service.align(job, wait=False)
+                result: AlignResult | None = await self._service.align(job, wait=False)
             except AlignerBusy:
-                return  # the next audio tries again
+                result = None  # the next audio tries again
             except AlignerUnavailable:
                 result = AlignResult()
-            if self._track.apply(pending, result):
-                self.take.words = list(self._track.words)
-            self._wake.set()  # more audio may have come meanwhile
+            if result is not None:
+                self._track.apply(pending, result)
+                self._wake.set()  # more audio may have come meanwhile
+        if len(self._track.words) > len(self.take.words or ()):
+            self.take.words = list(self._track.words)
         if self._audio_started:
             await self._flush(final=False)
 

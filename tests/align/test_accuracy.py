@@ -17,7 +17,7 @@ import soundfile as sf
 
 from moss_rt.align.base import AlignResult, WordTime
 from moss_rt.align.sphinx import PocketsphinxAligner
-from moss_rt.align.track import WordTrack
+from moss_rt.align.track import MIN_WINDOW_SEC, STREAM_WINDOW_SEC, WordTrack
 
 pytest.importorskip("pocketsphinx")
 
@@ -66,13 +66,15 @@ def test_whole_audio_alignment_is_within_target(speech, aligner) -> None:
     assert worst_start <= START_ERROR_SEC, f"worst word start off by {worst_start * 1000:.1f} ms"
 
 
-def test_streamed_alignment_is_within_target_and_never_revised(speech, aligner) -> None:
-    """As the server runs it: 48 kHz PCM in 80 ms frames, 8 per chunk; settled words never change."""
+@pytest.mark.parametrize("window_sec", [STREAM_WINDOW_SEC, MIN_WINDOW_SEC])
+def test_streamed_alignment_is_within_target_and_never_revised(speech, aligner, window_sec: float) -> None:
+    """As the server runs it: 48 kHz PCM in 80 ms frames, 8 per chunk; settled words never change. Also with the
+    smallest window a job may have, where words are settled by age on most steps (their jobs would read 2.1 s)."""
     import soxr
 
     audio, truth = speech
     pcm = (np.clip(soxr.resample(audio, 16000, 48000), -1, 1) * 32767).astype("<i2").tobytes()
-    track = WordTrack(truth["text"], sample_rate=16000)
+    track = WordTrack(truth["text"], sample_rate=16000, window_sec=window_sec)
     chunk = 8 * 3840 * 2
     seen: list[WordTime] = []
     behind: list[float] = []
@@ -81,6 +83,7 @@ def test_streamed_alignment_is_within_target_and_never_revised(speech, aligner) 
         due = track.next_job()
         if due is not None:
             job, pending = due
+            assert len(job.audio) <= window_sec * 16000 + 1
             for word in track.apply(pending, aligner.align_batch([job])[0]):
                 # Audio sent after the chunk that holds the word's end, until the word is settled.
                 holding_edge = np.ceil(word.end * 48000 * 2 / chunk) * chunk / (48000 * 2)

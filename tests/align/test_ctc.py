@@ -75,9 +75,20 @@ def test_service_batches_concurrent_takes_on_one_worker(checkpoint: Path) -> Non
         service.close()
 
 
+def test_pocketsphinx_workers_follow_the_cores(monkeypatch) -> None:
+    from moss_rt.align import select
+
+    for cores, workers in ((1, 2), (2, 2), (6, 3), (16, 8), (64, 8)):
+        monkeypatch.setattr(select.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        assert select.cpu_workers() == workers
+        assert select.cpu_workers(3) == 3  # the setting wins
+    assert select.build_aligner("pocketsphinx").workers == 8  # type: ignore[union-attr]
+
+
 def test_aligner_choice() -> None:
     assert build_aligner("none") is None
     assert build_aligner("pocketsphinx").name == "pocketsphinx"  # type: ignore[union-attr]
+    assert build_aligner("pocketsphinx", workers=5).workers == 5  # type: ignore[union-attr]
     assert build_aligner("ctc:some/model", device="cpu").name == "ctc:some/model"  # type: ignore[union-attr]
     with pytest.raises(AlignerChoiceError):
         build_aligner("whisper")

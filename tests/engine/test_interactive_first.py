@@ -171,10 +171,13 @@ def test_first_chunks_go_in_the_priority_lane_and_bulk_calls_stay_short(tiny_dat
     calls, nothing else does (a batch take's ramp neither); bulk calls hold equal-length chunks of at most 2 streams.
     Every take's audio is still the whole-clip decode of its codes."""
     calls: list[list[tuple[str, int, bool]]] = []
+    lengths: dict[str, list[int]] = {}
     real = Scheduler._decode_and_push
 
     def decode_and_push(self: Scheduler, chunks: list[_Chunk]) -> None:
         calls.append([(c.take.take_id, c.first_frame, c.priority) for c in chunks])
+        for c in chunks:
+            lengths.setdefault(c.take.take_id, []).append(int(c.codes.shape[0]))
         real(self, chunks)
 
     monkeypatch.setattr(Scheduler, "_decode_and_push", decode_and_push)
@@ -193,6 +196,11 @@ def test_first_chunks_go_in_the_priority_lane_and_bulk_calls_stay_short(tiny_dat
         ramp = {(take, frame) for call in priority_calls for take, frame, _ in call}
         assert {(f"d{i}", f) for i in range(3) for f in range(4)} <= ramp  # first audio and one-frame chunks
         assert max(len(call) for call in bulk_calls) == 2
+        # A script line has no listener waiting for its first sound: no one-frame ramp, whole chunks on the shared
+        # cadence (its first one shorter to get in phase, its last what is left).
+        for i in range(3):
+            assert sum(n < 4 for n in lengths[f"b{i}"][1:-1]) == 0 and lengths[f"b{i}"].count(1) <= 2, lengths
+            assert lengths[f"d{i}"][:4] == [1, 1, 1, 1]
         assert _sample(engine, "moss_rt_codec_calls_total", lane="priority") == len(priority_calls)
         assert _sample(engine, "moss_rt_codec_calls_total", lane="bulk") == len(bulk_calls)
         for take_id, ch in driven.channels.items():
@@ -299,3 +307,41 @@ def test_a_barge_in_start_is_admitted_ahead_of_queued_new_takes(tiny_data_dir: P
         for take in busy[1:]:
             take.channel.cancel()
         rounds.until(lambda: all(t.channel.finished for t in [*queued, cut]))
+
+
+def test_bulk_calls_are_short_while_a_director_waits_for_a_first_sound(tiny_data_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty script lines share one bulk call per chunk (the default allows 255 streams); once a director's take is
+    waiting, preparing or in its ramp, their calls hold at most STARTING_CALL_STREAMS streams (the director's first
+    chunks wait for at most one short call), and after its ramp they are whole again."""
+    from moss_rt.engine import scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "STARTING_CALL_STREAMS", 4)
+    bulk: list[tuple[int, bool]] = []
+    real = Scheduler._hand_over
+
+    def hand_over(self: Scheduler, pieces: list[list[_Chunk]], *, priority: bool) -> None:
+        if not priority:
+            bulk.extend((len(piece), self._interactive_starting()) for piece in pieces)
+        real(self, pieces, priority=priority)
+
+    monkeypatch.setattr(Scheduler, "_hand_over", hand_over)
+    settings = engine_settings(tiny_data_dir, overlap=False, max_seq_len=256, max_slots=24, max_queue=24,
+                               batch_share=1.0)
+    with loaded_engine(settings) as engine:
+        rounds = Rounds(engine)
+        lines = rounds.add(*[spec(f"b{i}", i, 48, 4, text=f"{TEXT} Line {i}.", priority=TakePriority.BATCH)
+                             for i in range(20)])
+        rounds.until(lambda: all(t.flushed >= 8 for t in lines))
+        assert max(n for n, _ in bulk) == 20  # alone: one call for every line's chunk
+        bulk.clear()
+        (d,) = rounds.add(spec("d", 99, 24, 4, text=f"{TEXT} A director."))
+        rounds.until(lambda: not d.in_ramp)
+        during = [n for n, starting in bulk if starting]
+        assert during and max(during) <= 4
+        bulk.clear()
+        rounds.until(lambda: d.channel.finished)
+        assert max(n for n, starting in bulk if not starting) > 4
+        for take in [*lines, d]:
+            take.channel.cancel()
+        rounds.until(lambda: all(t.channel.finished for t in [*lines, d]) and not rounds.sched.draining)

@@ -285,7 +285,8 @@ def test_prompt_after_a_cached_prefix_through_a_graph_equals_eager(device, make_
         options = {"use_cuda_graphs": graphs} if device == "cuda" else {}
         runner = make_runner(device, max_slots=2, max_seq_len=320, **options)
         runner.warmup(batch_sizes=[1], key_lengths=[256])
-        assert runner.pending_prefill_graphs() == []  # one key window at 320 positions: all captured by warmup
+        # One key window at 320 positions: every lone piece's graph captured by warmup (batched ones wait for idle).
+        assert all(shape.pieces > 1 for shape in runner.pending_prefill_graphs())
         prompt = _directed(runner, golden_cases, LONG_TEXT)
         rows = np.resize(prompt, (320, prompt.shape[1]))  # the prompt's rows repeated: valid rows
         caches, codes = [], []
@@ -305,5 +306,51 @@ def test_prompt_after_a_cached_prefix_through_a_graph_equals_eager(device, make_
             where = f"{name} of {count} rows after {start}"
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=lambda m, w=where: f"{w}: {m}")
     assert len(graph_codes) == len(eager_codes) == len(PREFIX_CASES) - 1
+    for x, y in zip(graph_codes, eager_codes, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+# Pieces of one batched pass (start, rows) on the 320-position runner: a render's short lines after the cast's
+# opening with one fresh piece, two mid-window pieces, and a pass of fresh prompts.
+BATCH_PREFIX_CASES = [[(220, 30), (200, 33), (16, 1), (0, 40)], [(37, 64), (250, 12)], [(0, 30), (0, 64), (0, 5)]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batched_prefill_pass_through_a_graph_equals_eager(device, make_runner, golden_cases) -> None:
+    """A pass of several short pieces (a render's lines after their cached opening, fresh prompts together) replays
+    a batched prefill graph once it is captured (they are captured while idle: capture_next here): every piece's keys,
+    values and hidden states equal the eager pass's to float rounding, nothing else in the pool changes
+    (pieces_after_prefixes checks), and each slot's codes after it are the same. The CPU has no graphs: both runs are
+    eager there (tests/model/test_prefill_graphs.py runs the graph's own pass on the CPU)."""
+    from tests.model.test_prefill_graphs import pieces_after_prefixes
+
+    runs = []
+    for graphs in (True, False):
+        options = {"use_cuda_graphs": graphs} if device == "cuda" else {}
+        runner = make_runner(device, max_slots=8, max_seq_len=320, **options)
+        runner.warmup(batch_sizes=[1], key_lengths=[256])
+        while runner.pending_prefill_graphs():
+            runner.capture_next()
+        prompt = _directed(runner, golden_cases, LONG_TEXT)
+        rows = np.resize(prompt, (320, prompt.shape[1]))
+        caches, codes = [], []
+        for cases in BATCH_PREFIX_CASES:
+            replays = runner.prefill_graphs.replays
+            slots = pieces_after_prefixes(runner, rows, cases)
+            assert runner.prefill_graphs.replays - replays == (1 if graphs and device == "cuda" else 0)
+            ends = [start + count for start, count in cases]
+            caches.append([runner.slot_cache(slot, end) for slot, end in zip(slots, ends, strict=True)])
+            for slot, (start, _) in zip(slots, cases, strict=True):
+                runner.set_sampling(slot, PENALTY, seed=start)
+            codes.append(np.stack([np.stack(runner.step(slots).codes) for _ in range(6)]))
+            for slot in slots:
+                runner.free_slot(slot)
+        runs.append((caches, codes))
+    (graph_caches, graph_codes), (eager_caches, eager_codes) = runs
+    for cases, graph_pass, eager_pass in zip(BATCH_PREFIX_CASES, graph_caches, eager_caches, strict=True):
+        for (start, count), graph_cache, eager_cache in zip(cases, graph_pass, eager_pass, strict=True):
+            for name, x, y in zip(("keys", "values", "hidden"), graph_cache, eager_cache, strict=True):
+                where = f"{name} of {count} rows after {start} in {cases}"
+                torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=lambda m, w=where: f"{w}: {m}")
     for x, y in zip(graph_codes, eager_codes, strict=True):
         np.testing.assert_array_equal(x, y)

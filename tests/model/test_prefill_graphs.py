@@ -96,19 +96,19 @@ def test_lone_pieces_choose_their_graph(tiny) -> None:
     assert graphs.buckets == [128, 256, 384, 512]
     assert graphs.key_buckets == [512, 1024, 2048, 4096, 5120]
     pick = graphs.shape_for
-    assert pick(400, 0) == (512, 0) and pick(400, 0).from_zero  # a fresh prompt: its own causal graph
-    assert pick(1, 0) == (128, 0) and pick(128, 0) == (128, 0) and pick(129, 0) == (256, 0)
-    assert pick(240, 160) == (256, 512)  # a line after its cached opening (issue 24's bench)
-    assert pick(1, 1) == (128, 512) and pick(128, 384) == (128, 512)
-    assert pick(129, 384) == (256, 1024)  # one key past the window: the next one
-    assert pick(512, 512) == (512, 1024)  # a long prompt's second chunk (prefill_chunk 512)
-    assert pick(512, 4608) == (512, 5120) and pick(1, 5119) == (128, 5120)
+    assert pick(400, 0) == GraphShape(512, 0) and pick(400, 0).from_zero  # a fresh prompt: its own causal graph
+    assert pick(1, 0) == GraphShape(128, 0) and pick(128, 0) == GraphShape(128, 0)
+    assert pick(129, 0) == GraphShape(256, 0)
+    assert pick(240, 160) == GraphShape(256, 512)  # a line after its cached opening (issue 24's bench)
+    assert pick(1, 1) == GraphShape(128, 512) and pick(128, 384) == GraphShape(128, 512)
+    assert pick(129, 384) == GraphShape(256, 1024)  # one key past the window: the next one
+    assert pick(512, 512) == GraphShape(512, 1024)  # a long prompt's second chunk (prefill_chunk 512)
+    assert pick(512, 4608) == GraphShape(512, 5120) and pick(1, 5119) == GraphShape(128, 5120)
     assert pick(513, 0) is None and pick(513, 100) is None  # wider than the largest bucket: eager
     assert pick(0, 0) is None and pick(2, 5119) is None  # past max_seq_len
     shapes = graphs.shapes()
     assert len(shapes) == len(set(shapes)) == 4 + 4 * 5
-    assert graphs.common_shapes() == [(128, 0), (256, 0), (384, 0), (512, 0),
-                                      (128, 512), (256, 512), (384, 512), (512, 512)]
+    assert graphs.common_shapes() == [GraphShape(r, k) for k in (0, 512) for r in (128, 256, 384, 512)]
     assert graphs.pending()[:8] == sorted(graphs.common_shapes(), key=lambda s: (s.keys, s.rows))
     assert runner.pending_prefill_graphs() == []  # no CUDA graphs on the CPU: nothing to capture
 
@@ -118,7 +118,7 @@ def test_small_runner_has_only_windows_its_slots_address(tiny) -> None:
                          dtype=torch.float32)
     graphs = runner.prefill_graphs
     assert graphs.buckets == [128, 256] and graphs.key_buckets == [320]
-    assert graphs.shape_for(256, 64) == (256, 320) and graphs.shape_for(200, 120) == (256, 320)
+    assert graphs.shape_for(256, 64) == GraphShape(256, 320) and graphs.shape_for(200, 120) == GraphShape(256, 320)
     assert graphs.shape_for(200, 121) is None  # past max_seq_len
     assert set(graphs.common_shapes()) == set(graphs.shapes())  # everything before serving
 
@@ -127,14 +127,14 @@ def test_idle_captures_interleave_prefill_graphs_with_step_graphs_by_key_window(
     runner = ModelRunner(tiny.model, tiny.tokenizer, tiny.config, max_slots=2, max_seq_len=1100, device="cpu",
                          dtype=torch.float32)
     runner.use_cuda_graphs = True
-    log: list[tuple[str, int, int]] = []
+    log: list[tuple[str, int, GraphShape]] = []
 
     def step_graph(batch: int, keys: int) -> Any:
-        log.append(("step", keys, batch))
+        log.append(("step", keys, GraphShape(0, keys)))
         runner._graphs[(batch, keys)] = object()  # type: ignore[assignment]
 
     def prefill_graph(shape: GraphShape) -> None:
-        log.append(("prefill", shape.keys, shape.rows))
+        log.append(("prefill", shape.keys, shape))
         runner.prefill_graphs._graphs[shape] = object()  # type: ignore[assignment]
 
     runner._graph = step_graph  # type: ignore[method-assign,assignment]
@@ -143,11 +143,20 @@ def test_idle_captures_interleave_prefill_graphs_with_step_graphs_by_key_window(
     while runner.capture_next():
         pass
     assert len(log) == total and not runner.pending_graphs() and not runner.pending_prefill_graphs()
-    # Fresh prompts' graphs first (none captured by a warm-up here), then by key window, steps before prefills.
+    # Fresh prompts' graphs first (none captured by a warm-up here), then by key window, steps before prefills; a
+    # batched pass's graph after the steps of its window (its window at least the first prefill window, 512).
+    graphs = runner.prefill_graphs
     assert [entry[0] for entry in log[:4]] == ["prefill"] * 4 and all(e[1] == 0 for e in log[:4])
-    order = [(keys, kind == "prefill") for kind, keys, _ in log[4:]]
+    order = [(keys if kind == "step" else graphs.idle_rank(shape), kind == "prefill") for kind, keys, shape in log[4:]]
     assert order == sorted(order)
     assert {keys for kind, keys, _ in log if kind == "prefill"} == {0, 512, 1024, 1100}
+    batched = [shape for kind, _, shape in log if kind == "prefill" and shape.pieces > 1]
+    assert batched and {s.pieces for s in batched} == {2}  # two slots: passes of two pieces at most
+    lone_512 = [i for i, (kind, _, s) in enumerate(log) if kind == "prefill" and s.pieces == 1 and s.keys == 512]
+    last_lone_512 = max(lone_512)
+    first_step_1024 = min(i for i, (kind, keys, _) in enumerate(log) if kind == "step" and keys == 1024)
+    first_batched = min(i for i, (kind, _, s) in enumerate(log) if kind == "prefill" and s.pieces > 1)
+    assert last_lone_512 < first_batched < first_step_1024
 
 
 @pytest.fixture(scope="module")
@@ -206,4 +215,110 @@ def test_only_lone_pieces_within_a_captured_shape_replay(tiny, long_rows) -> Non
     assert replayed([PrefillRequest(first, long_rows[:100])]) == 0  # bucket 128: not captured
     assert replayed([PrefillRequest(first, long_rows[:600])]) == 0  # wider than any bucket
     two = [PrefillRequest(first, long_rows[:200]), PrefillRequest(second, long_rows[:200])]
-    assert replayed(two) == 0  # a burst's pass stays eager
+    assert replayed(two) == 0  # two pieces: no batched graph among the captured ones, eager
+
+
+def test_passes_of_several_pieces_choose_their_batched_graph(tiny) -> None:
+    runner = ModelRunner(tiny.model, tiny.tokenizer, tiny.config, max_slots=16, max_seq_len=5120, device="cpu",
+                         dtype=torch.float32)
+    graphs = runner.prefill_graphs
+    assert graphs.piece_buckets == [2, 4, 8, 16]
+    pick = graphs.shape_for_pass
+    assert pick([240], [160]) == GraphShape(256, 512)  # one piece: the lone graph
+    # A render's lines: a few dozen rows each after the cast's shared opening (issue 26's bench).
+    assert pick([30] * 6, [220] * 6) == GraphShape(32, 512, 8)
+    assert pick([30, 33], [220, 200]) == GraphShape(64, 512, 2)
+    assert pick([30, 64], [0, 0]) == GraphShape(64, 0, 2) and pick([30, 64], [0, 0]).from_zero  # fresh prompts
+    assert pick([100, 10], [0, 5]) == GraphShape(128, 512, 2)  # one starts after a prefix: the masked window
+    assert pick([10, 10], [500, 0]) == GraphShape(32, 512, 2) and pick([10, 10], [503, 0]) == GraphShape(32, 1024, 2)
+    assert pick([256] * 8, [200] * 8) == GraphShape(256, 512, 8)  # 2,048 padded rows over 512 keys: the largest
+    assert pick([256] * 8, [600] * 8) == GraphShape(256, 1024, 8)  # 2,048 rows over 1,024 keys: the bound
+    assert pick([256] * 8, [1000] * 8) is None  # 2,048 rows over 2,048 keys: too many scores, eager
+    assert pick([64] * 16, [400] * 16) == GraphShape(64, 512, 16)
+    assert pick([64] * 16, [1000] * 16) is None  # 16 pieces' keys over 2,048 positions: too much gathered, eager
+    assert pick([64] * 8, [1000] * 8) == GraphShape(64, 2048, 8)
+    assert pick([257, 10], [0, 0]) is None  # a piece wider than the batched buckets: eager
+    assert pick([200] * 16, [0] * 16) is None  # 16 x 256 padded rows: compute-bound, eager
+    assert pick([8] * 17, [0] * 17) is None  # more pieces than any bucket
+    shapes = graphs.shapes()
+    assert len(shapes) == len(set(shapes))
+    batched = [s for s in shapes if s.pieces > 1]
+    assert all(s.padded_rows <= 2048 and s.padded_rows * (s.keys or s.rows) <= 2048 * 1024
+               and s.pieces * (s.keys or s.rows) <= 16384 for s in batched)
+    assert {s.keys for s in batched} == {0, 512, 1024, 2048, 4096, 5120}
+    assert max(s.pieces for s in batched if s.keys == 4096) == 4  # long windows: few pieces only
+    assert max(s.pieces for s in batched if s.keys == 5120) == 2
+    assert all(s.pieces == 1 for s in graphs.common_shapes())  # batched graphs are captured while idle only
+    small = ModelRunner(tiny.model, tiny.tokenizer, tiny.config, max_slots=3, max_seq_len=1024, device="cpu",
+                        dtype=torch.float32)
+    assert small.prefill_graphs.piece_buckets == [2]
+    assert small.prefill_graphs.shape_for_pass([30] * 3, [220] * 3) is None  # no 4-piece graph on 3 slots
+
+
+# (start, rows) of each piece of one batched pass, after kept prefixes: a render's short lines, mixed starts (one
+# fresh), block-aligned and unaligned starts, and a pass of pieces all from position 0.
+BATCH_CASES = [
+    [(220, 30), (200, 33), (16, 1), (0, 40)],
+    [(37, 64), (500, 12)],
+    [(0, 30), (0, 64), (0, 5)],
+]
+
+
+def pieces_after_prefixes(runner: ModelRunner, rows: np.ndarray, cases: list[tuple[int, int]]) -> list[int]:
+    """Slots continuing kept prefixes (as piece_after_prefix), then every case's piece prefilled in ONE pass. Checks
+    that nothing but the pieces' positions (their copied branch blocks) and the scratch block changes. Returns the
+    slots."""
+    slots, kept = [], []
+    for start, _ in cases:
+        if start:
+            holder = runner.alloc_slot()
+            with eager(runner):
+                runner.prefill(holder, rows[:start])
+            kept.append(runner.detach(holder))
+            slot = runner.alloc_slot()
+            runner.attach(slot, kept[-1], start)
+        else:
+            slot = runner.alloc_slot()
+        slots.append(slot)
+    before = _pool(runner)
+    runner.prefill_batch([PrefillRequest(slot, rows[start : start + count], start)
+                          for slot, (start, count) in zip(slots, cases, strict=True)])
+    st, bs = runner.state, runner.state.block_size
+    written = torch.zeros(st.hidden.shape[0], dtype=torch.bool, device=st.hidden.device)
+    for slot, (start, count) in zip(slots, cases, strict=True):
+        assert runner.slot_length(slot) == start + count
+        branch = start // bs * bs
+        index = st.pool_index(torch.tensor([slot], device=written.device),
+                              torch.arange(branch, start + count, device=written.device)[None])
+        written[index[0]] = True
+    written[st.scratch : st.scratch + bs] = True
+    for name, a, b in zip(("keys", "values", "hidden"), before, _pool(runner), strict=True):
+        unchanged = a[:, ~written] if name != "hidden" else a[~written]
+        now = b[:, ~written] if name != "hidden" else b[~written]
+        assert torch.equal(unchanged, now), f"{name} outside the pieces changed"
+    for ref in kept:
+        runner.drop(ref)
+    return slots
+
+
+def test_a_batched_pass_through_its_graph_pass_equals_eager(tiny, long_rows) -> None:
+    def make() -> ModelRunner:
+        return ModelRunner(tiny.model, tiny.tokenizer, tiny.config, max_slots=8, max_seq_len=1100, device="cpu",
+                           dtype=torch.float32, cpu_batch_invariant=False)
+
+    graphed, plain = make(), make()
+    _stand_ins(graphed)
+    for cases in BATCH_CASES:
+        replays = graphed.prefill_graphs.replays
+        a = pieces_after_prefixes(graphed, long_rows, cases)
+        assert graphed.prefill_graphs.replays == replays + 1, cases  # one replay for the whole pass
+        b = pieces_after_prefixes(plain, long_rows, cases)
+        for x_slot, y_slot, (start, count) in zip(a, b, cases, strict=True):
+            for name, x, y in zip(("keys", "values", "hidden"), graphed.slot_cache(x_slot, start + count),
+                                  plain.slot_cache(y_slot, start + count), strict=True):
+                where = f"{name} of {count} rows after {start} in {cases}"
+                torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=lambda m, w=where: f"{w}: {m}")
+        for slot in a:
+            graphed.free_slot(slot)
+        for slot in b:
+            plain.free_slot(slot)
