@@ -5,10 +5,10 @@ captures (an H200, issue 24: the first prefill graph 2.5 s, the first step graph
 a 33 s start). Triton compiles mostly outside the GIL (its MLIR passes, LLVM and ptxas), so kernels compile in
 parallel on threads; and a kernel is compiled on the first call of its shape, so each thread runs eager passes of
 a few shapes, a *chain*: the codec's first and full chunks (from the memory plan on, while the model's weights are
-read), its odd chunk lengths, lone prompts' prefill passes (from position 0, after a prefix), the step of one take
-and its longer key windows. Every pass writes only scratch rows (the codec's scratch stream, the KV cache's scratch
-position, inactive step rows): nothing a take reads changes. The captures then find their kernels compiled and
-take about their warm-cache time; the idle-time captures after ready find theirs too.
+read), its odd chunk lengths, lone prompts' prefill passes (from position 0, after a prefix), batched ones, the step
+of one take and its longer key windows. Every pass writes only scratch rows (the codec's scratch stream, the KV
+cache's scratch position, inactive step rows): nothing a take reads changes. The captures then find their kernels
+compiled and take about their warm-cache time; the idle-time captures after ready find theirs too.
 
 Nothing depends on it for correctness: a chain that fails is logged and its kernels compile in the captures, as
 before; with one thread (``compile_threads=1``, the CPU's default) nothing runs ahead. Every chain must have ended
@@ -34,6 +34,7 @@ import torch
 
 if TYPE_CHECKING:
     from moss_rt.engine.codec_batch import CodecBatcher
+    from moss_rt.model.prefill_graphs import GraphShape
     from moss_rt.model.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -120,13 +121,22 @@ def codec_chains(batcher: CodecBatcher) -> list[Chain]:
 def model_chains(runner: ModelRunner) -> list[Chain]:
     """The model's shapes: the step of one take over the first key window (captured before ready) and over the longer
     ones (while idle), lone prompts' prefill passes from position 0 and after a prefix in the first key window."""
-    prefill = runner.prefill_graphs.common_shapes()
+    graphs = runner.prefill_graphs
+    prefill = graphs.common_shapes()
     keys = runner.key_buckets()
+    # Batched passes (captured while idle, the first ones right after ready): the narrowest of each piece bucket,
+    # from position 0 and in the first key window (the wider ones share their kernels).
+    first = graphs.key_buckets[0] if graphs.key_buckets else 0
+    batched: dict[tuple[int, int], GraphShape] = {}
+    for shape in graphs.shapes():
+        if shape.pieces > 1 and shape.keys in (0, first):
+            batched.setdefault((shape.pieces, shape.keys), shape)
     return [
         ("step of one take", [partial(runner.compile_step, 1, keys[0])]),
         ("prefill from position 0", [partial(runner.compile_prefill, s) for s in prefill if s.from_zero]),
         ("prefill after a prefix", [partial(runner.compile_prefill, s) for s in prefill if not s.from_zero]),
         ("steps over longer keys", [partial(runner.compile_step, 1, k) for k in keys[1:]]),
+        ("batched prefill passes", [partial(runner.compile_prefill, s) for s in batched.values()]),
     ]
 
 

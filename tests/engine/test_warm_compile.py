@@ -24,7 +24,7 @@ from tests.helpers import run
 CHAINS = (
     "compile: codec, chunks of 1 frame(s)", "compile: codec, chunks of 8 frame(s)", "compile: codec, odd chunk lengths",
     "compile: step of one take", "compile: prefill from position 0", "compile: prefill after a prefix",
-    "compile: steps over longer keys",
+    "compile: steps over longer keys", "compile: batched prefill passes",
 )
 PHASES = (
     "model opened (source, config, tokenizer, memory)", "codec loaded", "memory plan", "model weights read",
