@@ -30,6 +30,17 @@ the prompt rows computed and shared from its cache, and where the routers sent t
 (``routes_hit``/``routes_spill``/``routes_miss``, cache-aware routing). The 2xH200 run of issue 29:
     python bench/engine_bench.py --replicas 2 --front-ends 2 --baseline 128 --concurrency 256 --repeats 3 \
         --prompts lines --out cluster.json
+
+Start to ready (issue 24): every single-process run also reports the server's start phase by phase (``startup``,
+from ``moss_rt_startup_seconds`` in /metrics: engine/startup.py; ``process`` is process start to engine start,
+``ready`` process start to ready, the ``compile: ...`` phases ran on threads beside the others) next to
+``server_ready_sec`` (the server process started to /readyz 200). As a freshly started machine (every Triton kernel
+compiled; with ``--drop-page-cache`` the weights from the disk too), then a second start (caches warm):
+    python bench/engine_bench.py --cold --fresh-caches --drop-page-cache --prompts lines --concurrency 1 \
+        --single-repeats 3 --no-profile --out first.json
+    python bench/engine_bench.py --cold --prompts lines --concurrency 1 --single-repeats 3 --no-profile \
+        --out second.json
+``--compile-threads 1`` starts the server compiling every kernel in its captures, one after the other (as before).
 """
 
 from __future__ import annotations
@@ -163,6 +174,8 @@ def start_server(
     ]
     if getattr(args, "no_prompt_cache", False):
         cmd.append("--no-prompt-cache")
+    if getattr(args, "compile_threads", None) is not None:
+        cmd += ["--compile-threads", str(args.compile_threads)]
     if replicas > 0:
         # Ray on loopback, no usage report; the replicas are CPU ones with --tiny.
         env.update(RAY_ENV)
@@ -188,8 +201,42 @@ async def wait_ready(url: str, proc: subprocess.Popen, limit_sec: float, replica
                         return time.perf_counter() - t0
             except aiohttp.ClientError:
                 pass
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.1)
     raise TimeoutError("server not ready")
+
+
+async def startup_phases(url: str) -> dict[str, float]:
+    """The server's start, phase by phase (``moss_rt_startup_seconds{phase}``, engine/startup.py): ``process`` is
+    process start to engine start (Python, imports, the app), ``ready`` process start to ready; the ``compile: ...``
+    phases ran on threads beside the others."""
+    async with aiohttp.ClientSession() as http:
+        figures = await scrape(http, url)
+    prefix = 'moss_rt_startup_seconds{phase="'
+    return {k[len(prefix) : -2]: round(v, 3) for k, v in figures.items() if k.startswith(prefix)}
+
+
+def clear_caches(args: argparse.Namespace) -> dict[str, Any]:
+    """``--fresh-caches``: remove Triton's kernel caches (the server's, in its data dir, and the default ~/.triton) so
+    the next start compiles every kernel, as a freshly started machine does; ``--drop-page-cache``: also drop the
+    kernel's page cache (root only), so the weights come from the disk. Says what was done."""
+    import shutil
+
+    done: dict[str, Any] = {}
+    if args.fresh_caches:
+        folders = [args.work / "data" / "triton-cache", Path.home() / ".triton" / "cache"]
+        if os.environ.get("TRITON_CACHE_DIR"):
+            folders.append(Path(os.environ["TRITON_CACHE_DIR"]))
+        done["removed"] = [str(f) for f in folders if f.exists()]
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+    if args.drop_page_cache:
+        try:
+            os.sync()
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            done["page_cache_dropped"] = True
+        except OSError as exc:
+            done["page_cache_dropped"] = f"no: {exc}"
+    return done
 
 
 async def wait_graphs(url: str, proc: subprocess.Popen, limit_sec: float) -> float:
@@ -545,6 +592,13 @@ def main() -> None:
     p.add_argument("--cold", action="store_true",
                    help="start the rounds as soon as the server is ready, before its idle-time graph captures "
                         "(what the first users after a restart see); by default wait for them (steady state)")
+    p.add_argument("--fresh-caches", action="store_true",
+                   help="remove Triton's kernel caches first (the server's in WORK/data/triton-cache, ~/.triton): "
+                        "the start compiles every kernel, as on a freshly started machine")
+    p.add_argument("--drop-page-cache", action="store_true",
+                   help="drop the OS page cache first (root only): the weights come from the disk")
+    p.add_argument("--compile-threads", type=int, default=None,
+                   help="the server's --compile-threads (1: nothing compiled ahead; default: the server's)")
     p.add_argument("--server-log", type=Path, default=None)
     p.add_argument("--upstream", type=Path, default=None,
                    help="unmodified upstream moss_tts_local_v1.5 folder: also time its per-frame generate")
@@ -563,6 +617,9 @@ def main() -> None:
     t_all = time.perf_counter()
     model, codec = write_checkpoints(args.work, args.tiny)
     result["checkpoints_sec"] = time.perf_counter() - t_all
+    if args.fresh_caches or args.drop_page_cache:
+        result["caches"] = clear_caches(args)
+        log.info("caches: %s", result["caches"])
     text, instruction = text_for_rows(model, args.prompt_rows)
     start = {
         "type": "start", "text": text, "instruction": instruction, "max_new_tokens": args.frames,
@@ -624,6 +681,12 @@ def serve_and_drive(
                                       codec_overlap=codec_overlap, cluster=local.address if local else "auto"))
             if i == 0:  # the first front end creates the replicas; the others find them
                 result[f"{prefix}server_ready_sec"] = asyncio.run(wait_ready(urls[0], procs[0], 900, replicas))
+                if replicas == 0:
+                    phases = asyncio.run(startup_phases(urls[0]))
+                    result[f"{prefix}startup"] = phases
+                    log.info("%sready in %.1f s after the server was started; its start, phase by phase:\n%s",
+                             prefix, result[f"{prefix}server_ready_sec"],
+                             "\n".join(f"  {v:7.2f} s  {k}" for k, v in phases.items()))
         for url, proc in zip(urls[1:], procs[1:], strict=True):
             asyncio.run(wait_ready(url, proc, 300, replicas))
         if not args.cold:

@@ -115,6 +115,10 @@ class Settings:
         "streams per bulk codec call at most (smaller: a first chunk waits less behind a running call, less "
         "throughput)",
     )
+    # Before ready the Triton kernels of the graphs compile ahead of their captures on this many threads at once
+    # (engine/warm_compile.py): a cold kernel cache made most of a start compiling, one kernel after another.
+    # 1: nothing ahead, every kernel compiles in its capture; 0: one thread per CPU core up to 8 on CUDA, 1 on a CPU.
+    compile_threads: int = setting(0, "threads compiling kernels ahead of the warm-up's captures (0: auto; 1: none)")
     # Word timing (docs/words.md): the aligner behind ``words``, captions and seek by word.
     aligner: str = setting(
         "auto", "word aligner: auto | pocketsphinx | ctc:<hub id or folder> | none (docs/words.md)"

@@ -18,7 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+
+from moss_rt.safetensors_read import TensorEntry, TensorFileError, free_pinned_cache, read_header, read_into
 
 from .config import CodecConfig
 from .model import DEFAULT_DECODE_LEVELS, CodecModel
@@ -80,9 +81,15 @@ def _weight_map(folder: Path) -> dict[str, str]:
         return dict(wm)
     single = folder / SINGLE_FILE
     if single.is_file():
-        with safe_open(str(single), framework="pt") as fh:
-            return {k: SINGLE_FILE for k in fh.keys()}
+        return {k: SINGLE_FILE for k in _read_shard_header(folder, SINGLE_FILE)}
     raise CodecLoadError(f"no {INDEX_FILE} or {SINGLE_FILE} in {folder}")
+
+
+def _read_shard_header(folder: Path, shard: str) -> dict[str, TensorEntry]:
+    try:
+        return read_header(folder / shard)
+    except TensorFileError as exc:
+        raise CodecLoadError(f"cannot read {shard} in {folder}: {exc}") from exc
 
 
 def read_checkpoint_keys(folder: str | os.PathLike[str]) -> list[str]:
@@ -142,37 +149,45 @@ def load_codec(
     if unexpected:
         log.warning("ignoring %d unexpected codec tensors, e.g. %s", len(unexpected), unexpected[:4])
 
-    by_shard: dict[str, list[str]] = defaultdict(list)
-    for src in used:
-        by_shard[wm[src]].append(src)
-    # Shard by shard straight into the parameters on the target device: peak host memory is one shard,
-    # not the whole checkpoint twice. A weight-norm pair may straddle two shards, hence `pending`.
+    # Shard by shard straight into the parameters on the target device, in large pieces through a few reused host
+    # buffers (moss_rt.safetensors_read): peak host memory is those buffers, not the checkpoint. The weight-norm
+    # convs' two halves (small) are read to the host in fp32 and folded there, once both are in (a pair may straddle
+    # two shards), then copied to their parameter.
     model = model.to_empty(device=device)
     params = dict(model.named_parameters())
-    pending = dict(needed)
-    have: dict[str, torch.Tensor] = {}
-    for shard, keys in sorted(by_shard.items()):
-        log.info("reading %d tensors from %s", len(keys), shard)
+    by_shard: dict[str, list[tuple[str, torch.Tensor]]] = defaultdict(list)
+    halves: dict[str, torch.Tensor] = {}
+    headers = {shard: _read_shard_header(folder, shard) for shard in sorted({wm[src] for src in used})}
+    for name, srcs in needed.items():
+        for src in srcs:
+            entry = headers[wm[src]].get(src)
+            if entry is None:  # the index named a shard that does not hold it
+                raise CodecLoadError(f"tensor {src} not found in its shard {wm[src]}")
+            if len(srcs) == 1:
+                if entry.shape != tuple(params[name].shape):
+                    raise CodecLoadError(
+                        f"{name}: checkpoint shape {entry.shape} != expected {tuple(params[name].shape)}"
+                    )
+                by_shard[wm[src]].append((src, params[name]))
+            else:
+                halves[src] = torch.empty(entry.shape, dtype=torch.float32)
+                by_shard[wm[src]].append((src, halves[src]))
+    for shard, requests in sorted(by_shard.items()):
+        log.info("reading %d tensors from %s", len(requests), shard)
         try:
-            with safe_open(str(folder / shard), framework="pt", device="cpu") as fh:
-                for k in keys:
-                    have[k] = fh.get_tensor(k).float()
-        except Exception as exc:  # safetensors raises its own error type for truncated/corrupt files
+            read_into(folder / shard, requests, header=headers[shard])
+        except (TensorFileError, OSError) as exc:
             raise CodecLoadError(f"cannot read {shard} in {folder}: {exc}") from exc
-        for name, srcs in list(pending.items()):
-            if not all(src in have for src in srcs):
-                continue
-            t = fold_weight_norm(have[srcs[0]], have[srcs[1]]).squeeze(-1) if len(srcs) == 2 else have[srcs[0]]
-            p = params[name]
-            if tuple(t.shape) != tuple(p.shape):
-                raise CodecLoadError(f"{name}: checkpoint shape {tuple(t.shape)} != expected {tuple(p.shape)}")
-            with torch.no_grad():
-                p.copy_(t)
-            for src in srcs:
-                del have[src]
-            del pending[name]
-    if pending:  # every source was found in the weight map, so this means a shard lied about its contents
-        raise CodecLoadError(f"tensors not found in their shards: {sorted(pending)[:8]}")
+    for name, srcs in needed.items():
+        if len(srcs) != 2:
+            continue
+        folded = fold_weight_norm(halves[srcs[0]], halves[srcs[1]]).squeeze(-1)
+        p = params[name]
+        if tuple(folded.shape) != tuple(p.shape):
+            raise CodecLoadError(f"{name}: checkpoint shape {tuple(folded.shape)} != expected {tuple(p.shape)}")
+        with torch.no_grad():
+            p.copy_(folded)
+    free_pinned_cache()
     if compute_dtype != torch.float32:
         model.set_compute_dtype(compute_dtype)
     model = model.eval().requires_grad_(False)

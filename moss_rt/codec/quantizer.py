@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moss_rt.meta_init import embedding
+
 from .config import QuantizerSpec
 
 __all__ = ["PointwiseProj", "ResidualLFQ", "fold_weight_norm"]
@@ -51,7 +53,7 @@ class LFQLevel(nn.Module):
         super().__init__()
         self.in_proj = PointwiseProj(rvq_dim, codebook_dim)
         self.out_proj = PointwiseProj(codebook_dim, rvq_dim)
-        self.codebook = nn.Embedding(codebook_size, codebook_dim)
+        self.codebook = embedding(codebook_size, codebook_dim)
 
     @torch.no_grad()
     def quantize(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

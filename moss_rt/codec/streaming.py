@@ -460,6 +460,18 @@ class StreamingDecoder:
                 if (b, t) not in self._graphs:
                     self._capture(b, t)
 
+    @torch.no_grad()
+    def compile_shape(self, B: int, T: int) -> None:
+        """One eager forward of a (B, T) call on the scratch row, as a capture's warm-up runs it (no stream state is
+        touched): the shape's Triton kernels compile ahead of its capture (engine/warm_compile.py runs several such
+        calls on threads at once, before any capture and while nothing else decodes)."""
+        if B > self.max_streams or T > self.max_chunk_frames:
+            raise ValueError(f"shape ({B}, {T}) exceeds max_streams/max_chunk_frames")
+        dev = self.device
+        codes = torch.zeros(B, T, self.num_quantizers, dtype=torch.int64, device=dev)
+        scratch = torch.full((B,), self.max_streams, dtype=torch.int64, device=dev)
+        self._forward(codes, scratch, torch.zeros(B, dtype=torch.int64, device=dev))
+
     def _capture(self, B: int, T: int) -> _Graph:
         if B > self.max_streams or T > self.max_chunk_frames:
             raise ValueError(f"graph ({B}, {T}) exceeds max_streams/max_chunk_frames")

@@ -89,6 +89,18 @@ class CodecBatcher:
     def pending(self) -> list[tuple[int, int]]:
         return [] if not self.graphs else [bt for bt in self.shapes() if bt not in self._warm]
 
+    def ahead_shapes(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Graph shapes not captured yet, whose kernels may compile ahead (``compile_shape``): the first-chunk and
+        full-chunk ones (T in LARGE_T, what ``warm_up(main_only=True)`` captures), then the odd chunk lengths. With
+        or without graphs: eager calls of these shapes compile the same kernels."""
+        missing = [bt for bt in self.shapes() if bt not in self._warm]
+        return [bt for bt in missing if bt[1] in LARGE_T], [bt for bt in missing if bt[1] not in LARGE_T]
+
+    def compile_shape(self, bucket: int, t: int) -> None:
+        """One eager call of graph shape (bucket, t) on the decoder's scratch row, compiling its kernels ahead of its
+        capture (engine/warm_compile.py; before any capture, while nothing else decodes)."""
+        self.decoder.compile_shape(bucket, t)
+
     def capture_next(self, main_only: bool = False) -> bool:
         """Capture the likeliest missing graph (the engine calls this while idle); False: none left (with
         ``main_only``: no first-chunk or full-chunk shape left, T in LARGE_T). Until a shape has its graph, calls

@@ -165,6 +165,12 @@ class EngineMetrics:
             "then their shapes run eagerly or are captured on use, so speed settles once this reaches 0",
             registry=r,
         )
+        self.startup = Gauge(
+            "moss_rt_startup_seconds",
+            "Seconds each phase of the engine's start took (engine/startup.py): process = process start to engine "
+            "start, ready = process start to ready; the 'compile: ...' phases ran on threads beside the others",
+            ["phase"], registry=r,
+        )
         self._window_start = time.monotonic()
         self._window_frames = 0
 

@@ -17,6 +17,7 @@ import dataclasses
 import gc
 import inspect
 import logging
+import os
 import queue
 import threading
 import time
@@ -56,6 +57,8 @@ from moss_rt.engine.resolve import (
 )
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import EngineChannel, Take
+from moss_rt.engine.startup import StartupTimeline, process_age
+from moss_rt.engine.warm_compile import AheadCompiles, TritonCompileLog, codec_chains, compile_threads, model_chains
 from moss_rt.generation import FRAME_RATE, N_CODEBOOKS, SamplingParams
 from moss_rt.protocol import DEFAULT_MODEL_ALIAS, ErrorCode, ProtocolError
 
@@ -126,6 +129,9 @@ class MossEngine(EngineLifecycle):
         self._graphs_done = False  # every CUDA graph captured (or nothing left to try)
         # The prompt blocks kept for later takes, by key: a cluster replica reports them to its routers.
         self.kept_prompts = KeptDigests()
+        self.startup = StartupTimeline(self.metrics.startup)  # the seconds of each phase of the start
+        self._compiles: AheadCompiles | None = None  # kernels compiling ahead of the warm-up's captures
+        self._compile_log: TritonCompileLog | None = None
 
     # ------------------------------------------------------------------ the seam
     @property
@@ -151,6 +157,10 @@ class MossEngine(EngineLifecycle):
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        age = process_age()
+        if age is not None:
+            self.startup.record("process", age)  # Python, the imports, the app: until the engine starts
+        self._use_kernel_cache()
         self._thread = threading.Thread(target=self._run, name="moss-rt-engine", daemon=True)
         self._thread.start()
         await asyncio.wrap_future(self._loaded)
@@ -163,6 +173,27 @@ class MossEngine(EngineLifecycle):
         self._status = EngineStatus.STOPPED
         if self._thread is None or not self._thread.is_alive():
             await asyncio.to_thread(self._release_device_memory)
+
+    def _use_kernel_cache(self) -> None:
+        """Triton's compiled kernels go to ``<data dir>/triton-cache`` unless TRITON_CACHE_DIR says otherwise: a
+        container restarted with its data volume then loads them instead of compiling them again (most of a start on
+        a cold cache). Set before the engine's thread compiles anything; on CUDA only (nothing compiles elsewhere)."""
+        if "TRITON_CACHE_DIR" in os.environ:
+            log.info("Triton kernel cache: %s (TRITON_CACHE_DIR)", os.environ["TRITON_CACHE_DIR"])
+            return
+        try:
+            if placement(self.settings).device.type != "cuda":
+                return
+        except RuntimeError:  # a device or dtype that cannot be used: _load says so, as the start's failure
+            return
+        folder = (self.settings.data_dir / "triton-cache").resolve()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("Triton kernel cache: cannot create %s (%s); using Triton's default", folder, exc)
+            return
+        os.environ["TRITON_CACHE_DIR"] = str(folder)
+        log.info("Triton kernel cache: %s (in the data dir; TRITON_CACHE_DIR overrides)", folder)
 
     def _release_device_memory(self) -> None:
         """Drop the model, codec and their caches once the worker has stopped, so another engine in this
@@ -247,17 +278,24 @@ class MossEngine(EngineLifecycle):
 
     # ------------------------------------------------------------------ worker thread
     def _run(self) -> None:
+        t0 = time.perf_counter()
         try:
             self._load()
             self._warm_up()
         except BaseException as exc:
             log.exception("engine failed to load")
+            self._end_compiles()
             self._stop_codec_worker()
             self._status = EngineStatus.FAILED
             if not self._loaded.done():
                 self._loaded.set_exception(exc)
             return
         self.metrics.graphs_pending.set(self._graphs_pending())
+        self.startup.record("engine", time.perf_counter() - t0)
+        age = process_age()
+        if age is not None:
+            self.startup.record("ready", age)
+        log.info("ready: %s", self.startup.summary())
         self._status = EngineStatus.READY
         if not self._loaded.done():
             self._loaded.set_result(None)
@@ -402,7 +440,18 @@ class MossEngine(EngineLifecycle):
         if self._codec_worker is not None:
             self._codec_worker.close(discard=True)
 
+    def _end_compiles(self, keep_log: bool = False) -> None:
+        """The ahead compiles' threads end (after waiting for them; a start that failed; a harness never warmed up),
+        and unless ``keep_log`` the Triton compile log stops counting."""
+        if self._compiles is not None:
+            self._compiles.close()
+            self._compiles = None
+        if self._compile_log is not None and not keep_log:
+            self._compile_log.remove()
+            self._compile_log = None
+
     def _shutdown(self) -> None:
+        self._end_compiles()
         self._stop_codec_worker()  # first: the takes' codec states are closed below
         if self._scheduler is not None:
             self._drain_inbox(self._scheduler)  # takes admitted at the last moment end too
@@ -420,12 +469,13 @@ class MossEngine(EngineLifecycle):
     def _load(self) -> None:
         from moss_rt.codec import CodecLoadError, load_codec
         from moss_rt.codec.streaming import StreamingDecoder
-        from moss_rt.model.loader import ModelUnavailable, load_model, random_weights_label
+        from moss_rt.model.loader import ModelUnavailable, open_model, random_weights_label
         from moss_rt.model.runner import ModelRunner
 
         s = self.settings
         where = placement(s)
         t0 = time.perf_counter()
+        timeline = self.startup
         if where.device.type == "cuda" and s.gpu_memory_limit_gib > 0:
             index = where.device.index if where.device.index is not None else torch.cuda.current_device()
             total = torch.cuda.get_device_properties(index).total_memory
@@ -434,20 +484,24 @@ class MossEngine(EngineLifecycle):
             log.info("GPU memory limited to %.1f GiB (%.3f of the device) for this process",
                      s.gpu_memory_limit_gib, fraction)
         model_choice = choose_model(s, where.device)
-        try:
-            loaded = load_model(model_choice.source, device=where.device, dtype=where.dtype)
-        except ModelUnavailable as exc:
-            # Only weights that cannot be obtained (offline, download failed) fall back; a checkpoint
-            # that is there but does not load (out of memory, config or tensor mismatch, no tokenizer)
-            # is an error naming the problem: a silent demo would hide it.
-            if s.model.strip() != "auto" or model_choice.demo:
-                raise
-            log.warning("--model auto: cannot obtain %s (%s); falling back to the tiny demo model",
-                        model_choice.source, exc)
-            model_choice = Choice(str(tiny_model_dir(s)), True, "tiny", tiny=True)
-            loaded = load_model(model_choice.source, device=where.device, dtype=where.dtype)
-        params = sum(p.numel() for p in loaded.model.parameters())
-        if loaded.source.demo and not model_choice.demo:  # a random-weight checkpoint given by path
+        # The start's order (issue 24): the model is opened (its memory taken, its weights not read yet), the codec
+        # loaded, the memory plan made (it sees the weights' memory either way), and the codec's kernels start
+        # compiling (warm_compile) while the model's weights are read.
+        with timeline.phase("model opened (source, config, tokenizer, memory)"):
+            try:
+                opened = open_model(model_choice.source, device=where.device, dtype=where.dtype)
+            except ModelUnavailable as exc:
+                # Only weights that cannot be obtained (offline, download failed) fall back; a checkpoint
+                # that is there but does not load (out of memory, config or tensor mismatch, no tokenizer)
+                # is an error naming the problem: a silent demo would hide it.
+                if s.model.strip() != "auto" or model_choice.demo:
+                    raise
+                log.warning("--model auto: cannot obtain %s (%s); falling back to the tiny demo model",
+                            model_choice.source, exc)
+                model_choice = Choice(str(tiny_model_dir(s)), True, "tiny", tiny=True)
+                opened = open_model(model_choice.source, device=where.device, dtype=where.dtype)
+        params = opened.parameters
+        if opened.source.demo and not model_choice.demo:  # a random-weight checkpoint given by path
             model_choice = dataclasses.replace(model_choice, demo=True)
         codec_choice = choose_codec(s, model_choice)
         if where.device.type == "cpu" and params < SMALL_MODEL_PARAMS:
@@ -455,15 +509,19 @@ class MossEngine(EngineLifecycle):
             # (measured 10 ms/frame on one thread vs 250 ms on two of a busy 2-core machine).
             torch.set_num_threads(1)
         voice_cloning = True
-        try:
-            codec = load_codec(codec_choice.source, device=where.device, compute_dtype=where.dtype)
-        except CodecLoadError as exc:
-            # A decode-only codec checkpoint (no encoder weights) still serves speech; uploads cannot be encoded.
-            log.warning("codec %s cannot be loaded with its encoder (%s); loading it decode-only: "
-                        "reference voices cannot be encoded", codec_choice.source, exc)
-            codec = load_codec(codec_choice.source, device=where.device, compute_dtype=where.dtype, decode_only=True)
-            voice_cloning = False
-        plan = self._plan_memory(loaded.config, codec, where.device, where.dtype)
+        with timeline.phase("codec loaded"):
+            try:
+                codec = load_codec(codec_choice.source, device=where.device, compute_dtype=where.dtype)
+            except CodecLoadError as exc:
+                # A decode-only codec checkpoint (no encoder weights) still serves speech; uploads cannot be encoded.
+                log.warning("codec %s cannot be loaded with its encoder (%s); loading it decode-only: "
+                            "reference voices cannot be encoded", codec_choice.source, exc)
+                codec = load_codec(
+                    codec_choice.source, device=where.device, compute_dtype=where.dtype, decode_only=True
+                )
+                voice_cloning = False
+        with timeline.phase("memory plan"):
+            plan = self._plan_memory(opened.config, codec, where.device, where.dtype)
         slots, seq_len = plan.max_slots, plan.max_seq_len
         graphs = where.device.type == "cuda" and "cuda_graphs" in inspect.signature(StreamingDecoder).parameters
         extra: dict[str, Any] = {"cuda_graphs": True} if graphs else {}
@@ -489,18 +547,25 @@ class MossEngine(EngineLifecycle):
         worker.start()
         self._codec_worker = worker
         self.metrics.codec_overlap.set(1 if worker.threaded else 0)
-        runner = ModelRunner(
-            loaded.model,
-            loaded.tokenizer,
-            loaded.config,
-            max_slots=slots,
-            max_seq_len=seq_len,
-            device=where.device,
-            dtype=where.dtype,
-            prefill_max_rows=s.prefill_max_rows,
-            num_blocks=plan.kv_blocks,
-            block_size=plan.block_size,
-        )
+        if where.device.type == "cuda":
+            self._compile_log = TritonCompileLog().install()  # what the start spends compiling, for its log
+        self._compiles = AheadCompiles(where.device, compile_threads(s.compile_threads, where.device))
+        self._compiles.add(codec_chains(batcher))  # nothing decodes before ready: the scratch row is theirs
+        with timeline.phase("model weights read"):
+            loaded = opened.read_weights()
+        with timeline.phase("model runner (slot state, KV pool)"):
+            runner = ModelRunner(
+                loaded.model,
+                loaded.tokenizer,
+                loaded.config,
+                max_slots=slots,
+                max_seq_len=seq_len,
+                device=where.device,
+                dtype=where.dtype,
+                prefill_max_rows=s.prefill_max_rows,
+                num_blocks=plan.kv_blocks,
+                block_size=plan.block_size,
+            )
         self._codec, self._decoder, self._batcher = codec, decoder, batcher
         self._runner = runner
         self._device = where.device
@@ -656,8 +721,9 @@ class MossEngine(EngineLifecycle):
     def _warm_up(self) -> None:
         """Capture step graphs and run one short take through model and codec before ``ready``."""
         t0 = time.perf_counter()
-        runner = self._runner
-        assert runner is not None
+        timeline = self.startup
+        runner, batcher, worker = self._runner, self._batcher, self._codec_worker
+        assert runner is not None and batcher is not None and worker is not None
         # Before ready: the step graph a first take needs, the prefill graphs of a lone line (from position 0 and
         # after a cached opening, prefill_graphs.common_shapes), and the codec's first-chunk and full-chunk graphs of
         # every batch bucket. Those codec captures are the slow ones (each shape compiles Triton kernels of its
@@ -665,22 +731,33 @@ class MossEngine(EngineLifecycle):
         # ran at idle time waited for it (first audio 0.7-2.2 s in the first rounds after ready). The other
         # graphs are captured while the engine is idle, likeliest first (_capture_idle); a step shape met
         # before its turn is captured on first use (0.1-0.3 s), a codec shape runs eagerly until then.
-        runner.warmup(batch_sizes=[1], key_lengths=[runner.key_buckets()[0]])
-        slot = runner.alloc_slot()
-        try:
-            runner.prefill(slot, runner.build_prompt(text="Warm-up.", instruction=""))
-            runner.set_sampling(slot, SamplingParams(), 0)
-            for _ in range(3):
-                runner.step([slot])
-        finally:
-            runner.free_slot(slot)
-        batcher, worker = self._batcher, self._codec_worker
-        assert batcher is not None and worker is not None
-        self._sync()
-        t1 = time.perf_counter()
-        worker.call(lambda: batcher.warm_up(main_only=True))  # the codec only ever runs on its worker
-        if batcher.graphs:
-            log.info("codec graphs captured in %.1f s", time.perf_counter() - t1)
+        # Their kernels compile first, several at once (warm_compile: the codec's have been compiling since the
+        # memory plan); every compile thread has ended before the first capture.
+        compiles = self._compiles
+        if compiles is not None and compiles.enabled:
+            compiles.add(model_chains(runner))
+            with timeline.phase("compile: waited for the ahead compiles"):
+                chains = compiles.wait()
+            for name, seconds in chains.items():
+                timeline.record(f"compile: {name}", seconds)
+            if compiles.started is not None:
+                timeline.record("compile: all, from the plan on", time.perf_counter() - compiles.started)
+        self._end_compiles(keep_log=True)
+        ahead = self._compile_log.mark() if self._compile_log is not None else 0
+        with timeline.phase("model graphs captured (prefill, step)"):
+            runner.warmup(batch_sizes=[1], key_lengths=[runner.key_buckets()[0]])
+        with timeline.phase("warm-up take (prefill, 3 steps)"):
+            slot = runner.alloc_slot()
+            try:
+                runner.prefill(slot, runner.build_prompt(text="Warm-up.", instruction=""))
+                runner.set_sampling(slot, SamplingParams(), 0)
+                for _ in range(3):
+                    runner.step([slot])
+            finally:
+                runner.free_slot(slot)
+            self._sync()
+        with timeline.phase("codec graphs captured"):
+            worker.call(lambda: batcher.warm_up(main_only=True))  # the codec only ever runs on its worker
 
         def first_chunks() -> None:
             state = batcher.decoder.new_state()
@@ -693,7 +770,12 @@ class MossEngine(EngineLifecycle):
             finally:
                 state.close()
 
-        worker.call(first_chunks)
-        self._size_stream_passes()
+        with timeline.phase("codec first chunks"):
+            worker.call(first_chunks)
+        with timeline.phase("prefill passes sized"):
+            self._size_stream_passes()
         log.info("engine warm-up done in %.1f s", time.perf_counter() - t0)
+        if self._compile_log is not None:
+            log.info("start-up: %s", self._compile_log.summary(ahead))
+        self._end_compiles()
         self._report_memory("after warm-up")

@@ -1,9 +1,13 @@
 """Load a MOSS-TTS-Local checkpoint folder (or hub id) into our network.
 
-The model is built on the ``meta`` device and materialised once on the target device;
-tensors are then read one by one from ``model.safetensors`` (safe_open, straight to the
-target device), so host memory never holds a second full copy. Tied heads are single
-tensors in memory: their on-disk copies are only read when the source is missing.
+The model is built on the ``meta`` device and materialised once on the target device; its tensors are then filled
+from ``model.safetensors`` in large pieces through a few reused (pinned) host buffers (``moss_rt.safetensors_read``),
+so host memory never holds a second full copy. Tied heads are single tensors in memory: their on-disk copies are
+only read when the source is missing.
+
+Two steps, so the engine can plan and start other work between them: ``open_model`` resolves the checkpoint, reads
+its config and tokenizer and allocates the network on the device (its memory is taken, its values not read yet);
+``OpenedModel.read_weights`` fills it. ``load_model`` does both.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,7 @@ from moss_rt.model.config import MossTTSConfig
 from moss_rt.model.network import MossTTSLocalModel, build_model
 from moss_rt.model.prompt import load_tokenizer
 from moss_rt.model.tiny import write_tiny_checkpoint
+from moss_rt.safetensors_read import TensorEntry, TensorFileError, free_pinned_cache, read_header, read_into
 
 logger = logging.getLogger(__name__)
 
@@ -160,16 +166,18 @@ def _safetensors_files(folder: Path) -> list[Path]:
 @torch.inference_mode()
 def load_weights(model: MossTTSLocalModel, folder: Path, device: torch.device) -> None:
     """Fill every parameter of ``model`` (already on ``device``) from the folder's safetensors."""
-    from safetensors import safe_open
-
     params = dict(model.state_dict(keep_vars=True))
     tied = model.tied_keys()
     files = _safetensors_files(folder)
+    headers: dict[Path, dict[str, TensorEntry]] = {}
     located: dict[str, Path] = {}
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for key in handle.keys():
-                located[key] = file
+        try:
+            headers[file] = read_header(file)
+        except TensorFileError as exc:
+            raise ModelSourceError(f"cannot read the checkpoint in {folder}: {exc}") from exc
+        for key in headers[file]:
+            located[key] = file
     unexpected = sorted(set(located) - set(params))
     if unexpected:
         raise ModelSourceError(f"checkpoint has tensors the model does not: {unexpected[:8]}")
@@ -185,23 +193,74 @@ def load_weights(model: MossTTSLocalModel, folder: Path, device: torch.device) -
                 raise ModelSourceError(f"checkpoint lacks tensor {key!r}")
             source = alt
         wanted[key] = source
-    target = "cuda" if device.type == "cuda" else "cpu"
-    if device.type == "cuda" and device.index is not None:
-        target = f"cuda:{device.index}"
-    by_file: dict[Path, list[tuple[str, str]]] = {}
+    by_file: dict[Path, list[tuple[str, torch.Tensor]]] = {}
     for key, source in wanted.items():
-        by_file.setdefault(located[source], []).append((key, source))
-    for file, pairs in by_file.items():
-        with safe_open(str(file), framework="pt", device=target) as handle:
-            for key, source in pairs:
-                tensor = handle.get_tensor(source)
-                param = params[key]
-                if tuple(tensor.shape) != tuple(param.shape):
-                    raise ModelSourceError(
-                        f"{source}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}"
-                    )
-                param.copy_(tensor)
-                del tensor
+        entry, param = headers[located[source]][source], params[key]
+        if entry.shape != tuple(param.shape):
+            raise ModelSourceError(
+                f"{source}: checkpoint shape {entry.shape} != model shape {tuple(param.shape)}"
+            )
+        by_file.setdefault(located[source], []).append((source, param))
+    for file, requests in by_file.items():
+        try:
+            read_into(file, requests, header=headers[file])
+        except TensorFileError as exc:
+            raise ModelSourceError(f"cannot read the checkpoint in {folder}: {exc}") from exc
+    free_pinned_cache()
+
+
+@dataclass
+class OpenedModel:
+    """A checkpoint resolved, its config and tokenizer read, its network allocated on ``device`` (values unread)."""
+
+    source: ModelSource
+    config: MossTTSConfig
+    tokenizer: Any
+    model: MossTTSLocalModel
+    device: torch.device
+    dtype: torch.dtype
+    started: float  # time.perf_counter() when opening began
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def read_weights(self) -> LoadedModel:
+        """Fill the network from the checkpoint (every parameter; the memory was taken when it was opened)."""
+        t0 = time.perf_counter()
+        load_weights(self.model, self.source.path, self.device)
+        seconds = time.perf_counter() - self.started
+        logger.info("loaded %s on %s/%s in %.1f s (weights read in %.1f s)", self.source.describe(), self.device,
+                    self.dtype, seconds, time.perf_counter() - t0)
+        if self.source.demo:
+            params = self.parameters
+            logger.warning("MODEL HAS RANDOM WEIGHTS (%s, %.2fB parameters): generated audio is noise",
+                           random_weights_label(params), params / 1e9)
+        return LoadedModel(self.model, self.config, self.tokenizer, self.source, seconds)
+
+
+def open_model(
+    spec: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    cache_dir: str | Path | None = None,
+    offline: bool | None = None,
+    tiny_dir: str | Path | None = None,
+) -> OpenedModel:
+    """Resolve ``spec``, read its config and tokenizer, allocate the network on ``device`` (see the module docstring).
+    Raises what ``load_model`` raises for the source, the config or the tokenizer; the weights are read later."""
+    t0 = time.perf_counter()
+    source = resolve_model_source(str(spec), cache_dir=cache_dir, offline=offline, tiny_dir=tiny_dir)
+    config = MossTTSConfig.from_file(source.path / "config.json")
+    tokenizer = load_tokenizer(source.path)  # before the device memory is taken: a missing one fails at once
+    device = torch.device(device)
+    if isinstance(dtype, str):
+        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}[
+            dtype
+        ]
+    model = build_model(config, device, dtype)
+    return OpenedModel(source, config, tokenizer, model, device, dtype, t0)
 
 
 def load_model(
@@ -213,23 +272,7 @@ def load_model(
     offline: bool | None = None,
     tiny_dir: str | Path | None = None,
 ) -> LoadedModel:
-    import time
-
-    t0 = time.perf_counter()
-    source = resolve_model_source(str(spec), cache_dir=cache_dir, offline=offline, tiny_dir=tiny_dir)
-    config = MossTTSConfig.from_file(source.path / "config.json")
-    device = torch.device(device)
-    if isinstance(dtype, str):
-        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}[
-            dtype
-        ]
-    model = build_model(config, device, dtype)
-    load_weights(model, source.path, device)
-    tokenizer = load_tokenizer(source.path)
-    seconds = time.perf_counter() - t0
-    logger.info("loaded %s on %s/%s in %.1f s", source.describe(), device, dtype, seconds)
-    if source.demo:
-        params = sum(p.numel() for p in model.parameters())
-        logger.warning("MODEL HAS RANDOM WEIGHTS (%s, %.2fB parameters): generated audio is noise",
-                       random_weights_label(params), params / 1e9)
-    return LoadedModel(model, config, tokenizer, source, seconds)
+    """``open_model`` then ``read_weights``: the network on ``device`` with the checkpoint's weights."""
+    return open_model(
+        spec, device=device, dtype=dtype, cache_dir=cache_dir, offline=offline, tiny_dir=tiny_dir
+    ).read_weights()

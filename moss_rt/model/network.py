@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moss_rt.meta_init import embedding
 from moss_rt.model import chunk_attention, fused_layers, fused_local, paged_attention
 from moss_rt.model.config import BackboneConfig, LocalConfig, MossTTSConfig
 from moss_rt.model.fused_weights import fuse_projections, fused_weight
@@ -180,7 +181,7 @@ class Qwen3Backbone(nn.Module):
     def __init__(self, cfg: BackboneConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -349,7 +350,7 @@ class MossTTSLocalModel(nn.Module):
         hidden = config.hidden_size
         self.transformer = Qwen3Backbone(config.backbone)
         self.local_transformer = LocalTransformer(config.local)
-        self.audio_embeddings = nn.ModuleList(nn.Embedding(config.audio_vocab_size, hidden) for _ in range(config.n_vq))
+        self.audio_embeddings = nn.ModuleList(embedding(config.audio_vocab_size, hidden) for _ in range(config.n_vq))
         self.text_lm_head = nn.Linear(hidden, config.backbone.vocab_size, bias=False)
         self.audio_lm_heads = nn.ModuleList(
             nn.Linear(hidden, config.audio_vocab_size, bias=False) for _ in range(config.n_vq)

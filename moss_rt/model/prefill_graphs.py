@@ -276,6 +276,11 @@ class PrefillGraphs:
         if shape not in self._graphs:
             self._graphs[shape] = self._capture(shape)
 
+    def run_padded(self, shape: GraphShape) -> None:
+        """The pass of graph ``shape`` run once, eagerly, from its static inputs with every row padding: it writes
+        only the scratch position (kernels compiled ahead of the capture, engine/warm_compile.py)."""
+        self._pass(self._statics(shape), shape)
+
     def _pass(self, g: _PrefillGraph, shape: GraphShape) -> None:
         # From position 0 the key window is the pass's own rows (causal); after a prefix it is the bucket's keys.
         key_len = shape.rows if shape.from_zero else shape.keys

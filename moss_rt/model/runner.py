@@ -551,6 +551,23 @@ class ModelRunner:
         return True
 
     @torch.inference_mode()
+    def compile_step(self, batch: int, key_len: int) -> None:
+        """Run the step of rows [0, batch) over ``key_len`` keys once, eagerly, every row inactive (they compute into
+        the scratch position: nothing a take reads changes). It compiles the shape's kernels ahead of its capture
+        (engine/warm_compile.py runs several such passes on threads at once). Before serving only: no slot may be
+        allocated, and no step run meanwhile."""
+        if self._allocated.any():
+            raise SlotError("compile_step runs before any slot is allocated")
+        batch, key_len = _bucket(batch, self._batch_buckets()), self._key_bucket(key_len)
+        frame_step(self.model, self.state, self.tables, 0, batch, key_len)
+
+    @torch.inference_mode()
+    def compile_prefill(self, shape: GraphShape) -> None:
+        """Run a prefill graph's pass once, eagerly, every row padding (writes only the scratch position): its
+        kernels compile ahead of its capture (see ``compile_step``)."""
+        self.prefill_graphs.run_padded(shape)
+
+    @torch.inference_mode()
     def warmup(
         self, batch_sizes: list[int] | None = None, key_lengths: list[int] | None = None, prefill: bool = True
     ) -> None:

@@ -156,3 +156,30 @@ def test_pool_is_what_the_memory_plan_counts(tiny_codec: CodecModel) -> None:
         per_stream = stream_state_bytes(codec, 8, dtype)
         assert dec.stream_bytes == per_stream
         assert dec.pool_bytes == 3 * per_stream + scratch_state_bytes(codec, 8, dtype)
+
+
+def test_compile_passes_on_the_scratch_row_change_no_stream(tiny_codec: CodecModel, clip) -> None:
+    """StreamingDecoder.compile_shape (the kernels of a graph shape compiled ahead of its capture, several shapes on
+    threads at once: engine/warm_compile.py) runs on the scratch row only: open streams decode exactly as without."""
+    import threading
+
+    codes, _ = clip
+
+    def run(compile_between: bool) -> list[np.ndarray]:
+        dec = StreamingDecoder(tiny_codec, device="cpu", max_streams=3, max_chunk_frames=8, block_frames=1)
+        a, b = dec.new_state(), dec.new_state()
+        out = []
+        for i in range(0, 40, 8):
+            out += dec.decode([a, b], [codes[i : i + 8], codes[i + 1 : i + 9]])
+            if compile_between:
+                threads = [threading.Thread(target=dec.compile_shape, args=bt) for bt in ((2, 1), (3, 8), (1, 5))]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        a.close()
+        b.close()
+        return out
+
+    plain, with_passes = run(False), run(True)
+    assert all(np.array_equal(x, y) for x, y in zip(plain, with_passes, strict=True))

@@ -123,16 +123,16 @@ def test_auto_falls_back_only_when_the_weights_cannot_be_obtained(
     run(engine.close())
 
     # The weights cannot be obtained (offline): the tiny demo, announced as such.
-    from moss_rt.model import loader  # moss.py imports load_model from here inside _load
+    from moss_rt.model import loader  # moss.py imports open_model from here inside _load
 
-    real_load = loader.load_model
+    real_open = loader.open_model
 
     def offline_then_real(source: str, **kwargs: object):  # type: ignore[no-untyped-def]
         if source == "org/real-model":
             raise ModelUnavailable("cannot get 'org/real-model' from the Hugging Face hub: offline mode")
-        return real_load(source, **kwargs)
+        return real_open(source, **kwargs)
 
-    monkeypatch.setattr(loader, "load_model", offline_then_real)
+    monkeypatch.setattr(loader, "open_model", offline_then_real)
     monkeypatch.setattr(moss_module, "choose_model", lambda s, d: Choice("org/real-model", False, "real"))
     engine = MossEngine(settings)
     try:

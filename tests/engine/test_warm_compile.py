@@ -1,0 +1,125 @@
+"""The engine's start (issue 24) on the CPU: kernels compiled ahead on threads (engine/warm_compile.py) change no take,
+and every phase of the start is timed in the log and in /metrics (engine/startup.py), which bench/engine_bench.py
+prints. On the CPU nothing compiles, but with ``compile_threads`` set the same chains of eager passes run, on threads,
+beside the weights' read: what a CUDA start runs, minus Triton."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from moss_rt.config import Settings
+from moss_rt.engine import moss as moss_module
+from moss_rt.engine.resolve import Placement
+from moss_rt.engine.warm_compile import AheadCompiles, TritonCompileLog
+from tests.engine.harness import drive, engine_settings, loaded_engine, spec
+from tests.engine.helpers import metrics
+from tests.helpers import run
+
+CHAINS = (
+    "compile: codec, chunks of 1 frame(s)", "compile: codec, chunks of 8 frame(s)", "compile: codec, odd chunk lengths",
+    "compile: step of one take", "compile: prefill from position 0", "compile: prefill after a prefix",
+    "compile: steps over longer keys", "compile: batched prefill passes",
+)
+PHASES = (
+    "model opened (source, config, tokenizer, memory)", "codec loaded", "memory plan", "model weights read",
+    "model runner (slot state, KV pool)", "codec graphs captured", "prefill passes sized",
+)
+
+
+def test_compiling_ahead_on_threads_runs_every_chain_and_changes_no_take(tiny_data_dir: Path) -> None:
+    specs = [spec("a", 1, 19, 8), spec("b", 2, 13, 5, text="Another line, said slowly.")]
+    heard: dict[int, dict[str, tuple[np.ndarray, bytes]]] = {}
+    phases: dict[int, dict[str, float]] = {}
+    for threads in (1, 4):
+        settings = engine_settings(tiny_data_dir, overlap=True, compile_threads=threads, max_seq_len=600)
+        with loaded_engine(settings) as engine:
+            phases[threads] = dict(engine.startup.phases)
+            assert engine._compiles is None  # every compile thread ended before the captures
+            driven = drive(engine, specs)
+            heard[threads] = {k: (c.codes, c.pcm) for k, c in driven.channels.items()}
+            for ch in driven.channels.values():
+                assert not ch.problems, ch.problems
+            sample = engine.metrics.registry.get_sample_value
+            assert sample("moss_rt_startup_seconds", {"phase": "model weights read"}) is not None
+    assert set(CHAINS) <= set(phases[4]), sorted(phases[4])
+    assert not any(p.startswith("compile:") for p in phases[1])  # one thread: nothing ahead, as before
+    for threads in (1, 4):
+        assert set(PHASES) <= set(phases[threads])
+    for take_id, (codes, pcm) in heard[1].items():
+        np.testing.assert_array_equal(heard[4][take_id][0], codes)
+        assert heard[4][take_id][1] == pcm
+
+
+def test_a_failed_chain_is_reported_and_the_others_still_count() -> None:
+    compiles = AheadCompiles(torch.device("cpu"), threads=2)
+    done: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("no compiler")
+
+    compiles.add([("broken", [boom]), ("fine", [lambda: done.append("x")])])
+    seconds = compiles.wait()
+    compiles.close()
+    assert set(seconds) == {"fine"} and done == ["x"]
+    assert not AheadCompiles(torch.device("cpu"), threads=1).enabled
+
+
+def test_the_compile_log_counts_through_tritons_hooks_and_gives_them_back() -> None:
+    try:
+        from triton import knobs
+    except Exception:  # noqa: BLE001 - a Triton without knobs: the log counts nothing, and says so
+        assert TritonCompileLog().install().summary() == "no Triton compile"
+        return
+    before = (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook)
+    seen: list[str] = []
+    knobs.runtime.jit_cache_hook = lambda **kw: seen.append("pre")  # someone else's hook: still called
+    try:
+        tally = TritonCompileLog().install()
+        fn = type("Info", (), {"name": "draw"})()
+        assert not knobs.runtime.jit_cache_hook(key=1, fn=fn)  # falsy: Triton goes on compiling
+        knobs.runtime.jit_post_compile_hook(key=1, fn=fn)
+        mark = tally.mark()
+        knobs.runtime.jit_cache_hook(key=2, fn=fn)
+        knobs.runtime.jit_post_compile_hook(key=2, fn=fn)
+        tally.remove()
+        assert seen == ["pre", "pre"] and [n for n, _ in tally.compiles] == ["draw", "draw"]
+        assert "2 Triton kernels" in tally.summary(mark) and "in the captures: 1" in tally.summary(mark)
+        assert knobs.runtime.jit_post_compile_hook is before[1]
+    finally:
+        knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = before
+
+
+def test_the_server_shows_its_start_in_metrics(moss_server) -> None:  # type: ignore[no-untyped-def]
+    srv = moss_server(max_slots=2, max_queue=2)
+    figures = run(metrics(srv))
+    for phase in ("engine", "ready", "model weights read", "codec loaded"):
+        assert figures[f'moss_rt_startup_seconds{{phase="{phase}"}}'] >= 0.0, phase
+    assert figures['moss_rt_startup_seconds{phase="ready"}'] >= figures['moss_rt_startup_seconds{phase="engine"}']
+
+
+def test_on_cuda_triton_keeps_its_kernels_in_the_data_dir_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = moss_module.MossEngine(Settings(data_dir=tmp_path / "data", device="cpu"))
+
+    def on(device: str) -> Callable[[Settings], Placement]:
+        return lambda settings: Placement(torch.device(device), torch.float32)
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", "recorded")  # so the teardown restores whatever was there before
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setattr(moss_module, "placement", on("cpu"))
+    engine._use_kernel_cache()
+    assert "TRITON_CACHE_DIR" not in os.environ  # nothing compiles on a CPU: the environment is left alone
+    monkeypatch.setattr(moss_module, "placement", on("cuda"))
+    engine._use_kernel_cache()
+    folder = tmp_path / "data" / "triton-cache"
+    assert os.environ["TRITON_CACHE_DIR"] == str(folder.resolve()) and folder.is_dir()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    engine._use_kernel_cache()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")  # the user's choice wins

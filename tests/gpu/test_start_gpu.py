@@ -1,0 +1,70 @@
+"""The engine's start on the device (issue 24): weights read through pinned buffers and a copy stream
+(moss_rt/safetensors_read.py) equal safe_open's bit for bit, and kernels compiled ahead on threads
+(engine/warm_compile.py: real Triton compiles, several at once) change no take. The ``cpu`` variants run the same
+bodies (the CPU suite also runs the engine scenario: tests/engine/test_warm_compile.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from moss_rt.codec import load_codec
+from moss_rt.model import load_model
+from moss_rt.model.network import build_model
+from moss_rt.safetensors_read import read_into
+from tests.codec.conftest import TINY_DIR as TINY_CODEC
+from tests.engine.harness import drive, engine_settings, loaded_engine, spec
+from tests.gpu.conftest import DEVICES
+from tests.model.conftest import TINY
+
+
+def _safe_open(path: str, device: str) -> dict[str, torch.Tensor]:
+    with safe_open(path, framework="pt", device=device) as fh:
+        return {name: fh.get_tensor(name) for name in fh.keys()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device", DEVICES)
+def test_model_weights_equal_safe_opens_bit_for_bit(device: str, dtype: torch.dtype) -> None:
+    loaded = load_model(TINY, device=device, dtype=dtype)
+    reference = _safe_open(str(TINY / "model.safetensors"), device)
+    for name, tensor in loaded.model.state_dict().items():
+        assert tensor.device.type == device
+        assert torch.equal(tensor, reference[name].to(dtype)), name
+    # Pieces far smaller than the tensors, on several threads: tensors spanning pieces, conversions on the device.
+    model = build_model(loaded.config, torch.device(device), dtype)
+    params = dict(model.state_dict(keep_vars=True))
+    tied = model.tied_keys()
+    read_into(TINY / "model.safetensors", [(k, p) for k, p in params.items() if k not in tied],
+              chunk_bytes=4099, workers=3)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, reference[name].to(dtype)), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_codec_weights_equal_the_cpu_loads(device: str) -> None:
+    on_device = load_codec(TINY_CODEC, device=device)
+    on_cpu = load_codec(TINY_CODEC, device="cpu")  # safe_open's values, read and folded on the host (codec tests)
+    for (name, a), (_, b) in zip(on_device.state_dict().items(), on_cpu.state_dict().items(), strict=True):
+        assert torch.equal(a.cpu(), b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernels_compiled_ahead_on_threads_change_no_take(tiny_data_dir) -> None:  # type: ignore[no-untyped-def]
+    specs = [spec("a", 1, 19, 8), spec("b", 2, 13, 5, text="Another line, said slowly.")]
+    heard = {}
+    for threads in (1, 6):
+        settings = engine_settings(tiny_data_dir, overlap=True, device="cuda", compile_threads=threads,
+                                   max_seq_len=600)
+        with loaded_engine(settings) as engine:
+            assert engine._runner is not None and engine._runner.use_cuda_graphs
+            phases = engine.startup.phases
+            assert ("compile: step of one take" in phases) == (threads > 1), sorted(phases)
+            driven = drive(engine, specs)
+            heard[threads] = {k: (c.codes, c.pcm) for k, c in driven.channels.items()}
+    for take_id, (codes, pcm) in heard[1].items():
+        np.testing.assert_array_equal(heard[6][take_id][0], codes)
+        assert heard[6][take_id][1] == pcm, take_id
