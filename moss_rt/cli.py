@@ -31,12 +31,6 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.set_defaults(func=run_serve, base=base)
 
 
-def apply_switch_interval(ms: float) -> None:
-    """Python's thread switch interval for the serving process (``--gil-switch-ms``; 0 keeps Python's)."""
-    if ms > 0:
-        sys.setswitchinterval(ms / 1000.0)
-
-
 def run_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
@@ -46,7 +40,6 @@ def run_serve(args: argparse.Namespace) -> int:
 
     settings = settings_from_flags(args, args.base)
     setup_logging(settings.log_level)
-    apply_switch_interval(settings.gil_switch_ms)
     engine = build_engine(settings)
     try:
         app = create_app(settings, engine, exit_on_engine_failure=True)

@@ -118,11 +118,6 @@ class Settings:
     # Before ready the Triton kernels of the graphs compile ahead of their captures on this many threads at once
     # (engine/warm_compile.py): a cold kernel cache made most of a start compiling, one kernel after another.
     # 1: nothing ahead, every kernel compiles in its capture; 0: one thread per CPU core up to 8 on CUDA, 1 on a CPU.
-    # The engine's thread, the codec worker's, the aligner's and the event loop share Python's GIL: a thread that wants
-    # it waits up to this long for the one holding it. Python's 5 ms default let a busy event loop (sockets, a render's
-    # events and storage) hold the engine's launches and admissions for that long each time (a director's first audio
-    # during a render waited for rounds stretched that way).
-    gil_switch_ms: float = setting(1.0, "Python's thread switch interval in ms (0: Python's default, 5 ms)")
     compile_threads: int = setting(0, "threads compiling kernels ahead of the warm-up's captures (0: auto; 1: none)")
     # Word timing (docs/words.md): the aligner behind ``words``, captions and seek by word.
     aligner: str = setting(

@@ -158,18 +158,3 @@ def test_say_writes_words_and_captions(served: str, tmp_path: Path, transport: s
     assert all(a["end"] <= b["start"] for a, b in zip(body["words"], body["words"][1:], strict=False))
     assert srt.read_text().startswith("1\n00:00:") and "Hello from the command line." in srt.read_text()
     assert vtt.read_text().startswith("WEBVTT\n\n00:00:")
-
-
-def test_serve_sets_the_thread_switch_interval() -> None:
-    import sys
-
-    from moss_rt.cli import apply_switch_interval
-
-    before = sys.getswitchinterval()
-    try:
-        apply_switch_interval(1.0)
-        assert sys.getswitchinterval() == pytest.approx(0.001)
-        apply_switch_interval(0)  # 0: left as it is
-        assert sys.getswitchinterval() == pytest.approx(0.001)
-    finally:
-        sys.setswitchinterval(before)
