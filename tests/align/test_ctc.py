@@ -142,3 +142,26 @@ def test_a_device_aligner_gathers_and_a_cpu_one_does_not(checkpoint: Path) -> No
     assert CtcAligner(str(checkpoint), device="cuda").gather_sec > 0
     assert CtcAligner(str(checkpoint), device="cpu").gather_sec == 0
     assert CtcAligner(str(checkpoint), device="cuda", gather_sec=0).gather_sec == 0
+
+
+def test_batches_padded_to_a_few_shapes_give_the_same_emissions(checkpoint: Path) -> None:
+    """On a GPU a batch is padded to a power-of-two rows and a multiple of SHAPE_STEP_SEC samples (cuDNN plans every
+    new convolution shape): the emissions of every audio are those of the unpadded batch, and the shapes a stream of
+    jobs of every length makes are few."""
+    from moss_rt.align.ctc import SHAPE_STEP_SEC, padded_shape
+
+    step = int(SHAPE_STEP_SEC * 16000)
+    assert padded_shape(1, 1, step) == (1, step) and padded_shape(3, step, step) == (4, step)
+    assert padded_shape(5, step + 1, step) == (8, 2 * step) and padded_shape(64, 5 * step, step) == (64, 5 * step)
+    shapes = {padded_shape(rows, samples, step) for rows in range(1, 65) for samples in range(16000, 16000 * 6, 37)}
+    assert len(shapes) <= 7 * 21
+    aligner = CtcAligner(str(checkpoint), device="cpu", max_batch=8)
+    aligner.load()
+    rng = np.random.default_rng(1)
+    batch = [rng.normal(0, 0.1, n).astype(np.float32) for n in (16000, 23456, 9999)]
+    plain = aligner._forward(batch)
+    aligner.pad_shapes = True
+    padded = aligner._forward(batch)
+    for a, b in zip(plain, padded, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-4)
