@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections import deque
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,7 +59,14 @@ from moss_rt.engine.resolve import (
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import EngineChannel, Take
 from moss_rt.engine.startup import StartupTimeline, process_age
-from moss_rt.engine.warm_compile import AheadCompiles, TritonCompileLog, codec_chains, compile_threads, model_chains
+from moss_rt.engine.warm_compile import (
+    AheadCompiles,
+    TritonCompileLog,
+    ahead_marker,
+    codec_chains,
+    compile_threads,
+    model_chains,
+)
 from moss_rt.generation import FRAME_RATE, N_CODEBOOKS, SamplingParams
 from moss_rt.protocol import DEFAULT_MODEL_ALIAS, ErrorCode, ProtocolError
 
@@ -130,6 +138,7 @@ class MossEngine(EngineLifecycle):
         # The prompt blocks kept for later takes, by key: a cluster replica reports them to its routers.
         self.kept_prompts = KeptDigests()
         self.startup = StartupTimeline(self.metrics.startup)  # the seconds of each phase of the start
+        self._ahead_marker: Path | None = None  # the Triton cache's "every kernel compiled" file, to write once warm
         self._compiles: AheadCompiles | None = None  # kernels compiling ahead of the warm-up's captures
         self._compile_log: TritonCompileLog | None = None
 
@@ -549,7 +558,18 @@ class MossEngine(EngineLifecycle):
         self.metrics.codec_overlap.set(1 if worker.threaded else 0)
         if where.device.type == "cuda":
             self._compile_log = TritonCompileLog().install()  # what the start spends compiling, for its log
-        self._compiles = AheadCompiles(where.device, compile_threads(s.compile_threads, where.device))
+        threads = compile_threads(s.compile_threads, where.device)
+        marker = ahead_marker({
+            "device": torch.cuda.get_device_name(where.device) if where.device.type == "cuda" else "cpu",
+            "dtype": str(where.dtype), "model": repr(opened.config), "codec": repr(codec.config),
+            "slots": slots, "seq_len": seq_len,
+        }) if threads > 1 else None  # fmt: skip
+        if marker is not None and marker.exists() and s.compile_threads == 0:
+            log.info("start-up: an earlier start compiled every kernel into this Triton cache (%s): none ahead, the "
+                     "captures load them", marker.name)
+            threads, marker = 1, None
+        self._ahead_marker = marker  # written once this start's warm-up is done
+        self._compiles = AheadCompiles(where.device, threads)
         self._compiles.add(codec_chains(batcher))  # nothing decodes before ready: the scratch row is theirs
         with timeline.phase("model weights read"):
             loaded = opened.read_weights()
@@ -778,4 +798,9 @@ class MossEngine(EngineLifecycle):
         if self._compile_log is not None:
             log.info("start-up: %s", self._compile_log.summary(ahead))
         self._end_compiles()
+        if self._ahead_marker is not None:
+            try:
+                self._ahead_marker.touch()
+            except OSError as exc:  # a read-only cache: the next start compiles ahead again, nothing worse
+                log.warning("could not mark the Triton cache as complete (%s)", exc)
         self._report_memory("after warm-up")
