@@ -21,6 +21,8 @@ says what the start spent compiling and on which kernels.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import threading
@@ -28,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,6 +45,25 @@ log = logging.getLogger(__name__)
 MAX_THREADS = 8  # chains at once: about as many as there are (the step's is the longest)
 
 Chain = tuple[str, list[Callable[[], None]]]
+
+
+def ahead_marker(setup: dict[str, Any]) -> Path | None:
+    """The file saying an earlier start with this ``setup`` (versions, device, model, codec, plan) compiled every kernel
+    ahead into the Triton cache in use: it lies in that cache, so it goes with it (a cleared cache has none). With it,
+    a start skips the ahead compiles: the captures load their kernels from the cache (measured on an H200: the
+    chains' passes cost a warm start 3-4 s for kernels that were all there). None on the CPU (nothing compiles)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import triton
+
+        triton_version = str(triton.__version__)
+    except ImportError:
+        return None
+    cache = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    key = json.dumps({**setup, "torch": torch.__version__, "triton": triton_version}, sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache / f"moss_rt-compiled-{digest}"
 
 
 def compile_threads(setting: int, device: torch.device) -> int:

@@ -60,3 +60,18 @@ def test_idle_captures_take_the_codecs_main_shapes_first() -> None:
     assert kinds[main : main + 3] == ["step"] * 3
     assert kinds[main + 3 :] and set(kinds[main + 3 :]) == {"codec"}  # then the odd chunk lengths
     assert engine._graphs_done and engine.metrics.registry.get_sample_value("moss_rt_graphs_pending") == 0
+
+
+def test_an_idle_capture_waits_for_a_quiet_second() -> None:
+    """Right after ready a capture may start at once; after any work (a take, a job) only once the engine has had
+    nothing to do for IDLE_CAPTURE_QUIET_S, so takes arriving one after another never meet one each time."""
+    from moss_rt.engine.moss import IDLE_CAPTURE_QUIET_S
+
+    engine: Any = object.__new__(MossEngine)
+    engine._busy_at = 0.0
+    start = 1000.0
+    assert engine._idle_capture_due(False, True, start)  # ready, nothing has run yet
+    assert not engine._idle_capture_due(True, True, start)  # a round did work
+    assert not engine._idle_capture_due(False, False, start + 5)  # a take is waiting or running
+    assert not engine._idle_capture_due(False, True, start + 5 + IDLE_CAPTURE_QUIET_S / 2)
+    assert engine._idle_capture_due(False, True, start + 5 + IDLE_CAPTURE_QUIET_S)

@@ -123,3 +123,24 @@ def test_on_cuda_triton_keeps_its_kernels_in_the_data_dir_unless_told_otherwise(
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
     engine._use_kernel_cache()
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")  # the user's choice wins
+
+
+def test_the_ahead_marker_lives_in_the_kernel_cache_and_names_the_setup(tmp_path, monkeypatch) -> None:
+    """A start that compiled every kernel ahead leaves a file in the Triton cache in use, named by its setup (versions,
+    device, model, codec, plan): the same setup finds it (and skips the ahead compiles), another one or a cleared
+    cache does not. None without CUDA: nothing compiles there."""
+    import torch
+
+    from moss_rt.engine.warm_compile import ahead_marker
+
+    setup = {"device": "NVIDIA H200", "model": "cfg", "slots": 212, "seq_len": 1024}
+    assert ahead_marker(setup) is None or torch.cuda.is_available()
+    pytest.importorskip("triton")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    marker = ahead_marker(setup)
+    assert marker is not None and marker.parent == tmp_path / "cache" and marker.name.startswith("moss_rt-compiled-")
+    assert ahead_marker(dict(setup)) == marker
+    assert ahead_marker({**setup, "slots": 213}) != marker
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "other"))
+    assert ahead_marker(setup) == tmp_path / "other" / marker.name
