@@ -58,6 +58,9 @@ PENALTY = 1.1
 FRAME_BYTES = 3840 * 2  # one 80 ms frame of mono int16
 FIRST_INSTRUCTION = "Tired, slow, a little hoarse; pauses between the sentences."
 RETAKE_INSTRUCTION = "Bright and quick, smiling, as if sharing good news with a friend."
+# The engine's account of a take's first audio (its end's timings, moss_rt.engine.scheduler.first_audio_path).
+PATH = ("queue_ms", "prefill_ms", "to_first_frame_ms", "to_codec_ms", "codec_queue_ms", "decode_ms")
+ROUND_PHASES = ("control", "step", "flush", "admit", "prepare", "capture", "jobs")
 
 
 @dataclass
@@ -86,6 +89,7 @@ class Director:
     # (arrival time, frames, stream name) of every PCM frame group
     pcm: list[tuple[float, int, str]] = field(default_factory=list)
     stopped: dict[str, float] = field(default_factory=dict)  # stream name -> when the director stopped it
+    retake_path: dict[str, float] = field(default_factory=dict)  # the retake's end: where its first audio went (ms)
     stray_pcm: int = 0  # PCM frames outside a take (after its end, before the next start)
     ends: list[str] = field(default_factory=list)  # end reasons in order
     error: str | None = None
@@ -191,6 +195,7 @@ async def direct(http: aiohttp.ClientSession, ws_url: str, rec: Director, lines:
                 await sock.send({"type": "cancel"})
                 end = await sock.until("end")
                 rec.cancel_to_end = time.perf_counter() - t_cancel
+                rec.retake_path = {k: float(end[k]) for k in PATH if isinstance(end.get(k), (int, float))}
                 if end.get("reason") != "cancelled":
                     raise RuntimeError(f"the retake ended with {end.get('reason')} instead of cancelled")
             # 4. replay the retake from frame 0
@@ -319,6 +324,9 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
         "cancel_to_end_ms": stat([d.cancel_to_end for d in directors]),
         "new_line_ms": stat([d.new_line_first_audio for d in directors]),
         "rtf_during_retakes": rtf_during(directors),
+        # Where the retakes' first audio went, engine side (p50 / p95 ms of each part).
+        "retake_path_ms": {k: [pct([d.retake_path[k] / 1000.0 for d in ok if k in d.retake_path], q) for q in (50, 95)]
+                           for k in PATH},
         "stray_pcm_frames": sum(d.stray_pcm for d in directors),
         "server": {
             "step_intervals": intervals,
@@ -346,6 +354,13 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
             "codec_call_ms_mean": round(1000.0 * delta("moss_rt_codec_seconds_sum")
                                         / max(1.0, delta("moss_rt_codec_seconds_count")), 2),
             "cancel_dropped_frames": delta("moss_rt_cancel_dropped_frames_total"),
+            # The engine thread's rounds: how many, how many long, and the seconds of each part.
+            "rounds": delta("moss_rt_round_seconds_count"),
+            "rounds_over_60ms": delta("moss_rt_round_seconds_count") - delta('moss_rt_round_seconds_bucket{le="0.06"}'),
+            "rounds_over_120ms": delta("moss_rt_round_seconds_count")
+            - delta('moss_rt_round_seconds_bucket{le="0.12"}'),
+            "round_phase_sec": {ph: round(delta(f'moss_rt_round_phase_seconds_total{{phase="{ph}"}}'), 3)
+                                for ph in ROUND_PHASES},
         },
     }
 
