@@ -430,7 +430,7 @@ class Scheduler:
         take.blocks_promised = need
         take.frames = take.flushed = take.sent = n
         take.codes = list(prefix)
-        take.model_slot = runner.alloc_slot()
+        take.model_slot = runner.alloc_slot(default_sampling=False)  # its own sampling is set below
         take.prompt_rows = rows
         if share:
             assert kept is not None
