@@ -359,8 +359,11 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
             "rounds_over_60ms": delta("moss_rt_round_seconds_count") - delta('moss_rt_round_seconds_bucket{le="0.06"}'),
             "rounds_over_120ms": delta("moss_rt_round_seconds_count")
             - delta('moss_rt_round_seconds_bucket{le="0.12"}'),
-            "round_phase_sec": {ph: round(delta(f'moss_rt_round_phase_seconds_total{{phase="{ph}"}}'), 3)
+            "round_phase_sec": {ph: round(delta(f'moss_rt_round_phase_seconds_sum{{phase="{ph}"}}'), 3)
                                 for ph in ROUND_PHASES},
+            "round_phase_over_40ms": {ph: delta(f'moss_rt_round_phase_seconds_count{{phase="{ph}"}}')
+                                      - delta(f'moss_rt_round_phase_seconds_bucket{{le="0.04",phase="{ph}"}}')
+                                      for ph in ROUND_PHASES},
         },
     }
 

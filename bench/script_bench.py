@@ -209,8 +209,12 @@ def engine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
         "rounds": d("moss_rt_round_seconds_count"),
         "rounds_over_60ms": d("moss_rt_round_seconds_count") - d('moss_rt_round_seconds_bucket{le="0.06"}'),
         "rounds_over_120ms": d("moss_rt_round_seconds_count") - d('moss_rt_round_seconds_bucket{le="0.12"}'),
-        **{f"{phase}_sec": d(f'moss_rt_round_phase_seconds_total{{phase="{phase}"}}')
+        **{f"{phase}_sec": d(f'moss_rt_round_phase_seconds_sum{{phase="{phase}"}}')
            for phase in ("control", "step", "flush", "admit", "prepare", "capture", "jobs")},
+        # Parts over 40 ms: which part makes the long rounds a director arriving waits for.
+        **{f"{phase}_over_40ms": d(f'moss_rt_round_phase_seconds_count{{phase="{phase}"}}')
+           - d(f'moss_rt_round_phase_seconds_bucket{{le="0.04",phase="{phase}"}}')
+           for phase in ("step", "flush", "admit", "prepare", "capture", "jobs")},
     }.items()}
 
 

@@ -73,9 +73,10 @@ class EngineMetrics:
             "moss_rt_round_seconds", "One scheduling round on the engine's thread (cancels, the step, chunks to the "
             "codec, admissions, preparation, captures)", buckets=STEP_BUCKETS, registry=r,
         )
-        self.round_phase_time = Counter(
-            "moss_rt_round_phase_seconds", "Engine-thread time per part of the scheduling rounds",
-            ["phase"], registry=r,
+        self.round_phase_time = Histogram(
+            "moss_rt_round_phase_seconds", "Engine-thread time of each part of a scheduling round that did work "
+            "(control, step, flush, admit, prepare, capture; jobs: renders and encodes between rounds)",
+            ["phase"], buckets=STEP_BUCKETS, registry=r,
         )
         self.step_interval = Histogram(
             "moss_rt_step_interval_seconds",

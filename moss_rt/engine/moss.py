@@ -337,7 +337,7 @@ class MossEngine(EngineLifecycle):
             t_jobs = time.perf_counter()
             if self._run_jobs(streaming=bool(sched.running)):
                 worked = True
-                self.metrics.round_phase_time.labels("jobs").inc(time.perf_counter() - t_jobs)
+                self.metrics.round_phase_time.labels("jobs").observe(time.perf_counter() - t_jobs)
             if self._idle_capture_due(worked, sched.idle, time.monotonic()) and self._capture_idle():
                 continue
             if not worked:

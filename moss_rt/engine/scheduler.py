@@ -430,7 +430,7 @@ class Scheduler:
         take.blocks_promised = need
         take.frames = take.flushed = take.sent = n
         take.codes = list(prefix)
-        take.model_slot = runner.alloc_slot()
+        take.model_slot = runner.alloc_slot(default_sampling=False)  # its own sampling is set below
         take.prompt_rows = rows
         if share:
             assert kept is not None
@@ -1067,19 +1067,22 @@ class Scheduler:
 
 class _PhaseClock:
     """Times one round's parts (metrics: moss_rt_round_phase_seconds, moss_rt_round_seconds): ``lap`` is called
-    with the part's result, once it returned."""
+    with the part's result, once it returned; ``done`` records them (rounds that did work only)."""
 
     def __init__(self, metrics: EngineMetrics) -> None:
         self.metrics = metrics
         self.start = self.last = time.perf_counter()
+        self.laps: list[tuple[str, float]] = []
 
     def lap(self, phase: str, result: bool) -> bool:
         now = time.perf_counter()
-        self.metrics.round_phase_time.labels(phase).inc(now - self.last)
+        self.laps.append((phase, now - self.last))
         self.last = now
         return result
 
     def done(self) -> None:
+        for phase, seconds in self.laps:
+            self.metrics.round_phase_time.labels(phase).observe(seconds)
         self.metrics.round_time.observe(self.last - self.start)
 
 

@@ -158,7 +158,9 @@ class ModelRunner:
         )
 
     # ------------------------------------------------------------------ slots
-    def alloc_slot(self) -> int:
+    def alloc_slot(self, *, default_sampling: bool = True) -> int:
+        """A free slot, empty, with the default sampling unless the caller sets its own right after
+        (``default_sampling=False``: the scheduler's admissions, which cost the engine's thread every device write)."""
         free = np.flatnonzero(~self._allocated)
         if free.size == 0:
             raise SlotError(f"all {self.max_slots} slots are in use")
@@ -166,7 +168,8 @@ class ModelRunner:
         self._allocated[slot] = True
         self._lengths[slot] = 0
         self._sync_length(slot)
-        self.set_sampling(slot, SamplingParams(), 0)
+        if default_sampling:
+            self.set_sampling(slot, SamplingParams(), 0)
         return slot
 
     def free_slot(self, slot: int) -> None:
@@ -411,8 +414,10 @@ class ModelRunner:
         st.text_temperature[slot] = float(params.text_temperature)
         st.text_top_k[slot] = int(params.text_top_k)
         st.text_top_p[slot] = _float32_top_p(params.text_top_p)
-        presence = torch.zeros((self.config.n_vq, self.config.audio_vocab_size), dtype=torch.bool)
-        if history is not None and len(history):
+        if history is None or not len(history):
+            st.presence[slot].zero_()  # on the device: no host buffer, no copy
+        else:
+            presence = torch.zeros((self.config.n_vq, self.config.audio_vocab_size), dtype=torch.bool)
             hist = torch.as_tensor(np.asarray(history), dtype=torch.int64)
             if hist.ndim != 2 or hist.shape[1] != self.config.n_vq:
                 raise ValueError(f"history must be [N,{self.config.n_vq}], got {tuple(hist.shape)}")
@@ -420,7 +425,7 @@ class ModelRunner:
                 col = hist[:, k]
                 col = col[(col >= 0) & (col < self.config.audio_vocab_size)]  # pad codes are not history
                 presence[k, col] = True
-        st.presence[slot] = presence.to(self.device)
+            st.presence[slot] = presence.to(self.device)
         self._frames[slot] = int(frame_index)
 
     # ------------------------------------------------------------------ stepping

@@ -371,5 +371,5 @@ def test_a_round_admits_a_bounded_number_of_script_lines_and_every_director(tiny
             take.channel.cancel()
         rounds.until(lambda: all(t.channel.finished for t in [*lines, *directors]) and not sched.draining)
         for phase in ("control", "step", "flush", "admit", "prepare"):
-            assert _sample(engine, "moss_rt_round_phase_seconds_total", phase=phase) > 0, phase
+            assert _sample(engine, "moss_rt_round_phase_seconds_sum", phase=phase) > 0, phase
         assert _sample(engine, "moss_rt_round_seconds_count") >= 3

@@ -196,6 +196,24 @@ def test_repetition_penalty_uses_the_takes_history(make_runner, prompt):
     assert any(len(set(plain[:, k])) < len(plain) for k in range(12))
 
 
+def test_new_sampling_forgets_the_slots_earlier_history(make_runner, prompt):
+    """A take after one whose history filled the penalty's presence table starts with an empty one (the slot's table
+    is cleared on the device when no history is given), whether its slot came with default sampling or not."""
+    runner = make_runner(max_slots=1)
+    slot = runner.alloc_slot()
+    history = np.arange(24, dtype=np.int64).reshape(2, 12) + 3
+    runner.set_sampling(slot, SamplingParams(), seed=0, history=history)
+    assert int(runner.state.presence[slot].sum()) == 24
+    runner.set_sampling(slot, SamplingParams(), seed=0)
+    assert not bool(runner.state.presence[slot].any())
+    runner.set_sampling(slot, SamplingParams(), seed=0, history=history)
+    runner.free_slot(slot)
+    again = runner.alloc_slot(default_sampling=False)
+    assert again == slot and int(runner.state.presence[slot].sum()) == 24  # not touched: the caller sets it next
+    runner.set_sampling(again, SamplingParams(), seed=1)
+    assert not bool(runner.state.presence[slot].any())
+
+
 def test_sampling_parameter_validation(make_runner):
     runner = make_runner(max_slots=1)
     slot = runner.alloc_slot()
