@@ -12,7 +12,8 @@ writes full-size random-weight checkpoints in the real layout (as bench/engine_b
    ``--line-frames`` frames a line on average (default 56: 200 lines ≈ 15 minutes of audio), posted to
    ``POST /api/scripts`` and followed on its event stream: wall time from the post to its ``done`` event, and the
    audio's real-time factor;
-3. ``render_with_directors``: the same script again (new seeds) while the same directors go on working: the render's
+3. ``render_with_directors``: the same script again (new seeds; ``--render-rounds`` times, the directors' takes inside
+   every render pooled) while the same directors go on working: the render's
    wall time, and the directors' first audio while it ran.
 
 It prints one JSON object, with ``targets``: the render with directors within ``--target-render-sec`` (10 s) and
@@ -299,6 +300,8 @@ def main() -> None:
     p.add_argument("--target-render-sec", type=float, default=10.0)
     p.add_argument("--target-ratio", type=float, default=1.5)
     p.add_argument("--cold", action="store_true", help="do not wait for the idle-time graph captures")
+    p.add_argument("--render-rounds", type=int, default=1,
+                   help="renders with the directors, one after another (their takes pooled for the p95)")
     p.add_argument("--aligner", default="auto", help="the server's --aligner (none: lines end without their words)")
     args = p.parse_args()
     if args.tiny:
@@ -336,11 +339,20 @@ def main() -> None:
         result["render_alone"] = {k: v for k, v in solo.items() if k not in ("t0", "t_end")}
         result["render_alone"]["engine"] = engine_delta(was, was := asyncio.run(counters(url)))
         save(result, args.out)
-        both, crew = asyncio.run(render_with_directors(url, make_script(args.lines, args.line_frames, 2), lines,
-                                                       instruction, args.director_frames))  # fmt: skip
+        # The render with the directors, --render-rounds times (new seeds each): the directors' takes inside every
+        # render are pooled, so the p95 rests on more than the ~27 takes one 6 s render holds.
+        renders: list[dict[str, Any]] = []
+        inside: list[dict[str, Any]] = []
+        for n in range(max(1, args.render_rounds)):
+            both, crew = asyncio.run(render_with_directors(url, make_script(args.lines, args.line_frames, 2 + n),
+                                                           lines, instruction, args.director_frames))  # fmt: skip
+            renders.append(both)
+            inside += [t for t in crew if both["t0"] <= t["t"] <= both["t_end"]]
+        both = max(renders, key=lambda r: r["wall_sec"])  # the slowest render is the one held to the target
         result["render_with_directors"] = {k: v for k, v in both.items() if k not in ("t0", "t_end")}
+        result["render_with_directors"]["walls_sec"] = [r["wall_sec"] for r in renders]
         result["render_with_directors"]["engine"] = engine_delta(was, asyncio.run(counters(url)))
-        result["directors_during_render"] = first_audio(crew, both["t0"], both["t_end"])
+        result["directors_during_render"] = first_audio(inside)
         base = result["directors_alone"]["p95_ms"]
         during = result["directors_during_render"]["p95_ms"]
         ratio = during / base if base and base == base and during == during else None
