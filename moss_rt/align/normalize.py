@@ -25,7 +25,9 @@ _CHUNK = re.compile(r"\S+")
 # Inside a chunk: dashes, slashes and ellipses separate words ("wait...what", "yes—no", "and/or").
 _SEPARATORS = re.compile(r"(?:—|–|--+|/|…|\.\.\.+)")
 # One ideograph or kana is one word (these scripts put no spaces between words).
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_CJK = re.compile(f"[{_CJK_RANGES}]")
+_CJK_OR_WORD = re.compile(f"[{_CJK_RANGES}]|[^\\W_{_CJK_RANGES}]+")
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'"})
 _CURRENCY = {"$": ("dollar", "dollars"), "£": ("pound", "pounds"), "€": ("euro", "euros"), "¥": ("yen", "yen")}
 _SYMBOL_WORDS = {"&": ("and",), "+": ("plus",), "%": ("percent",), "@": ("at",)}
@@ -97,7 +99,9 @@ def _piece_tokens(piece: str, at: int) -> list[Token]:
         return []
     if _CJK.search(piece):
         out = []
-        for m in re.finditer(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\W_]+", piece):
+        # One CJK character, or a run of other word characters (never holding a CJK one: each run is a word of
+        # its own, so the recursion below always gets a piece without CJK and ends).
+        for m in _CJK_OR_WORD.finditer(piece):
             out += _piece_tokens(m.group(), at + m.start()) if not _CJK.fullmatch(m.group()) else [
                 Token(m.group(), m.group(), (m.group(),), at + m.start(), at + m.end())
             ]

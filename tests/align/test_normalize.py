@@ -76,3 +76,12 @@ def test_scripts_without_spaces_are_one_word_per_character() -> None:
 def test_separators_split_words() -> None:
     assert words("yes—no and/or wait...what") == ["yes", "no", "and", "or", "wait", "what"]
     assert [t.spoken for t in tokenize("rock & roll")][1] == ("and",)
+
+
+def test_latin_letters_against_ideographs_are_words_of_their_own() -> None:
+    """A run of Latin letters touching ideographs ("a漢b", as a fuzzer sent to POST /api/align) is split into words,
+    not handed back to itself forever (a RecursionError, a 500)."""
+    assert [(t.word, t.start, t.end) for t in tokenize("a漢b ok 東京tower")] == [
+        ("a", 0, 1), ("漢", 1, 2), ("b", 2, 3), ("ok", 4, 6), ("東", 7, 8), ("京", 8, 9), ("tower", 9, 14),
+    ]
+    assert len(tokenize("x" + "漢y" * 3000)) == 6001
