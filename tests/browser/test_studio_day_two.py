@@ -546,9 +546,10 @@ def test_durations_are_asked_and_shown_in_seconds(studio: Studio) -> None:
     assert take["request"]["tokens"] == 20 and take["samples"] == 20 * FRAME
     assert pg.locator("#mFrames").inner_text() == "1.60 s"
     pg.evaluate("window.studio.setCursorFrame(5); window.studio.setRegion(2, 6)")
+    # The playhead's label is written when the next frame is drawn (requestAnimationFrame): wait for it.
+    pg.wait_for_function("document.getElementById('edPos').textContent.startsWith('0.40 s')")
     for selector in ("#edPos", "#regionPos", "#edSub", "#mFramesS"):
         assert "frame" not in pg.locator(selector).inner_text(), selector
-    assert pg.locator("#edPos").inner_text().startswith("0.40 s")
     # Frames only in the advanced view.
     s.press("label.show-frames")
     assert pg.locator("#showFrames").is_checked()
