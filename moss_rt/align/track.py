@@ -224,8 +224,10 @@ class WordTrack:
         self, tokens: tuple[Token, ...], end: float, *, fixed_end: bool, final: bool, chars: int
     ) -> tuple[AlignJob, Pending]:
         self._last_job_edge = end
-        if not fixed_end:
-            # A free end reaches only the words said in the audio: no more are handed over than it could hold.
+        if not fixed_end and not final:
+            # A free end reaches only the words said in the audio: no more are handed over than it could hold. Not
+            # the take's last job: it says which words were said at all (those it does not get, never were), and
+            # after streaming jobs settled the rest its audio may be a fraction of a second holding several.
             budget = SAID_CHARS_PER_SEC * (end - self._anchor)
             keep, weight = 1, _weight(tokens[0])
             while keep < len(tokens) and weight + _weight(tokens[keep]) <= budget:

@@ -185,6 +185,10 @@ def test_a_free_end_job_gets_no_more_words_than_its_audio_can_hold() -> None:
     assert sum(len(w) + 1 for w in job.words[:-1]) <= SAID_CHARS_PER_SEC * 1.0
     final, _ = track.next_job(final=True, complete=True)
     assert len(final.words) == 150  # a fixed end gets them all
+    cut_short = WordTrack(TEXT, sample_rate=RATE, input_rate=RATE)
+    cut_short.add_audio(_voiced(0.3))
+    last, _ = cut_short.next_job(final=True, complete=False)
+    assert last.free_end and len(last.words) == 150  # the take's last job decides which were said: all go in
 
 
 def test_batches_are_split_by_length_only_where_padding_costs_more_than_a_call() -> None:
