@@ -243,7 +243,9 @@ def test_a_first_chunk_runs_ahead_of_queued_bulk_calls(tiny_data_dir: Path, monk
         release.set()
         a.channel.paused = False  # type: ignore[misc]
         rounds.until(lambda: b.channel.finished)
-        assert order[:2] == [("b",), ("a",)], order
+        # b's first chunk comes next, ahead of a's bulk call queued before it (b's next ramp chunks, priority too, may
+        # also pass that bulk call if they are handed over before the worker takes its next call).
+        assert order[0] == ("b",) and ("a",) in order, order
         a.channel.cancel()
         rounds.until(lambda: a.channel.finished and not sched.draining)
         assert not a.channel.problems and not b.channel.problems  # type: ignore[attr-defined]
