@@ -221,26 +221,12 @@ class PrefillGraphs:
         """Prefill ``rows`` [T, channels] at positions start..start+T-1 of ``slot`` through a graph; False (nothing
         done) when no captured graph fits them. The slot's blocks for those positions must already be writable and
         pushed (the runner's prefill_batch), and positions 0..start-1 hold the slot's prefix."""
-        n = int(rows.shape[0])
-        shape = self.shape_for(n, int(start))
-        g = self._graphs.get(shape) if shape is not None else None
-        if g is None:
-            return False
-        g.rows.zero_()
-        g.rows[0, :n].copy_(rows)
-        g.slots.fill_(slot)
-        g.starts.fill_(int(start))
-        g.counts.fill_(n)
-        g.graph.replay()
-        self.replays += 1
-        return True
+        return self.run_pass([(slot, rows, start)])
 
     def run_pass(self, pieces: list[tuple[int, torch.Tensor, int]]) -> bool:
         """Prefill (slot, rows [T, channels], start) pieces of distinct slots in one pass through a graph; False
-        (nothing done) when no captured graph holds them. As :meth:`run`: blocks writable and pushed, prefixes held."""
-        if len(pieces) == 1:
-            slot, rows, start = pieces[0]
-            return self.run(slot, rows, start)
+        (nothing done) when no captured graph holds them (a lone piece's graph, or a batched one: shape_for_pass). As
+        :meth:`run`: blocks writable and pushed, prefixes held."""
         widths = [int(rows.shape[0]) for _, rows, _ in pieces]
         starts = [int(start) for _, _, start in pieces]
         shape = self.shape_for_pass(widths, starts)
