@@ -215,3 +215,15 @@ def stereo_take(pg: Any, n: int, seed: int, frames: int) -> dict[str, Any]:
     wait_take_ended(pg, n)
     wait_playback_drained(pg)
     return takes(pg)[n - 1]
+
+
+def retake_region_keeping_tail(pg: Any, seed: int) -> None:
+    """Retake the selected region with a fixed ``seed``, keeping the take's old tail (a splice); wait until the
+    splice is loaded and heard out."""
+    pg.click("#retakeOptsBtn")
+    pg.select_option("#rtSeedMode", "fixed")
+    pg.fill("#rtSeed", str(seed))
+    pg.check("#keepTail")
+    pg.click("#retakeRegionBtn")
+    pg.wait_for_function("window.studio.takes().some((t) => t.kind === 'splice' && t.loaded)", timeout=20_000)
+    wait_playback_drained(pg)

@@ -17,13 +17,13 @@ import pytest
 from tests.browser.helpers import (
     FRAME,
     SR,
+    retake_region_keeping_tail,
     run_server,
     seed_marker,
     shot,
     stats,
     stereo_take,
     takes,
-    wait_playback_drained,
 )
 from tests.conftest import sine_wav
 
@@ -136,13 +136,7 @@ def test_retake_a_region_and_bring_the_old_tail_back(page: Any) -> None:
     pg = page
     first = stereo_take(pg, 1, seed=7, frames=40)
     pg.evaluate("window.studio.setRegion(10, 20)")
-    pg.click("#retakeOptsBtn")
-    pg.select_option("#rtSeedMode", "fixed")
-    pg.fill("#rtSeed", "99")
-    pg.check("#keepTail")
-    pg.click("#retakeRegionBtn")
-    pg.wait_for_function("window.studio.takes().some((t) => t.kind === 'splice' && t.loaded)", timeout=20_000)
-    wait_playback_drained(pg)
+    retake_region_keeping_tail(pg, 99)
     spliced = next(t for t in takes(pg) if t["kind"] == "splice")
     assert spliced["stored"] and not spliced["local"] and not spliced["hasCodes"] and spliced["crossfade"] == 480
     assert spliced["samples"] == first["samples"]

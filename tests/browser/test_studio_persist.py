@@ -22,6 +22,7 @@ import pytest
 
 from tests.browser.helpers import (
     FRAME,
+    retake_region_keeping_tail,
     run_server,
     seed_marker,
     set_param,
@@ -72,13 +73,7 @@ def test_a_kept_tail_splice_and_a_named_comp_survive_a_reload_a_restart_and_an_a
             two = stereo_take(pg, 2, seed=8, frames=24)
             # Fix one word: retake frames 10-20 of Take 1 with a new seed, keeping its old tail.
             pg.evaluate(f"window.studio.select('{one['key']}'); window.studio.setRegion(10, 20)")
-            pg.click("#retakeOptsBtn")
-            pg.select_option("#rtSeedMode", "fixed")
-            pg.fill("#rtSeed", "99")
-            pg.check("#keepTail")
-            pg.click("#retakeRegionBtn")
-            pg.wait_for_function("window.studio.takes().some((t) => t.kind === 'splice' && t.loaded)", timeout=20_000)
-            wait_playback_drained(pg)
+            retake_region_keeping_tail(pg, 99)
             # A comp of Take 1's frames 5-12 and Take 2's frames 20-24, named by the director.
             pg.evaluate(f"window.studio.select('{one['key']}'); window.studio.setRegion(5, 12)")
             pg.click("#compAdd")
