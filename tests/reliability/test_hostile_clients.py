@@ -198,16 +198,22 @@ def test_allowed_hosts_and_an_api_key_let_other_names_in(fast_server) -> None:
 def test_a_stalled_body_is_refused_and_its_connection_closed(fast_server) -> None:
     srv = fast_server(body_stall_timeout_sec=1.0)
     port = port_of(srv.url)
-    for path, length in [("/api/stream", 100_000), ("/api/upload_ref?ext=wav", 1_000_000)]:
-        sock = raw_http(
+    paths = [("/api/stream", 100_000), ("/api/upload_ref?ext=wav", 1_000_000)]
+    # Both bodies stall at once, so aiohttp's linger after each 408 (below) is waited for once, not twice.
+    socks = [
+        raw_http(
             port,
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {length}\r\n\r\nRIFF",
             timeout=15,
         )
+        for path, length in paths
+    ]
+    for (path, _), sock in zip(paths, socks, strict=True):
         status, _ = read_head(sock)
         assert status == 408, path
+    for (path, _), sock in zip(paths, socks, strict=True):
         # aiohttp lingers up to 10 s for the rest of an unread body, then closes.
-        assert drain(sock, 20)[1], "the connection stays open after the timeout"
+        assert drain(sock, 20)[1], f"the connection stays open after the timeout ({path})"
         sock.close()
 
 
