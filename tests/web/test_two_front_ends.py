@@ -41,11 +41,18 @@ def _takes(jar: OwnerJar, server: RunningServer, sid: str, count: int) -> list[d
         time.sleep(0.05)
 
 
+@pytest.fixture
+def store_url(backend: str, request: pytest.FixtureRequest) -> str:
+    """The PostgreSQL database of the ``postgresql`` run ("" for SQLite). Asked for before ``make_server``, so the
+    database is dropped after the front ends stopped: dropped first, their closing would wait for it (seconds)."""
+    return str(request.getfixturevalue("postgres_url")) if backend == "postgresql" else ""
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_session_written_through_one_front_end_is_resumed_through_the_other(
-    make_server: Any, tmp_path: Path, backend: str, request: pytest.FixtureRequest
+    store_url: str, make_server: Any, tmp_path: Path, backend: str
 ) -> None:
-    url = request.getfixturevalue("postgres_url") if backend == "postgresql" else ""
+    url = store_url
     a, b = _front_ends(make_server, tmp_path, backend, url)
     jar = OwnerJar()  # one director, whose requests the balancer sends to either front end
 
