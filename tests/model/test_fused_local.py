@@ -18,7 +18,7 @@ from torch import nn
 from moss_rt.model.config import LocalConfig
 from moss_rt.model.layers import grouped_attention, rope_tables_interleaved, rotate_interleaved
 from tests.kernels import HAS_TRITON, kernel_switch, needs_interpreter, run_interpreted
-from tests.model.test_fused_layers import _rel, model_errors, model_run
+from tests.model.test_fused_layers import FRAMES, _rel, model_errors, model_run
 
 N_VQ = 12
 
@@ -101,15 +101,16 @@ def kernel_errors(device: str, dtype: torch.dtype, dims: tuple[int, ...] = (16, 
     return errors
 
 
-def local_model_errors(device: str, fused_mode: str, **options: object) -> float:
-    """The tiny checkpoint's prefill + greedy frames with the fused local step vs the torch one (backbone: torch)."""
+def local_model_errors(device: str, fused_mode: str, frames: int = FRAMES, **options: object) -> float:
+    """The tiny checkpoint's prefill + ``frames`` greedy frames with the fused local step vs the torch one (backbone:
+    torch). Every frame runs the local step through all n_vq positions: a few frames exercise all of it."""
     from moss_rt.model import fused_local
 
     with kernel_switch("MOSS_RT_FUSED_LOCAL", fused_mode):
         assert fused_local.available(torch.zeros(1, device=device))
-        fused = model_run(device, "0", **options)
+        fused = model_run(device, "0", frames, **options)
     with kernel_switch("MOSS_RT_FUSED_LOCAL", "0"):
-        plain = model_run(device, "0", use_cuda_graphs=False) if device == "cuda" else model_run(device, "0")
+        plain = model_run(device, "0", frames, **({"use_cuda_graphs": False} if device == "cuda" else {}))
     return model_errors(fused, plain)
 
 
@@ -139,7 +140,7 @@ f32 = kernel_errors("cpu", torch.float32)
 bf16 = kernel_errors("cpu", torch.bfloat16, dims=(80,))
 assert max(f32.values()) < 1e-5, f32
 assert max(bf16.values()) < 6e-2, bf16  # the interpreter rounds bf16 casts toward zero: a few ulp compound
-err = local_model_errors("cpu", "interpret")
+err = local_model_errors("cpu", "interpret", frames=8)  # every frame steps all 12 positions (24 on CUDA)
 assert err < 1e-5, err
 print("ok", f32, bf16, err)
 """
