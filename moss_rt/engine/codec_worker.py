@@ -33,7 +33,7 @@ have a bound of their own, so a director's first chunk never waits for room behi
 *parked* behind the lane, with its sequence numbers given at once (``done``, ``withdraw`` and ``drain`` see it like
 a queued call), and joins the lane, oldest first, as soon as the lane has room. The lane's bound holds for what is
 queued or running; what is parked is the producer's to bound (``parked``: the scheduler holds its next model step
-back instead of parking more, scheduler_flow). Parked hand-overs join the lanes strictly in the order they were
+back instead of parking more: engine/codec_flow.py). Parked hand-overs join the lanes strictly in the order they were
 given, and a blocking hand-over or a ``call`` never overtakes a parked one touching the same streams (a ``call``
 waits until nothing is parked), so every stream's calls still run in the order they were given.
 

@@ -14,14 +14,16 @@ One :meth:`Scheduler.iterate` is one scheduling round. It serves, in this order 
    worker (decoded, converted to int16 and pushed to their channels on the worker's thread, overlapped with the next
    model steps; see codec_worker): interactive takes' first chunks (their ramp) in the worker's priority lane, the
    rest in bulk calls of at most ``codec_call_streams`` streams, so a director's first chunk waits for at most one
-   short call;
+   short call. A round never waits for the bulk lane: a hand-over that finds it full is parked behind it, and while
+   one is parked the next step that would add one is held back (codec_flow; the round goes on with the rest);
 3. **interactive admissions and their preparation**: waiting takes get slots while slots are free (retakes,
    continuations and barge-in starts first, then new takes, then batch work); preparing takes advance their prompt
    prefill and codec state. Prompt rows kept from earlier takes (prompt_cache) are shared, not prefilled, and a take
    waits for rows another take is computing; the next prompt chunks of all the others go through the backbone in ONE
    batched prefill pass (at most ``prefill_max_rows`` padded rows; while takes stream, one pass per round of at most
    ``stream_rows``, sized to the budget at warm-up (prefill_pace), so a burst of arrivals goes in as chunks
-   interleaved with frames and never holds a running stream for more than about one frame). A retake's codec state
+   interleaved with frames and never holds a running stream for more than about one frame; while interactive takes
+   are about, cut further to what one prefill graph holds). A retake's codec state
    continues from its parent's kept blocks (nothing decoded) where they still hold what its branch frame needs;
    otherwise the kept frames are decoded again, every rebuilding take's next chunk in batched codec calls each round
    (an interactive take's in the priority lane), handed to the codec worker without waiting for them (the take's
