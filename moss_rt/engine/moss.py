@@ -59,7 +59,7 @@ from moss_rt.engine.resolve import (
 )
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import EngineChannel, Take
-from moss_rt.engine.startup import StartupTimeline, process_age
+from moss_rt.engine.startup import StartupTimeline, process_age, warm_cuda
 from moss_rt.engine.warm_compile import (
     AheadCompiles,
     TritonCompileLog,
@@ -172,14 +172,23 @@ class MossEngine(EngineLifecycle):
         s = self._scheduler
         return 0 if s is None else len(s.waiting) + self._inbox.qsize()
 
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+    def begin_loading(self) -> None:
+        """Start loading now, on the engine's thread, before the event loop runs (``serve`` calls this as soon as the
+        engine is built, so the model loads while the web app is imported and built and the session store opens);
+        ``start`` then only waits. Idempotent; ``start`` calls it where nobody did."""
+        if self._thread is not None:
+            return
         age = process_age()
         if age is not None:
-            self.startup.record("process", age)  # Python, the imports, the app: until the engine starts
+            self.startup.record("process", age)  # Python, the imports: until the engine starts
         self._use_kernel_cache()
+        warm_cuda(self.settings)  # the CUDA context comes up while the engine's thread imports the model's code
         self._thread = threading.Thread(target=self._run, name="moss-rt-engine", daemon=True)
         self._thread.start()
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.begin_loading()
         await asyncio.wrap_future(self._loaded)
 
     async def close(self) -> None:
