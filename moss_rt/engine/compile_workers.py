@@ -240,13 +240,18 @@ class CompileWorkers:
             self._succeeded += 1
         return True
 
-    def summary(self) -> str:
+    def counts(self) -> tuple[int, int, float]:
+        """Kernels compiled in the workers, kernels they could not compile (compiled here), the workers' seconds."""
         with self._lock:
             futures = list(self._jobs.values())
             failed = len(self._failed)
         done = [f.result() for f in futures if f.done() and not f.cancelled() and f.exception() is None]
-        return (f"{len(done)} Triton kernels compiled in {self.workers} worker processes "
-                f"({sum(done):.1f} s of compile time over all workers), {failed} compiled here instead")
+        return len(done), failed, sum(done)
+
+    def summary(self) -> str:
+        done, failed, seconds = self.counts()
+        return (f"{done} Triton kernels compiled in {self.workers} worker processes "
+                f"({seconds:.1f} s of compile time over all workers), {failed} compiled here instead")
 
     def close(self) -> None:
         """End the workers (a compile running in one is abandoned; its thread here compiles the kernel itself) and

@@ -149,6 +149,8 @@ class MossEngine(EngineLifecycle):
         self._compiles: AheadCompiles | None = None  # kernels compiling ahead of the warm-up's captures
         self._compile_log: TritonCompileLog | None = None
         self._compile_workers: CompileWorkers | None = None  # processes compiling the kernels the chains meet
+        # What the workers did, once they ended: (compiled there, compiled here instead, their seconds).
+        self.compile_workers_counts: tuple[int, int, float] | None = None
 
     # ------------------------------------------------------------------ the seam
     @property
@@ -503,6 +505,7 @@ class MossEngine(EngineLifecycle):
             self._compile_log = None
         if self._compile_workers is not None:
             log.info("start-up: %s", self._compile_workers.summary())
+            self.compile_workers_counts = self._compile_workers.counts()
             self._compile_workers.close()
             self._compile_workers = None
 
