@@ -56,10 +56,18 @@ class KernelJob:
     module: str  # the kernel's module (``fn.__module__``)
     qualname: str  # its qualified name; ``factory.<locals>.kernel`` for a kernel a zero-argument factory builds
     specialization: str  # Triton's serialized specialization data (what ``JITFunction.preload`` reads)
+    # The GPU to compile for (``GPUTarget``'s backend, arch, warp size): the one of the thread that met the kernel.
+    # Triton 3.9 also writes it into the specialization data; Triton 3.6 does not (its ``preload`` takes the target
+    # from the active driver), so the hook carries it here for both.
+    target: tuple[str, int | str, int] | None = None
 
     @property
     def name(self) -> str:
         return self.qualname.rsplit(".", 1)[-1]
+
+    @property
+    def key(self) -> tuple[Any, str]:
+        return self.target, self.specialization
 
 
 # --------------------------------------------------------------------------- in the worker processes
@@ -124,8 +132,11 @@ def compile_kernel(job: KernelJob) -> float:
     from triton.runtime.driver import driver
 
     t0 = time.perf_counter()
-    target = json.loads(job.specialization)["target"]
-    driver.set_active(TargetOnlyDriver(GPUTarget(target["backend"], target["arch"], target["warp_size"])))
+    target = job.target or _target_in(job.specialization)
+    if target is None:
+        raise LookupError(f"no GPU target for {job.qualname}: neither the job nor Triton's specialization data names "
+                          "one")
+    driver.set_active(TargetOnlyDriver(GPUTarget(*target)))
     resolve_kernel(job.module, job.qualname).preload(job.specialization)
     return time.perf_counter() - t0
 
@@ -158,7 +169,8 @@ class CompileWorkers:
         self._compile_fn = compile_fn
         self._pool: Executor | None = None
         self._lock = threading.Lock()
-        self._jobs: dict[str, Future[float]] = {}  # by specialization: two threads meeting one kernel share a job
+        # by target and specialization: two threads meeting one kernel share a job
+        self._jobs: dict[tuple[Any, str], Future[float]] = {}
         self._failed: list[str] = []
         self._succeeded = 0
         self._runtime: Any = None
@@ -209,13 +221,13 @@ class CompileWorkers:
             pool = self._pool
             if pool is None or self._closed:
                 return False
-            future = self._jobs.get(job.specialization)
+            future = self._jobs.get(job.key)
             if future is None:
                 try:
                     future = pool.submit(self._compile_fn, job)
                 except RuntimeError:  # the pool is shutting down (close raced this call): compile here
                     return False
-                self._jobs[job.specialization] = future
+                self._jobs[job.key] = future
         try:
             future.result()
         except Exception as exc:  # noqa: BLE001 - any failure: the engine's process compiles it, as before
@@ -274,4 +286,26 @@ def _job_of(kwargs: dict[str, Any]) -> KernelJob | None:
     data = compile_args.get("specialization_data") if isinstance(compile_args, dict) else None
     if not (isinstance(module, str) and isinstance(qualname, str) and isinstance(data, str)):
         return None
-    return KernelJob(module, qualname, data)
+    return KernelJob(module, qualname, data, _target_in(data) or _current_target())
+
+
+def _target_in(specialization: str) -> tuple[str, int | str, int] | None:
+    """The GPU target Triton wrote into a kernel's specialization data (Triton 3.9 does; 3.6 does not: None)."""
+    try:
+        target = json.loads(specialization).get("target")
+        return (target["backend"], target["arch"], target["warp_size"]) if isinstance(target, dict) else None
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return None
+
+
+def _current_target() -> tuple[str, int | str, int] | None:
+    """The target Triton compiles for on this thread (its active driver's: the current device's architecture), which
+    the worker must name to its stand-in driver to compile the same kernel; None where it cannot be asked."""
+    try:
+        from triton.runtime.driver import driver
+
+        target = driver.active.get_current_target()
+        return (target.backend, target.arch, target.warp_size)
+    except Exception:  # noqa: BLE001 - no target: the job fails in the worker, saying so, and compiles here
+        log.debug("compile workers: no current Triton target", exc_info=True)
+        return None
