@@ -144,6 +144,25 @@ def compile_kernel(job: KernelJob) -> float:
 # --------------------------------------------------------------------------- in the engine's process
 
 
+def why_unsupported() -> str | None:
+    """Why this Triton cannot have its kernels compiled in worker processes (None where it can): checked before any
+    process is spawned, by the features the approach uses rather than by Triton's version (3.6 and 3.9 both have
+    them; older Triton has no ``knobs``)."""
+    try:
+        from triton import knobs
+        from triton.backends.compiler import GPUTarget  # noqa: F401 - the worker names its target with it
+        from triton.runtime.driver import driver
+        from triton.runtime.jit import JITFunction
+    except Exception as exc:  # noqa: BLE001 - no Triton, or one laid out otherwise
+        return f"Triton's compile hook, driver or JITFunction cannot be imported ({type(exc).__name__}: {exc})"
+    missing = [name for name, present in (
+        ("knobs.runtime.jit_cache_hook", hasattr(getattr(knobs, "runtime", None), "jit_cache_hook")),
+        ("JITFunction.preload", hasattr(JITFunction, "preload")),
+        ("driver.set_active", hasattr(driver, "set_active")),
+    ) if not present]
+    return f"this Triton lacks {', '.join(missing)}" if missing else None
+
+
 def spawn_pool(workers: int, modules: Sequence[str] = KERNEL_MODULES) -> Executor:
     """``workers`` fresh processes (spawned: never a fork of a process that holds CUDA and threads)."""
     spawn = multiprocessing.get_context("spawn")
@@ -241,12 +260,15 @@ class CompileWorkers:
                 give_up = self._succeeded == 0 and len(self._failed) >= GIVE_UP_AFTER
                 if give_up:
                     self._closed = True
+            # The very first failure comes with the worker's traceback (the pool chains it to the exception): where
+            # in Triton or in the job it failed, not only what.
+            trace = exc if len(self._failed) == 1 else None
             if give_up:
                 log.warning("Triton kernels cannot be compiled in worker processes here (%s: %s); they compile in "
-                            "the engine's process", type(exc).__name__, exc)
+                            "the engine's process", type(exc).__name__, exc, exc_info=trace)
             elif first:
                 log.warning("kernel %s could not be compiled in a worker process (%s: %s); it compiles here",
-                            job.name, type(exc).__name__, exc)
+                            job.name, type(exc).__name__, exc, exc_info=trace)
             return False
         with self._lock:
             self._succeeded += 1

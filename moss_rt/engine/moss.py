@@ -40,7 +40,7 @@ from moss_rt.engine.base import (
 )
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
-from moss_rt.engine.compile_workers import CompileWorkers
+from moss_rt.engine.compile_workers import CompileWorkers, why_unsupported
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.kept_digests import KeptDigests
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
@@ -482,6 +482,10 @@ class MossEngine(EngineLifecycle):
         s = self.settings
         threads = compile_threads(s.compile_threads, device)
         if device.type != "cuda" or threads <= 1 or not s.compile_processes:
+            return
+        unsupported = why_unsupported()
+        if unsupported is not None:  # said once, before any process is spawned
+            log.warning("start-up: kernels compile on threads, not in worker processes: %s", unsupported)
             return
         try:
             self._compile_workers = CompileWorkers(threads).start().install()
