@@ -116,6 +116,14 @@ class _Recording:
         pass
 
 
+async def _until(condition: Any) -> None:
+    for _ in range(4000):  # 20 s
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the condition never came")
+
+
 def test_a_lone_job_goes_at_once_and_a_busy_stream_waits_to_fill_its_calls() -> None:
     """Base gather 0, most 30 s: a lone job runs at once (with the most it would wait 30 s); after a burst of jobs
     (a rate past BUSY_JOBS_PER_SEC) the burst's last, partial batch waits for later jobs to fill it (with the base
@@ -128,14 +136,12 @@ def test_a_lone_job_goes_at_once_and_a_busy_stream_waits_to_fill_its_calls() -> 
     async def scenario() -> None:
         await service.wait_loaded()
         lone = asyncio.ensure_future(service.align(job))
-        while not aligner.batches:  # the lone job is in the aligner at once, alone
-            await asyncio.sleep(0.005)
-        burst = [asyncio.ensure_future(service.align(job)) for _ in range(70)]  # queued behind it
-        await asyncio.sleep(0.05)
+        await _until(lambda: len(aligner.batches) == 1)  # the lone job is in the aligner at once, alone
+        burst = [asyncio.ensure_future(service.align(job)) for _ in range(70)]
+        await _until(lambda: service._queue.qsize() == 70)  # all queued behind it
         aligner.release.set()
         await asyncio.wait_for(lone, 20)
-        while service.jobs_done < 1 + 68:  # 17 full batches go; the last 2 jobs gather
-            await asyncio.sleep(0.005)
+        await _until(lambda: service.jobs_done == 1 + 68)  # 17 full batches went; the last 2 jobs gather
         late = [asyncio.ensure_future(service.align(job)) for _ in range(2)]
         await asyncio.wait_for(asyncio.gather(*burst, *late), 20)  # filled: runs long before 30 s
 
