@@ -164,6 +164,7 @@ class CtcNet:
             if conv.norm == "layer":
                 h = F.layer_norm(h, h.shape[-1:], conv.norm_weight, conv.norm_bias, conv.norm_eps)
             elif conv.norm == "group":  # one group per channel: each channel normalised over time
+                assert conv.norm_weight is not None and conv.norm_bias is not None  # GroupNorm(affine=True)
                 hf = h.float()
                 mean = hf.mean(dim=1, keepdim=True)
                 var = hf.var(dim=1, unbiased=False, keepdim=True)
@@ -181,7 +182,8 @@ class CtcNet:
                 hidden = hidden + F.linear(torch.relu(a), adapter.linear_2.weight, adapter.linear_2.bias)
             return hidden
         hidden = layer.layer_norm(hidden + self._attention(layer.attention, hidden, mask))
-        return layer.final_layer_norm(hidden + self._feed_forward(layer.feed_forward, hidden))
+        out: torch.Tensor = layer.final_layer_norm(hidden + self._feed_forward(layer.feed_forward, hidden))
+        return out
 
     def _attention(self, attn: Any, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         rows, frames, width = x.shape
