@@ -119,6 +119,10 @@ class Settings:
     # (engine/warm_compile.py): a cold kernel cache made most of a start compiling, one kernel after another.
     # 1: nothing ahead, every kernel compiles in its capture; 0: one thread per CPU core up to 8 on CUDA, 1 on a CPU.
     compile_threads: int = setting(0, "threads compiling kernels ahead of the warm-up's captures (0: auto; 1: none)")
+    # Those kernels compile in as many worker processes, one kernel each at a time, and the engine loads them from
+    # Triton's cache (engine/compile_workers.py): threads of one process wait for each other's GIL between compile
+    # steps (an H200 host: 51.8 s of compiles took 19.7 s on 8 threads). Off: the threads compile them themselves.
+    compile_processes: bool = setting(True, "compile the kernels ahead in worker processes (off: on the threads)")
     # Word timing (docs/words.md): the aligner behind ``words``, captions and seek by word.
     aligner: str = setting(
         "auto", "word aligner: auto | pocketsphinx | ctc:<hub id or folder> | none (docs/words.md)"

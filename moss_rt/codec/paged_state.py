@@ -55,6 +55,9 @@ __all__ = [
 ]
 
 BLOCK_FRAME_CHOICES = range(4, 9)
+# A block size whose ring wastes at most this much more than the least wasteful one is preferred when the attention
+# kernel's key tiles divide it (fewer, contiguous reads: 2x faster at the last full-size stage; window_attention.py).
+ALIGNED_WASTE_SLACK = 0.03
 
 
 class NoFreeBlocks(RuntimeError):
@@ -63,6 +66,11 @@ class NoFreeBlocks(RuntimeError):
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def tile_divisor(block: int, largest: int = 128) -> int:
+    """The largest power of two up to ``largest`` that divides ``block`` (a key tile that never straddles blocks)."""
+    return min(largest, block & -block)
 
 
 @dataclass(frozen=True)
@@ -95,8 +103,12 @@ def stage_geometry(
     tpf = int(round(spec.rate_hz / frame_rate))
     need = spec.context + max_chunk_frames * tpf - 1  # keys a chunk's queries see, its own included
     if block_frames is None:
-        # The block size (in whole frames) whose ring wastes least; the larger on a tie (fewer table entries).
-        block_frames = min(BLOCK_FRAME_CHOICES, key=lambda f: (_cdiv(need, f * tpf) * f, -f))
+        # The block size (in whole frames) whose ring wastes least, or nearly least with a larger power-of-two key
+        # tile dividing it; the larger on a tie (fewer table entries).
+        held = {f: _cdiv(need, f * tpf) * f for f in BLOCK_FRAME_CHOICES}
+        least = min(held.values())
+        near = [f for f, h in held.items() if h <= least * (1 + ALIGNED_WASTE_SLACK)]
+        block_frames = max(near, key=lambda f: (tile_divisor(f * tpf), -held[f], f))
     block = block_frames * tpf
     return StageGeometry(
         tokens_per_frame=tpf,

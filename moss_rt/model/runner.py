@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,12 +247,21 @@ class ModelRunner:
         dirty = sorted(self.blocks.dirty)
         if not dirty:
             return
-        rows = torch.as_tensor(self.blocks.table[dirty])
+        rows = self._to_device(torch.as_tensor(self.blocks.table[dirty]))
         if len(dirty) == 1:
-            self.state.block_table[dirty[0]] = rows[0].to(self.device, non_blocking=True)
+            self.state.block_table[dirty[0]] = rows[0]
         else:
-            self.state.block_table[torch.tensor(dirty, device=self.device)] = rows.to(self.device)
+            self.state.block_table[self._to_device(torch.tensor(dirty, dtype=torch.int64))] = rows
         self.blocks.dirty.clear()
+
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """A small host tensor on the device without waiting for the stream: a copy from pageable memory (or a
+        blocking one) makes the host wait for every queued kernel, and admissions (block tables, sampling history)
+        run while a step may still be in flight. Through pinned memory instead, whose caching allocator keeps the
+        buffer until the copy ran."""
+        if self.device.type != "cuda":
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def slot_cache(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Copies of the slot's keys, values [L,Hkv,length,D] and hidden states [length,H] (for tests)."""
@@ -425,7 +434,7 @@ class ModelRunner:
                 col = hist[:, k]
                 col = col[(col >= 0) & (col < self.config.audio_vocab_size)]  # pad codes are not history
                 presence[k, col] = True
-            st.presence[slot] = presence.to(self.device)
+            st.presence[slot] = self._to_device(presence)
         self._frames[slot] = int(frame_index)
 
     # ------------------------------------------------------------------ stepping
@@ -533,6 +542,18 @@ class ModelRunner:
             return []
         every = [(b, k) for k in self.key_buckets() for b in self._batch_buckets()]
         return sorted((key for key in every if key not in self._graphs), key=lambda bk: (bk[1], bk[0]))
+
+    def prefill_graph_fits(self, widths: Sequence[int], starts: Sequence[int]) -> bool:
+        """Whether a prefill pass of pieces of ``widths[i]`` rows starting at ``starts[i]`` has a graph shape
+        (prefill_graphs: a lone piece, or a batch of short ones within the padded-rows bounds). It answers by shape,
+        not by what is captured yet (the scheduler cuts passes by it, and pass composition must not follow timing),
+        and the same without CUDA graphs."""
+        return self.prefill_graphs.shape_for_pass(list(widths), list(starts)) is not None
+
+    def prefill_graph_rule(self) -> Callable[[Sequence[int], Sequence[int]], bool] | None:
+        """What a pass must fit for a prefill graph to replay it (prefill_graph_fits), or None where no graph ever
+        replays one (no CUDA graphs: the CPU): passes are then cut by their rows alone."""
+        return self.prefill_graph_fits if self.use_cuda_graphs else None
 
     def pending_prefill_graphs(self) -> list[GraphShape]:
         """Prefill graphs (prefill_graphs) not captured yet, the likeliest first."""

@@ -16,16 +16,17 @@ import torch.nn.functional as F
 
 from tests.kernels import needs_interpreter, run_interpreted
 
-# (tokens per frame, window in tokens, block tokens, ring blocks) geometries: the second has windows longer than
-# one key tile (several tiles and splits) and blocks that do not divide the tile.
-GEOMETRIES = [(4, 37, 8, 9), (1, 150, 7, 23)]
+# (tokens per frame, window in tokens, block tokens, ring blocks, key tile) geometries: the second has windows
+# longer than one key tile (several tiles and splits) and blocks that do not divide the tile; in the third the tile
+# divides the block (one table read a tile), with tiles inside every query's window (no mask) between edge tiles.
+GEOMETRIES = [(4, 37, 8, 9, None), (1, 150, 7, 23, None), (4, 37, 16, 5, 16)]
 
 
 def _case(device: str, dtype: torch.dtype, tpf: int, context: int, block: int, ring_blocks: int, frames: int,
-          paged: bool, splits: int | None, gen: torch.Generator) -> float:
+          paged: bool, splits: int | None, gen: torch.Generator, block_n: int | None = None) -> float:
     """Max |kernel - reference| / max |reference| for streams of several ages decoding a chunk of ``frames`` frames:
     fresh, young, a window nearly full, and rings wrapped several times."""
-    from moss_rt.codec.window_attention import window_attention
+    from moss_rt.codec.window_attention import Tiles, block_rows, window_attention
 
     ages = [0, 3, context // tpf - 2, 3 * block * ring_blocks // tpf + 1]  # frames decoded before the chunk
     B, H, D = len(ages), 2, 16
@@ -62,7 +63,7 @@ def _case(device: str, dtype: torch.dtype, tpf: int, context: int, block: int, r
     out = window_attention(
         qd, k_pool.to(dev, dtype), v_pool.to(dev, dtype), table.to(dev, torch.int32), slots.to(dev),
         torch.tensor(ages, device=dev), tokens_per_frame=tpf, context=context, block=ring[0],
-        ring_blocks=ring[1], scale=D**-0.5, splits=splits,
+        ring_blocks=ring[1], scale=D**-0.5, splits=splits, tiles=Tiles(block_rows(tq), block_n) if block_n else None,
     )
     assert out.shape == q.shape and out.dtype == dtype
     return ((out.float().cpu() - ref).abs().max() / ref.abs().max()).item()
@@ -71,11 +72,13 @@ def _case(device: str, dtype: torch.dtype, tpf: int, context: int, block: int, r
 def cases(device: str, dtype: torch.dtype, frames: tuple[int, ...] = (1, 5, 8)) -> list[float]:
     gen = torch.Generator().manual_seed(11)
     errors = []
-    for tpf, context, block, ring_blocks in GEOMETRIES:
+    for tpf, context, block, ring_blocks, block_n in GEOMETRIES:
         for t in frames:
             for paged in (False, True):
                 for splits in (None, 3):
-                    errors.append(_case(device, dtype, tpf, context, block, ring_blocks, t, paged, splits, gen))
+                    errors.append(
+                        _case(device, dtype, tpf, context, block, ring_blocks, t, paged, splits, gen, block_n)
+                    )
     return errors
 
 
