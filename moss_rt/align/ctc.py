@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from moss_rt.align.base import AlignJob, AlignResult, Span
+from moss_rt.align.memory import DEFAULT_GRAPH_MEMORY_BYTES, NetDims, pass_bytes
 from moss_rt.align.viterbi import ctc_forced_align
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,18 @@ ROW_STEP = 8  # rows: a power of two up to this, then a multiple of it (a replay
 DELIMITERS = ("|", " ")
 BLANKS = ("<pad>", "<blank>", "[PAD]", "<eps>")
 RANDOM_VOCAB = ["<pad>", "<s>", "</s>", "<unk>", "|", *"abcdefghijklmnopqrstuvwxyz'"]
+
+
+# Device memory the CTC aligners of this process hold on each CUDA device (weights and buffers), for the engine's
+# memory plan: what it measures as in use already is not reserved again (moss_rt.align.select.planned_reserve_bytes).
+_HELD_LOCK = threading.Lock()
+_HELD: dict[int, tuple[int, int]] = {}  # id(aligner) -> (device index, bytes)
+
+
+def held_device_bytes(index: int) -> int:
+    """Bytes the loaded CTC aligners of this process hold on CUDA device ``index`` (weights and buffers)."""
+    with _HELD_LOCK:
+        return sum(n for i, n in _HELD.values() if i == index)
 
 
 class AlignerSourceError(RuntimeError):
@@ -114,8 +128,13 @@ class CtcAligner:
     def __init__(
         self, source: str, *, device: str = "cpu", max_batch: int = 64, dtype: str = "auto",
         gather_sec: float | None = None, max_gather_sec: float | None = None, cuda_graphs: bool = True,
+        graph_memory_bytes: int = DEFAULT_GRAPH_MEMORY_BYTES,
     ) -> None:  # fmt: skip
         self.source = source
+        # The CUDA graphs' pool holds at most this, and no call computes more (moss_rt.align.memory).
+        self.graph_memory_bytes = max(0, graph_memory_bytes)
+        self._dims: NetDims | None = None
+        self._fits: dict[tuple[int, int], bool] = {}
         self.name = f"ctc:{source}"
         self.device = device
         self.max_batch = max_batch
@@ -169,8 +188,16 @@ class CtcAligner:
         self._model = model.to(device).eval().requires_grad_(False)
         self._stride = int(np.prod(model.config.conv_stride))
         self._dtype = dtype
+        self._dims = NetDims.from_config(model.config)
+        self._itemsize = torch.tensor([], dtype=dtype).element_size()
         if self.cuda_graphs:
             self._graphed = self._graph_runner(model, device)
+        if device.type == "cuda":
+            held = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+            held += 0 if self._graphed is None else self._graphed.buffer_bytes
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            with _HELD_LOCK:
+                _HELD[id(self)] = (index, held)
         params = sum(p.numel() for p in model.parameters())
         log.info(
             "aligner %s on %s/%s: %.0fM parameters, %d characters, loaded in %.1f s%s",
@@ -189,10 +216,24 @@ class CtcAligner:
             log.warning("aligner %s: no CUDA graphs, %s: the network runs eagerly", self.name, why)
             return None
         rows, _ = padded_shape(self.max_batch, 1, 1)
+        ladder = sorted({padded_shape(r, 1, 1)[0] for r in range(1, rows + 1)}, reverse=True)
         return GraphedCtc(
             CtcNet(model), device, max_rows=rows, sample_rate=self.sample_rate, normalize=self._normalize,
-            vocab=int(model.lm_head.out_features),
+            vocab=int(model.lm_head.out_features), estimate=lambda shape: self.pass_bytes(*shape),
+            budget_bytes=self.graph_memory_bytes, rows_ladder=ladder,
         )  # fmt: skip
+
+    def _call_fits(self, rows: int, samples: int) -> bool:
+        """Whether a call of this padded shape stays within the budget (memoised: few shapes, many asks)."""
+        found = self._fits.get((rows, samples))
+        if found is None:
+            found = self._fits[(rows, samples)] = self.pass_bytes(rows, samples) <= self.graph_memory_bytes
+        return found
+
+    def pass_bytes(self, rows: int, samples: int) -> int:
+        """The bound of one network call's device memory over ``rows`` × ``samples`` (moss_rt.align.memory)."""
+        assert self._dims is not None, "load() first"
+        return pass_bytes(self._dims, rows, samples, itemsize=self._itemsize)
 
     @property
     def graph_stats(self) -> dict[str, Any] | None:
@@ -202,6 +243,8 @@ class CtcAligner:
     def close(self) -> None:
         self._model = None  # its memory goes back with the last reference
         self._graphed = None
+        with _HELD_LOCK:
+            _HELD.pop(id(self), None)
 
     # ------------------------------------------------------------------ text
 
@@ -238,7 +281,15 @@ class CtcAligner:
         step = int(SHAPE_STEP_SEC * self.sample_rate)
         shape = (lambda rows, samples: padded_shape(rows, samples, step)) if self.pad_shapes else None
         lengths = [cuts[k][2] - cuts[k][1] for k in order]
-        for first, last in length_groups(lengths, self.max_batch, call_cost, shape=shape):
+        rows = self.max_batch
+        fits: Callable[[int, int], bool] | None = None
+        if self.pad_shapes and self._dims is not None:
+            # On a GPU no call computes more than the budget (it runs eagerly or in a graph: both bounded), and
+            # while the graphs are on, no call has more rows than they take.
+            graph_rows = 0 if self._graphed is None else self._graphed.max_rows
+            rows = min(rows, graph_rows) if graph_rows else rows
+            fits = self._call_fits
+        for first, last in length_groups(lengths, rows, call_cost, shape=shape, fits=fits):
             group = [cuts[k] for k in order[first:last]]
             logits = self._forward([audios[i][s:e] for i, s, e, _, _ in group])
             for k, lp, (_, s, _, ks, ke) in zip(order[first:last], logits, group, strict=True):
@@ -328,12 +379,18 @@ class CtcAligner:
 
 
 def length_groups(
-    lengths: Sequence[int], max_rows: int, call_cost: int, *, shape: Callable[[int, int], tuple[int, int]] | None = None
+    lengths: Sequence[int],
+    max_rows: int,
+    call_cost: int,
+    *,
+    shape: Callable[[int, int], tuple[int, int]] | None = None,
+    fits: Callable[[int, int], bool] | None = None,
 ) -> list[tuple[int, int]]:
     """Windows sorted by length (``lengths``, ascending) split into calls [first, last): each call computes its
     rows padded to its longest (and, with ``shape``, to the (rows, samples) that maps them to: a GPU's padded
     shapes), and costs ``call_cost`` (in the same units) more. The split that computes least, at most ``max_rows``
-    rows a call (dynamic programming over the sorted lengths: a call's rows are neighbours)."""
+    rows a call and, with ``fits``, only calls whose (padded) shape it accepts, or of one row (dynamic programming
+    over the sorted lengths: a call's rows are neighbours)."""
     n = len(lengths)
     rows = max(1, max_rows)
     best = [0] + [0] * n  # best[j]: the least cost of the first j windows
@@ -342,6 +399,8 @@ def length_groups(
         best[j] = -1
         for i in range(max(0, j - rows), j):
             padded_rows, padded_len = (j - i, lengths[j - 1]) if shape is None else shape(j - i, lengths[j - 1])
+            if fits is not None and j - i > 1 and not fits(padded_rows, padded_len):
+                continue
             cost = best[i] + padded_rows * padded_len + call_cost
             if best[j] < 0 or cost < best[j]:
                 best[j], cut[j] = cost, i

@@ -29,10 +29,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-# The feature encoder runs at most this many input samples at once (rows are split into groups): its first
-# convolution's output, 512 channels at a fifth of the sample rate in fp16, is ~200 bytes a sample, the biggest
-# tensor of the pass; 64 rows of 6 s at once would hold 1.2 GB of it, in chunks of this size about 300 MB.
-FEATURE_CHUNK_SAMPLES = 16 * 6 * 16000
+# The feature encoder runs at most FEATURE_CHUNK_SAMPLES input samples at once (moss_rt.align.memory: why, how much).
+from moss_rt.align.memory import FEATURE_CHUNK_SAMPLES
+
 NORM_EPS = 1e-7  # the feature extractor's normalisation (transformers' Wav2Vec2FeatureExtractor)
 
 

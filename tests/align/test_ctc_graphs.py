@@ -12,7 +12,7 @@ import numpy as np
 
 from moss_rt.align.base import AlignJob, AlignResult
 from moss_rt.align.ctc import length_groups, padded_shape
-from moss_rt.align.ctc_graphs import ShapeGraphs
+from moss_rt.align.ctc_graphs import MAX_RESETS, ShapeGraphs
 from moss_rt.align.service import BUSY_JOBS_PER_SEC, AlignService, gather_time
 
 
@@ -30,42 +30,115 @@ class _Captures:
         return f"graph{len(self.calls)}"
 
 
-def test_a_shape_is_captured_once_then_replayed() -> None:
-    capture = _Captures()
-    graphs = ShapeGraphs(capture, max_rows=8, max_elements=8 * 100)
+def _cost(shape: tuple[int, int]) -> int:
+    """A stand-in pass's bytes: one per row-sample."""
+    return shape[0] * shape[1]
+
+
+class _Pool:
+    """Stands in for the allocator's graph pool on one stream: a capture takes what its pass needs beyond the
+    biggest pass captured before in this pool (its freed blocks are reused), ``extra`` more for shapes in it (the
+    estimate was wrong); ``drop`` starts an empty pool."""
+
+    def __init__(self, extra: dict[tuple[int, int], int] | None = None) -> None:
+        self.extra = extra or {}
+        self.held = 0
+        self.dropped = 0
+        self.capture = _Captures()
+
+    def __call__(self, shape: tuple[int, int]) -> str:
+        token = self.capture(shape)
+        self.held = max(self.held, _cost(shape) + self.extra.get(shape, 0))
+        return token
+
+    def measure(self) -> int:
+        return self.held
+
+    def drop(self) -> None:
+        self.held = 0
+        self.dropped += 1
+
+
+def _graphs(pool: _Pool, *, rows: int = 8, samples: int = 100, budget: int = 800, **kw: Any) -> ShapeGraphs[str]:
+    return ShapeGraphs(pool, max_rows=rows, max_samples=samples, budget_bytes=budget, estimate=_cost,
+                       pool_bytes=pool.measure, new_pool=pool.drop, **kw)  # fmt: skip
+
+
+def test_a_fresh_pool_captures_its_largest_shape_first_then_each_shape_once() -> None:
+    pool = _Pool()
+    graphs = _graphs(pool)
     first = graphs.graph((4, 100))
+    assert pool.capture.calls == [(8, 100), (4, 100)]  # the envelope, then the shape asked for
     assert graphs.graph((4, 100)) == first and graphs.graph((8, 50)) != first
-    assert graphs.graph((4, 100)) == first
-    assert capture.calls == [(4, 100), (8, 50)]
-    assert (graphs.stats.captures, graphs.stats.replays, graphs.stats.eager) == (2, 4, 0)
+    assert graphs.graph((4, 100)) == first and graphs.graph((8, 100)) is not None  # the envelope replays too
+    assert pool.capture.calls == [(8, 100), (4, 100), (8, 50)]
+    assert (graphs.stats.captures, graphs.stats.replays, graphs.stats.eager) == (3, 5, 0)
+    assert graphs.stats.pool_bytes == graphs.stats.pool_peak_bytes == 800  # the envelope's pass, not the sum
 
 
-def test_shapes_past_the_bounds_run_eagerly_and_hold_no_graph() -> None:
-    capture = _Captures()
-    graphs = ShapeGraphs(capture, max_rows=8, max_elements=8 * 100)
-    assert graphs.graph((8, 101)) is None  # more samples than the pool is sized for
+def test_shapes_past_the_region_run_eagerly_and_hold_no_graph() -> None:
+    pool = _Pool()
+    graphs = _graphs(pool)
+    assert graphs.graph((8, 101)) is None  # more samples than the graphs take
     assert graphs.graph((16, 10)) is None  # more rows than the input buffers hold
-    assert graphs.graph((1, 800)) is not None  # one long row within the budget
-    assert capture.calls == [(1, 800)] and graphs.stats.eager == 2 and len(graphs) == 1
+    assert graphs.graph((1, 100)) is not None
+    assert pool.capture.calls == [(8, 100), (1, 100)] and graphs.stats.eager == 2 and len(graphs) == 2
+
+
+def test_the_region_has_the_most_rows_whose_envelope_fits_the_budget() -> None:
+    pool = _Pool()
+    graphs = _graphs(pool, rows=64, samples=100, budget=3000, rows_ladder=[64, 56, 48, 40, 32, 24, 16, 8, 4, 2, 1])
+    assert graphs.max_rows == 24 and graphs.envelope == (24, 100)  # 24 × 100 ≤ 3000 < 32 × 100
+    assert graphs.graph((32, 100)) is None and graphs.graph((24, 100)) is not None
+    assert graphs.stats.pool_peak_bytes <= 3000
+    none_fit = _graphs(_Pool(), rows=8, samples=100, budget=50)
+    assert none_fit.stats.disabled and none_fit.graph((1, 10)) is None  # not even one row: all eager
+
+
+def test_a_pool_past_the_budget_is_dropped_with_its_graphs() -> None:
+    pool = _Pool(extra={(2, 100): 1100})  # this capture needs more than estimated
+    graphs = _graphs(pool)
+    assert graphs.graph((4, 100)) is not None and len(graphs) == 2
+    assert graphs.graph((2, 100)) is None  # 1300 > 800: every graph and the pool dropped, this call eager
+    assert len(graphs) == 0 and pool.dropped == 1 and graphs.stats.resets == 1 and pool.held == 0
+    assert graphs.stats.pool_peak_bytes == 1300  # what it went to is reported
+    assert graphs.graph((4, 100)) is not None  # a fresh pool: the envelope first again
+    assert pool.capture.calls[-2:] == [(8, 100), (4, 100)] and pool.held == 800
+
+
+def test_an_envelope_past_the_budget_shrinks_the_region_and_resets_are_bounded() -> None:
+    pool = _Pool(extra={(8, 100): 100})  # the envelope alone measures 900 > 800
+    graphs = _graphs(pool)
+    assert graphs.graph((8, 50)) is None  # the envelope went past: dropped, rows shrink to 4
+    assert graphs.max_rows == 4 and graphs.stats.resets == 1 and not graphs.stats.disabled
+    assert graphs.graph((8, 50)) is None  # outside the region now: eager, no capture
+    assert graphs.graph((4, 100)) is not None and pool.held == 400
+    always = _Pool(extra={shape: 10_000 for shape in [(r, 100) for r in (8, 4, 2, 1)]})
+    capped = _graphs(always)
+    for _ in range(2 * MAX_RESETS):
+        capped.graph((1, 100))
+    assert capped.stats.disabled and capped.stats.resets <= MAX_RESETS and len(capped) == 0
 
 
 def test_the_least_recently_used_graph_makes_room() -> None:
-    capture = _Captures()
-    graphs = ShapeGraphs(capture, max_rows=8, max_elements=800, max_graphs=2)
-    graphs.graph((1, 100))
-    graphs.graph((2, 100))
+    pool = _Pool()
+    graphs = _graphs(pool, max_graphs=2)
+    graphs.graph((1, 100))  # the envelope (8, 100) and (1, 100)
+    graphs.graph((2, 100))  # (8, 100) goes
     graphs.graph((1, 100))  # used again: (2, 100) is now the oldest
     graphs.graph((4, 100))
-    assert graphs.shapes() == [(1, 100), (4, 100)] and graphs.stats.evicted == 1
+    assert graphs.shapes() == [(1, 100), (4, 100)] and graphs.stats.evicted == 2
     graphs.graph((2, 100))  # captured again when it comes back
-    assert capture.calls == [(1, 100), (2, 100), (4, 100), (2, 100)] and len(graphs) == 2
+    assert pool.capture.calls == [(8, 100), (1, 100), (2, 100), (4, 100), (2, 100)] and len(graphs) == 2
+    assert pool.held == 800  # evictions free nothing, and nothing grows past the envelope's pass
 
 
 def test_a_failed_capture_runs_eagerly_and_is_not_retried() -> None:
-    capture = _Captures(refuse=(4, 100))
-    graphs = ShapeGraphs(capture, max_rows=8, max_elements=800)
+    pool = _Pool()
+    pool.capture.refuse = (4, 100)
+    graphs = _graphs(pool)
     assert graphs.graph((4, 100)) is None and graphs.graph((4, 100)) is None
-    assert capture.calls == [(4, 100)] and graphs.stats.failed == 1 and graphs.stats.eager == 2
+    assert pool.capture.calls == [(8, 100), (4, 100)] and graphs.stats.failed == 1 and graphs.stats.eager == 2
     assert graphs.graph((2, 100)) is not None  # other shapes still capture
 
 
@@ -82,6 +155,11 @@ def test_padded_shapes_and_calls_split_by_what_they_compute() -> None:
     assert length_groups([step] * 9, 64, 2 * step) == [(0, 9)]  # unpadded rows: nothing to save
     # Lengths pad to the step: 1.01 and 1.99 steps compute the same, no reason to split them.
     assert length_groups([101, 199], 64, 0, shape=shape) == [(0, 2)]
+    # A memory bound: no call past 4 padded rows × 100 samples, however costly a call; a lone row always goes.
+    fits = lambda rows, samples: rows * samples <= 400  # noqa: E731
+    groups = length_groups([step] * 9 + [250], 64, 100 * step, shape=shape, fits=fits)
+    assert sorted(b - a for a, b in groups) == [1, 1, 4, 4] and groups[-1] == (9, 10)
+    assert length_groups([step] * 9, 64, 100 * step, shape=shape) == [(0, 9)]  # unbounded: one call
 
 
 def test_the_gather_grows_with_the_rate_of_jobs() -> None:
