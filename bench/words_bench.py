@@ -218,15 +218,21 @@ class _Speech:
         assert len(self.index) == len(self.times)
 
     def answer(self, pending: Any, free_end: bool) -> AlignResult:
-        """What a trained checkpoint would answer for a job: the words at their known times (job time)."""
+        """What a trained checkpoint would answer for a job: the words at their known times (job time), and, as
+        the CTC aligner reports it, whether the free end is in a pause (``PAUSE_SEC`` past the last word's end)."""
+        from moss_rt.align.ctc import PAUSE_SEC
+
         spans: list[tuple[float, float] | None] = []
+        last_end = None
         for token in pending.tokens:
             start, end = self.times[self.index[token.start]]
             if free_end and start >= pending.end:
                 break
             span = (max(start, pending.offset) - pending.offset, min(end, pending.end) - pending.offset)
             spans += [span] * len(token.spoken)
-        return AlignResult(spans)
+            last_end = end
+        paused = free_end and last_end is not None and pending.end - last_end >= PAUSE_SEC
+        return AlignResult(spans, len(spans) if paused else None)
 
 
 def bench_gpu(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -56,6 +56,9 @@ CONTEXT_SEC = 1.0  # each window's extra audio on both sides, whose frames are d
 # builds an execution plan for every new convolution shape, and streaming jobs of every length in batches of every
 # size made nearly every call a new shape (an H200, 64 takes: 168 ms a call for ~26 windows of 1.4 s that take ~10 ms
 # once planned). Padded samples are masked and padded rows dropped: the emissions do not change.
+# A free-end path in blanks this long after the last word it reached: a pause, that word is over (AlignResult.settled;
+# PocketSphinx's PAUSE_FRAMES).
+PAUSE_SEC = 0.35
 SHAPE_STEP_SEC = 0.25
 ROW_STEP = 8  # rows: a power of two up to this, then a multiple of it (a replayed graph computes every padded row)
 DELIMITERS = ("|", " ")
@@ -361,6 +364,7 @@ class CtcAligner:
         seconds = len(job.audio) / self.sample_rate / len(lp)  # per emission frame
         spans: list[Span] = []
         reached = len(token_frames)
+        whole = False  # the last word placed was reached to its last letter
         for tokens in spelling.word_tokens:
             if tokens is None:
                 spans.append(None)
@@ -370,12 +374,20 @@ class CtcAligner:
                 break
             end_frame = token_frames[min(last, reached) - 1][1]
             spans.append((token_frames[first][0] * seconds, end_frame * seconds))
+            whole = last <= reached
+        settled = None
         if job.free_end:
             while spans and spans[-1] is None:
                 spans.pop()
+            # The path ends PAUSE_SEC or more past the whole of the last word (blanks, a word delimiter): no letter
+            # of the next word in that time, the speaker paused and the word is over (as PocketSphinx reports it).
+            # Without this a word before a pause waited for the next word to begin, and every job read it again.
+            last_word = spans[-1] if spans else None
+            if last_word is not None and whole and len(lp) * seconds - last_word[1] >= PAUSE_SEC - 1e-9:
+                settled = len(spans)
         else:
             spans += [None] * (n - len(spans))
-        return AlignResult(spans)
+        return AlignResult(spans, settled)
 
 
 def length_groups(
