@@ -349,9 +349,7 @@ class CtcAligner:
         except Exception:  # a device fault must not fail the takes: their words are interpolated
             log.exception("aligner %s: the acoustic model failed on a batch of %d", self.name, len(jobs))
             return [AlignResult([] if job.free_end else [None] * len(job.words)) for job in jobs]
-        return [
-            self._place(job, spelling, lp) for job, spelling, lp in zip(jobs, spellings, emissions, strict=True)
-        ]
+        return [self._place(job, spelling, lp) for job, spelling, lp in zip(jobs, spellings, emissions, strict=True)]
 
     def _place(self, job: AlignJob, spelling: _Spelling, lp: np.ndarray) -> AlignResult:
         n = len(job.words)

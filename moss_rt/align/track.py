@@ -325,11 +325,15 @@ class WordTrack:
         self._guess = _Guess(pending.tokens[done:reached], tuple(spans[done:reached]), pending.offset, pending.end)
         # A word waits to settle (the next chunk gets a job) unless the job reached words and left none unsettled
         # but one still being said at its edge. Lost, or nothing reached yet: every chunk, as the estimate needs.
+        # Silence (no voiced frame from the anchor to the kept tail, nothing reached): no word to wait for either.
+        silent = (
+            not reached and not committed and len(self._voiced_times(self._anchor, pending.end - KEEP_TAIL_SEC)) == 0
+        )
         self._word_waiting = (
-            not reached or self._lost
+            (not reached and not silent) or self._lost
             or any(span is None or span[1] < pending.end - IN_PROGRESS_SEC for span in spans[done:reached])
         )  # fmt: skip
-        if reached:
+        if reached or silent:
             self._let_go_unspoken(pending, spans[done:reached])
         return committed
 
