@@ -138,6 +138,10 @@ class Settings:
     aligner_window_sec: float = setting(
         5.0, "seconds of unsettled audio a streaming word alignment job reads at most (older words: settled by age)"
     )
+    # A GPU (CTC) aligner's device memory beyond its weights (docs/words.md, "Device memory"): its CUDA graphs' pool
+    # holds at most this, and no call of its network computes more (their allocator cache: as much again). The
+    # engine's memory plan reserves both when the aligner runs on its GPU.
+    aligner_graph_mb: int = setting(1536, "MB a GPU word aligner's CUDA graphs may hold (and each of its calls use)")
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
     heard_audio_mb: int = setting(256, "streamed PCM kept for replays")
     # Takes' codes rendered again for downloads (their streamed PCM gone), held while read: one

@@ -25,8 +25,8 @@ One program per (query block of up to ``BLOCK_M`` queries, stream, head, key spl
 ``BLOCK_N`` with an fp32 online softmax. Where a power-of-two tile divides the block (the paged layout picks such
 blocks: paged_state.py), tiles start on tile boundaries, so each lies in one block: one table read and contiguous
 rows per tile. Only the edge tiles, which hold a key outside some query's window, are masked. Small calls split
-the keys so about ``TARGET_PROGRAMS`` programs run, and a second kernel merges the partial sums. Everything the host computes depends only on shapes, so one CUDA graph
-per (batch, T) serves every age and slot set.
+the keys so about ``TARGET_PROGRAMS`` programs run, and a second kernel merges the partial sums. Everything the
+host computes depends only on shapes, so one CUDA graph per (batch, T) serves every age and slot set.
 
 Rounding: scores, the running max/sum and the output accumulate in fp32; probabilities enter the P·V dot in the
 pool dtype (bf16 in production), like flash attention. In fp32 it equals the masked SDPA to ~1e-7.

@@ -56,10 +56,18 @@ class KernelJob:
     module: str  # the kernel's module (``fn.__module__``)
     qualname: str  # its qualified name; ``factory.<locals>.kernel`` for a kernel a zero-argument factory builds
     specialization: str  # Triton's serialized specialization data (what ``JITFunction.preload`` reads)
+    # The GPU to compile for (``GPUTarget``'s backend, arch, warp size): the one of the thread that met the kernel.
+    # Triton 3.9 also writes it into the specialization data; Triton 3.6 does not (its ``preload`` takes the target
+    # from the active driver), so the hook carries it here for both.
+    target: tuple[str, int | str, int] | None = None
 
     @property
     def name(self) -> str:
         return self.qualname.rsplit(".", 1)[-1]
+
+    @property
+    def key(self) -> tuple[Any, str]:
+        return self.target, self.specialization
 
 
 # --------------------------------------------------------------------------- in the worker processes
@@ -124,13 +132,35 @@ def compile_kernel(job: KernelJob) -> float:
     from triton.runtime.driver import driver
 
     t0 = time.perf_counter()
-    target = json.loads(job.specialization)["target"]
-    driver.set_active(TargetOnlyDriver(GPUTarget(target["backend"], target["arch"], target["warp_size"])))
+    target = job.target or _target_in(job.specialization)
+    if target is None:
+        raise LookupError(f"no GPU target for {job.qualname}: neither the job nor Triton's specialization data names "
+                          "one")
+    driver.set_active(TargetOnlyDriver(GPUTarget(*target)))
     resolve_kernel(job.module, job.qualname).preload(job.specialization)
     return time.perf_counter() - t0
 
 
 # --------------------------------------------------------------------------- in the engine's process
+
+
+def why_unsupported() -> str | None:
+    """Why this Triton cannot have its kernels compiled in worker processes (None where it can): checked before any
+    process is spawned, by the features the approach uses rather than by Triton's version (3.6 and 3.9 both have
+    them; older Triton has no ``knobs``)."""
+    try:
+        from triton import knobs
+        from triton.backends.compiler import GPUTarget  # noqa: F401 - the worker names its target with it
+        from triton.runtime.driver import driver
+        from triton.runtime.jit import JITFunction
+    except Exception as exc:  # noqa: BLE001 - no Triton, or one laid out otherwise
+        return f"Triton's compile hook, driver or JITFunction cannot be imported ({type(exc).__name__}: {exc})"
+    missing = [name for name, present in (
+        ("knobs.runtime.jit_cache_hook", hasattr(getattr(knobs, "runtime", None), "jit_cache_hook")),
+        ("JITFunction.preload", hasattr(JITFunction, "preload")),
+        ("driver.set_active", hasattr(driver, "set_active")),
+    ) if not present]
+    return f"this Triton lacks {', '.join(missing)}" if missing else None
 
 
 def spawn_pool(workers: int, modules: Sequence[str] = KERNEL_MODULES) -> Executor:
@@ -158,7 +188,8 @@ class CompileWorkers:
         self._compile_fn = compile_fn
         self._pool: Executor | None = None
         self._lock = threading.Lock()
-        self._jobs: dict[str, Future[float]] = {}  # by specialization: two threads meeting one kernel share a job
+        # by target and specialization: two threads meeting one kernel share a job
+        self._jobs: dict[tuple[Any, str], Future[float]] = {}
         self._failed: list[str] = []
         self._succeeded = 0
         self._runtime: Any = None
@@ -209,13 +240,13 @@ class CompileWorkers:
             pool = self._pool
             if pool is None or self._closed:
                 return False
-            future = self._jobs.get(job.specialization)
+            future = self._jobs.get(job.key)
             if future is None:
                 try:
                     future = pool.submit(self._compile_fn, job)
                 except RuntimeError:  # the pool is shutting down (close raced this call): compile here
                     return False
-                self._jobs[job.specialization] = future
+                self._jobs[job.key] = future
         try:
             future.result()
         except Exception as exc:  # noqa: BLE001 - any failure: the engine's process compiles it, as before
@@ -229,12 +260,15 @@ class CompileWorkers:
                 give_up = self._succeeded == 0 and len(self._failed) >= GIVE_UP_AFTER
                 if give_up:
                     self._closed = True
+            # The very first failure comes with the worker's traceback (the pool chains it to the exception): where
+            # in Triton or in the job it failed, not only what.
+            trace = exc if len(self._failed) == 1 else None
             if give_up:
                 log.warning("Triton kernels cannot be compiled in worker processes here (%s: %s); they compile in "
-                            "the engine's process", type(exc).__name__, exc)
+                            "the engine's process", type(exc).__name__, exc, exc_info=trace)
             elif first:
                 log.warning("kernel %s could not be compiled in a worker process (%s: %s); it compiles here",
-                            job.name, type(exc).__name__, exc)
+                            job.name, type(exc).__name__, exc, exc_info=trace)
             return False
         with self._lock:
             self._succeeded += 1
@@ -274,4 +308,26 @@ def _job_of(kwargs: dict[str, Any]) -> KernelJob | None:
     data = compile_args.get("specialization_data") if isinstance(compile_args, dict) else None
     if not (isinstance(module, str) and isinstance(qualname, str) and isinstance(data, str)):
         return None
-    return KernelJob(module, qualname, data)
+    return KernelJob(module, qualname, data, _target_in(data) or _current_target())
+
+
+def _target_in(specialization: str) -> tuple[str, int | str, int] | None:
+    """The GPU target Triton wrote into a kernel's specialization data (Triton 3.9 does; 3.6 does not: None)."""
+    try:
+        target = json.loads(specialization).get("target")
+        return (target["backend"], target["arch"], target["warp_size"]) if isinstance(target, dict) else None
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return None
+
+
+def _current_target() -> tuple[str, int | str, int] | None:
+    """The target Triton compiles for on this thread (its active driver's: the current device's architecture), which
+    the worker must name to its stand-in driver to compile the same kernel; None where it cannot be asked."""
+    try:
+        from triton.runtime.driver import driver
+
+        target = driver.active.get_current_target()
+        return (target.backend, target.arch, target.warp_size)
+    except Exception:  # noqa: BLE001 - no target: the job fails in the worker, saying so, and compiles here
+        log.debug("compile workers: no current Triton target", exc_info=True)
+        return None

@@ -29,6 +29,7 @@ def memory_costs(
     codec_chunk_frames: int,
     codec_extra_streams: int,
     keys_per_row: int = PREFILL_KEYS_PER_ROW,
+    aligner_bytes: int = 0,
 ) -> MemoryCosts:
     b = config.backbone
     itemsize = torch.tensor([], dtype=dtype).element_size()
@@ -49,4 +50,5 @@ def memory_costs(
         codec_fixed_bytes=scratch_state_bytes(codec, codec_chunk_frames, dtype),
         work_bytes=GRAPH_BASE_BYTES + scores + activations,
         work_bytes_per_slot=GRAPH_BYTES_PER_SLOT,
+        aligner_bytes=aligner_bytes,  # the word aligner on this device (moss_rt.align.select.planned_reserve_bytes)
     )

@@ -8,7 +8,9 @@ CUDA context already use is subtracted). The budget is split between
 - the codec's streaming state (paged K/V blocks: the pools hold one whole window per codec stream, slots,
   renders and warm-up, so every take admitted can grow to the full window; a stream holds only the blocks its
   age has reached, the rest stay free for the streams that grow),
-- work memory (CUDA-graph pools, prefill scores and activations), and
+- work memory (CUDA-graph pools, prefill scores and activations),
+- the word aligner's device memory when it runs on this GPU (its weights, its graphs' pool and its eager calls,
+  each bounded: moss_rt.align.memory), reserved here whether it has loaded yet or not, and
 - a margin for the allocator's fragmentation and library workspaces.
 
 A pure function of numbers (no torch, no device), so it is tested with fake free-memory figures. On
@@ -52,6 +54,7 @@ class MemoryCosts:
     work_bytes: int  # CUDA-graph pools, prefill scores and activations (independent of slots)
     work_bytes_per_slot: int = 0  # graph activations growing with the batch
     codec_fixed_bytes: int = 0  # the codec's scratch blocks (graph capture, padding rows of batched calls)
+    aligner_bytes: int = 0  # the word aligner on this device, what it will hold beyond what it holds already
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class MemoryPlan:
     margin_bytes: int
     slots_from: str  # "flag" or "plan"
     seq_len_from: str
+    aligner_bytes: int = 0  # reserved for the word aligner on this device (beyond what it held when planned)
 
     @property
     def kv_positions(self) -> int:
@@ -82,7 +86,8 @@ class MemoryPlan:
 
     @property
     def planned_bytes(self) -> int:
-        return self.backbone_cache_bytes + self.codec_state_bytes + self.work_bytes + self.margin_bytes
+        cache = self.backbone_cache_bytes + self.codec_state_bytes
+        return cache + self.work_bytes + self.margin_bytes + self.aligner_bytes
 
     @property
     def unplanned_bytes(self) -> int:
@@ -114,6 +119,8 @@ class MemoryPlan:
             ("graph pools and work memory", gib(self.work_bytes)),
             ("margin", gib(self.margin_bytes)),
         ]
+        if self.aligner_bytes:
+            rows.insert(-1, ("word aligner (weights, graph pool, eager calls)", gib(self.aligner_bytes)))
         if self.total_bytes:
             rows.append(("left unplanned", gib(self.unplanned_bytes)))
         return rows
@@ -144,6 +151,7 @@ class MemoryPlan:
             "margin_bytes": self.margin_bytes,
             "slots_from": self.slots_from,
             "seq_len_from": self.seq_len_from,
+            "aligner_bytes": self.aligner_bytes,
         }
 
 
@@ -203,15 +211,16 @@ def plan_memory(
         blocks = slots * _blocks_for(seq_len + 1, block_size) + 1
         backbone, codec, work = split(slots, blocks)
         return MemoryPlan(device, "settings", slots, seq_len, blocks, block_size, 0, 0, utilization,
-                          backbone + codec + work, backbone, codec, work, 0,
-                          "flag" if max_slots else "default", "flag" if max_seq_len else "default")
+                          backbone + codec + work + costs.aligner_bytes, backbone, codec, work, 0,
+                          "flag" if max_slots else "default", "flag" if max_seq_len else "default",
+                          costs.aligner_bytes)
 
     in_use = max(0, total_bytes - free_bytes)
     budget = int(utilization * total_bytes) - in_use
     margin = max(MIN_MARGIN, int(MARGIN_FRACTION * max(budget, 0)))
     # The scratch block, the extra codec streams, work memory and the margin come first.
     fixed = (block_bytes + costs.codec_extra_streams * costs.codec_bytes_per_stream + costs.codec_fixed_bytes
-             + costs.work_bytes + margin)
+             + costs.work_bytes + costs.aligner_bytes + margin)
     room = budget - fixed
     if max_slots:
         slots = max_slots
@@ -232,7 +241,7 @@ def plan_memory(
     backbone, codec, work = split(slots, blocks)
     return MemoryPlan(device, "measured", slots, seq_len, blocks, block_size, total_bytes, in_use, utilization,
                       budget, backbone, codec, work, margin,
-                      "flag" if max_slots else "plan", "flag" if max_seq_len else "plan")
+                      "flag" if max_slots else "plan", "flag" if max_seq_len else "plan", costs.aligner_bytes)
 
 
 def _advice(

@@ -40,7 +40,7 @@ from moss_rt.engine.base import (
 )
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
-from moss_rt.engine.compile_workers import CompileWorkers
+from moss_rt.engine.compile_workers import CompileWorkers, why_unsupported
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.kept_digests import KeptDigests
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
@@ -483,6 +483,10 @@ class MossEngine(EngineLifecycle):
         threads = compile_threads(s.compile_threads, device)
         if device.type != "cuda" or threads <= 1 or not s.compile_processes:
             return
+        unsupported = why_unsupported()
+        if unsupported is not None:  # said once, before any process is spawned
+            log.warning("start-up: kernels compile on threads, not in worker processes: %s", unsupported)
+            return
         try:
             self._compile_workers = CompileWorkers(threads).start().install()
         except Exception:  # noqa: BLE001 - no processes here (a sandbox, a limit): the threads compile, as before
@@ -705,6 +709,8 @@ class MossEngine(EngineLifecycle):
         from moss_rt.model.runner import DEFAULT_BLOCK_SIZE
 
         s = self.settings
+        # Before measuring: an aligner that loads in between is counted twice (in use and reserved), never missed.
+        aligner = self._aligner_reserve(device)
         costs = memory_costs(
             config,
             codec,
@@ -712,6 +718,7 @@ class MossEngine(EngineLifecycle):
             prefill_max_rows=s.prefill_max_rows,
             codec_chunk_frames=CODEC_CHUNK_FRAMES,
             codec_extra_streams=CODEC_EXTRA_STREAMS,
+            aligner_bytes=aligner,
         )
         total = free = None
         if device.type == "cuda":
@@ -746,6 +753,24 @@ class MossEngine(EngineLifecycle):
             self._capacity = plan.max_slots + s.max_queue
         self._inbox = queue.Queue(maxsize=self._capacity)
         return plan
+
+    def _aligner_reserve(self, device: torch.device) -> int:
+        """Bytes the plan reserves for the word aligner on this GPU (0: none runs here), docs/words.md."""
+        if device.type != "cuda":
+            return 0
+        from moss_rt.align.select import planned_reserve_bytes
+
+        s = self.settings
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        try:
+            return planned_reserve_bytes(
+                s.aligner, device=s.device, engine_index=index, graph_memory_bytes=s.aligner_graph_mb * 2**20
+            )
+        except Exception:  # an unreadable aligner checkpoint fails the aligner's own load, not the engine's plan
+            log.exception("cannot size the word aligner's memory; reserving its graph budget and an MMS-300m's weights")
+            from moss_rt.align.memory import MMS_300M_PARAMS, reserve_bytes, weights_bytes
+
+            return reserve_bytes(weights_bytes(MMS_300M_PARAMS), 0, s.aligner_graph_mb * 2**20)
 
     def _sync(self) -> None:
         """Wait for this thread's queued device work (host timings mean something); the codec's stream is not

@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from moss_rt.engine.compile_workers import GIVE_UP_AFTER, CompileWorkers, KernelJob, resolve_kernel
+from moss_rt.engine.compile_workers import (
+    GIVE_UP_AFTER,
+    CompileWorkers,
+    KernelJob,
+    resolve_kernel,
+    why_unsupported,
+)
 
 
 def _threads(n: int) -> Executor:
@@ -82,9 +88,42 @@ def test_a_kernel_a_worker_cannot_compile_compiles_here_and_repeated_failures_st
         assert _announce(workers, "m", "k", {"n": n}) is None  # Triton compiles it here: the start goes on
     assert len(jobs) == GIVE_UP_AFTER  # after that many failures and no success, the workers are no longer asked
     assert not workers.active
-    assert sum("could not be compiled in a worker" in r.message for r in caplog.records) == 1  # said once a kernel
+    said = [r for r in caplog.records if "could not be compiled in a worker" in r.message]
+    assert len(said) == 1  # said once a kernel, with why: the exception's text, and the worker's traceback
+    assert "RuntimeError: no ptxas here" in said[0].getMessage() and said[0].exc_info is not None
     assert sum("cannot be compiled in worker processes here" in r.message for r in caplog.records) == 1
     workers.close()
+
+
+def test_each_job_names_the_gpu_target_of_the_thread_that_met_the_kernel(recorded) -> None:  # type: ignore[no-untyped-def]
+    """Triton 3.6's specialization data names no target (3.9's does): the worker must still compile for the GPU the
+    engine's thread compiles for, so the hook asks the active driver there."""
+    pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    from moss_rt.engine.compile_workers import TargetOnlyDriver
+
+    jobs, release = recorded
+    workers = CompileWorkers(1, pool=_threads, compile_fn=_recording(jobs, release)).start()
+    saved = driver._active
+    driver.set_active(TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
+    try:
+        _announce(workers, "m", "k", {"name": "m.k"})  # as Triton 3.6 writes it
+        _announce(workers, "m", "k", {"name": "m.k", "target": {"backend": "cuda", "arch": 100, "warp_size": 32}})
+    finally:
+        driver._active = saved
+        workers.close()
+    assert [job.target for job in jobs] == [("cuda", 90, 32), ("cuda", 100, 32)]
+
+
+def test_a_triton_without_the_features_used_is_told_before_any_process_starts(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("triton")
+    from triton.runtime.jit import JITFunction
+
+    assert why_unsupported() is None  # the Triton installed here (3.9 in the dev venv; 3.6 on the GPU host) has them
+    monkeypatch.delattr(JITFunction, "preload")
+    assert why_unsupported() == "this Triton lacks JITFunction.preload"
 
 
 def test_the_hook_keeps_others_hooks_and_gives_tritons_back() -> None:

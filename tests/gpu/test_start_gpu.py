@@ -111,7 +111,14 @@ def test_kernels_compiled_in_worker_processes_on_a_cold_cache_change_no_take(tin
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
         results[mode] = json.loads(line[len("RESULT "):])
+        results[mode]["log"] = done.stderr[-6000:]  # the engine's warnings: why a worker could not compile
     compiled, failed, _ = results["on"]["counts"]
     assert compiled > 0 and failed == 0, results["on"]
     assert results["off"]["counts"] is None
     assert results["on"]["takes"] == results["off"]["takes"]
+    # The workers compiled under the keys this process looks up: the same kernels in both caches (a worker's kernel
+    # under another key would sit beside the one the engine then compiled itself).
+    kernels = {mode: {p.relative_to(tmp_path / f"triton-{mode}").as_posix()
+                      for p in (tmp_path / f"triton-{mode}").glob("*/*.cubin")} for mode in ("on", "off")}
+    assert kernels["on"] == kernels["off"], (sorted(kernels["on"] - kernels["off"]),
+                                             sorted(kernels["off"] - kernels["on"]))
