@@ -61,7 +61,7 @@ RETAKE_INSTRUCTION = "Bright and quick, smiling, as if sharing good news with a 
 # The engine's account of a take's first audio (its end's timings, moss_rt.engine.scheduler.first_audio_path).
 PATH = ("queue_ms", "prefill_ms", "to_first_frame_ms", "to_codec_ms", "codec_queue_ms", "decode_ms")
 ROUND_PHASES = ("control", "step", "flush", "admit", "prepare", "capture", "jobs")
-ADMIT_PARTS = ("match", "room", "kv", "sampling", "codec")  # moss_rt_admit_part_seconds{part}
+ADMIT_PARTS = ("match", "room", "kv", "sampling", "codec", "apply")  # moss_rt_admit_part_seconds{part} (apply: a round)
 
 
 @dataclass

@@ -75,6 +75,7 @@ def use_sampler(runner: ModelRunner, name: str) -> None:
 def restart(runner: ModelRunner, slots: list[int], context: int) -> None:
     for s in slots:
         runner.truncate(s, context)
+    runner.apply_staged()  # the sections below also run frame_step themselves, which applies nothing staged
 
 
 class TimedGraph:

@@ -57,7 +57,8 @@ class EngineMetrics:
             "moss_rt_admit_part_seconds",
             "Engine-thread time of each part of admitting a take (match: prompt rows and kept caches looked up; "
             "room: KV blocks promised, kept caches evicted; kv: its slot and cache blocks; sampling: its sampling "
-            "state written; codec: its codec stream opened)",
+            "state set; codec: its codec stream opened; apply: once a round, the device writes of that round's "
+            "admissions, batched)",
             ["part"], buckets=ADMIT_BUCKETS, registry=r,
         )
         self.codec_pending = Gauge("moss_rt_codec_pending_calls", "Codec calls queued or running on the codec worker",

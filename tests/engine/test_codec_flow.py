@@ -110,7 +110,7 @@ def test_a_director_is_admitted_and_prepared_while_the_bulk_lane_is_full_and_no_
         got = np.frombuffer(ch.pcm, "<i2").astype(np.int32)  # type: ignore[attr-defined]
         assert np.abs(got - _whole_pcm(engine, ch.codes)).max() <= 1  # type: ignore[attr-defined]
         assert _sample(engine, "moss_rt_codec_wait_seconds_count") > 0  # the hold is reported as a wait
-        for part in ("match", "room", "kv", "sampling", "codec"):  # admissions timed by part
+        for part in ("match", "room", "kv", "sampling", "codec", "apply"):  # admissions timed by part (apply: a round)
             assert _sample(engine, "moss_rt_admit_part_seconds_count", part=part) >= 2, part
         assert worker.parked(False) == 0 and worker.pending == 0
 
