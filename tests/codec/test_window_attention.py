@@ -121,7 +121,7 @@ _FP8_SCRIPT = r"""
 import torch
 from tests.codec.test_window_attention import cases
 torch.set_num_threads(1)
-f32 = cases("cpu", torch.float32, frames=(1, 5), fp8=True)
+f32 = cases("cpu", torch.float32, frames=(5,), fp8=True)
 bf16 = cases("cpu", torch.bfloat16, frames=(5,), fp8=True, splits_list=(3,))
 assert max(f32) < 1e-5, f32
 assert max(bf16) < 2e-2, bf16
