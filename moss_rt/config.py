@@ -86,6 +86,13 @@ class Settings:
     # Emulate a smaller GPU: the process may hold at most this many GiB (torch's per-process memory
     # fraction) and the memory plan budgets that instead of the whole device; 0: the whole device.
     gpu_memory_limit_gib: float = setting(0.0, "emulate a smaller GPU: hold at most this many GiB (0: all of it)")
+    # How the codec's streaming K/V (the largest per-take state) is stored: bf16 (as computed: exact streaming; fp32
+    # on a CPU), fp8 (8-bit values with a scale per token and head: 53% of the memory, a few times bf16's error,
+    # docs/codec.md) or auto: bf16 unless --max-slots asks for more takes than bf16 state fits (memory_plan.py).
+    codec_state_dtype: str = setting(
+        "auto", "codec streaming K/V storage: auto | bf16 | fp8 (auto: fp8 only when --max-slots needs it)",
+        choices=("auto", "bf16", "fp8"),
+    )
     prefill_chunk: int = setting(512, "prompt rows per prefill call (longer prompts are prefilled in pieces)")
     # A prefill pass while takes stream holds them for its whole length: 50 ms plus a step (15-25 ms under
     # load on an H200) keeps a running stream's frame within its 80 ms of audio.

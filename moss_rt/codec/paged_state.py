@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from .config import TransformerSpec
+from .kv_quant import value_bytes
 from .model import CodecModel
 from .modules import ProjectedTransformer
 
@@ -98,8 +99,10 @@ class StageGeometry:
 
 
 def stage_geometry(
-    spec: TransformerSpec, frame_rate: float, max_chunk_frames: int, itemsize: int, block_frames: int | None = None
+    spec: TransformerSpec, frame_rate: float, max_chunk_frames: int, dtype: torch.dtype,
+    block_frames: int | None = None,
 ) -> StageGeometry:
+    """``dtype``: the pools' storage dtype (fp8 rows carry a scale each: kv_quant.value_bytes)."""
     tpf = int(round(spec.rate_hz / frame_rate))
     need = spec.context + max_chunk_frames * tpf - 1  # keys a chunk's queries see, its own included
     if block_frames is None:
@@ -116,17 +119,17 @@ def stage_geometry(
         block=block,
         ring_blocks=_cdiv(need, block),
         scratch_blocks=_cdiv(max_chunk_frames * tpf, block),
-        token_bytes=2 * spec.num_layers * spec.num_heads * spec.head_dim * itemsize,
+        token_bytes=2 * spec.num_layers * spec.num_heads * value_bytes(spec.head_dim, dtype),
     )
 
 
 def geometries(
     codec: CodecModel, max_chunk_frames: int, dtype: torch.dtype, block_frames: int | None = None
 ) -> dict[int, StageGeometry]:
-    """Geometry of every decoder transformer stage, keyed by its index in ``codec.decoder``."""
-    itemsize = torch.tensor([], dtype=dtype).element_size()
+    """Geometry of every decoder transformer stage, keyed by its index in ``codec.decoder``; ``dtype`` is the K/V
+    pools' storage dtype (the compute dtype, or kv_quant.FP8)."""
     return {
-        idx: stage_geometry(m.spec, codec.config.frame_rate, max_chunk_frames, itemsize, block_frames)
+        idx: stage_geometry(m.spec, codec.config.frame_rate, max_chunk_frames, dtype, block_frames)
         for idx, m in enumerate(codec.decoder)
         if isinstance(m, ProjectedTransformer)
     }
@@ -137,7 +140,8 @@ def stream_state_bytes(
     block_frames: int | None = None,
 ) -> int:
     """Bytes of K/V blocks one stream holds after ``frames`` frames (None: the most it can hold, its whole ring,
-    which is what the pools reserve per stream). Allocates nothing."""
+    which is what the pools reserve per stream), in storage ``dtype`` (kv_quant.FP8: values and their scales).
+    Allocates nothing."""
     total = 0
     for g in geometries(codec, max_chunk_frames, dtype, block_frames).values():
         total += (g.ring_blocks if frames is None else g.blocks_for(frames)) * g.block_bytes

@@ -151,11 +151,16 @@ def window_attention(
     scale: float,
     splits: int | None = None,
     tiles: Tiles | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Windowed attention of the chunk's queries over each stream's stored keys (see the module docstring).
 
     Args:
-        q: ``[B, H, Tq, D]``. k_pool, v_pool: ``[N, H, block, D]``. table: ``[rows, >= ring_blocks]`` int32.
+        q: ``[B, H, Tq, D]``. k_pool, v_pool: ``[N, H, block, D]`` (in ``q``'s dtype, or float8_e4m3fn with
+            ``k_scale`` / ``v_scale``). table: ``[rows, >= ring_blocks]`` int32.
+        k_scale, v_scale: fp8 pools only: ``[N, H, block]`` fp32 (unit stride on the row, equal strides), one
+            scale per stored (key, head) row (kv_quant.py).
         slots, offs: ``[B]`` int64 on the device. splits: key splits (None: chosen from the shapes).
         tiles: tile sizes and launch shape (None: ``tiles_for(Tq, block)``).
     Returns:
@@ -167,6 +172,16 @@ def window_attention(
     B, H, Tq, D = q.shape
     assert q.stride(-1) == 1 and k_pool.stride() == v_pool.stride() and k_pool.stride(-1) == 1
     assert table.dtype == torch.int32 and table.stride(-1) == 1
+    fp8 = k_scale is not None or v_scale is not None
+    if fp8:
+        assert k_scale is not None and v_scale is not None and k_pool.dtype == torch.float8_e4m3fn
+        assert k_scale.stride() == v_scale.stride() and k_scale.stride(-1) == 1 and k_scale.dtype == torch.float32
+        assert k_scale.shape == k_pool.shape[:-1]
+    else:
+        assert k_pool.dtype == q.dtype
+    ks = k_scale if k_scale is not None else k_pool  # placeholders when not fp8 (never read)
+    vs = v_scale if v_scale is not None else v_pool
+    s_sn, s_sh = (k_scale.stride(0), k_scale.stride(1)) if k_scale is not None else (0, 0)
     assert ring_blocks * block >= context, "the ring must hold at least the window"
     out = torch.empty(B, Tq, H, D, device=q.device, dtype=q.dtype)
     tiles = tiles or tiles_for(Tq, block)
@@ -185,12 +200,12 @@ def window_attention(
         part_acc = part_ml = out  # unused
     if B * Tq:
         attend[(qblocks, B * H, splits)](
-            q, k_pool, v_pool, table, slots, offs, out, part_acc, part_ml,
+            q, k_pool, v_pool, ks, vs, table, slots, offs, out, part_acc, part_ml,
             H, Tq, int(tokens_per_frame), int(context), int(block), int(ring_blocks), chunk, splits, float(scale),
-            q.stride(0), q.stride(1), q.stride(2), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+            q.stride(0), q.stride(1), q.stride(2), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), s_sn, s_sh,
             table.stride(0), out.stride(0), out.stride(2), out.stride(1),
             D=D, BLOCK_M=bm, BLOCK_N=bn, IEEE=q.dtype == torch.float32 or not q.is_cuda,
-            UPCAST=not q.is_cuda, SPLIT=splits > 1, ALIGNED=aligned, num_warps=tiles.num_warps,
+            UPCAST=not q.is_cuda, SPLIT=splits > 1, ALIGNED=aligned, FP8=fp8, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
         )
         if splits > 1:

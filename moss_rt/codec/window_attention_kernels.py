@@ -8,21 +8,25 @@ import triton.language as tl
 
 @triton.jit
 def _tile(
-    acc, m_i, l_i, q, K, V, trow, k0, hi, p, h, context, block, ring_blocks, scale, s_kn, s_kh, s_kt,
-    D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-    MASK: tl.constexpr, ALIGNED: tl.constexpr,
+    acc, m_i, l_i, q, K, V, KS, VS, trow, k0, hi, p, h, context, block, ring_blocks, scale, s_kn, s_kh, s_kt,
+    s_sn, s_sh, D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    MASK: tl.constexpr, ALIGNED: tl.constexpr, FP8: tl.constexpr,
 ):
     """One key tile [k0, k0 + BLOCK_N) into the running softmax. MASK: some key of the tile is out of some
     query's window (or past ``hi``); tiles every query sees whole skip the mask. ALIGNED: the tile lies in one
-    block (one table read, contiguous rows)."""
+    block (one table read, contiguous rows). FP8: K/V are fp8 with one scale per (key, head) (kv_quant.py): the
+    values enter the dots as they are (exact in bf16/fp32), the K scales multiply the scores' columns and the V
+    scales the probabilities' columns, in registers."""
     kp = k0 + tl.arange(0, BLOCK_N)  # key positions of this tile
     d = tl.arange(0, D)
     if ALIGNED:
         blk = tl.load(trow + (k0 // block) % ring_blocks).to(tl.int64)
         row = blk * s_kn + h * s_kh + ((k0 % block) + tl.arange(0, BLOCK_N)) * s_kt
+        srow = blk * s_sn + h * s_sh + (k0 % block) + tl.arange(0, BLOCK_N)
     else:
         blk_n = tl.load(trow + (kp // block) % ring_blocks, mask=kp < hi, other=0).to(tl.int64)
         row = blk_n * s_kn + h * s_kh + (kp % block) * s_kt
+        srow = blk_n * s_sn + h * s_sh + (kp % block)
     if MASK:
         k_ok = kp < hi
         k = tl.load(K + row[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
@@ -30,11 +34,20 @@ def _tile(
         k = tl.load(K + row[:, None] + d[None, :])
     if UPCAST:
         k = k.to(tl.float32)
+    elif FP8:
+        k = k.to(q.dtype)
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    s = s * scale
+    if FP8:
+        if MASK:
+            ks = tl.load(KS + srow, mask=k_ok, other=0.0)
+        else:
+            ks = tl.load(KS + srow)
+        s = s * (ks[None, :] * scale)
+    else:
+        s = s * scale
     if MASK:
         delta = p[:, None] - kp[None, :]
         seen = k_ok[None, :] & (delta >= 0) & (delta < context)
@@ -51,21 +64,30 @@ def _tile(
         v = tl.load(V + row[:, None] + d[None, :])
     if UPCAST:
         v = v.to(tl.float32)
+    elif FP8:
+        v = v.to(q.dtype)
+    pv = pr
+    if FP8:
+        if MASK:
+            vs = tl.load(VS + srow, mask=k_ok, other=0.0)
+        else:
+            vs = tl.load(VS + srow)
+        pv = pr * vs[None, :]
     if IEEE:
-        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision="ieee")
     else:
-        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v)
     return acc, m_new, l_i
 
 # Shape-derived integers are not specialised on (Triton would compile a variant per "== 1" / "% 16" pattern
 # of each, dozens over the stages and chunk lengths, each a few seconds on the first capture).
 @triton.jit(do_not_specialize=["H", "Tq", "tpf", "context", "block", "ring_blocks", "chunk", "splits"])
 def _attend(
-    Q, K, V, TABLE, SLOTS, OFFS, OUT, PACC, PML,
+    Q, K, V, KS, VS, TABLE, SLOTS, OFFS, OUT, PACC, PML,
     H, Tq, tpf, context, block, ring_blocks, chunk, splits, scale,
-    s_qb, s_qh, s_qt, s_kn, s_kh, s_kt, s_tr, s_ob, s_oh, s_ot,
+    s_qb, s_qh, s_qt, s_kn, s_kh, s_kt, s_sn, s_sh, s_tr, s_ob, s_oh, s_ot,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr, ALIGNED: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr, ALIGNED: tl.constexpr, FP8: tl.constexpr,
 ):
     qblk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -101,14 +123,14 @@ def _attend(
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
     for k0 in range(lo, a, BLOCK_N):
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, trow, k0, hi, p, h, context, block, ring_blocks, scale,
-                              s_kn, s_kh, s_kt, D, BLOCK_N, IEEE, UPCAST, True, ALIGNED)
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, KS, VS, trow, k0, hi, p, h, context, block, ring_blocks,
+                              scale, s_kn, s_kh, s_kt, s_sn, s_sh, D, BLOCK_N, IEEE, UPCAST, True, ALIGNED, FP8)
     for k0 in range(a, b_end, BLOCK_N):
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, trow, k0, hi, p, h, context, block, ring_blocks, scale,
-                              s_kn, s_kh, s_kt, D, BLOCK_N, IEEE, UPCAST, False, ALIGNED)
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, KS, VS, trow, k0, hi, p, h, context, block, ring_blocks,
+                              scale, s_kn, s_kh, s_kt, s_sn, s_sh, D, BLOCK_N, IEEE, UPCAST, False, ALIGNED, FP8)
     for k0 in range(b_end, hi, BLOCK_N):
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, trow, k0, hi, p, h, context, block, ring_blocks, scale,
-                              s_kn, s_kh, s_kt, D, BLOCK_N, IEEE, UPCAST, True, ALIGNED)
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q, K, V, KS, VS, trow, k0, hi, p, h, context, block, ring_blocks,
+                              scale, s_kn, s_kh, s_kt, s_sn, s_sh, D, BLOCK_N, IEEE, UPCAST, True, ALIGNED, FP8)
     if not SPLIT:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         o = OUT + b * s_ob + h * s_oh + m[:, None] * s_ot + d[None, :]

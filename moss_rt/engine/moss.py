@@ -531,6 +531,7 @@ class MossEngine(EngineLifecycle):
     # ------------------------------------------------------------------ loading
     def _load(self) -> None:
         from moss_rt.codec import CodecLoadError, load_codec
+        from moss_rt.codec.kv_quant import FP8
         from moss_rt.codec.streaming import StreamingDecoder
         from moss_rt.model.loader import ModelUnavailable, open_model, random_weights_label
         from moss_rt.model.runner import ModelRunner
@@ -595,6 +596,7 @@ class MossEngine(EngineLifecycle):
             dtype=where.dtype,
             max_streams=slots + CODEC_EXTRA_STREAMS,  # every slot, a render and the warm-up
             max_chunk_frames=CODEC_CHUNK_FRAMES,
+            state_dtype=FP8 if plan.codec_state_dtype == "fp8" else None,  # the plan's choice (memory_plan.py)
             **extra,
         )
         # Captures under load are deferred to the scheduler's rounds (see codec_batch), whether or not the
@@ -676,6 +678,7 @@ class MossEngine(EngineLifecycle):
             "dtype": str(where.dtype).replace("torch.", ""),
             "max_slots": str(slots),
             "max_seq_len": str(seq_len),
+            "codec_state_dtype": f"{plan.codec_state_dtype} ({plan.codec_state_reason})",
             "cuda_graphs": str(bool(runner.use_cuda_graphs)).lower(),
             "codec_cuda_graphs": str(batcher.graphs).lower(),
             "codec_overlap": "on" if worker.threaded else "off",
@@ -744,6 +747,7 @@ class MossEngine(EngineLifecycle):
             max_slots=s.max_slots,
             max_seq_len=s.max_seq_len,
             block_size=DEFAULT_BLOCK_SIZE,
+            codec_state_dtype=s.codec_state_dtype,
         )
         log.info("%s", plan.table())
         self.memory_plan = plan
