@@ -61,6 +61,7 @@ RETAKE_INSTRUCTION = "Bright and quick, smiling, as if sharing good news with a 
 # The engine's account of a take's first audio (its end's timings, moss_rt.engine.scheduler.first_audio_path).
 PATH = ("queue_ms", "prefill_ms", "to_first_frame_ms", "to_codec_ms", "codec_queue_ms", "decode_ms")
 ROUND_PHASES = ("control", "step", "flush", "admit", "prepare", "capture", "jobs")
+ADMIT_PARTS = ("match", "room", "kv", "sampling", "codec", "apply")  # moss_rt_admit_part_seconds{part} (apply: a round)
 
 
 @dataclass
@@ -364,6 +365,11 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
             "round_phase_over_40ms": {ph: delta(f'moss_rt_round_phase_seconds_count{{phase="{ph}"}}')
                                       - delta(f'moss_rt_round_phase_seconds_bucket{{le="0.04",phase="{ph}"}}')
                                       for ph in ROUND_PHASES},
+            # Admissions by part (engine-thread seconds in all), how many, and steps held back for codec room.
+            "admit_part_ms": {part: round(1000.0 * delta(f'moss_rt_admit_part_seconds_sum{{part="{part}"}}'), 2)
+                              for part in ADMIT_PARTS},
+            "admissions": delta('moss_rt_admit_part_seconds_count{part="match"}'),
+            "steps_held": delta("moss_rt_steps_held_total"),
         },
     }
 

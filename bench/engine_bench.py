@@ -40,7 +40,8 @@ compiled; with ``--drop-page-cache`` the weights from the disk too), then a seco
         --single-repeats 3 --no-profile --out first.json
     python bench/engine_bench.py --cold --prompts lines --concurrency 1 --single-repeats 3 --no-profile \
         --out second.json
-``--compile-threads 1`` starts the server compiling every kernel in its captures, one after the other (as before).
+``--compile-threads 1`` starts the server compiling every kernel in its captures, one after the other (as before);
+``--no-compile-processes`` compiles them ahead on the server's threads instead of its worker processes.
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ def start_server(
         cmd.append("--no-prompt-cache")
     if getattr(args, "compile_threads", None) is not None:
         cmd += ["--compile-threads", str(args.compile_threads)]
+    if getattr(args, "no_compile_processes", False):
+        cmd.append("--no-compile-processes")
     if replicas > 0:
         # Ray on loopback, no usage report; the replicas are CPU ones with --tiny.
         env.update(RAY_ENV)
@@ -599,6 +602,9 @@ def main() -> None:
                    help="drop the OS page cache first (root only): the weights come from the disk")
     p.add_argument("--compile-threads", type=int, default=None,
                    help="the server's --compile-threads (1: nothing compiled ahead; default: the server's)")
+    p.add_argument("--no-compile-processes", action="store_true",
+                   help="the server's --no-compile-processes: the kernels ahead compile on its threads, not in worker "
+                        "processes (the start before issue 24's worker processes)")
     p.add_argument("--server-log", type=Path, default=None)
     p.add_argument("--upstream", type=Path, default=None,
                    help="unmodified upstream moss_tts_local_v1.5 folder: also time its per-frame generate")

@@ -216,6 +216,12 @@ def engine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
         **{f"{phase}_over_40ms": d(f'moss_rt_round_phase_seconds_count{{phase="{phase}"}}')
            - d(f'moss_rt_round_phase_seconds_bucket{{le="0.04",phase="{phase}"}}')
            for phase in ("step", "flush", "admit", "prepare", "capture", "jobs")},
+        # The admit part's time by part of an admission (moss_rt_admit_part_seconds), and how many admissions;
+        # steps held back for room in the codec's bulk lane (the round went on instead of blocking).
+        **{f"admit_{part}_ms": 1000.0 * d(f'moss_rt_admit_part_seconds_sum{{part="{part}"}}')
+           for part in ("match", "room", "kv", "sampling", "codec", "apply")},
+        "admissions": d('moss_rt_admit_part_seconds_count{part="match"}'),
+        "steps_held": d("moss_rt_steps_held_total"),
     }.items()}
 
 

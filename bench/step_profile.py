@@ -58,16 +58,24 @@ SAMPLERS = {"fused": "1", "torch": "0"}  # MOSS_RT_FUSED_SAMPLER
 PHASES = ("local_ms", "sampling_ms", "backbone_ms", "bookkeeping_ms")
 
 
+_RETIRED_GRAPHS: list[Any] = []
+
+
 def use_sampler(runner: ModelRunner, name: str) -> None:
-    """Switch the sampler: frame_step reads the switch when it runs, so the captured graphs must go."""
+    """Switch the sampler: frame_step reads the switch when it runs, so the captured graphs must go from the runner's
+    table. They are kept alive here, not deleted: the runner captures into one private memory pool, and once every
+    graph holding it is gone the pool is released, after which a capture into its handle fails PyTorch's allocator
+    assertion (``use_count > 0``) — what ended this section before (session 10)."""
     os.environ["MOSS_RT_FUSED_SAMPLER"] = SAMPLERS[name]
     torch.cuda.synchronize()
-    runner._graphs.clear()  # bench-only reach into the runner: the next step captures with the new sampler
+    _RETIRED_GRAPHS.extend(runner._graphs.values())  # bench-only reach into the runner
+    runner._graphs.clear()  # the next step captures with the new sampler
 
 
 def restart(runner: ModelRunner, slots: list[int], context: int) -> None:
     for s in slots:
         runner.truncate(s, context)
+    runner.apply_staged()  # the sections below also run frame_step themselves, which applies nothing staged
 
 
 class TimedGraph:

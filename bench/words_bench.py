@@ -22,7 +22,8 @@ and batching aligner service for ``--seconds``; the GPU time is the aligner's sy
 at most 5 % of the GPU's time at 64 takes (report it beside the directing and engine benches).
 
     python bench/words_bench.py gpu --takes 64 --seconds 60                    # on the H200: both regimes
-    .venv/bin/python bench/words_bench.py gpu --takes 4 --seconds 5 --size tiny --device cpu   # smoke test
+    python bench/words_bench.py gpu --takes 64 --seconds 30 --results truth --no-graphs --gather-ms 150  # before
+    .venv/bin/python bench/words_bench.py gpu --takes 4 --seconds 5 --size tiny --device cpu --warmup-sec 2  # smoke
 
 Each take streams the fixture's real speech (from a word of its own, looped) and its text (from that word on,
 repeated, so a take never runs out of words). The network runs on every job's audio; what the track is told back
@@ -30,7 +31,12 @@ is ``--results``: ``random`` (the random network's own Viterbi: no word ever set
 age, the most audio a job can hold: the worst case), ``truth`` (the words where the fixture says they are, as a
 trained checkpoint places them: the typical case), or ``both`` (the default: one run of each, one JSON line each).
 Beside the share it prints the jobs' audio (``job_window_sec``: mean and max, bounded by the track's
-``--window-sec``), the network calls, windows per call, and the share of padding they computed.
+``--window-sec``), the network calls, windows per call, and the share of padding they computed. The takes stream
+``--warmup-sec`` first (10 s: every shape's CUDA graph gets captured, the load-dependent gather settles), then
+``--seconds`` are measured: the steady state of a service that has been up a while; ``captures_measured`` says
+whether any capture still fell inside it. ``job_turnaround_sec`` is a job's time in the aligner (queue, gather,
+network, Viterbi), what the aligner adds to a word's lag; ``max_abs_diff_vs_hf`` compares the graphed network's
+log-probabilities with the Hugging Face module's on one batch; ``--no-graphs`` runs the module eagerly instead.
 """
 
 from __future__ import annotations
@@ -212,15 +218,21 @@ class _Speech:
         assert len(self.index) == len(self.times)
 
     def answer(self, pending: Any, free_end: bool) -> AlignResult:
-        """What a trained checkpoint would answer for a job: the words at their known times (job time)."""
+        """What a trained checkpoint would answer for a job: the words at their known times (job time), and, as
+        the CTC aligner reports it, whether the free end is in a pause (``PAUSE_SEC`` past the last word's end)."""
+        from moss_rt.align.ctc import PAUSE_SEC
+
         spans: list[tuple[float, float] | None] = []
+        last_end = None
         for token in pending.tokens:
             start, end = self.times[self.index[token.start]]
             if free_end and start >= pending.end:
                 break
             span = (max(start, pending.offset) - pending.offset, min(end, pending.end) - pending.offset)
             spans += [span] * len(token.spoken)
-        return AlignResult(spans)
+            last_end = end
+        paused = free_end and last_end is not None and pending.end - last_end >= PAUSE_SEC
+        return AlignResult(spans, len(spans) if paused else None)
 
 
 def bench_gpu(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -238,7 +250,9 @@ def _bench_gpu(args: argparse.Namespace, regime: str) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="ctc-bench-")) / args.size
     write_random_ctc_checkpoint(folder, size=args.size)
     gather = None if args.gather_ms is None else args.gather_ms / 1000
-    aligner = CtcAligner(str(folder), device=args.device, max_batch=args.takes, gather_sec=gather)
+    most = None if args.max_gather_ms is None else args.max_gather_ms / 1000
+    aligner = CtcAligner(str(folder), device=args.device, max_batch=args.takes, gather_sec=gather,
+                         max_gather_sec=most, cuda_graphs=not args.no_graphs)  # fmt: skip
     cuda = args.device.startswith("cuda")
     forward = aligner._forward
     calls = {"forwards": 0, "rows": 0, "padded_sec": 0.0, "audio_sec": 0.0}
@@ -265,37 +279,63 @@ def _bench_gpu(args: argparse.Namespace, regime: str) -> dict[str, Any]:
     pcm48 = (np.clip(soxr.resample(audio, 16000, 48000), -1, 1) * 32767).astype("<i2").tobytes()
     step = int(CHUNK_SEC * 48000) * 2
     job_sec: list[float] = []  # audio of every streaming job (what the network computes over for it)
+    turnaround: list[float] = []  # a job's queue, gather, network and Viterbi: what the aligner adds to a word's lag
+    measure = {"from": float("inf")}  # steady state: after --warmup-sec (shapes captured, the gather settled)
 
-    async def take(index: int, stop_at: float, counters: dict[str, int]) -> None:
-        speech = _Speech(audio, truth, (index * 7919) % len(truth["words"]), args.seconds)
+    async def take(index: int, stop_at: float, counters: dict[str, float]) -> None:
+        speech = _Speech(audio, truth, (index * 7919) % len(truth["words"]), args.warmup_sec + args.seconds)
         start = int(round(speech.offset * 48000)) * 2
         track = WordTrack(speech.text, sample_rate=aligner.sample_rate, window_sec=window_sec)
         t0 = time.perf_counter()
         sent = 0
+        words_before = None
         while time.perf_counter() < stop_at:
+            measuring = time.perf_counter() >= measure["from"]
+            if measuring and words_before is None:
+                words_before = len(track.words)
             at = (start + sent * step) % len(pcm48)
             piece = pcm48[at : at + step]
             if len(piece) < step:  # the loop's seam
                 piece += pcm48[: step - len(piece)]
             track.add_pcm(piece, 1)
             sent += 1
+            if measuring:
+                counters["audio_sec"] += CHUNK_SEC
             if (due := track.next_job()) is not None:
                 job, pending = due
+                asked = time.perf_counter()
                 try:
                     result = await service.align(job, wait=False)
                 except Exception:
-                    counters["skipped"] += 1
+                    if measuring:
+                        counters["skipped"] += 1
                     result = None
                 if result is not None:
-                    job_sec.append(len(job.audio) / aligner.sample_rate)
+                    if measuring:
+                        job_sec.append(len(job.audio) / aligner.sample_rate)
+                        turnaround.append(time.perf_counter() - asked)
+                        counters["jobs"] += 1
                     if regime == "truth":
                         result = speech.answer(pending, job.free_end)
                     track.apply(pending, result if isinstance(result, AlignResult) else AlignResult())
-                    counters["jobs"] += 1
             # Real time: the next chunk is due CHUNK_SEC after this one.
             await asyncio.sleep(max(0.0, t0 + sent * CHUNK_SEC - time.perf_counter()))
-        counters["words"] += len(track.words)
-        counters["audio_sec"] += track.edge
+        counters["words"] += len(track.words) - (words_before or 0)
+
+    def check_vs_hf() -> float | None:
+        """The largest difference between the graphed network's log-probabilities and the HF module's (eager) on
+        one batch of 16 windows of 1 to 5 s: the graphs compute what the module does."""
+        if aligner._graphed is None:
+            return None
+        rng = np.random.default_rng(0)
+        batch = [rng.normal(0, 0.1, int(16000 * s)).astype(np.float32) for s in np.linspace(1, 5, 16)]
+        graphed = forward(batch)
+        runner, aligner._graphed = aligner._graphed, None
+        try:
+            eager = forward(batch)
+        finally:
+            aligner._graphed = runner
+        return float(max(np.abs(a - b).max() for a, b in zip(graphed, eager, strict=True)))
 
     async def drive() -> dict[str, Any]:
         await service.wait_loaded()
@@ -303,28 +343,45 @@ def _bench_gpu(args: argparse.Namespace, regime: str) -> dict[str, Any]:
         from moss_rt.align.base import AlignJob
 
         await asyncio.gather(*(service.align(AlignJob(warm, ("a",))) for _ in range(min(8, args.takes))))
-        before = aligner.gpu_seconds
-        calls.update(forwards=0, rows=0, padded_sec=0.0, audio_sec=0.0)
-        counters = {"jobs": 0, "skipped": 0, "words": 0, "audio_sec": 0}
+        diff = await asyncio.to_thread(check_vs_hf)
+        counters = {"jobs": 0, "skipped": 0, "words": 0, "audio_sec": 0.0}
         t0 = time.perf_counter()
-        await asyncio.gather(*(take(i, t0 + args.seconds, counters) for i in range(args.takes)))
-        wall = time.perf_counter() - t0
+        measure["from"] = t0 + args.warmup_sec
+        stop = measure["from"] + args.seconds
+        takes = asyncio.gather(*(take(i, stop, counters) for i in range(args.takes)))
+        await asyncio.sleep(args.warmup_sec)
+        before = aligner.gpu_seconds
+        calls_before = dict(calls)
+        graphs_before = aligner.graph_stats or {}
+        await takes
+        wall = time.perf_counter() - measure["from"]
         busy = aligner.gpu_seconds - before
+        for key, value in calls_before.items():
+            calls[key] -= value
+        graphs = aligner.graph_stats
         params = sum(p.numel() for p in aligner._model.parameters())  # before close() lets the model go
         take_sec = counters.pop("audio_sec")
+        turnaround.sort()
+        pick = lambda q: round(turnaround[min(len(turnaround) - 1, int(q * len(turnaround)))], 3)  # noqa: E731
         return {"wall_sec": round(wall, 2), "aligner_gpu_sec": round(busy, 3), "params_m": round(params / 1e6, 1),
                 "gpu_share": round(busy / wall, 4), **counters,
                 # The jobs' audio (bounded by the track's window) and how much audio the network computed over
                 # for each second of the takes' audio (the jobs overlap: the unsettled tail is read again).
                 "job_window_sec": {"mean": round(statistics.fmean(job_sec), 2) if job_sec else None,
                                    "max": round(max(job_sec), 2) if job_sec else None},
+                "job_turnaround_sec": {"p50": pick(0.5), "p95": pick(0.95), "max": round(turnaround[-1], 3)}
+                if turnaround else None,
                 "network_sec_per_take_sec": round(calls["padded_sec"] / max(1e-9, take_sec), 2),
                 # Network calls, windows per call, and the audio they held (padded: what the batch computed)
                 "forwards": calls["forwards"],
                 "windows_per_forward": round(calls["rows"] / max(1, calls["forwards"]), 2),
                 "audio_sec_per_window": round(calls["audio_sec"] / max(1, calls["rows"]), 2),
                 "padded_share": round(1 - calls["audio_sec"] / max(1e-9, calls["padded_sec"]), 3),
-                "ms_per_forward": round(1000 * busy / max(1, calls["forwards"]), 2)}  # fmt: skip
+                "ms_per_forward": round(1000 * busy / max(1, calls["forwards"]), 2),
+                # CUDA graphs: all of the run's, and the captures within the measured time (their cost is in it)
+                "graphs": graphs, "captures_measured": None if graphs is None
+                else graphs["captures"] - graphs_before.get("captures", 0),
+                "max_abs_diff_vs_hf": None if diff is None else round(diff, 5)}  # fmt: skip
 
     try:
         result = asyncio.run(drive())
@@ -334,7 +391,8 @@ def _bench_gpu(args: argparse.Namespace, regime: str) -> dict[str, Any]:
     return {
         "bench": "words gpu", "results": regime, "device": name, "size": args.size,
         "dtype": str(aligner._dtype).removeprefix("torch."), "takes": args.takes,
-        "gather_ms": round(aligner.gather_sec * 1000), "window_sec": window_sec, **result, "target_share": 0.05,
+        "gather_ms": round(aligner.gather_sec * 1000), "max_gather_ms": round(aligner.max_gather_sec * 1000),
+        "window_sec": window_sec, "warmup_sec": args.warmup_sec, **result, "target_share": 0.05,
     }  # fmt: skip
 
 
@@ -358,6 +416,11 @@ def main() -> None:
     gpu.add_argument("--device", default="cuda")
     gpu.add_argument("--gather-ms", type=float, default=None,
                      help="how long the aligner waits for jobs to join a batch (default: the aligner's own)")
+    gpu.add_argument("--max-gather-ms", type=float, default=None,
+                     help="how long it waits at most under load (default: the aligner's own; with --gather-ms: that)")
+    gpu.add_argument("--warmup-sec", type=float, default=10.0,
+                     help="takes stream this long before the measurement (the graphs of the shapes get captured)")
+    gpu.add_argument("--no-graphs", action="store_true", help="the HF module eagerly (the path before CUDA graphs)")
     gpu.add_argument("--window-sec", type=float, default=None,
                      help="a streaming job's audio at most (default: the track's own, STREAM_WINDOW_SEC)")
     gpu.add_argument("--results", default="both", choices=("random", "truth", "both"),

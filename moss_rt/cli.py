@@ -32,15 +32,20 @@ def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    settings = settings_from_flags(args, args.base)
+    setup_logging(settings.log_level)
+    engine = build_engine(settings)
+    # The model starts loading now, on the engine's thread, while the web app below is imported and built and the
+    # session store opens (start-up, issue 24); an engine without this starts when the app does.
+    begin_loading = getattr(engine, "begin_loading", None)
+    if begin_loading is not None:
+        begin_loading()
     from aiohttp import web
 
     from moss_rt.storage.database import StoreConfigError, StoreUnavailable
     from moss_rt.web.app import create_app
     from moss_rt.web.state import STATE
 
-    settings = settings_from_flags(args, args.base)
-    setup_logging(settings.log_level)
-    engine = build_engine(settings)
     try:
         app = create_app(settings, engine, exit_on_engine_failure=True)
     except ValueError as exc:  # a malformed setting (an alias map, ...): say which, no traceback

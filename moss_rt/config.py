@@ -86,6 +86,13 @@ class Settings:
     # Emulate a smaller GPU: the process may hold at most this many GiB (torch's per-process memory
     # fraction) and the memory plan budgets that instead of the whole device; 0: the whole device.
     gpu_memory_limit_gib: float = setting(0.0, "emulate a smaller GPU: hold at most this many GiB (0: all of it)")
+    # How the codec's streaming K/V (the largest per-take state) is stored: bf16 (as computed: exact streaming; fp32
+    # on a CPU), fp8 (8-bit values with a scale per token and head: 53% of the memory, a few times bf16's error,
+    # docs/codec.md) or auto: bf16 unless --max-slots asks for more takes than bf16 state fits (memory_plan.py).
+    codec_state_dtype: str = setting(
+        "auto", "codec streaming K/V storage: auto | bf16 | fp8 (auto: fp8 only when --max-slots needs it)",
+        choices=("auto", "bf16", "fp8"),
+    )
     prefill_chunk: int = setting(512, "prompt rows per prefill call (longer prompts are prefilled in pieces)")
     # A prefill pass while takes stream holds them for its whole length: 50 ms plus a step (15-25 ms under
     # load on an H200) keeps a running stream's frame within its 80 ms of audio.
@@ -119,6 +126,10 @@ class Settings:
     # (engine/warm_compile.py): a cold kernel cache made most of a start compiling, one kernel after another.
     # 1: nothing ahead, every kernel compiles in its capture; 0: one thread per CPU core up to 8 on CUDA, 1 on a CPU.
     compile_threads: int = setting(0, "threads compiling kernels ahead of the warm-up's captures (0: auto; 1: none)")
+    # Those kernels compile in as many worker processes, one kernel each at a time, and the engine loads them from
+    # Triton's cache (engine/compile_workers.py): threads of one process wait for each other's GIL between compile
+    # steps (an H200 host: 51.8 s of compiles took 19.7 s on 8 threads). Off: the threads compile them themselves.
+    compile_processes: bool = setting(True, "compile the kernels ahead in worker processes (off: on the threads)")
     # Word timing (docs/words.md): the aligner behind ``words``, captions and seek by word.
     aligner: str = setting(
         "auto", "word aligner: auto | pocketsphinx | ctc:<hub id or folder> | none (docs/words.md)"
@@ -134,6 +145,10 @@ class Settings:
     aligner_window_sec: float = setting(
         5.0, "seconds of unsettled audio a streaming word alignment job reads at most (older words: settled by age)"
     )
+    # A GPU (CTC) aligner's device memory beyond its weights (docs/words.md, "Device memory"): its CUDA graphs' pool
+    # holds at most this, and no call of its network computes more (their allocator cache: as much again). The
+    # engine's memory plan reserves both when the aligner runs on its GPU.
+    aligner_graph_mb: int = setting(1536, "MB a GPU word aligner's CUDA graphs may hold (and each of its calls use)")
     # Streamed PCM kept so replays and downloads send exactly what was heard (else codes are rendered).
     heard_audio_mb: int = setting(256, "streamed PCM kept for replays")
     # Takes' codes rendered again for downloads (their streamed PCM gone), held while read: one

@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from moss_rt.align.base import AlignJob, AlignResult, Span
+from moss_rt.align.memory import DEFAULT_GRAPH_MEMORY_BYTES, NetDims, pass_bytes
 from moss_rt.align.viterbi import ctc_forced_align
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,9 @@ HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vo
 # window or dozens (launch-bound), and the streams' jobs arrive spread out; it adds at most this to a word's lag
 # (docs/words.md: p95 target 1.2 s). On a CPU the cost grows with the batch: no wait.
 GPU_GATHER_SEC = 0.15
+# … and up to this long when many takes stream (the service's rule, moss_rt.align.service.gather_time): fuller,
+# fewer calls where the jobs come fast enough to fill them.
+GPU_MAX_GATHER_SEC = 0.35
 WINDOW_SEC = 20.0  # audio per network call; longer audio goes in overlapping windows
 # A call's fixed cost (launches, the model's Python), in seconds of audio one row of the batch costs: a batch's
 # windows are split into calls by length only when that saves more padding than this per extra call. On a GPU a
@@ -46,14 +51,31 @@ WINDOW_SEC = 20.0  # audio per network call; longer audio goes in overlapping wi
 GPU_CALL_COST_SEC = 8.0
 CPU_CALL_COST_SEC = 0.1
 CONTEXT_SEC = 1.0  # each window's extra audio on both sides, whose frames are dropped when stitching
-# On a GPU a batch is padded to a few shapes (rows to a power of two, samples to a multiple of SHAPE_STEP_SEC): cuDNN
+# On a GPU a batch is padded to a few shapes (rows to a power of two up to ROW_STEP then a multiple of it, samples to
+# a multiple of SHAPE_STEP_SEC), one CUDA graph each (moss_rt.align.ctc_graphs). Before the graphs: cuDNN
 # builds an execution plan for every new convolution shape, and streaming jobs of every length in batches of every
 # size made nearly every call a new shape (an H200, 64 takes: 168 ms a call for ~26 windows of 1.4 s that take ~10 ms
 # once planned). Padded samples are masked and padded rows dropped: the emissions do not change.
+# A free-end path in blanks this long after the last word it reached: a pause, that word is over (AlignResult.settled;
+# PocketSphinx's PAUSE_FRAMES).
+PAUSE_SEC = 0.35
 SHAPE_STEP_SEC = 0.25
+ROW_STEP = 8  # rows: a power of two up to this, then a multiple of it (a replayed graph computes every padded row)
 DELIMITERS = ("|", " ")
 BLANKS = ("<pad>", "<blank>", "[PAD]", "<eps>")
 RANDOM_VOCAB = ["<pad>", "<s>", "</s>", "<unk>", "|", *"abcdefghijklmnopqrstuvwxyz'"]
+
+
+# Device memory the CTC aligners of this process hold on each CUDA device (weights and buffers), for the engine's
+# memory plan: what it measures as in use already is not reserved again (moss_rt.align.select.planned_reserve_bytes).
+_HELD_LOCK = threading.Lock()
+_HELD: dict[int, tuple[int, int]] = {}  # id(aligner) -> (device index, bytes)
+
+
+def held_device_bytes(index: int) -> int:
+    """Bytes the loaded CTC aligners of this process hold on CUDA device ``index`` (weights and buffers)."""
+    with _HELD_LOCK:
+        return sum(n for i, n in _HELD.values() if i == index)
 
 
 class AlignerSourceError(RuntimeError):
@@ -108,13 +130,25 @@ class CtcAligner:
 
     def __init__(
         self, source: str, *, device: str = "cpu", max_batch: int = 64, dtype: str = "auto",
-        gather_sec: float | None = None,
+        gather_sec: float | None = None, max_gather_sec: float | None = None, cuda_graphs: bool = True,
+        graph_memory_bytes: int = DEFAULT_GRAPH_MEMORY_BYTES,
     ) -> None:  # fmt: skip
         self.source = source
+        # The CUDA graphs' pool holds at most this, and no call computes more (moss_rt.align.memory).
+        self.graph_memory_bytes = max(0, graph_memory_bytes)
+        self._dims: NetDims | None = None
+        self._fits: dict[tuple[int, int], bool] = {}
         self.name = f"ctc:{source}"
         self.device = device
         self.max_batch = max_batch
-        self.gather_sec = (GPU_GATHER_SEC if device.startswith("cuda") else 0.0) if gather_sec is None else gather_sec
+        cuda = device.startswith("cuda")
+        self.gather_sec = (GPU_GATHER_SEC if cuda else 0.0) if gather_sec is None else gather_sec
+        # The gather grows with the load up to this (a gather set by hand stays as set unless this is too).
+        if max_gather_sec is None:
+            max_gather_sec = GPU_MAX_GATHER_SEC if cuda and gather_sec is None else self.gather_sec
+        self.max_gather_sec = max(self.gather_sec, max_gather_sec)
+        self.cuda_graphs = cuda_graphs and cuda  # the network replayed per padded shape (moss_rt.align.ctc_graphs)
+        self._graphed: Any = None
         self.call_cost_sec = GPU_CALL_COST_SEC if device.startswith("cuda") else CPU_CALL_COST_SEC
         self.pad_shapes = device.startswith("cuda")  # batches padded to a few shapes (SHAPE_STEP_SEC)
         self._dtype_name = dtype
@@ -157,6 +191,16 @@ class CtcAligner:
         self._model = model.to(device).eval().requires_grad_(False)
         self._stride = int(np.prod(model.config.conv_stride))
         self._dtype = dtype
+        self._dims = NetDims.from_config(model.config)
+        self._itemsize = torch.tensor([], dtype=dtype).element_size()
+        if self.cuda_graphs:
+            self._graphed = self._graph_runner(model, device)
+        if device.type == "cuda":
+            held = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+            held += 0 if self._graphed is None else self._graphed.buffer_bytes
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            with _HELD_LOCK:
+                _HELD[id(self)] = (index, held)
         params = sum(p.numel() for p in model.parameters())
         log.info(
             "aligner %s on %s/%s: %.0fM parameters, %d characters, loaded in %.1f s%s",
@@ -164,8 +208,46 @@ class CtcAligner:
             time.perf_counter() - t0, " (RANDOM WEIGHTS: its times mean nothing)" if self.demo else "",
         )  # fmt: skip
 
+    def _graph_runner(self, model: Any, device: Any) -> Any:
+        """Our own forward of the network (graph-safe) under a CUDA graph per padded shape; None when this
+        checkpoint needs the Hugging Face module (it then runs eagerly)."""
+        from moss_rt.align.ctc_graphs import GraphedCtc
+        from moss_rt.align.ctc_net import CtcNet, unsupported
+
+        why = unsupported(model.config)
+        if why is not None:
+            log.warning("aligner %s: no CUDA graphs, %s: the network runs eagerly", self.name, why)
+            return None
+        rows, _ = padded_shape(self.max_batch, 1, 1)
+        ladder = sorted({padded_shape(r, 1, 1)[0] for r in range(1, rows + 1)}, reverse=True)
+        return GraphedCtc(
+            CtcNet(model), device, max_rows=rows, sample_rate=self.sample_rate, normalize=self._normalize,
+            vocab=int(model.lm_head.out_features), estimate=lambda shape: self.pass_bytes(*shape),
+            budget_bytes=self.graph_memory_bytes, rows_ladder=ladder,
+        )  # fmt: skip
+
+    def _call_fits(self, rows: int, samples: int) -> bool:
+        """Whether a call of this padded shape stays within the budget (memoised: few shapes, many asks)."""
+        found = self._fits.get((rows, samples))
+        if found is None:
+            found = self._fits[(rows, samples)] = self.pass_bytes(rows, samples) <= self.graph_memory_bytes
+        return found
+
+    def pass_bytes(self, rows: int, samples: int) -> int:
+        """The bound of one network call's device memory over ``rows`` × ``samples`` (moss_rt.align.memory)."""
+        assert self._dims is not None, "load() first"
+        return pass_bytes(self._dims, rows, samples, itemsize=self._itemsize)
+
+    @property
+    def graph_stats(self) -> dict[str, Any] | None:
+        """The CUDA graphs' counters (captures, replays, eager calls, pool memory); None without graphs."""
+        return None if self._graphed is None else dict(self._graphed.stats)
+
     def close(self) -> None:
         self._model = None  # its memory goes back with the last reference
+        self._graphed = None
+        with _HELD_LOCK:
+            _HELD.pop(id(self), None)
 
     # ------------------------------------------------------------------ text
 
@@ -199,7 +281,18 @@ class CtcAligner:
         order = sorted(range(len(cuts)), key=lambda k: cuts[k][2] - cuts[k][1])
         frames: dict[int, np.ndarray] = {}
         call_cost = int(self.call_cost_sec * self.sample_rate)
-        for first, last in length_groups([cuts[k][2] - cuts[k][1] for k in order], self.max_batch, call_cost):
+        step = int(SHAPE_STEP_SEC * self.sample_rate)
+        shape = (lambda rows, samples: padded_shape(rows, samples, step)) if self.pad_shapes else None
+        lengths = [cuts[k][2] - cuts[k][1] for k in order]
+        rows = self.max_batch
+        fits: Callable[[int, int], bool] | None = None
+        if self.pad_shapes and self._dims is not None:
+            # On a GPU no call computes more than the budget (it runs eagerly or in a graph: both bounded), and
+            # while the graphs are on, no call has more rows than they take.
+            graph_rows = 0 if self._graphed is None else self._graphed.max_rows
+            rows = min(rows, graph_rows) if graph_rows else rows
+            fits = self._call_fits
+        for first, last in length_groups(lengths, rows, call_cost, shape=shape, fits=fits):
             group = [cuts[k] for k in order[first:last]]
             logits = self._forward([audios[i][s:e] for i, s, e, _, _ in group])
             for k, lp, (_, s, _, ks, ke) in zip(order[first:last], logits, group, strict=True):
@@ -219,6 +312,13 @@ class CtcAligner:
         rows = len(batch)
         if self.pad_shapes:
             rows, longest = padded_shape(rows, longest, int(SHAPE_STEP_SEC * self.sample_rate))
+        if self._graphed is not None:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                lp = self._graphed.run(batch, (rows, longest))
+            self.gpu_seconds += time.perf_counter() - t0
+            frames = model._get_feat_extract_output_lengths(torch.tensor([len(a) for a in batch]))
+            return [lp[row, : int(frames[row])] for row in range(len(batch))]
         x = np.zeros((rows, longest), dtype=np.float32)
         mask = np.zeros((rows, longest), dtype=np.int64)
         mask[len(batch) :, : self._stride] = 1  # a padding row holds one frame of silence: no row is all masked
@@ -249,9 +349,7 @@ class CtcAligner:
         except Exception:  # a device fault must not fail the takes: their words are interpolated
             log.exception("aligner %s: the acoustic model failed on a batch of %d", self.name, len(jobs))
             return [AlignResult([] if job.free_end else [None] * len(job.words)) for job in jobs]
-        return [
-            self._place(job, spelling, lp) for job, spelling, lp in zip(jobs, spellings, emissions, strict=True)
-        ]
+        return [self._place(job, spelling, lp) for job, spelling, lp in zip(jobs, spellings, emissions, strict=True)]
 
     def _place(self, job: AlignJob, spelling: _Spelling, lp: np.ndarray) -> AlignResult:
         n = len(job.words)
@@ -264,6 +362,7 @@ class CtcAligner:
         seconds = len(job.audio) / self.sample_rate / len(lp)  # per emission frame
         spans: list[Span] = []
         reached = len(token_frames)
+        whole = False  # the last word placed was reached to its last letter
         for tokens in spelling.word_tokens:
             if tokens is None:
                 spans.append(None)
@@ -273,18 +372,35 @@ class CtcAligner:
                 break
             end_frame = token_frames[min(last, reached) - 1][1]
             spans.append((token_frames[first][0] * seconds, end_frame * seconds))
+            whole = last <= reached
+        settled = None
         if job.free_end:
             while spans and spans[-1] is None:
                 spans.pop()
+            # The path ends PAUSE_SEC or more past the whole of the last word (blanks, a word delimiter): no letter
+            # of the next word in that time, the speaker paused and the word is over (as PocketSphinx reports it).
+            # Without this a word before a pause waited for the next word to begin, and every job read it again.
+            last_word = spans[-1] if spans else None
+            if last_word is not None and whole and len(lp) * seconds - last_word[1] >= PAUSE_SEC - 1e-9:
+                settled = len(spans)
         else:
             spans += [None] * (n - len(spans))
-        return AlignResult(spans)
+        return AlignResult(spans, settled)
 
 
-def length_groups(lengths: Sequence[int], max_rows: int, call_cost: int) -> list[tuple[int, int]]:
+def length_groups(
+    lengths: Sequence[int],
+    max_rows: int,
+    call_cost: int,
+    *,
+    shape: Callable[[int, int], tuple[int, int]] | None = None,
+    fits: Callable[[int, int], bool] | None = None,
+) -> list[tuple[int, int]]:
     """Windows sorted by length (``lengths``, ascending) split into calls [first, last): each call computes its
-    rows padded to its longest, and costs ``call_cost`` (in the same units) more. The split that computes least,
-    at most ``max_rows`` rows a call (dynamic programming over the sorted lengths: a call's rows are neighbours)."""
+    rows padded to its longest (and, with ``shape``, to the (rows, samples) that maps them to: a GPU's padded
+    shapes), and costs ``call_cost`` (in the same units) more. The split that computes least, at most ``max_rows``
+    rows a call and, with ``fits``, only calls whose (padded) shape it accepts, or of one row (dynamic programming
+    over the sorted lengths: a call's rows are neighbours)."""
     n = len(lengths)
     rows = max(1, max_rows)
     best = [0] + [0] * n  # best[j]: the least cost of the first j windows
@@ -292,7 +408,10 @@ def length_groups(lengths: Sequence[int], max_rows: int, call_cost: int) -> list
     for j in range(1, n + 1):
         best[j] = -1
         for i in range(max(0, j - rows), j):
-            cost = best[i] + (j - i) * lengths[j - 1] + call_cost
+            padded_rows, padded_len = (j - i, lengths[j - 1]) if shape is None else shape(j - i, lengths[j - 1])
+            if fits is not None and j - i > 1 and not fits(padded_rows, padded_len):
+                continue
+            cost = best[i] + padded_rows * padded_len + call_cost
             if best[j] < 0 or cost < best[j]:
                 best[j], cut[j] = cost, i
     groups: list[tuple[int, int]] = []
@@ -304,8 +423,10 @@ def length_groups(lengths: Sequence[int], max_rows: int, call_cost: int) -> list
 
 
 def padded_shape(rows: int, samples: int, step: int) -> tuple[int, int]:
-    """A batch's shape on the GPU: rows up to the next power of two, samples up to the next multiple of ``step``."""
-    return 1 << max(0, rows - 1).bit_length(), -(-samples // step) * step
+    """A batch's shape on the GPU: rows up to the next power of two up to ROW_STEP, then the next multiple of
+    ROW_STEP; samples up to the next multiple of ``step``."""
+    padded = 1 << max(0, rows - 1).bit_length() if rows <= ROW_STEP else -(-rows // ROW_STEP) * ROW_STEP
+    return padded, -(-samples // step) * step
 
 
 def _letters(word: str) -> str:

@@ -8,8 +8,11 @@ aligner that cannot load is reported at start (``/readyz``), like the model.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+import math
 import os
+from pathlib import Path
 
 from moss_rt.align.base import Aligner
 
@@ -49,9 +52,11 @@ def cpu_workers(setting: int = 0) -> int:
     return max(2, min(8, cores // 2))
 
 
-def build_aligner(spec: str, *, device: str = "auto", workers: int = 0) -> Aligner | None:
+def build_aligner(
+    spec: str, *, device: str = "auto", workers: int = 0, graph_memory_bytes: int | None = None
+) -> Aligner | None:
     """The aligner ``spec`` names, not yet loaded (None for ``none``); ``workers``: a CPU aligner's processes (0:
-    cpu_workers' choice)."""
+    cpu_workers' choice); ``graph_memory_bytes``: a CTC aligner's graph budget (moss_rt.align.memory)."""
     spec = spec.strip()
     if spec == "none":
         return None
@@ -63,14 +68,18 @@ def build_aligner(spec: str, *, device: str = "auto", workers: int = 0) -> Align
     if spec.startswith("ctc:") and len(spec) > 4:
         from moss_rt.align.ctc import CtcAligner
 
-        return CtcAligner(spec[4:], device=aligner_device(device))
+        if graph_memory_bytes is None:
+            return CtcAligner(spec[4:], device=aligner_device(device))
+        return CtcAligner(spec[4:], device=aligner_device(device), graph_memory_bytes=graph_memory_bytes)
     if spec == "auto":
         if _cuda(aligner_device(device)):
             from moss_rt.align.ctc import DEFAULT_CTC_MODEL, AlignerSourceError, resolve_ctc_source
 
             try:
                 resolve_ctc_source(DEFAULT_CTC_MODEL, local_only=True)
-                return build_aligner(f"ctc:{DEFAULT_CTC_MODEL}", device=device, workers=workers)
+                return build_aligner(
+                    f"ctc:{DEFAULT_CTC_MODEL}", device=device, workers=workers, graph_memory_bytes=graph_memory_bytes
+                )
             except AlignerSourceError:
                 log.info("--aligner auto: %s is not in the hub cache; using pocketsphinx (CPU, English). "
                          "--aligner ctc:%s downloads it", DEFAULT_CTC_MODEL, DEFAULT_CTC_MODEL)  # fmt: skip
@@ -79,3 +88,85 @@ def build_aligner(spec: str, *, device: str = "auto", workers: int = 0) -> Align
         log.warning("--aligner auto: pocketsphinx is not installed and no CTC model is cached: no word timing")
         return None
     raise AlignerChoiceError(f"unknown aligner {spec!r}: auto, pocketsphinx, ctc:<hub id or folder>, or none")
+
+
+def planned_ctc_source(spec: str, device: str = "auto") -> str | None:
+    """The CTC checkpoint ``--aligner spec`` will run on a CUDA device (None: no CTC model on a GPU), decided as
+    :func:`build_aligner` does, without loading or downloading anything."""
+    spec = spec.strip()
+    if not _cuda(aligner_device(device)):
+        return None
+    if spec.startswith("ctc:") and len(spec) > 4:
+        return spec[4:]
+    if spec == "auto":
+        from moss_rt.align.ctc import DEFAULT_CTC_MODEL, AlignerSourceError, resolve_ctc_source
+
+        try:
+            resolve_ctc_source(DEFAULT_CTC_MODEL, local_only=True)
+        except AlignerSourceError:
+            return None
+        return DEFAULT_CTC_MODEL
+    return None
+
+
+def planned_reserve_bytes(
+    spec: str, *, device: str, engine_index: int, graph_memory_bytes: int, aligner_index: int | None = None
+) -> int:
+    """What the engine's memory plan reserves for the word aligner on CUDA device ``engine_index``: a CTC aligner
+    there (``aligner_index``: its device's index, by default the device ``aligner_device(device)`` names) holds at
+    most its weights, buffers and twice ``graph_memory_bytes`` (moss_rt.align.memory.reserve_bytes), less what the
+    aligners of this process hold there already (the plan measures that as in use). Read that before measuring the
+    free memory: an aligner loading in between is then counted twice, never not at all."""
+    source = planned_ctc_source(spec, device)
+    if source is None:
+        return 0
+    if aligner_index is None:
+        name = aligner_device(device)
+        aligner_index = int(name.split(":", 1)[1]) if ":" in name else _current_cuda_index()
+    if aligner_index != engine_index:
+        return 0
+    from moss_rt.align.ctc import held_device_bytes
+    from moss_rt.align.memory import reserve_bytes
+
+    weights, io = checkpoint_device_bytes(source)
+    return max(0, reserve_bytes(weights, io, graph_memory_bytes) - held_device_bytes(engine_index))
+
+
+def checkpoint_device_bytes(source: str, *, max_rows: int = 64, itemsize: int = 2) -> tuple[int, int]:
+    """(weights, buffers) bytes of the CTC checkpoint ``source`` on a GPU (fp16), read from its local files only;
+    a checkpoint not on disk yet (it downloads when the aligner loads) is counted as an MMS-300m one."""
+    from moss_rt.align.ctc import AlignerSourceError, ctc_config, resolve_ctc_source
+    from moss_rt.align.ctc_graphs import GRAPH_MAX_SEC
+    from moss_rt.align.memory import MMS_300M_PARAMS, NetDims, io_bytes, weights_bytes
+
+    config: dict[str, object] = ctc_config("mms-300m")
+    params = MMS_300M_PARAMS
+    try:
+        folder = resolve_ctc_source(source, local_only=True)
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        params = safetensors_params(folder) or params
+    except (AlignerSourceError, OSError, ValueError) as exc:
+        log.info("aligner %s is not on disk yet (%s): its memory is planned as an MMS-300m aligner's", source, exc)
+    dims = NetDims.from_config(config)
+    return weights_bytes(params, itemsize), io_bytes(dims, max_rows, int(GRAPH_MAX_SEC * 16000))
+
+
+def safetensors_params(folder: Path) -> int:
+    """Parameters in a checkpoint folder's safetensors files, from their headers (no tensor is read)."""
+    total = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size < 1 << 28:
+                raise ValueError(f"{path} has no safetensors header")
+            header = json.loads(f.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                total += math.prod(int(d) for d in entry.get("shape", ()))
+    return total
+
+
+def _current_cuda_index() -> int:
+    import torch
+
+    return int(torch.cuda.current_device())

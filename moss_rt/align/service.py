@@ -2,8 +2,8 @@
 
 The event loop never aligns: :meth:`AlignService.align` queues a job and awaits its future. The workers (as many as
 the aligner allows at once: PocketSphinx one per decoder, a GPU model one feeding the device) take a job and every
-job queued behind it up to ``max_batch`` (waiting up to the aligner's ``gather_sec`` for more to arrive), so
-concurrent takes share one batch on the device. At most ``max_pending`` jobs wait; a streaming take skips a tick
+job queued behind it up to ``max_batch`` (waiting for more to arrive: :func:`gather_time`), so concurrent takes
+share one batch on the device. At most ``max_pending`` jobs wait; a streaming take skips a tick
 when the queue is full (``wait=False``), a take that ends waits for room. The first worker loads the aligner (its
 weights) before anything else.
 """
@@ -15,12 +15,30 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from moss_rt.align.base import Aligner, AlignJob, AlignResult
 from moss_rt.align.track import MIN_WINDOW_SEC, STREAM_WINDOW_SEC
 
 log = logging.getLogger(__name__)
+
+# A device aligner's gather grows with the load: the rate jobs arrived at over the last RATE_WINDOW_SEC, up to
+# BUSY_JOBS_PER_SEC (about 20 takes streaming, one job per 0.64 s chunk each) where it reaches the aligner's
+# max_gather_sec.
+RATE_WINDOW_SEC = 2.0
+BUSY_JOBS_PER_SEC = 32.0
+
+
+def gather_time(base: float, most: float, rate: float) -> float:
+    """How long after it was queued a job waits for others to join its batch: ``base`` (seconds) for a lone
+    take, growing linearly with ``rate`` (jobs a second arriving) to ``most`` at BUSY_JOBS_PER_SEC and beyond.
+    A device model's call costs nearly the same for one job or dozens: under load, fewer fuller calls; a lone take
+    gets its words at once. Measured from the job's arrival, so time it spent queued behind a running batch counts."""
+    base = max(0.0, base)
+    if most <= base:
+        return base
+    return base + (most - base) * min(1.0, max(0.0, rate) / BUSY_JOBS_PER_SEC)
 
 
 class AlignerBusy(Exception):
@@ -36,6 +54,7 @@ class _Queued:
     job: AlignJob
     future: asyncio.Future[AlignResult]
     loop: asyncio.AbstractEventLoop
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 _STOP = object()
@@ -117,14 +136,23 @@ class AlignService:
 
     def _work(self) -> None:
         self._load()
+        base = max(0.0, getattr(self.aligner, "gather_sec", 0.0))
+        most = max(base, getattr(self.aligner, "max_gather_sec", base))
+        # When the jobs this worker took were queued, over the last RATE_WINDOW_SEC: the load.
+        arrivals: deque[float] = deque(maxlen=4096)
         while True:
             first = self._queue.get()
             if first is _STOP:
                 return
             batch = [first]
-            # Wait up to the aligner's gather time for more jobs (a device model's call costs about the same for
-            # one job or many); what is queued already joins at once.
-            deadline = time.monotonic() + max(0.0, getattr(self.aligner, "gather_sec", 0.0))
+            # Wait for more jobs (a device model's call costs about the same for one job or many), up to the gather
+            # time after the first one was queued; what is queued already joins at once.
+            deadline = time.monotonic()
+            if most > 0 and isinstance(first, _Queued):
+                now = deadline
+                while arrivals and arrivals[0] < now - RATE_WINDOW_SEC:
+                    arrivals.popleft()
+                deadline = first.queued_at + gather_time(base, most, len(arrivals) / RATE_WINDOW_SEC)
             while len(batch) < max(1, self.aligner.max_batch):
                 try:
                     left = deadline - time.monotonic()
@@ -135,7 +163,10 @@ class AlignService:
                     self._queue.put(_STOP)  # for this worker's next round: finish the batch first
                     break
                 batch.append(more)
-            self._run([item for item in batch if isinstance(item, _Queued)])
+            jobs = [item for item in batch if isinstance(item, _Queued)]
+            if most > 0:
+                arrivals.extend(item.queued_at for item in jobs)
+            self._run(jobs)
 
     def _run(self, batch: list[_Queued]) -> None:
         live = [item for item in batch if not item.future.cancelled()]

@@ -109,7 +109,50 @@ def _triton() -> Any:
         tl.store(VB + off, va.to(VB.dtype.element_ty), mask=m)
         tl.store(VB + off + 1, vb.to(VB.dtype.element_ty), mask=m)
 
-    return triton, _residual_norm, _rope_store
+    @triton.jit
+    def _rope_store_fp8(
+        QKV, COS, SIN, Q, KB, VB, KS, VS, ROWS, RIDX, s_row, s_head, s_ring, ss_row, ss_head, ss_ring, H,
+        D: tl.constexpr, HALF: tl.constexpr, HB: tl.constexpr,
+    ):
+        # _rope_store with fp8 K/V (kv_quant.py): one program per token, a [heads, pairs] tile, so each head's
+        # amax (its scale) is one row reduction. Same arithmetic as kv_quant.quantize: s = max(amax, MIN) / 448,
+        # values x / s clamped to +-448, rounded to nearest e4m3.
+        n = tl.program_id(0).to(tl.int64)
+        hv = tl.arange(0, HB)
+        hh = hv[:, None]
+        i = tl.arange(0, HALF)[None, :]
+        m = (hh < H) & (i < HALF)  # [HB, HALF]
+        col = hh * (2 * HALF) + 2 * i
+        src = QKV + n * (3 * D) + col
+        c = tl.load(COS + n * HALF + i)
+        s = tl.load(SIN + n * HALF + i)
+        qa = tl.load(src, mask=m, other=0.0).to(tl.float32)
+        qb = tl.load(src + 1, mask=m, other=0.0).to(tl.float32)
+        qdst = Q + n * D + col
+        tl.store(qdst, (qa * c - qb * s).to(Q.dtype.element_ty), mask=m)
+        tl.store(qdst + 1, (qa * s + qb * c).to(Q.dtype.element_ty), mask=m)
+        ka = tl.load(src + D, mask=m, other=0.0).to(tl.float32)
+        kb = tl.load(src + D + 1, mask=m, other=0.0).to(tl.float32)
+        ra = ka * c - kb * s
+        rb = ka * s + kb * c
+        va = tl.load(src + 2 * D, mask=m, other=0.0).to(tl.float32)
+        vb = tl.load(src + 2 * D + 1, mask=m, other=0.0).to(tl.float32)
+        k_scale = tl.maximum(tl.max(tl.maximum(tl.abs(ra), tl.abs(rb)), axis=1), 1e-30) / 448.0  # [HB]
+        v_scale = tl.maximum(tl.max(tl.maximum(tl.abs(va), tl.abs(vb)), axis=1), 1e-30) / 448.0
+        slot = tl.load(ROWS + n)
+        r = tl.load(RIDX + n)
+        off = slot * s_row + hh * s_head + r * s_ring + 2 * i
+        ksc = k_scale[:, None]
+        vsc = v_scale[:, None]
+        tl.store(KB + off, tl.minimum(tl.maximum(ra / ksc, -448.0), 448.0).to(KB.dtype.element_ty), mask=m)
+        tl.store(KB + off + 1, tl.minimum(tl.maximum(rb / ksc, -448.0), 448.0).to(KB.dtype.element_ty), mask=m)
+        tl.store(VB + off, tl.minimum(tl.maximum(va / vsc, -448.0), 448.0).to(VB.dtype.element_ty), mask=m)
+        tl.store(VB + off + 1, tl.minimum(tl.maximum(vb / vsc, -448.0), 448.0).to(VB.dtype.element_ty), mask=m)
+        soff = slot * ss_row + hv * ss_head + r * ss_ring
+        tl.store(KS + soff, k_scale, mask=hv < H)
+        tl.store(VS + soff, v_scale, mask=hv < H)
+
+    return triton, _residual_norm, _rope_store, _rope_store_fp8
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -167,7 +210,7 @@ def residual_norm(
     Returns:
         (new residual fp32, normalised row in ``out_dtype``).
     """
-    _, kern, _ = _triton()
+    _, kern, _, _ = _triton()
     D = x.shape[-1]
     rows = x.numel() // D
     has_res = update is not None
@@ -194,6 +237,10 @@ def rope_store(
     rows: torch.Tensor,
     ring_idx: torch.Tensor,
     num_heads: int,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    q_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """RoPE q/k from the in_proj output and store k/v; returns q.
 
@@ -203,10 +250,14 @@ def rope_store(
         k_buf, v_buf: ``[N, H, R, Dh]`` with equal strides and unit stride on Dh: rotated k and v land at
             ``[rows[b, t], :, ring_idx[b, t], :]`` (a K/V block and the row inside it, for the streaming pools).
         rows: ``[B]`` (one buffer row per sequence) or ``[B, T]`` int64; ring_idx: ``[B, T]`` int64.
+        k_scale, v_scale: fp8 buffers only (``k_buf`` float8_e4m3fn): ``[N, H, R]`` fp32, equal strides; each
+            (token, head) row of k and v is quantized with its own scale (kv_quant.quantize), stored at
+            ``[rows[b, t], :, ring_idx[b, t]]``.
+        q_dtype: dtype of the returned q (None: ``k_buf``'s; required with fp8 buffers).
     Returns:
-        rotated q ``[B, H, T, Dh]`` (a transposed view of ``[B, T, H, Dh]``) in ``k_buf``'s dtype.
+        rotated q ``[B, H, T, Dh]`` (a transposed view of ``[B, T, H, Dh]``) in ``q_dtype``.
     """
-    _, _, kern = _triton()
+    _, _, kern, kern_fp8 = _triton()
     B, T, D3 = qkv.shape
     D = D3 // 3
     H = num_heads
@@ -216,8 +267,22 @@ def rope_store(
     qkv = qkv.contiguous()
     ring_idx = ring_idx.expand(B, T).contiguous()
     rows = (rows[:, None] if rows.dim() == 1 else rows).expand(B, T).contiguous()
-    q = torch.empty(B, T, H, Dh, device=qkv.device, dtype=k_buf.dtype)
-    if B * T:
+    fp8 = k_scale is not None or v_scale is not None
+    if fp8:
+        assert k_scale is not None and v_scale is not None and q_dtype is not None
+        assert k_buf.dtype == torch.float8_e4m3fn and k_scale.stride() == v_scale.stride()
+        assert k_scale.shape == k_buf.shape[:-1] and k_scale.dtype == v_scale.dtype == torch.float32
+        assert Dh >= 2 and Dh & (Dh - 1) == 0, "fp8 K/V need a power-of-two head size"
+    q = torch.empty(B, T, H, Dh, device=qkv.device, dtype=q_dtype or k_buf.dtype)
+    if B * T and fp8:
+        assert k_scale is not None and v_scale is not None
+        hb = 1 << max(0, H - 1).bit_length()
+        kern_fp8[(B * T,)](
+            qkv, cos, sin, q, k_buf, v_buf, k_scale, v_scale, rows, ring_idx,
+            k_buf.stride(0), k_buf.stride(1), k_buf.stride(2), k_scale.stride(0), k_scale.stride(1),
+            k_scale.stride(2), H, D=D, HALF=Dh // 2, HB=hb, num_warps=_warps(_block(D // 2)),
+        )
+    elif B * T:
         blk = _block(D // 2)
         kern[(B * T,)](
             qkv, cos, sin, q, k_buf, v_buf, rows, ring_idx,

@@ -27,6 +27,7 @@ from .config import TransformerSpec
 
 __all__ = [
     "Attend",
+    "KVTarget",
     "ProjectedTransformer",
     "acc_dtype",
     "TransformerLayer",
@@ -198,8 +199,10 @@ class TransformerLayer(nn.Module):
         return self.finish(x, attend(q, k, v))
 
 
-# kv_dst(layer_index) -> (k_buf, v_buf, rows [B], ring_idx [B, T]): where rope_store puts the chunk's k/v.
-KVDest = Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+# kv_dst(layer_index) -> (k_buf, v_buf, rows [B], ring_idx [B, T], k_scale, v_scale): where rope_store puts the
+# chunk's k/v; the scale buffers ([N, H, R] fp32) only for fp8 buffers (moss_rt/codec/kv_quant.py), else None.
+KVTarget = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+KVDest = Callable[[int], KVTarget]
 # attend(layer_index, q [B, H, T, Dh]) -> [B, H, T, Dh], after the layer's k/v are stored.
 AttendStored = Callable[[int, torch.Tensor], torch.Tensor]
 
@@ -224,8 +227,9 @@ def run_layers_fused(
     _, h = fused.residual_norm(x, None, None, layers[0].norm1, wdt)
     for li, layer in enumerate(layers):
         qkv = F.linear(h, layer.self_attn.in_proj.weight)
-        k_buf, v_buf, rows, ring_idx = kv_dst(li)
-        q = fused.rope_store(qkv, cos, sin, k_buf, v_buf, rows, ring_idx, layer.num_heads)
+        k_buf, v_buf, rows, ring_idx, k_scale, v_scale = kv_dst(li)
+        q = fused.rope_store(qkv, cos, sin, k_buf, v_buf, rows, ring_idx, layer.num_heads,
+                             k_scale=k_scale, v_scale=v_scale, q_dtype=wdt)
         a = attend(li, q).transpose(1, 2).reshape(B, T, -1)
         u = F.linear(a, layer.self_attn.out_proj.weight)
         x, h = fused.residual_norm(x, u, layer.layer_scale_1.scale, layer.norm2, wdt)
@@ -285,8 +289,8 @@ class ProjectedTransformer(nn.Module):
             k, v = (torch.empty(shape, device=h.device, dtype=self.input_proj.weight.dtype) for _ in range(2))
             rows = torch.arange(B, device=h.device)
 
-            def kv_dst(li: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-                return k, v, rows, pos
+            def kv_dst(li: int) -> KVTarget:
+                return k, v, rows, pos, None, None
 
             def attend_stored(li: int, q: torch.Tensor) -> torch.Tensor:
                 return windowed_attention(q, k, v, context)

@@ -45,10 +45,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import fused
+from . import fused, kv_quant
 from . import window_attention as wa
 from .model import DEFAULT_DECODE_LEVELS, CodecModel, Patch
-from .modules import ProjectedTransformer, acc_dtype, rope_rotation, rope_tables, run_layers_fused
+from .modules import KVTarget, ProjectedTransformer, acc_dtype, rope_rotation, rope_tables, run_layers_fused
 from .paged_state import (
     BlockTables,
     KeptBlocks,
@@ -117,13 +117,27 @@ class _Stage:
     v_all: torch.Tensor
     k_pool: list[torch.Tensor]  # per layer [blocks, H, block, Dh] (views of k_all)
     v_pool: list[torch.Tensor]
+    # fp8 storage only (kv_quant): one fp32 scale per (block, head, row), [layers, blocks, H, block], and per-layer
+    # views; None in the compute dtype.
+    ks_all: torch.Tensor | None = None
+    vs_all: torch.Tensor | None = None
+    ks_pool: list[torch.Tensor] | None = None
+    vs_pool: list[torch.Tensor] | None = None
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy on write: blocks ``src`` into ``dst`` for every layer (two device copies per stage)."""
+        """Copy on write: blocks ``src`` into ``dst`` for every layer (two device copies per stage; four with fp8
+        scales: a copied row keeps its scale)."""
         src = torch.tensor([a for a, _ in pairs], device=self.k_all.device)
         dst = torch.tensor([b for _, b in pairs], device=self.k_all.device)
-        self.k_all[:, dst] = self.k_all[:, src]
-        self.v_all[:, dst] = self.v_all[:, src]
+        for t in (self.k_all, self.v_all, self.ks_all, self.vs_all):
+            if t is not None:
+                t[:, dst] = t[:, src]
+
+    def scales(self, li: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Layer ``li``'s K and V scale pools (None, None in the compute dtype)."""
+        if self.ks_pool is None or self.vs_pool is None:
+            return None, None
+        return self.ks_pool[li], self.vs_pool[li]
 
 
 class StreamingDecoder:
@@ -133,7 +147,11 @@ class StreamingDecoder:
         codec: the loaded codec (decode-only is enough). It is moved to ``device`` and its transformer
             linears set to ``dtype`` if they differ.
         device: compute device.
-        dtype: compute dtype of the transformer linears and of the K/V pools (fp32 or bf16).
+        dtype: compute dtype of the transformer linears (and of the K/V pools unless ``state_dtype`` says
+            otherwise): fp32 or bf16.
+        state_dtype: storage dtype of the K/V pools: None (or ``dtype``) stores them as computed (exact streaming);
+            ``torch.float8_e4m3fn`` stores 8-bit values with one fp32 scale per (token, head) (:mod:`.kv_quant`:
+            about half the memory per stream, a few times bf16's error; the memory plan decides).
         max_streams: number of slots (live states at once).
         max_chunk_frames: largest chunk decoded in one forward; sets the ring headroom.
         num_quantizers: codebooks used per frame (12 for MOSS-TTS).
@@ -161,8 +179,13 @@ class StreamingDecoder:
         matmul_max_scores: int = 1 << 26,
         pool_streams: int | None = None,
         block_frames: int | None = None,
+        state_dtype: torch.dtype | None = None,
     ) -> None:
         self.device = torch.device(device)
+        if state_dtype is not None and state_dtype not in (dtype, kv_quant.FP8):
+            raise ValueError(f"state_dtype must be the compute dtype or torch.float8_e4m3fn, got {state_dtype}")
+        self.state_dtype = dtype if state_dtype is None else state_dtype
+        self.fp8 = kv_quant.is_fp8(self.state_dtype)
         if attention not in ("kernel", "sdpa", "matmul", "auto"):
             raise ValueError(f"attention must be kernel, sdpa, matmul or auto, got {attention!r}")
         self.attention = attention
@@ -190,7 +213,7 @@ class StreamingDecoder:
         self._released: deque[int] = deque()
         self._kept_released: deque[KeptBlocks] = deque()  # kept blocks collected without drop()
         self.copies = 0  # blocks copied on write so far (retakes writing into blocks they share)
-        geoms = geometries(codec, self.max_chunk_frames, dtype, block_frames)
+        geoms = geometries(codec, self.max_chunk_frames, self.state_dtype, block_frames)
         self._tables = BlockTables(
             list(geoms.values()), self.max_streams,
             self.max_streams if pool_streams is None else int(pool_streams), self.device,
@@ -201,15 +224,22 @@ class StreamingDecoder:
             assert isinstance(m, ProjectedTransformer)
             spec = m.spec
             shape = (spec.num_layers, n_blocks, spec.num_heads, g.block, spec.head_dim)
-            k_all = torch.zeros(shape, device=self.device, dtype=dtype)
-            v_all = torch.zeros(shape, device=self.device, dtype=dtype)
-            self._stages[idx] = _Stage(
+            # Zeros (fp8 and scales too): entries a stream has not reached are read, masked, by the SDPA path and
+            # must be finite.
+            k_all = torch.zeros(shape, device=self.device, dtype=self.state_dtype)
+            v_all = torch.zeros(shape, device=self.device, dtype=self.state_dtype)
+            stage = _Stage(
                 module=m, geom=g, col=col, k_all=k_all, v_all=v_all, k_pool=list(k_all), v_pool=list(v_all),
             )
+            if self.fp8:
+                stage.ks_all = torch.zeros(shape[:-1], device=self.device, dtype=kv_quant.SCALE_DTYPE)
+                stage.vs_all = torch.zeros(shape[:-1], device=self.device, dtype=kv_quant.SCALE_DTYPE)
+                stage.ks_pool, stage.vs_pool = list(stage.ks_all), list(stage.vs_all)
+            self._stages[idx] = stage
         log.info(
-            "streaming decoder: %d slots, chunks <= %d frames, K/V block pools %.1f MB on %s (%s): "
+            "streaming decoder: %d slots, chunks <= %d frames, K/V block pools %.1f MB on %s (%s, K/V stored as %s): "
             "%.1f MB per stream at most, blocks of %s frames",
-            self.max_streams, self.max_chunk_frames, self.pool_bytes / 1e6, self.device, dtype,
+            self.max_streams, self.max_chunk_frames, self.pool_bytes / 1e6, self.device, dtype, self.state_dtype,
             self.stream_bytes / 1e6, "/".join(str(g.block // g.tokens_per_frame) for g in geoms.values()),
         )
 
@@ -322,8 +352,11 @@ class StreamingDecoder:
 
     @property
     def pool_bytes(self) -> int:
-        """Bytes of every K/V block pool (streams' blocks and the scratch blocks)."""
-        return sum(t.numel() * t.element_size() for s in self._stages.values() for t in s.k_pool + s.v_pool)
+        """Bytes of every K/V block pool (streams' blocks and the scratch blocks; fp8: their scales too)."""
+        return sum(
+            t.numel() * t.element_size()
+            for s in self._stages.values() for t in (s.k_all, s.v_all, s.ks_all, s.vs_all) if t is not None
+        )
 
     def state_bytes(self, state: DecoderState) -> int:
         """Bytes of K/V blocks ``state`` holds now (grows with its age up to :attr:`stream_bytes`; 0 once closed)."""
@@ -545,13 +578,17 @@ class StreamingDecoder:
         def attend(li: int, q: torch.Tensor) -> torch.Tensor:
             """Attention of the chunk's queries over layer ``li``'s keys (the chunk's keys already written)."""
             kp, vp = st.k_pool[li], st.v_pool[li]
+            ks, vs = st.scales(li)
             if kernel:
                 return wa.window_attention(
                     q, kp, vp, table, slots, offs, tokens_per_frame=g.tokens_per_frame, context=g.context,
-                    block=g.block, ring_blocks=g.ring_blocks, scale=scale,
+                    block=g.block, ring_blocks=g.ring_blocks, scale=scale, k_scale=ks, v_scale=vs,
                 )
-            # Gather each stream's ring ([B, H, R, Dh]) out of the blocks.
+            # Gather each stream's ring ([B, H, R, Dh]) out of the blocks (fp8: with its scales, dequantized).
             kb, vb = kp[ring_blk, heads, ring_row], vp[ring_blk, heads, ring_row]
+            if ks is not None and vs is not None:
+                kb = kv_quant.dequantize(kb, ks[ring_blk, heads, ring_row], self.dtype)
+                vb = kv_quant.dequantize(vb, vs[ring_blk, heads, ring_row], self.dtype)
             if use_matmul:
                 scores = torch.matmul(q * scale, kb.transpose(-1, -2)) + mask  # [B, H, Tq, R]
                 return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(vb.dtype), vb)
@@ -563,15 +600,23 @@ class StreamingDecoder:
             # Fused kernels (CUDA): RoPE + K/V block write in one kernel, residual + LayerNorm + cast in another.
             cos, sin = rope_tables(pos, st.module.spec.head_dim, st.module.spec.max_period)
 
-            def kv_dst(li: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-                return st.k_pool[li], st.v_pool[li], blk, row
+            def kv_dst(li: int) -> KVTarget:
+                ks, vs = st.scales(li)
+                return st.k_pool[li], st.v_pool[li], blk, row, ks, vs
 
             return st.module.project_out(run_layers_fused(layers, h, cos, sin, kv_dst, attend))
         rot = rope_rotation(pos, st.module.spec.head_dim, st.module.spec.max_period, acc_dtype(self.dtype))
         for li, layer in enumerate(layers):
             q, k, v = layer.qkv(h, rot)
             # Advanced indices (blk, row) around a slice: target shape [B, Tq, H, Dh].
-            st.k_pool[li][blk, :, row] = k.transpose(1, 2)
-            st.v_pool[li][blk, :, row] = v.transpose(1, 2)
+            ks, vs = st.scales(li)
+            if ks is not None and vs is not None:
+                kq, kscale = kv_quant.quantize(k.transpose(1, 2))
+                vq, vscale = kv_quant.quantize(v.transpose(1, 2))
+                st.k_pool[li][blk, :, row], ks[blk, :, row] = kq, kscale
+                st.v_pool[li][blk, :, row], vs[blk, :, row] = vq, vscale
+            else:
+                st.k_pool[li][blk, :, row] = k.transpose(1, 2)
+                st.v_pool[li][blk, :, row] = v.transpose(1, 2)
             h = layer.finish(h, attend(li, q))
         return st.module.project_out(h)

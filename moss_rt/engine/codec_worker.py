@@ -29,6 +29,14 @@ more blocks the scheduler until the oldest of its lane is done (the codec's lead
 memory and audio latency). Time the scheduler spends blocked is reported through ``on_wait``. Priority hand-overs
 have a bound of their own, so a director's first chunk never waits for room behind bulk work.
 
+**Parking** (``submit_all(..., wait=False)``): a hand-over that finds its lane full does not block its producer; it is
+*parked* behind the lane, with its sequence numbers given at once (``done``, ``withdraw`` and ``drain`` see it like
+a queued call), and joins the lane, oldest first, as soon as the lane has room. The lane's bound holds for what is
+queued or running; what is parked is the producer's to bound (``parked``: the scheduler holds its next model step
+back instead of parking more: engine/codec_flow.py). Parked hand-overs join the lanes strictly in the order they were
+given, and a blocking hand-over or a ``call`` never overtakes a parked one touching the same streams (a ``call``
+waits until nothing is parked), so every stream's calls still run in the order they were given.
+
 **Withdraw.** A call queued but not started may give a stream up: its ``withdraw`` callback puts a padding row of the
 same shape in the stream's place (the call's batch, and so the other streams' numbers, stay the same) and the
 stream's state is not touched. ``withdraw(key)`` does that for every queued call of the stream and returns the
@@ -54,6 +62,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -122,6 +131,8 @@ class CodecWorker:
         self._groups = 0  # hand-overs given
         self._outstanding: set[int] = set()  # calls queued or running
         self._open: dict[int, list[Any]] = {}  # hand-over -> [priority, calls of it not done]
+        # Hand-overs given without waiting while their lane was full (oldest first): (group, priority, calls).
+        self._parked: deque[tuple[int, bool, list[_Item]]] = deque()
         self._closed = False
         self._discard = False
         self._thread: threading.Thread | None = None
@@ -159,8 +170,19 @@ class CodecWorker:
         return len(self._outstanding)
 
     def handovers(self, priority: bool) -> int:
-        """Hand-overs of one lane with a call queued or running (what ``max_pending`` bounds)."""
-        return sum(1 for lane, _ in self._open.values() if lane is priority)
+        """Hand-overs of one lane with a call queued or running (what ``max_pending`` bounds; parked ones not)."""
+        with self._cond:  # a reentrant lock: also called under it
+            return sum(1 for lane, _ in self._open.values() if lane is priority)
+
+    def parked(self, priority: bool = False) -> int:
+        """Hand-overs of one lane parked behind it (given with ``wait=False`` while it was full)."""
+        with self._cond:
+            return sum(1 for _, lane, _ in self._parked if lane is priority)
+
+    def has_room(self, priority: bool = False) -> bool:
+        """Whether a hand-over given now to that lane would be queued at once (neither block nor be parked)."""
+        with self._cond:
+            return self.handovers(priority) < self.max_pending and not self.parked(priority)
 
     # ------------------------------------------------------------------ producer side (the scheduler)
     def submit(
@@ -175,17 +197,17 @@ class CodecWorker:
         while ``max_pending`` hand-overs of its lane are queued or running. Inline, ``fn`` runs now."""
         return self.submit_all([CodecCall(fn, tuple(keys), withdraw)], priority=priority)[0]
 
-    def submit_all(self, calls: Sequence[CodecCall], *, priority: bool = False) -> list[int]:
+    def submit_all(self, calls: Sequence[CodecCall], *, priority: bool = False, wait: bool = True) -> list[int]:
         """Queue ``calls`` as one hand-over (in this order) and return their sequence numbers; blocks while
-        ``max_pending`` hand-overs of the lane are queued or running. Inline, they run now, in order."""
+        ``max_pending`` hand-overs of the lane are queued or running, or, with ``wait=False``, parks the hand-over
+        behind the lane instead (see the module docstring) and returns at once. Inline, they run now, in order."""
         if not calls:
             return []
         if not self._threaded_now():
             self._check_open()
             return [self._run_inline(c.fn, priority) for c in calls]
-        return self._enqueue(
-            [_Item(0, c.fn, priority=priority, keys=set(c.keys), withdraw=c.withdraw) for c in calls], priority
-        )
+        items = [_Item(0, c.fn, priority=priority, keys=set(c.keys), withdraw=c.withdraw) for c in calls]
+        return self._enqueue(items, priority) if wait else self._park(items, priority)
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` after every call queued before it and return its result (or raise its exception)."""
@@ -246,7 +268,7 @@ class CodecWorker:
         up), 0 when none does."""
         with self._cond:
             last = 0
-            for item in self._queue:
+            for item in [*self._queue, *(item for _, _, items in self._parked for item in items)]:
                 if key not in item.keys:
                     continue
                 if item.withdraw is None:
@@ -285,26 +307,69 @@ class CodecWorker:
 
     def _enqueue(self, items: list[_Item], priority: bool, observe: bool = True) -> list[int]:
         t0: float | None = None
+        keys = set().union(*(item.keys for item in items))
+        barrier = any(item.barrier for item in items)
         with self._cond:
-            while self.handovers(priority) >= self.max_pending and not self._closed:
+            while not self._closed and (
+                self.handovers(priority) >= self.max_pending
+                or self._parked_ahead(keys, priority, barrier)
+            ):
                 if t0 is None:
                     t0 = time.perf_counter()
                 self._cond.wait()
             self._check_open()
-            self._groups += 1
-            group = self._groups
-            self._open[group] = [priority, len(items)]
-            seqs = []
-            for item in items:
-                self._issued += 1
-                item.seq, item.group = self._issued, group
-                self._outstanding.add(item.seq)
-                self._queue.append(item)
-                seqs.append(item.seq)
+            seqs = self._number(items)
+            self._admit(self._groups, priority, items)
             self._cond.notify_all()
         if t0 is not None and observe:
             self._on_wait(time.perf_counter() - t0)
         return seqs
+
+    def _parked_ahead(self, keys: set[Hashable], priority: bool, barrier: bool) -> bool:
+        """(Under the lock.) Whether a blocking hand-over must wait for parked ones to join the lanes first: a
+        ``call`` (barrier) for all of them, any other for those of its own lane (their order) or touching its
+        streams (theirs)."""
+        if barrier:
+            return bool(self._parked)
+        return any(lane is priority or keys & item.keys for _, lane, items in self._parked for item in items)
+
+    def _number(self, items: list[_Item]) -> list[int]:
+        """(Under the lock.) A new hand-over's sequence numbers; outstanding from now on."""
+        self._groups += 1
+        seqs = []
+        for item in items:
+            self._issued += 1
+            item.seq, item.group = self._issued, self._groups
+            self._outstanding.add(item.seq)
+            seqs.append(item.seq)
+        return seqs
+
+    def _admit(self, group: int, priority: bool, items: list[_Item]) -> None:
+        """(Under the lock.) A numbered hand-over joins its lane's queue."""
+        self._open[group] = [priority, len(items)]
+        self._queue.extend(items)
+
+    def _park(self, items: list[_Item], priority: bool) -> list[int]:
+        """Queue the hand-over now if its lane has room and nothing is parked before it, else park it; never
+        blocks."""
+        with self._cond:
+            self._check_open()
+            seqs = self._number(items)
+            if not self._parked and self.handovers(priority) < self.max_pending:
+                self._admit(self._groups, priority, items)
+                self._cond.notify_all()
+            else:
+                self._parked.append((self._groups, priority, items))
+        return seqs
+
+    def _unpark(self) -> None:
+        """(Under the lock.) Parked hand-overs join their lanes, oldest first, while the oldest's lane has room."""
+        while self._parked:
+            group, priority, items = self._parked[0]
+            if self.handovers(priority) >= self.max_pending:
+                return
+            self._parked.popleft()
+            self._admit(group, priority, items)
 
     def _next(self) -> _Item:
         """The oldest priority call no earlier call shares a stream with (none past a barrier), else the oldest."""
@@ -325,12 +390,14 @@ class CodecWorker:
             group[1] -= 1
             if group[1] <= 0:
                 del self._open[item.group]
+                self._unpark()
 
     def _forget_all(self) -> None:
         """Closed: what never ran is dropped, every sequence number counts as done (under the lock)."""
-        for item in self._queue:
+        for item in [*self._queue, *(item for _, _, items in self._parked for item in items)]:
             self._drop(item)
         self._queue.clear()
+        self._parked.clear()
         self._current = None
         self._outstanding.clear()
         self._open.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from moss_rt.codec.kv_quant import FP8
 from moss_rt.codec.model import CodecModel
 from moss_rt.codec.streaming import scratch_state_bytes, stream_state_bytes
 from moss_rt.engine.memory_plan import GIB, MIB, MemoryCosts
@@ -29,6 +30,7 @@ def memory_costs(
     codec_chunk_frames: int,
     codec_extra_streams: int,
     keys_per_row: int = PREFILL_KEYS_PER_ROW,
+    aligner_bytes: int = 0,
 ) -> MemoryCosts:
     b = config.backbone
     itemsize = torch.tensor([], dtype=dtype).element_size()
@@ -47,6 +49,10 @@ def memory_costs(
         codec_bytes_per_stream=stream_state_bytes(codec, codec_chunk_frames, dtype),
         codec_extra_streams=codec_extra_streams,
         codec_fixed_bytes=scratch_state_bytes(codec, codec_chunk_frames, dtype),
+        # With fp8 K/V (values and their per-row scales): the memory plan decides which (--codec-state-dtype).
+        codec_fp8_bytes_per_stream=stream_state_bytes(codec, codec_chunk_frames, FP8),
+        codec_fp8_fixed_bytes=scratch_state_bytes(codec, codec_chunk_frames, FP8),
         work_bytes=GRAPH_BASE_BYTES + scores + activations,
         work_bytes_per_slot=GRAPH_BYTES_PER_SLOT,
+        aligner_bytes=aligner_bytes,  # the word aligner on this device (moss_rt.align.select.planned_reserve_bytes)
     )

@@ -8,7 +8,9 @@ CUDA context already use is subtracted). The budget is split between
 - the codec's streaming state (paged K/V blocks: the pools hold one whole window per codec stream, slots,
   renders and warm-up, so every take admitted can grow to the full window; a stream holds only the blocks its
   age has reached, the rest stay free for the streams that grow),
-- work memory (CUDA-graph pools, prefill scores and activations), and
+- work memory (CUDA-graph pools, prefill scores and activations),
+- the word aligner's device memory when it runs on this GPU (its weights, its graphs' pool and its eager calls,
+  each bounded: moss_rt.align.memory), reserved here whether it has loaded yet or not, and
 - a margin for the allocator's fragmentation and library workspaces.
 
 A pure function of numbers (no torch, no device), so it is tested with fake free-memory figures. On
@@ -17,6 +19,7 @@ a CPU the plan is computed from the settings alone (host memory is not planned).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -52,6 +55,14 @@ class MemoryCosts:
     work_bytes: int  # CUDA-graph pools, prefill scores and activations (independent of slots)
     work_bytes_per_slot: int = 0  # graph activations growing with the batch
     codec_fixed_bytes: int = 0  # the codec's scratch blocks (graph capture, padding rows of batched calls)
+    aligner_bytes: int = 0  # the word aligner on this device, what it will hold beyond what it holds already
+    # The same codec figures with fp8 K/V (moss_rt/codec/kv_quant.py; 0: fp8 codec state not offered).
+    codec_fp8_bytes_per_stream: int = 0
+    codec_fp8_fixed_bytes: int = 0
+
+    def with_fp8_codec_state(self) -> MemoryCosts:
+        return dataclasses.replace(self, codec_bytes_per_stream=self.codec_fp8_bytes_per_stream,
+                                   codec_fixed_bytes=self.codec_fp8_fixed_bytes)
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,9 @@ class MemoryPlan:
     margin_bytes: int
     slots_from: str  # "flag" or "plan"
     seq_len_from: str
+    aligner_bytes: int = 0  # reserved for the word aligner on this device (beyond what it held when planned)
+    codec_state_dtype: str = "bf16"  # how the codec's K/V are stored: "bf16" (the compute dtype) or "fp8"
+    codec_state_reason: str = "set by --codec-state-dtype"  # why the plan chose it
 
     @property
     def kv_positions(self) -> int:
@@ -82,7 +96,8 @@ class MemoryPlan:
 
     @property
     def planned_bytes(self) -> int:
-        return self.backbone_cache_bytes + self.codec_state_bytes + self.work_bytes + self.margin_bytes
+        cache = self.backbone_cache_bytes + self.codec_state_bytes
+        return cache + self.work_bytes + self.margin_bytes + self.aligner_bytes
 
     @property
     def unplanned_bytes(self) -> int:
@@ -111,9 +126,12 @@ class MemoryPlan:
                 f"{self.kv_positions} positions, {self.kv_positions // max(1, self.max_slots)} per slot",
             ),
             ("codec streaming state", gib(self.codec_state_bytes)),
+            ("codec state dtype", f"{self.codec_state_dtype} ({self.codec_state_reason})"),
             ("graph pools and work memory", gib(self.work_bytes)),
             ("margin", gib(self.margin_bytes)),
         ]
+        if self.aligner_bytes:
+            rows.insert(-1, ("word aligner (weights, graph pool, eager calls)", gib(self.aligner_bytes)))
         if self.total_bytes:
             rows.append(("left unplanned", gib(self.unplanned_bytes)))
         return rows
@@ -144,6 +162,9 @@ class MemoryPlan:
             "margin_bytes": self.margin_bytes,
             "slots_from": self.slots_from,
             "seq_len_from": self.seq_len_from,
+            "aligner_bytes": self.aligner_bytes,
+            "codec_state_dtype": self.codec_state_dtype,
+            "codec_state_reason": self.codec_state_reason,
         }
 
 
@@ -163,7 +184,77 @@ def settings_blocks(slots: int, seq_len: int, block_size: int) -> int:
     return running + slots + math.ceil(KEPT_CACHE_HEADROOM * running) + 1
 
 
+CODEC_STATE_DTYPES = ("auto", "bf16", "fp8")
+
+
 def plan_memory(
+    costs: MemoryCosts,
+    *,
+    device: str,
+    total_bytes: int | None,
+    free_bytes: int | None,
+    utilization: float = 0.90,
+    max_slots: int = 0,
+    max_seq_len: int = 0,
+    block_size: int = 16,
+    codec_state_dtype: str = "auto",
+) -> MemoryPlan:
+    """The plan of :func:`plan_codec_state`'s choice of codec state dtype (the plan records it and why)."""
+    dtype, reason = plan_codec_state(costs, codec_state_dtype, total_bytes=total_bytes, free_bytes=free_bytes,
+                                     utilization=utilization, max_slots=max_slots, block_size=block_size)
+    plan = _plan_memory(costs.with_fp8_codec_state() if dtype == "fp8" else costs, device=device,
+                        total_bytes=total_bytes, free_bytes=free_bytes, utilization=utilization, max_slots=max_slots,
+                        max_seq_len=max_seq_len, block_size=block_size)
+    return dataclasses.replace(plan, codec_state_dtype=dtype, codec_state_reason=reason)
+
+
+def plan_codec_state(
+    costs: MemoryCosts,
+    setting: str,
+    *,
+    total_bytes: int | None,
+    free_bytes: int | None,
+    utilization: float,
+    max_slots: int,
+    block_size: int,
+) -> tuple[str, str]:
+    """("bf16" | "fp8", why): the setting when it is not ``auto``; ``auto`` keeps bf16 (exact streaming) unless
+    ``--max-slots`` asks for more takes than bf16 codec state fits on this device, each able to hold
+    ``PLANNED_TAKE_POSITIONS`` (the plan's own sizing rule), and fp8 is offered. fp8 costs audio quality (a few
+    times bf16's error, docs/codec.md), so the plan never picks it just to hold more takes than asked for."""
+    if setting not in CODEC_STATE_DTYPES:
+        raise MemoryPlanError(f"--codec-state-dtype must be one of {', '.join(CODEC_STATE_DTYPES)}, got {setting!r}")
+    if setting == "fp8" and not costs.codec_fp8_bytes_per_stream:
+        raise MemoryPlanError("--codec-state-dtype fp8 is not available for this codec")
+    if setting != "auto":
+        return setting, "set by --codec-state-dtype"
+    if not costs.codec_fp8_bytes_per_stream:
+        return "bf16", "auto: fp8 codec state not available"
+    if total_bytes is None or free_bytes is None:
+        return "bf16", "auto: no device budget to fit"
+    if not max_slots:
+        return "bf16", "auto: the plan chooses the slots bf16 codec state fits (--max-slots or fp8 for more)"
+    fit = _fitting_slots(costs, total_bytes, free_bytes, utilization, block_size)
+    if max_slots <= fit:
+        return "bf16", f"auto: --max-slots {max_slots} fits with bf16 codec state (up to {fit} slots)"
+    fit8 = _fitting_slots(costs.with_fp8_codec_state(), total_bytes, free_bytes, utilization, block_size)
+    return "fp8", (f"auto: --max-slots {max_slots} is more than the {fit} slots bf16 codec state fits at "
+                   f"{PLANNED_TAKE_POSITIONS} positions each; fp8 fits {fit8} (lower audio precision: docs/codec.md)")
+
+
+def _fitting_slots(costs: MemoryCosts, total_bytes: int, free_bytes: int, utilization: float, block_size: int) -> int:
+    """Slots the budget holds with each able to hold PLANNED_TAKE_POSITIONS (as plan_memory sizes them, uncapped)."""
+    bpp = costs.bytes_per_position
+    per_slot = costs.slot_bytes + costs.codec_bytes_per_stream + costs.work_bytes_per_slot
+    budget = int(utilization * total_bytes) - max(0, total_bytes - free_bytes)
+    margin = max(MIN_MARGIN, int(MARGIN_FRACTION * max(budget, 0)))
+    fixed = (block_size * bpp + costs.codec_extra_streams * costs.codec_bytes_per_stream + costs.codec_fixed_bytes
+             + costs.work_bytes + costs.aligner_bytes + margin)
+    room = budget - fixed
+    return max(0, room // (per_slot + PLANNED_TAKE_POSITIONS * bpp)) if room > 0 else 0
+
+
+def _plan_memory(
     costs: MemoryCosts,
     *,
     device: str,
@@ -203,15 +294,16 @@ def plan_memory(
         blocks = slots * _blocks_for(seq_len + 1, block_size) + 1
         backbone, codec, work = split(slots, blocks)
         return MemoryPlan(device, "settings", slots, seq_len, blocks, block_size, 0, 0, utilization,
-                          backbone + codec + work, backbone, codec, work, 0,
-                          "flag" if max_slots else "default", "flag" if max_seq_len else "default")
+                          backbone + codec + work + costs.aligner_bytes, backbone, codec, work, 0,
+                          "flag" if max_slots else "default", "flag" if max_seq_len else "default",
+                          costs.aligner_bytes)
 
     in_use = max(0, total_bytes - free_bytes)
     budget = int(utilization * total_bytes) - in_use
     margin = max(MIN_MARGIN, int(MARGIN_FRACTION * max(budget, 0)))
     # The scratch block, the extra codec streams, work memory and the margin come first.
     fixed = (block_bytes + costs.codec_extra_streams * costs.codec_bytes_per_stream + costs.codec_fixed_bytes
-             + costs.work_bytes + margin)
+             + costs.work_bytes + costs.aligner_bytes + margin)
     room = budget - fixed
     if max_slots:
         slots = max_slots
@@ -232,7 +324,7 @@ def plan_memory(
     backbone, codec, work = split(slots, blocks)
     return MemoryPlan(device, "measured", slots, seq_len, blocks, block_size, total_bytes, in_use, utilization,
                       budget, backbone, codec, work, margin,
-                      "flag" if max_slots else "plan", "flag" if max_seq_len else "plan")
+                      "flag" if max_slots else "plan", "flag" if max_seq_len else "plan", costs.aligner_bytes)
 
 
 def _advice(
@@ -261,6 +353,8 @@ def _advice(
         hints.append("lower --max-slots (or leave it unset so the plan chooses)")
     if max_seq_len:
         hints.append("lower --max-seq-len (or leave it unset)")
+    if costs.codec_fp8_bytes_per_stream and costs.codec_bytes_per_stream != costs.codec_fp8_bytes_per_stream:
+        hints.append("use --codec-state-dtype fp8 (about half the codec state per take, lower audio precision)")
     if utilization < 0.95:
         hints.append("raise --gpu-memory-utilization")
     hints.append("free GPU memory used by other processes, or use a GPU with more memory")

@@ -15,6 +15,8 @@ from moss_rt.engine.memory_plan import MemoryPlan
 # Latency buckets (seconds) sized for 80 ms frames: first audio is expected in 0.05-0.5 s.
 TTFA_BUCKETS = (0.02, 0.05, 0.08, 0.12, 0.16, 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
 STEP_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.2, 0.4, 0.8, 1.6)
+# Parts of one admission: tens of microseconds to a few milliseconds.
+ADMIT_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
 
 
 class EngineMetrics:
@@ -39,10 +41,25 @@ class EngineMetrics:
         )
         self.codec_wait = Histogram(
             "moss_rt_codec_wait_seconds",
-            "Times the scheduler waited for the codec worker (its queue full, a take's last chunk, a graph capture "
-            "or a rebuild behind queued decodes); with the codec overlapped, the rest of codec time ran "
+            "Times the scheduler waited for the codec worker (a graph capture or a job behind queued decodes, a "
+            "priority hand-over with its lane full) or held its model step back for room in the codec's bulk lane "
+            "(first held round to the step that ran); with the codec overlapped, the rest of codec time ran "
             "alongside model steps",
             buckets=STEP_BUCKETS, registry=r,
+        )
+        self.steps_held = Counter(
+            "moss_rt_steps_held_total",
+            "Rounds whose model step was held back because the codec's bulk lane was full and a hand-over already "
+            "waited behind it (the round went on with cancels, admissions and prefill instead of blocking)",
+            registry=r,
+        )
+        self.admit_part_time = Histogram(
+            "moss_rt_admit_part_seconds",
+            "Engine-thread time of each part of admitting a take (match: prompt rows and kept caches looked up; "
+            "room: KV blocks promised, kept caches evicted; kv: its slot and cache blocks; sampling: its sampling "
+            "state set; codec: its codec stream opened; apply: once a round, the device writes of that round's "
+            "admissions, batched)",
+            ["part"], buckets=ADMIT_BUCKETS, registry=r,
         )
         self.codec_pending = Gauge("moss_rt_codec_pending_calls", "Codec calls queued or running on the codec worker",
                                    registry=r)
@@ -203,3 +220,17 @@ class EngineMetrics:
         if now - self._window_start >= 1.0:
             self.frames_per_sec.set(self._window_frames / (now - self._window_start))
             self._window_start, self._window_frames = now, 0
+
+
+class PartClock:
+    """Times the parts of one piece of engine-thread work into a histogram labelled by part: ``lap(part)`` once each
+    part is done (the time since the previous lap, or since the clock was made)."""
+
+    def __init__(self, histogram: Histogram) -> None:
+        self.histogram = histogram
+        self.last = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        now = time.perf_counter()
+        self.histogram.labels(part).observe(now - self.last)
+        self.last = now

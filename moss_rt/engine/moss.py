@@ -40,6 +40,7 @@ from moss_rt.engine.base import (
 )
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
+from moss_rt.engine.compile_workers import CompileWorkers, why_unsupported
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.kept_digests import KeptDigests
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
@@ -58,7 +59,7 @@ from moss_rt.engine.resolve import (
 )
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import EngineChannel, Take
-from moss_rt.engine.startup import StartupTimeline, process_age
+from moss_rt.engine.startup import StartupTimeline, process_age, warm_cuda
 from moss_rt.engine.warm_compile import (
     AheadCompiles,
     TritonCompileLog,
@@ -147,6 +148,9 @@ class MossEngine(EngineLifecycle):
         self._ahead_marker: Path | None = None  # the Triton cache's "every kernel compiled" file, to write once warm
         self._compiles: AheadCompiles | None = None  # kernels compiling ahead of the warm-up's captures
         self._compile_log: TritonCompileLog | None = None
+        self._compile_workers: CompileWorkers | None = None  # processes compiling the kernels the chains meet
+        # What the workers did, once they ended: (compiled there, compiled here instead, their seconds).
+        self.compile_workers_counts: tuple[int, int, float] | None = None
 
     # ------------------------------------------------------------------ the seam
     @property
@@ -170,14 +174,23 @@ class MossEngine(EngineLifecycle):
         s = self._scheduler
         return 0 if s is None else len(s.waiting) + self._inbox.qsize()
 
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+    def begin_loading(self) -> None:
+        """Start loading now, on the engine's thread, before the event loop runs (``serve`` calls this as soon as the
+        engine is built, so the model loads while the web app is imported and built and the session store opens);
+        ``start`` then only waits. Idempotent; ``start`` calls it where nobody did."""
+        if self._thread is not None:
+            return
         age = process_age()
         if age is not None:
-            self.startup.record("process", age)  # Python, the imports, the app: until the engine starts
+            self.startup.record("process", age)  # Python, the imports: until the engine starts
         self._use_kernel_cache()
+        warm_cuda(self.settings)  # the CUDA context comes up while the engine's thread imports the model's code
         self._thread = threading.Thread(target=self._run, name="moss-rt-engine", daemon=True)
         self._thread.start()
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.begin_loading()
         await asyncio.wrap_future(self._loaded)
 
     async def close(self) -> None:
@@ -462,15 +475,43 @@ class MossEngine(EngineLifecycle):
         if self._codec_worker is not None:
             self._codec_worker.close(discard=True)
 
+    def _start_compile_workers(self, device: torch.device) -> None:
+        """On CUDA, with kernels to compile ahead in processes (``compile_processes``), start the worker processes now:
+        they import Triton and the kernels' modules while the model and codec load (compile_workers.py). Kernels any
+        thread of this process compiles from now until the warm-up ends are compiled in them."""
+        s = self.settings
+        threads = compile_threads(s.compile_threads, device)
+        if device.type != "cuda" or threads <= 1 or not s.compile_processes:
+            return
+        unsupported = why_unsupported()
+        if unsupported is not None:  # said once, before any process is spawned
+            log.warning("start-up: kernels compile on threads, not in worker processes: %s", unsupported)
+            return
+        try:
+            self._compile_workers = CompileWorkers(threads).start().install()
+        except Exception:  # noqa: BLE001 - no processes here (a sandbox, a limit): the threads compile, as before
+            log.warning("cannot start compile worker processes; kernels compile on threads", exc_info=True)
+            self._compile_workers = None
+            return
+        log.info("start-up: %d worker processes compile the Triton kernels met before ready", threads)
+
     def _end_compiles(self, keep_log: bool = False) -> None:
         """The ahead compiles' threads end (after waiting for them; a start that failed; a harness never warmed up),
-        and unless ``keep_log`` the Triton compile log stops counting."""
+        and unless ``keep_log`` the Triton compile log stops counting and the compile workers end (they compile what
+        the warm-up's captures meet until then)."""
         if self._compiles is not None:
             self._compiles.close()
             self._compiles = None
-        if self._compile_log is not None and not keep_log:
+        if keep_log:
+            return
+        if self._compile_log is not None:
             self._compile_log.remove()
             self._compile_log = None
+        if self._compile_workers is not None:
+            log.info("start-up: %s", self._compile_workers.summary())
+            self.compile_workers_counts = self._compile_workers.counts()
+            self._compile_workers.close()
+            self._compile_workers = None
 
     def _shutdown(self) -> None:
         self._end_compiles()
@@ -490,6 +531,7 @@ class MossEngine(EngineLifecycle):
     # ------------------------------------------------------------------ loading
     def _load(self) -> None:
         from moss_rt.codec import CodecLoadError, load_codec
+        from moss_rt.codec.kv_quant import FP8
         from moss_rt.codec.streaming import StreamingDecoder
         from moss_rt.model.loader import ModelUnavailable, open_model, random_weights_label
         from moss_rt.model.runner import ModelRunner
@@ -505,6 +547,7 @@ class MossEngine(EngineLifecycle):
             torch.cuda.set_per_process_memory_fraction(fraction, index)
             log.info("GPU memory limited to %.1f GiB (%.3f of the device) for this process",
                      s.gpu_memory_limit_gib, fraction)
+        self._start_compile_workers(where.device)
         model_choice = choose_model(s, where.device)
         # The start's order (issue 24): the model is opened (its memory taken, its weights not read yet), the codec
         # loaded, the memory plan made (it sees the weights' memory either way), and the codec's kernels start
@@ -553,6 +596,7 @@ class MossEngine(EngineLifecycle):
             dtype=where.dtype,
             max_streams=slots + CODEC_EXTRA_STREAMS,  # every slot, a render and the warm-up
             max_chunk_frames=CODEC_CHUNK_FRAMES,
+            state_dtype=FP8 if plan.codec_state_dtype == "fp8" else None,  # the plan's choice (memory_plan.py)
             **extra,
         )
         # Captures under load are deferred to the scheduler's rounds (see codec_batch), whether or not the
@@ -581,6 +625,9 @@ class MossEngine(EngineLifecycle):
             log.info("start-up: an earlier start compiled every kernel into this Triton cache (%s): none ahead, the "
                      "captures load them", marker.name)
             threads, marker = 1, None
+        if threads <= 1 and self._compile_workers is not None:  # nothing compiles ahead: the workers are not needed
+            self._compile_workers.close()
+            self._compile_workers = None
         self._ahead_marker = marker  # written once this start's warm-up is done
         self._compiles = AheadCompiles(where.device, threads)
         self._compiles.add(codec_chains(batcher))  # nothing decodes before ready: the scratch row is theirs
@@ -631,6 +678,7 @@ class MossEngine(EngineLifecycle):
             "dtype": str(where.dtype).replace("torch.", ""),
             "max_slots": str(slots),
             "max_seq_len": str(seq_len),
+            "codec_state_dtype": f"{plan.codec_state_dtype} ({plan.codec_state_reason})",
             "cuda_graphs": str(bool(runner.use_cuda_graphs)).lower(),
             "codec_cuda_graphs": str(batcher.graphs).lower(),
             "codec_overlap": "on" if worker.threaded else "off",
@@ -664,6 +712,8 @@ class MossEngine(EngineLifecycle):
         from moss_rt.model.runner import DEFAULT_BLOCK_SIZE
 
         s = self.settings
+        # Before measuring: an aligner that loads in between is counted twice (in use and reserved), never missed.
+        aligner = self._aligner_reserve(device)
         costs = memory_costs(
             config,
             codec,
@@ -671,6 +721,7 @@ class MossEngine(EngineLifecycle):
             prefill_max_rows=s.prefill_max_rows,
             codec_chunk_frames=CODEC_CHUNK_FRAMES,
             codec_extra_streams=CODEC_EXTRA_STREAMS,
+            aligner_bytes=aligner,
         )
         total = free = None
         if device.type == "cuda":
@@ -696,6 +747,7 @@ class MossEngine(EngineLifecycle):
             max_slots=s.max_slots,
             max_seq_len=s.max_seq_len,
             block_size=DEFAULT_BLOCK_SIZE,
+            codec_state_dtype=s.codec_state_dtype,
         )
         log.info("%s", plan.table())
         self.memory_plan = plan
@@ -705,6 +757,24 @@ class MossEngine(EngineLifecycle):
             self._capacity = plan.max_slots + s.max_queue
         self._inbox = queue.Queue(maxsize=self._capacity)
         return plan
+
+    def _aligner_reserve(self, device: torch.device) -> int:
+        """Bytes the plan reserves for the word aligner on this GPU (0: none runs here), docs/words.md."""
+        if device.type != "cuda":
+            return 0
+        from moss_rt.align.select import planned_reserve_bytes
+
+        s = self.settings
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        try:
+            return planned_reserve_bytes(
+                s.aligner, device=s.device, engine_index=index, graph_memory_bytes=s.aligner_graph_mb * 2**20
+            )
+        except Exception:  # an unreadable aligner checkpoint fails the aligner's own load, not the engine's plan
+            log.exception("cannot size the word aligner's memory; reserving its graph budget and an MMS-300m's weights")
+            from moss_rt.align.memory import MMS_300M_PARAMS, reserve_bytes, weights_bytes
+
+            return reserve_bytes(weights_bytes(MMS_300M_PARAMS), 0, s.aligner_graph_mb * 2**20)
 
     def _sync(self) -> None:
         """Wait for this thread's queued device work (host timings mean something); the codec's stream is not

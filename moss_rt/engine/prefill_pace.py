@@ -11,12 +11,20 @@ timed passes to fit ``prefill_budget_ms``), never re-sized from timings while se
 decides the pass's float rounding, so a take's codes must not depend on how fast an earlier pass happened to run.
 Alone on the device (nothing streaming) passes stay as large as ``prefill_max_rows`` allows: fewest passes,
 earliest first audio.
+
+**Graph-sized passes.** ``stream_rows`` (3,480 padded rows on an H200) is far past what the prefill graphs hold
+(model/prefill_graphs: a lone piece up to 512 rows, or 2-16 pieces of at most 256 rows and 2,048 padded rows), so a
+pass filled to it always ran eagerly: ~50 ms for ~190 rows at full size, launch-bound, where a graphed pass costs
+6-20 ms. While interactive takes are about and others stream (a director's burst of retakes, a render's lines while
+directors work), the scheduler cuts each pass to what one graph holds (:func:`largest_graphed_piece`, asking the
+runner by shape): every pass is short, and cancels and admissions come between passes. The cut depends only on
+the pieces' sizes and starts, never on timings or on which graphs are captured yet.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 # Below this a pass is mostly fixed cost (36 layers' launches); a 64-row chunk of one take always fits.
@@ -59,3 +67,28 @@ def measure_prefill_cost(
     t_small, t_large = best(small), best(large)
     per_row = (t_large - t_small) / ((large - small) * rows_per_chunk)
     return PrefillCost(fixed_s=max(0.0, t_small - per_row * small * rows_per_chunk), per_row_s=per_row)
+
+
+def largest_graphed_piece(
+    fits: Callable[[Sequence[int], Sequence[int]], bool],
+    widths: Sequence[int],
+    starts: Sequence[int],
+    start: int,
+    rows: int,
+) -> int:
+    """The most rows (at most ``rows``) of a piece starting at ``start`` that a pass already holding pieces of
+    ``widths`` rows at ``starts`` can take and still have a graph shape (``fits``: the runner's prefill_graph_fits);
+    0 when not even one row fits. A shape's buckets only grow with a piece's rows, so the largest fit is found by
+    bisection."""
+    if fits([*widths, rows], [*starts, start]):
+        return rows  # the common case: one question
+    if rows <= 1 or not fits([*widths, 1], [*starts, start]):
+        return 0  # no room for it at all (a refused take costs two questions, not a bisection)
+    lo, hi = 1, rows - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits([*widths, mid], [*starts, start]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

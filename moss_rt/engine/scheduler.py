@@ -14,14 +14,16 @@ One :meth:`Scheduler.iterate` is one scheduling round. It serves, in this order 
    worker (decoded, converted to int16 and pushed to their channels on the worker's thread, overlapped with the next
    model steps; see codec_worker): interactive takes' first chunks (their ramp) in the worker's priority lane, the
    rest in bulk calls of at most ``codec_call_streams`` streams, so a director's first chunk waits for at most one
-   short call;
+   short call. A round never waits for the bulk lane: a hand-over that finds it full is parked behind it, and while
+   one is parked the next step that would add one is held back (codec_flow; the round goes on with the rest);
 3. **interactive admissions and their preparation**: waiting takes get slots while slots are free (retakes,
    continuations and barge-in starts first, then new takes, then batch work); preparing takes advance their prompt
    prefill and codec state. Prompt rows kept from earlier takes (prompt_cache) are shared, not prefilled, and a take
    waits for rows another take is computing; the next prompt chunks of all the others go through the backbone in ONE
    batched prefill pass (at most ``prefill_max_rows`` padded rows; while takes stream, one pass per round of at most
    ``stream_rows``, sized to the budget at warm-up (prefill_pace), so a burst of arrivals goes in as chunks
-   interleaved with frames and never holds a running stream for more than about one frame). A retake's codec state
+   interleaved with frames and never holds a running stream for more than about one frame; while interactive takes
+   are about, cut further to what one prefill graph holds). A retake's codec state
    continues from its parent's kept blocks (nothing decoded) where they still hold what its branch frame needs;
    otherwise the kept frames are decoded again, every rebuilding take's next chunk in batched codec calls each round
    (an interactive take's in the priority lane), handed to the codec worker without waiting for them (the take's
@@ -57,9 +59,10 @@ import numpy as np
 
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
 from moss_rt.engine.codec_batch import CodecBatcher
+from moss_rt.engine.codec_flow import HoldClock, step_held
 from moss_rt.engine.codec_worker import CodecCall, CodecWorker
-from moss_rt.engine.metrics import EngineMetrics
-from moss_rt.engine.prefill_pace import MIN_ROWS_PER_PASS
+from moss_rt.engine.metrics import EngineMetrics, PartClock
+from moss_rt.engine.prefill_pace import MIN_ROWS_PER_PASS, largest_graphed_piece
 from moss_rt.engine.prompt_cache import Match, PromptCache
 from moss_rt.engine.prompts import frames_room
 from moss_rt.engine.slots import CacheReuse, CodecSource, Phase, Retained, RetainedCaches, Take
@@ -165,6 +168,7 @@ class Scheduler:
         # (prefill_pace) and it stays fixed: pass composition must not follow timings, or codes would.
         self.stream_rows = config.prefill_max_rows
         self._last_step_at: float | None = None  # start of the previous step while takes ran
+        self._hold = HoldClock(metrics)  # steps held back for room in the codec's bulk lane (codec_flow)
 
     # ------------------------------------------------------------------ bookkeeping
     @property
@@ -313,7 +317,20 @@ class Scheduler:
                 at = next((i for i, t in enumerate(self.preparing) if t.batch), len(self.preparing))
                 self.preparing.insert(at, take)
             admitted = True
+        if admitted:
+            self._apply_admissions()
         return admitted
+
+    def _apply_admissions(self) -> None:
+        """The round's admissions reach the device together: their slots, cache blocks and sampling state were
+        staged on the host (ModelRunner.apply_staged), a few batched writes whatever their number. Any pass would
+        apply them first anyway; applying them here times them (admit part ``apply``, once a round)."""
+        apply = getattr(self.runner, "apply_staged", None)  # test stand-ins have no device state
+        if apply is None:
+            return
+        clock = PartClock(self.metrics.admit_part_time)
+        apply()
+        clock.lap("apply")
 
     def _batch_count(self) -> int:
         return sum(1 for group in (self.preparing, self.running, self.draining) for t in group if t.batch)
@@ -365,8 +382,11 @@ class Scheduler:
         return True
 
     def _begin(self, take: Take) -> bool:
-        """Give the take a slot and its cache reservation; False when the pool cannot promise it yet."""
+        """Give the take a slot and its cache reservation; False when the pool cannot promise it yet. Its parts are
+        timed (moss_rt_admit_part_seconds: an admission costs the engine's thread, and every director arriving in
+        that round waits for it)."""
         runner = self.runner
+        clock = PartClock(self.metrics.admit_part_time)
         spec = take.spec
         assert take.prompt is not None, "submit builds and checks the prompt rows"
         prompt = take.prompt
@@ -394,6 +414,7 @@ class Scheduler:
             keys = self.prompts.keys(rows)
             match = self.prompts.match(keys)
             shared = match.length
+        clock.lap("match")
         take.frame_cap = frame_cap
         take.prompt_len = len(prompt)
         # Every position the take may write (prompt, kept frames, new frames): promised up front,
@@ -418,6 +439,7 @@ class Scheduler:
             room = self._room_for(need, keep=None, spare=spare, batch=take.batch)
         if not room and take.batch and not self._interactive_present():
             room = self._room_for(need, keep=None, spare=spare)  # no director here: kept takes of theirs may go
+        clock.lap("room")
         if not room:
             if not self.active_count:
                 raise ValueError(
@@ -449,10 +471,12 @@ class Scheduler:
             if take.prefilled < len(rows):
                 self._claim_or_wait(take)
         take.retain_key = prompt
+        clock.lap("kv")
         # Repetition penalty keeps the kept frames as history; the RNG counter continues at frame n.
         runner.set_sampling(
             take.model_slot, spec.sampling, spec.seed, frame_index=n, history=prefix if n else None
         )
+        clock.lap("sampling")
         if codec_wait:
             take.codec_after = kept  # its codec state opens once the parent's running codec call is done
         else:
@@ -460,6 +484,7 @@ class Scheduler:
             self.metrics.codec_states.labels(take.codec_source.value).inc()
         if n:
             self.metrics.seeks.labels(take.reuse_path.value).inc()
+        clock.lap("codec")
         return True
 
     def _can_resume_codec(self, kept: Retained, prefix: np.ndarray) -> bool:
@@ -608,9 +633,13 @@ class Scheduler:
 
         Interactive takes' rows never share a pass with batch work's (a batch take whose rows an interactive take
         waits for counts as interactive): a director's pass is as short as its own rows. A pass of batch rows alone
-        holds at most BATCH_PASS_SHARE of stream_rows while interactive takes are about."""
+        holds at most BATCH_PASS_SHARE of stream_rows while interactive takes are about. While takes stream and
+        interactive takes are about, a pass also holds only what one prefill graph does (prefill_pace: graph-sized
+        passes), its pieces cut to fit."""
         score_cap = self.config.prefill_max_rows * self.config.prefill_keys_per_row
         cap = self.stream_rows if self.running else self.config.prefill_max_rows
+        rule = getattr(self.runner, "prefill_graph_rule", None)  # test stand-ins have no graphs to fit
+        fits = rule() if rule is not None and self.running and self._interactive_present() else None
         ready = [t for t in self.preparing if self._rows_left(t) > 0 and t.waits_for is None]
         awaited = {t.waits_for for t in self.preparing if not t.batch and t.waits_for is not None}
         urgent = [t for t in ready if not t.batch or t.take_id in awaited]
@@ -631,6 +660,12 @@ class Scheduler:
                 if widest > fit or fit < min(left, MIN_ROWS_PER_PASS):
                     continue
                 count = fit
+            if fits is not None:
+                cut = largest_graphed_piece(fits, [n for _, n in chosen], [t.prefilled for t, _ in chosen],
+                                            take.prefilled, count)
+                if chosen and cut < min(left, MIN_ROWS_PER_PASS):
+                    continue  # no graph holds it next to these (or only a sliver): a later pass
+                count = cut or count  # a lone piece no graph holds runs eagerly, as before
             wider = max(widest, count)
             more_keys = max(keys, take.prefilled + count)  # its chunk's last position (prompt rows start at 0)
             if chosen and max(wider, SCORE_BOUND_MIN_ROWS) * members * more_keys > score_cap:
@@ -688,15 +723,19 @@ class Scheduler:
         """Batched codec calls rebuilding preparing takes' codec states from their kept frames (audio thrown away):
         the next chunk of every rebuilding take, takes whose chunks have the same length together (one forward,
         graphed where the codec has that shape), at most ``codec_call_streams`` a call; interactive takes' calls in
-        the worker's priority lane (one hand-over), batch work's in the bulk lane. Handed to the codec worker without
-        waiting: the take's later decodes run after them, in order. False: nothing to rebuild."""
+        the worker's priority lane (one hand-over), batch work's in the bulk lane while it has room (else in a later
+        round: the round never waits for the bulk lane). Handed to the codec worker without waiting: the take's later
+        decodes run after them, in order. False: nothing was handed over."""
         rebuilding = [t for t in self.preparing if t.rebuild_left > 0 and t.decoder is not None
                       and t.codec_error is None]
         if not rebuilding:
             return False
         note_call = getattr(self.codec, "note_call", None)
         max_frames = min(REBUILD_CHUNK_FRAMES, int(self.decoder.max_chunk_frames))
+        handed = False
         for priority in (True, False):
+            if not priority and not self.worker.has_room(False):
+                continue  # batch work's rebuilds wait for room in the bulk lane (the round does not)
             by_frames: dict[int, list[Take]] = {}
             for take in rebuilding:
                 if take.batch is not priority:
@@ -717,10 +756,12 @@ class Scheduler:
                         take.rebuilt += frames
                     self.metrics.codec_rebuild_calls.inc()
                     self.metrics.codec_rebuild_frames.inc(frames * len(members))
-            for members, seq in zip(parts, self.worker.submit_all(calls, priority=priority), strict=True):
+            seqs = self.worker.submit_all(calls, priority=priority, wait=priority)
+            for members, seq in zip(parts, seqs, strict=True):
                 for take in members:
                     take.codec_seq = seq
-        return True
+            handed |= bool(calls)
+        return handed
 
     def _rebuild_on_worker(self, items: list[_Chunk]) -> None:
         """On the codec worker: advance the states through their kept frames; a failure fails those takes."""
@@ -792,7 +833,13 @@ class Scheduler:
                 runnable.append(take)
         if not runnable:
             self._last_step_at = None
+            self._hold.released()
             return False
+        parked = self.worker.parked(False)
+        if parked and step_held(runnable, self.steps + 1, parked, starting=self._interactive_starting()):
+            self._hold.held()  # the codec is behind: this round does the rest of its work, then waits for room
+            return False
+        self._hold.released()
         now = time.perf_counter()
         if self._last_step_at is not None:  # a frame's wall time for every stream that keeps running
             self.metrics.step_interval.observe(now - self._last_step_at)
@@ -847,10 +894,10 @@ class Scheduler:
         take.flushed = take.frames
 
     def _submit_chunks(self, takes: list[Take]) -> None:
-        """Hand the due chunks to the codec worker and return without waiting for them (unless the worker is
-        max_pending hand-overs behind in that lane): interactive takes' chunks of their ramp (first audio and the
-        one-frame chunks after it) as one call in the priority lane, the rest in bulk calls of equal chunk lengths
-        and at most ``codec_call_streams`` streams each (one hand-over)."""
+        """Hand the due chunks to the codec worker and return without waiting for them (a bulk hand-over never waits
+        for room, a priority one only if its own lane is max_pending hand-overs behind): interactive takes' chunks of
+        their ramp (first audio and the one-frame chunks after it) as one call in the priority lane, the rest in bulk
+        calls of equal chunk lengths and at most ``codec_call_streams`` streams each (one hand-over)."""
         chunks = [
             _Chunk(t, state, t.flushed, t.codes_array(t.flushed, t.frames), priority=not t.batch and t.in_ramp)
             for t in takes
@@ -886,7 +933,9 @@ class Scheduler:
         return pieces
 
     def _hand_over(self, pieces: list[list[_Chunk]], *, priority: bool) -> None:
-        """One hand-over to the codec worker: a decode call per piece."""
+        """One hand-over to the codec worker: a decode call per piece. A priority hand-over goes in at once (its lane
+        has a bound of its own, rarely reached); a bulk one never waits for room: with the lane full it is parked
+        behind it (codec_flow), and the next step waits instead, outside the round."""
         if not pieces:
             return
         note_call = getattr(self.codec, "note_call", None)
@@ -894,7 +943,8 @@ class Scheduler:
             for piece in pieces:
                 note_call([c.codes for c in piece])  # counted here, on this thread: see codec_batch
         calls = [self._codec_call(self._decode_and_push, piece) for piece in pieces]
-        for piece, seq in zip(pieces, self.worker.submit_all(calls, priority=priority), strict=True):
+        seqs = self.worker.submit_all(calls, priority=priority, wait=priority)
+        for piece, seq in zip(pieces, seqs, strict=True):
             for chunk in piece:
                 chunk.take.codec_seq = seq
 

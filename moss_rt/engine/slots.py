@@ -161,12 +161,23 @@ class Take:
         It depends only on frames made and handed to the codec, never on when the codec finished them, so
         chunks (and the codec's batches) are the same whether the codec runs overlapped or inline.
         """
-        if self.pending <= 0:
+        return self._due(step, self.pending)
+
+    def _due(self, step: int, pending: int) -> bool:
+        if pending <= 0:
             return False
         every = self.spec.chunk_frames
         if self.batch:
-            return step % every == 0 or self.pending >= every
-        return step % every == 0 or self.pending >= chunk_target(self.flushed - self.spec.start_frame, every)
+            return step % every == 0 or pending >= every
+        return step % every == 0 or pending >= chunk_target(self.flushed - self.spec.start_frame, every)
+
+    def bulk_chunk_after_step(self, step: int) -> bool:
+        """Whether stepping it as step number ``step`` would make a chunk due that goes in the codec's bulk lane (not
+        a director's ramp chunk): its cadence comes, or its frame budget ends it. (A stop drawn by the step also
+        flushes what it has; that cannot be known before, and happens once a take.)"""
+        if not self.batch and self.in_ramp:
+            return False
+        return self._due(step, self.pending + 1) or self.frames + 1 >= self.frame_cap
 
     def codes_array(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         part = self.codes[start:stop]

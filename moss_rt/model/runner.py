@@ -8,13 +8,21 @@ buffers: on CUDA one graph is captured per (batch bucket, key-length bucket), la
 or in ``warmup()``. On CPU the step runs eagerly one slot at a time, which makes a
 take's codes bit-identical whatever else is in the batch (CPU GEMMs are not row-
 invariant across batch sizes).
+
+Slot operations (allocation, attaching kept blocks, truncation, sampling settings, lengths after a prefill) do not
+write the device one value at a time: they change host mirrors and stage the slot, and ``apply_staged`` writes every
+staged slot with one batched scatter per tensor (block table, per-slot scalars, presence). Every pass (prefill, step,
+graph capture) applies what is staged first, and so does reading ``state``, so nothing ever reads a stale value; the
+scheduler applies a round's admissions once, right after them. An admission then costs the engine's thread no
+device operation of its own (each is a small launch or copy through torch, which lets the codec worker and the web
+threads take the interpreter in between), only its share of a constant few a round.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +36,7 @@ from moss_rt.model.network import MossTTSLocalModel
 from moss_rt.model.prefill_graphs import GraphShape, PrefillGraphs
 from moss_rt.model.prompt import build_prompt_rows
 from moss_rt.model.sampling import split_seed
-from moss_rt.model.state import SlotState
+from moss_rt.model.state import FLOAT_DEFAULT, FLOAT_FIELDS, INT_DEFAULT, INT_FIELDS, SlotState
 from moss_rt.model.step import Tables, Timer, frame_step, prefill_batch_rows
 
 logger = logging.getLogger(__name__)
@@ -97,18 +105,25 @@ class ModelRunner:
         if num_blocks is None:  # as much as every slot at max_seq_len (+ the scratch block)
             num_blocks = self.max_slots * max_blocks + 1
         self.blocks = BlockPool(num_blocks, block_size, self.max_slots, max_blocks)
-        self.state = SlotState.allocate(
+        self._state = SlotState.allocate(
             config, self.max_slots, self.max_seq_len, self.device, dtype, num_blocks=num_blocks, block_size=block_size
         )
-        self.tables = Tables.build(model, self.state.positions, self.device, dtype)
+        self.tables = Tables.build(model, self._state.positions, self.device, dtype)
         cuda = self.device.type == "cuda"
         self.use_cuda_graphs = cuda if use_cuda_graphs is None else bool(use_cuda_graphs and cuda)
         # On CPU each slot steps alone so that batching never changes a take's numbers (CPU GEMMs are not
         # row-invariant across batch sizes); cpu_batch_invariant=False batches them instead (faster with
         # many slots, same code as the CUDA graphs, codes then equal only up to float rounding).
         self.per_slot_eager = not cuda and cpu_batch_invariant
-        self._lengths = np.zeros(self.max_slots, dtype=np.int64)
-        self._frames = np.zeros(self.max_slots, dtype=np.int64)
+        # Host mirrors of the per-slot scalars (the rows of state.slot_ints / slot_floats): slot operations change
+        # them and stage the slot; apply_staged writes the staged slots' columns to the device. The device changes
+        # only lengths and frame counters itself (a step), and step() keeps the mirror in step with it.
+        self._ints = np.full((len(INT_FIELDS), self.max_slots), INT_DEFAULT, dtype=np.int64)
+        self._floats = np.full((len(FLOAT_FIELDS), self.max_slots), FLOAT_DEFAULT, dtype=np.float32)
+        self._lengths = self._ints[INT_FIELDS.index("lengths")]  # views: written in place, never rebound
+        self._frames = self._ints[INT_FIELDS.index("frame_index")]
+        self._staged_slots: set[int] = set()
+        self._staged_presence: dict[int, np.ndarray | None] = {}  # None: cleared (no history)
         self._allocated = np.zeros(self.max_slots, dtype=bool)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         # The memory pool every graph of this runner shares (they all run on this thread, one at a time). A handle,
@@ -118,7 +133,7 @@ class ModelRunner:
         # A lone prompt piece's pass through a graph, from position 0 or after a prefix (prefill_graphs; the
         # common shapes captured by warmup, the rest by capture_next).
         self.prefill_graphs = PrefillGraphs(
-            model, self.state, self.tables, min(self.max_seq_len, self.prefill_max_rows), self._pool,
+            model, self._state, self.tables, min(self.max_seq_len, self.prefill_max_rows), self._pool,
             max_pieces=self.max_slots,
         )
         self._active_host = torch.zeros(self.max_slots, dtype=torch.bool, pin_memory=cuda)
@@ -131,7 +146,7 @@ class ModelRunner:
             block_size,
             self.device,
             dtype,
-            self.state.nbytes() / 2**20,
+            self._state.nbytes() / 2**20,
             "on" if self.use_cuda_graphs else "off",
         )
 
@@ -167,7 +182,7 @@ class ModelRunner:
         slot = int(free[0])  # lowest first keeps active rows packed at the front (small buckets)
         self._allocated[slot] = True
         self._lengths[slot] = 0
-        self._sync_length(slot)
+        self._stage(slot)
         if default_sampling:
             self.set_sampling(slot, SamplingParams(), 0)
         return slot
@@ -176,10 +191,9 @@ class ModelRunner:
         """End the slot's take: its blocks (and what it had reserved) go back to the pool."""
         self._check_slot(slot)
         self.blocks.release(slot)
-        self._push_tables()
         self._allocated[slot] = False
         self._lengths[slot] = 0
-        self._sync_length(slot)
+        self._stage(slot)
 
     # ------------------------------------------------------------------ paged cache
     @property
@@ -202,10 +216,9 @@ class ModelRunner:
         """Free the slot but keep its cache (prompt + frames) alive as a BlockRef, for retakes to share."""
         self._check_slot(slot)
         ref = self.blocks.detach(slot, int(self._lengths[slot]))
-        self._push_tables()
         self._allocated[slot] = False
         self._lengths[slot] = 0
-        self._sync_length(slot)
+        self._stage(slot)
         return ref
 
     def attach(self, slot: int, ref: BlockRef, length: int) -> None:
@@ -217,9 +230,8 @@ class ModelRunner:
         if not 1 <= length <= ref.length:
             raise SlotError(f"cannot continue from position {length} of a cache of {ref.length}")
         self.blocks.attach(slot, ref, length)
-        self._push_tables()
         self._lengths[slot] = int(length)
-        self._sync_length(slot)
+        self._stage(slot)
 
     def share_prefix(self, slot: int, blocks: Sequence[int], length: int, positions: int) -> None:
         """The slot, empty or holding only blocks it shares, continues from ``blocks`` holding its first
@@ -229,7 +241,7 @@ class ModelRunner:
         self._check_slot(slot)
         self.blocks.release(slot)  # a shorter prefix it shared before, and the reservation made for it
         self._lengths[slot] = 0
-        self._sync_length(slot)
+        self._stage(slot)
         if length:
             self.attach(slot, BlockRef(list(blocks), length), length)
         if not self.reserve(slot, positions, length):
@@ -240,23 +252,82 @@ class ModelRunner:
 
     def _make_writable(self, slot: int, start: int, end: int) -> None:
         for src, dst in self.blocks.prepare_write(slot, start, end):
-            self.state.copy_block(src, dst)
+            self._state.copy_block(src, dst)  # keys/values/hidden: nothing staged touches them
 
-    def _push_tables(self) -> None:
-        """Copy the table rows changed on the host to the device (before the next pass reads them)."""
+    # ------------------------------------------------------------------ staged slot writes
+    @property
+    def state(self) -> SlotState:
+        """The device state with every staged slot write applied (for readers outside the runner: tests, benches
+        that call the step functions themselves)."""
+        self.apply_staged()
+        return self._state
+
+    def _stage(self, slot: int) -> None:
+        """The slot's scalars changed on the host (self._ints / self._floats): written by the next apply_staged."""
+        self._staged_slots.add(int(slot))
+
+    @property
+    def staged(self) -> bool:
+        """Whether slot writes wait for apply_staged."""
+        return bool(self._staged_slots or self._staged_presence or self.blocks.dirty)
+
+    @torch.inference_mode()
+    def apply_staged(self) -> bool:
+        """Write what slot operations staged to the device, whatever the number of slots a few operations: the
+        changed block-table rows (one scatter), the staged slots' scalars (one scatter per packed tensor), their
+        presence rows (one scatter). The values are the host's at this call: the last write of each slot and field
+        wins, as if each had been written at once. Every pass calls this first; False: nothing was staged."""
+        applied = self._push_tables()
+        st = self._state
+        if self._staged_slots:
+            slots = sorted(self._staged_slots)
+            ints = np.empty((1 + len(INT_FIELDS), len(slots)), dtype=np.int64)  # row 0: the slots
+            ints[0] = slots
+            ints[1:] = self._ints[:, slots]
+            floats = self._floats[:, slots]  # a copy: later host changes never race the copy to the device
+            self._staged_slots.clear()
+            dev = self._to_device(torch.from_numpy(ints))
+            index = dev[0]
+            st.slot_ints[:, index] = dev[1:]
+            st.slot_floats[:, index] = self._to_device(torch.from_numpy(floats))
+            applied = True
+        if not self._staged_presence:
+            return applied
+        staged = sorted(self._staged_presence.items())
+        self._staged_presence.clear()
+        rows = np.zeros((len(staged), self.config.n_vq, self.config.audio_vocab_size), dtype=bool)
+        for j, (_, row) in enumerate(staged):
+            if row is not None:
+                rows[j] = row
+        index = self._to_device(torch.tensor([slot for slot, _ in staged], dtype=torch.int64))
+        st.presence[index] = self._to_device(torch.from_numpy(rows))
+        return True
+
+    def _push_tables(self) -> bool:
+        """Copy the table rows changed on the host to the device, in one scatter (apply_staged)."""
         dirty = sorted(self.blocks.dirty)
         if not dirty:
-            return
-        rows = torch.as_tensor(self.blocks.table[dirty])
-        if len(dirty) == 1:
-            self.state.block_table[dirty[0]] = rows[0].to(self.device, non_blocking=True)
-        else:
-            self.state.block_table[torch.tensor(dirty, device=self.device)] = rows.to(self.device)
+            return False
+        host = np.empty((len(dirty), 1 + self.blocks.max_blocks_per_slot), dtype=np.int64)  # column 0: the slots
+        host[:, 0] = dirty
+        host[:, 1:] = self.blocks.table[dirty]
         self.blocks.dirty.clear()
+        dev = self._to_device(torch.from_numpy(host))
+        self._state.block_table[dev[:, 0]] = dev[:, 1:]
+        return True
+
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """A small host tensor on the device without waiting for the stream: a copy from pageable memory (or a
+        blocking one) makes the host wait for every queued kernel, and admissions (block tables, sampling history)
+        run while a step may still be in flight. Through pinned memory instead, whose caching allocator keeps the
+        buffer until the copy ran."""
+        if self.device.type != "cuda":
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def slot_cache(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Copies of the slot's keys, values [L,Hkv,length,D] and hidden states [length,H] (for tests)."""
-        st = self.state
+        st = self.state  # what is staged applied first
         index = st.pool_index(torch.tensor([slot], device=self.device), torch.arange(length, device=self.device)[None])
         return st.k_cache[:, index[0]].transpose(1, 2).clone(), st.v_cache[:, index[0]].transpose(1, 2).clone(), \
             st.hidden[index[0]].clone()
@@ -278,9 +349,6 @@ class ModelRunner:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= int(slot) < self.max_slots or not self._allocated[slot]:
             raise SlotError(f"slot {slot} is not allocated")
-
-    def _sync_length(self, slot: int) -> None:
-        self.state.lengths[slot] = int(self._lengths[slot])
 
     # ------------------------------------------------------------------ prefill / seek
     def prefill(self, slot: int, rows: np.ndarray, *, start: int = 0) -> None:
@@ -305,14 +373,14 @@ class ModelRunner:
             raise ValueError(f"duplicate slots in {slots}")
         for slot, rows, start in checked:
             self._make_writable(slot, start, start + int(rows.shape[0]))
-        self._push_tables()
+        self.apply_staged()  # block tables (and whatever else slot operations staged) before the passes read them
         passes = plan_prefill_passes([int(rows.shape[0]) for _, rows, _ in checked], self.prefill_max_rows)
         for group in passes:
             pieces = [(checked[i][0], checked[i][1][off : off + n], checked[i][2] + off) for i, off, n in group]
             self._prefill_pass(pieces)
         for slot, rows, start in checked:
             self._lengths[slot] = start + int(rows.shape[0])
-            self._sync_length(slot)
+            self._stage(slot)
         return len(passes)
 
     def _checked_request(self, request: PrefillRequest) -> tuple[int, torch.Tensor, int]:
@@ -357,7 +425,7 @@ class ModelRunner:
         counts = [int(rows.shape[0]) for _, rows, _ in pieces]
         prefill_batch_rows(
             self.model,
-            self.state,
+            self._state,
             self.tables,
             torch.tensor(slots, device=self.device),
             padded.to(self.device),
@@ -382,9 +450,8 @@ class ModelRunner:
         if not 1 <= length <= self._lengths[slot]:
             raise SlotError(f"cannot truncate slot {slot} of length {self._lengths[slot]} to {length}")
         self.blocks.truncate(slot, int(length))  # whole blocks past the new end go back to the pool
-        self._push_tables()
         self._lengths[slot] = int(length)
-        self._sync_length(slot)
+        self._stage(slot)
 
     # ------------------------------------------------------------------ sampling state
     def set_sampling(
@@ -396,6 +463,9 @@ class ModelRunner:
         frame_index: int = 0,
         history: np.ndarray | None = None,
     ) -> None:
+        """The slot's seed, sampling parameters, RNG counter and repetition history (``history`` [N, n_vq]: the codes
+        the penalty counts as already produced; none: an empty table). Checked now, staged: on the device before
+        the next pass reads them (apply_staged), or once ``state`` is read."""
         self._check_slot(slot)
         if params.audio_temperature < 0 or params.text_temperature < 0:
             raise ValueError("temperatures must be >= 0")
@@ -404,29 +474,31 @@ class ModelRunner:
         if frame_index < 0:
             raise ValueError("frame_index must be >= 0")
         lo, hi = split_seed(seed)
-        st = self.state
-        st.seed_lo[slot], st.seed_hi[slot] = lo, hi
-        st.frame_index[slot] = int(frame_index)
-        st.audio_temperature[slot] = float(params.audio_temperature)
-        st.audio_top_k[slot] = int(params.audio_top_k)
-        st.audio_top_p[slot] = _float32_top_p(params.audio_top_p)
-        st.audio_penalty[slot] = float(params.audio_repetition_penalty)
-        st.text_temperature[slot] = float(params.text_temperature)
-        st.text_top_k[slot] = int(params.text_top_k)
-        st.text_top_p[slot] = _float32_top_p(params.text_top_p)
-        if history is None or not len(history):
-            st.presence[slot].zero_()  # on the device: no host buffer, no copy
-        else:
-            presence = torch.zeros((self.config.n_vq, self.config.audio_vocab_size), dtype=torch.bool)
-            hist = torch.as_tensor(np.asarray(history), dtype=torch.int64)
-            if hist.ndim != 2 or hist.shape[1] != self.config.n_vq:
-                raise ValueError(f"history must be [N,{self.config.n_vq}], got {tuple(hist.shape)}")
-            for k in range(self.config.n_vq):
-                col = hist[:, k]
-                col = col[(col >= 0) & (col < self.config.audio_vocab_size)]  # pad codes are not history
-                presence[k, col] = True
-            st.presence[slot] = presence.to(self.device)
-        self._frames[slot] = int(frame_index)
+        presence = None if history is None or not len(history) else self._presence_row(history)
+        ints, floats = self._ints, self._floats
+        for name, value in (("seed_lo", lo), ("seed_hi", hi), ("frame_index", int(frame_index)),
+                            ("audio_top_k", int(params.audio_top_k)), ("text_top_k", int(params.text_top_k))):
+            ints[_INT_ROW[name], slot] = value
+        for name, fvalue in (("audio_temperature", float(params.audio_temperature)),
+                             ("audio_top_p", _float32_top_p(params.audio_top_p)),
+                             ("audio_penalty", float(params.audio_repetition_penalty)),
+                             ("text_temperature", float(params.text_temperature)),
+                             ("text_top_p", _float32_top_p(params.text_top_p))):
+            floats[_FLOAT_ROW[name], slot] = fvalue  # float32, rounded as a device write rounds it
+        self._stage(slot)
+        self._staged_presence[int(slot)] = presence  # None: the slot's table is cleared
+
+    def _presence_row(self, history: np.ndarray) -> np.ndarray:
+        """The presence table [n_vq, vocab] of ``history`` [N, n_vq] (pad codes are not history), on the host."""
+        n_vq, vocab = self.config.n_vq, self.config.audio_vocab_size
+        hist = np.asarray(history).astype(np.int64, copy=False)
+        if hist.ndim != 2 or hist.shape[1] != n_vq:
+            raise ValueError(f"history must be [N,{n_vq}], got {tuple(hist.shape)}")
+        codebook = np.broadcast_to(np.arange(n_vq), hist.shape)
+        valid = (hist >= 0) & (hist < vocab)
+        row = np.zeros((n_vq, vocab), dtype=bool)
+        row[codebook[valid], hist[valid]] = True
+        return row
 
     # ------------------------------------------------------------------ stepping
     @torch.inference_mode()
@@ -446,8 +518,8 @@ class ModelRunner:
                 raise SlotError(f"slot {s} is full ({self.max_seq_len} positions)")
         for s in slots:  # the position each row writes: a fresh block at a block boundary, a copy if shared
             self._make_writable(s, int(self._lengths[s]), int(self._lengths[s]) + 1)
-        self._push_tables()
-        st = self.state
+        self.apply_staged()  # the tables those writes changed, and every slot write staged since the last pass
+        st = self._state
         timer: Timer | None = None
         if self.per_slot_eager:
             timer = Timer()
@@ -488,13 +560,13 @@ class ModelRunner:
         bucket = MIN_KEY_BUCKET
         while bucket < needed:
             bucket *= 2
-        return min(bucket, self.state.positions)
+        return min(bucket, self._state.positions)
 
     def key_buckets(self) -> list[int]:
         """Every key-length bucket a step can use (a step needs length+1 <= max_seq_len keys)."""
         out, bucket = [], MIN_KEY_BUCKET
         while True:
-            out.append(min(bucket, self.state.positions))
+            out.append(min(bucket, self._state.positions))
             if bucket >= self.max_seq_len:
                 return out
             bucket *= 2
@@ -510,7 +582,7 @@ class ModelRunner:
     def _capture(self, batch: int, key_len: int) -> torch.cuda.CUDAGraph:
         """Capture frame_step for rows [0,batch). Runs with all rows inactive, so it has no effect."""
         t0 = time.perf_counter()
-        st = self.state
+        st = self.state  # what is staged applied first (a graph reads the state's addresses, but warm-up runs read it)
         saved_active = st.active.clone()
         st.active.zero_()
         stream = torch.cuda.Stream(device=self.device)
@@ -534,6 +606,18 @@ class ModelRunner:
         every = [(b, k) for k in self.key_buckets() for b in self._batch_buckets()]
         return sorted((key for key in every if key not in self._graphs), key=lambda bk: (bk[1], bk[0]))
 
+    def prefill_graph_fits(self, widths: Sequence[int], starts: Sequence[int]) -> bool:
+        """Whether a prefill pass of pieces of ``widths[i]`` rows starting at ``starts[i]`` has a graph shape
+        (prefill_graphs: a lone piece, or a batch of short ones within the padded-rows bounds). It answers by shape,
+        not by what is captured yet (the scheduler cuts passes by it, and pass composition must not follow timing),
+        and the same without CUDA graphs."""
+        return self.prefill_graphs.shape_for_pass(list(widths), list(starts)) is not None
+
+    def prefill_graph_rule(self) -> Callable[[Sequence[int], Sequence[int]], bool] | None:
+        """What a pass must fit for a prefill graph to replay it (prefill_graph_fits), or None where no graph ever
+        replays one (no CUDA graphs: the CPU): passes are then cut by their rows alone."""
+        return self.prefill_graph_fits if self.use_cuda_graphs else None
+
     def pending_prefill_graphs(self) -> list[GraphShape]:
         """Prefill graphs (prefill_graphs) not captured yet, the likeliest first."""
         return self.prefill_graphs.pending() if self.use_cuda_graphs else []
@@ -545,6 +629,7 @@ class ModelRunner:
         Step graphs and prefill graphs by key window: a prefill graph comes after the step graphs of the shorter
         windows (every take steps; few prompts reach past the first prefill window, which warmup captures), a batched
         pass's after those of its own window too (PrefillGraphs.idle_rank)."""
+        self.apply_staged()  # a prefill graph's capture runs its pass first
         steps = self.pending_graphs()
         prefills = self.pending_prefill_graphs()
         if prefills and (not steps or self.prefill_graphs.idle_rank(prefills[0]) < steps[0][1]):
@@ -560,11 +645,12 @@ class ModelRunner:
         """Run the step of rows [0, batch) over ``key_len`` keys once, eagerly, every row inactive (they compute into
         the scratch position: nothing a take reads changes). It compiles the shape's kernels ahead of its capture
         (engine/warm_compile.py runs several such passes on threads at once). Before serving only: no slot may be
-        allocated, and no step run meanwhile."""
+        allocated, and no step run meanwhile. It applies nothing staged (it may run on several threads at once): with
+        every row inactive, nothing it reads is kept."""
         if self._allocated.any():
             raise SlotError("compile_step runs before any slot is allocated")
         batch, key_len = _bucket(batch, self._batch_buckets()), self._key_bucket(key_len)
-        frame_step(self.model, self.state, self.tables, 0, batch, key_len)
+        frame_step(self.model, self._state, self.tables, 0, batch, key_len)
 
     @torch.inference_mode()
     def compile_prefill(self, shape: GraphShape) -> None:
@@ -587,6 +673,10 @@ class ModelRunner:
         for b in batches:
             for k in keys:
                 self._graph(b, k)
+
+
+_INT_ROW = {name: row for row, name in enumerate(INT_FIELDS)}
+_FLOAT_ROW = {name: row for row, name in enumerate(FLOAT_FIELDS)}
 
 
 def _float32_top_p(p: float) -> float:

@@ -16,6 +16,12 @@ import torch
 
 from moss_rt.model.config import MossTTSConfig
 
+# Rows of SlotState.slot_ints / slot_floats, in order (and their values in a fresh state).
+INT_FIELDS = ("lengths", "frame_index", "seed_lo", "seed_hi", "audio_top_k", "text_top_k")
+FLOAT_FIELDS = ("audio_temperature", "audio_top_p", "audio_penalty", "text_temperature", "text_top_p")
+INT_DEFAULT = 0
+FLOAT_DEFAULT = 1.0  # temperature 1, top-p off, penalty off
+
 
 @dataclass
 class SlotState:
@@ -40,6 +46,8 @@ class SlotState:
     active: torch.Tensor  # [slots] bool: rows advanced by the current step (input)
     codes: torch.Tensor  # [slots, n_vq] int64 (output of the last step)
     stop: torch.Tensor  # [slots] bool (output of the last step)
+    slot_ints: torch.Tensor  # [len(INT_FIELDS), slots] int64: the storage of the int64 per-slot fields above
+    slot_floats: torch.Tensor  # [len(FLOAT_FIELDS), slots] float32: the storage of the float32 ones
 
     block_size: int = 16
     max_seq_len: int = 0
@@ -71,9 +79,9 @@ class SlotState:
         pool = num_blocks * block_size
         kv_shape = (b.num_hidden_layers, pool, b.num_key_value_heads, b.head_dim)
 
-        def vec(fill: float, kind: torch.dtype) -> torch.Tensor:
-            return torch.full((max_slots,), fill, dtype=kind, device=device)
-
+        ints = torch.full((len(INT_FIELDS), max_slots), INT_DEFAULT, dtype=torch.int64, device=device)
+        floats = torch.full((len(FLOAT_FIELDS), max_slots), FLOAT_DEFAULT, dtype=torch.float32, device=device)
+        i, f = {n: ints[k] for k, n in enumerate(INT_FIELDS)}, {n: floats[k] for k, n in enumerate(FLOAT_FIELDS)}
         return cls(
             # Zero-filled so that positions never written hold finite values (masked keys
             # must not turn into NaN through 0 * inf in the attention kernels).
@@ -81,21 +89,23 @@ class SlotState:
             v_cache=torch.zeros(kv_shape, dtype=dtype, device=device),
             hidden=torch.zeros((pool, b.hidden_size), dtype=dtype, device=device),
             block_table=torch.zeros((max_slots, max_blocks), dtype=torch.int64, device=device),
-            lengths=vec(0, torch.int64),
-            frame_index=vec(0, torch.int64),
-            seed_lo=vec(0, torch.int64),
-            seed_hi=vec(0, torch.int64),
-            audio_temperature=vec(1.0, torch.float32),
-            audio_top_k=vec(0, torch.int64),
-            audio_top_p=vec(1.0, torch.float32),
-            audio_penalty=vec(1.0, torch.float32),
-            text_temperature=vec(1.0, torch.float32),
-            text_top_k=vec(0, torch.int64),
-            text_top_p=vec(1.0, torch.float32),
+            lengths=i["lengths"],
+            frame_index=i["frame_index"],
+            seed_lo=i["seed_lo"],
+            seed_hi=i["seed_hi"],
+            audio_temperature=f["audio_temperature"],
+            audio_top_k=i["audio_top_k"],
+            audio_top_p=f["audio_top_p"],
+            audio_penalty=f["audio_penalty"],
+            text_temperature=f["text_temperature"],
+            text_top_k=i["text_top_k"],
+            text_top_p=f["text_top_p"],
             presence=torch.zeros((max_slots, config.n_vq, config.audio_vocab_size), dtype=torch.bool, device=device),
             active=torch.zeros((max_slots,), dtype=torch.bool, device=device),
             codes=torch.zeros((max_slots, config.n_vq), dtype=torch.int64, device=device),
             stop=torch.zeros((max_slots,), dtype=torch.bool, device=device),
+            slot_ints=ints,
+            slot_floats=floats,
             block_size=block_size,
             max_seq_len=max_seq_len,
         )
@@ -106,7 +116,10 @@ class SlotState:
         return blocks * self.block_size + positions % self.block_size
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
+        """Device bytes held (each storage once: the per-slot scalars are views of two packed tensors)."""
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in vars(self).values() if isinstance(t, torch.Tensor)}
+        return sum(storages.values())
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy one block's keys, values and hidden states (copy on write of a shared block)."""

@@ -122,7 +122,10 @@ def create_app(settings: Settings, engine: Engine, *, exit_on_engine_failure: bo
 def _aligner_service(settings: Settings) -> AlignService | None:
     """The word aligner ``--aligner`` names (docs/words.md), not loaded yet (its first worker loads it)."""
     try:
-        aligner = build_aligner(settings.aligner, device=settings.device, workers=settings.aligner_workers)
+        aligner = build_aligner(
+            settings.aligner, device=settings.device, workers=settings.aligner_workers,
+            graph_memory_bytes=settings.aligner_graph_mb * 2**20,
+        )  # fmt: skip
     except AlignerChoiceError as exc:
         raise SystemExit(str(exc)) from None
     if aligner is None:

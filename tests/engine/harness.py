@@ -239,6 +239,7 @@ def overlap_scenario(data_dir: Path, *, overlap: bool, device: str = "cpu", all_
                 }
         registry = engine.metrics.registry
         out["_waits"] = registry.get_sample_value("moss_rt_codec_wait_seconds_count") or 0.0
+        out["_held"] = registry.get_sample_value("moss_rt_steps_held_total") or 0.0
         seeks = ("share", "reprefill")
         out["_seeks"] = {p: registry.get_sample_value("moss_rt_seeks_total", {"path": p}) for p in seeks}
         decoder: Any = engine._decoder

@@ -82,8 +82,11 @@ def test_overlapped_codec_gives_the_same_codes_and_pcm_as_inline(tiny_data_dir, 
     assert all(reason in (EndReason.MAX_FRAMES, EndReason.DONE) for reason, _, _ in ends.values()), ends
     assert ends["d"][1] == 25 and ends["c.share"][1] == 6 + 12 and ends["c.new"][1] == 6 + 12
     assert overlapped["_seeks"] == inline["_seeks"] == {"share": 1.0, "reprefill": 1.0}
-    # The slowed codec made the scheduler wait for it (bounded queue) only when overlapped; inline never waits.
+    # The slowed codec made the scheduler wait for it (bounded queue) only when overlapped; inline never waits. It
+    # waited outside its rounds: a full bulk lane parked a hand-over and held the next steps back (codec_flow), and
+    # the audio is still the inline audio, chunk for chunk.
     assert overlapped["_waits"] > 0 and inline["_waits"] == 0
+    assert overlapped["_held"] > 0 and inline["_held"] == 0
     for result in (inline, overlapped):  # every take's codec state went back
         free, total = result["_free"]
         assert free == total

@@ -251,3 +251,36 @@ def test_inline_calls_run_at_once_in_the_order_given_whatever_their_lane() -> No
                         priority=True)
     assert ran == ["bulk", "p1", "p2"] and all(w.done(s) for s in seqs) and w.withdraw("a") == 0
     w.close()
+
+
+def test_a_hand_over_given_without_waiting_is_parked_behind_a_full_lane_and_keeps_every_streams_order() -> None:
+    """The bulk lane is full (one call running, one queued): ``submit_all(wait=False)`` returns at once, its calls
+    parked (numbered, not done, withdrawable); a priority call still goes in at once; parked calls join the lane as it
+    frees, oldest first, and a stream's calls run in the order given; a ``call`` runs after every parked one."""
+    waits: list[float] = []
+    w = CodecWorker(threaded=True, max_pending=2, on_wait=waits.append, name="test-codec-park")
+    w.start()
+    ran: list[str] = []
+    withdrawn: list[object] = []
+    try:
+        _, release, _ = _held(w, keys=("a",))
+        w.submit(lambda: ran.append("a1"), keys=("a",))
+        assert w.handovers(False) == 2 and w.has_room(False) is False
+        parked = w.submit_all([CodecCall(lambda: ran.append("a2"), ("a",)),
+                               CodecCall(lambda: ran.append("b1"), ("b", "x"), withdrawn.append)], wait=False)
+        later = w.submit_all([CodecCall(lambda: ran.append("a3"), ("a",))], wait=False)
+        assert w.parked(False) == 2 and w.handovers(False) == 2 and not waits  # nobody waited for room
+        assert not any(w.done(s) for s in [*parked, *later]) and w.pending == 5
+        assert w.withdraw("x") == 0 and withdrawn == ["x"]  # a parked call gives a stream up like a queued one
+        w.submit(lambda: ran.append("first chunk c"), priority=True, keys=("c",))
+        result: list[str] = []
+        caller = threading.Thread(target=lambda: result.append(w.call(lambda: ",".join(ran))))
+        caller.start()
+        release.set()
+        caller.join(10.0)
+        w.drain()
+        assert ran == ["first chunk c", "a1", "a2", "b1", "a3"]
+        assert result == ["first chunk c,a1,a2,b1,a3"]  # the call came after every parked hand-over
+        assert w.parked(False) == 0 and w.pending == 0 and all(w.done(s) for s in [*parked, *later])
+    finally:
+        w.close()

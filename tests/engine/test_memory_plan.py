@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import requests
+import torch
 
 from moss_rt.client import DirectingClient
 from moss_rt.engine.memory_plan import (
@@ -125,6 +127,7 @@ def test_the_service_shows_its_plan_and_admits_by_it(moss_server) -> None:  # ty
     plan = info["memory_plan"]
     assert plan["source"] == "settings" and plan["max_slots"] == DEFAULT_CPU_SLOTS
     assert info["details"]["max_slots"] == str(DEFAULT_CPU_SLOTS)
+    assert plan["codec_state_dtype"] == "bf16" and info["details"]["codec_state_dtype"].startswith("bf16 (auto")
     figures = run(metrics(srv))
     assert figures["moss_rt_memory_plan_slots"] == DEFAULT_CPU_SLOTS
     assert figures['moss_rt_memory_plan_bytes{part="backbone_cache"}'] == plan["backbone_cache_bytes"]
@@ -163,3 +166,61 @@ def test_codec_scratch_blocks_are_planned() -> None:
     plan = plan_memory(costs, device="cuda:0", total_bytes=total, free_bytes=total - WEIGHTS, max_slots=32)
     assert plan.codec_state_bytes == base.codec_state_bytes + 40 * MIB
     assert plan.planned_bytes <= plan.budget_bytes
+
+
+# fp8 codec state: about 53% of bf16's bytes per stream (head_dim 64: 1 byte a value + a 4-byte scale per 64).
+FULL8 = dataclasses.replace(FULL, codec_fp8_bytes_per_stream=FULL.codec_bytes_per_stream * 68 // 128)
+
+
+def test_auto_codec_state_stays_bf16_unless_max_slots_needs_fp8() -> None:
+    total = 139 * GIB
+    h200 = {"device": "cuda:0", "total_bytes": total, "free_bytes": total - WEIGHTS}
+    chosen = plan_memory(FULL8, **h200)  # the plan chooses the slots: never fp8 on its own
+    assert chosen.codec_state_dtype == "bf16" and "plan chooses" in chosen.codec_state_reason
+    fits = chosen.max_slots
+    asked = plan_memory(FULL8, **h200, max_slots=fits)
+    assert asked.codec_state_dtype == "bf16" and f"--max-slots {fits} fits" in asked.codec_state_reason
+    more = plan_memory(FULL8, **h200, max_slots=fits + 40)
+    assert more.codec_state_dtype == "fp8" and f"{fits} slots bf16" in more.codec_state_reason
+    assert more.codec_state_bytes < asked.codec_state_bytes  # 40 more streams in less codec memory
+    assert more.kv_positions >= more.max_slots * PLANNED_TAKE_POSITIONS  # each take still fits its planned length
+    assert more.planned_bytes <= more.budget_bytes
+    assert ("codec state dtype", f"fp8 ({more.codec_state_reason})") in more.rows()
+    assert more.as_dict()["codec_state_dtype"] == "fp8"
+    # Without fp8 figures (a codec that offers none), on a CPU: bf16.
+    assert plan_memory(FULL, **h200, max_slots=fits + 40).codec_state_dtype == "bf16"
+    assert plan_memory(FULL8, device="cpu", total_bytes=None, free_bytes=None).codec_state_dtype == "bf16"
+
+
+def test_codec_state_dtype_setting_is_kept_and_checked() -> None:
+    total = 80 * GIB
+    card80 = {"device": "cuda:0", "total_bytes": total, "free_bytes": total - WEIGHTS}
+    bf16, fp8 = (plan_memory(FULL8, **card80, codec_state_dtype=d) for d in ("bf16", "fp8"))
+    assert (bf16.codec_state_dtype, fp8.codec_state_dtype) == ("bf16", "fp8")
+    assert fp8.codec_state_reason == "set by --codec-state-dtype"
+    assert fp8.max_slots > bf16.max_slots  # the plan fits more takes with the smaller state
+    over = bf16.max_slots + 10
+    assert plan_memory(FULL8, **card80, max_slots=over, codec_state_dtype="bf16").codec_state_dtype == "bf16"
+    with pytest.raises(MemoryPlanError, match="--codec-state-dtype fp8"):  # the advice offers the smaller state
+        plan_memory(FULL8, **card80, max_slots=500, codec_state_dtype="bf16")
+    with pytest.raises(MemoryPlanError, match="--codec-state-dtype"):
+        plan_memory(FULL8, **card80, codec_state_dtype="int8")
+    with pytest.raises(MemoryPlanError, match="fp8 is not available"):
+        plan_memory(FULL, **card80, codec_state_dtype="fp8")
+
+
+def test_the_service_decodes_with_the_codec_state_dtype_it_planned(moss_server) -> None:  # type: ignore[no-untyped-def]
+    srv = moss_server(max_slots=1, max_queue=1, codec_state_dtype="fp8")
+    info = requests.get(srv.url + "/api/info", timeout=10).json()
+    assert info["memory_plan"]["codec_state_dtype"] == "fp8"
+    assert info["details"]["codec_state_dtype"] == "fp8 (set by --codec-state-dtype)"
+    assert srv.engine._decoder.state_dtype == torch.float8_e4m3fn
+
+    async def take() -> tuple[str, int]:
+        async with DirectingClient.connect(srv.ws_url) as c:
+            await c.start("Hello there.", max_new_tokens=6, **LONG)
+            result = await c.collect()
+            return str(result.end["reason"]), len(result.pcm)
+
+    reason, samples = run(take())
+    assert reason == "max_frames" and samples > 0

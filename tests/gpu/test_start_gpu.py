@@ -68,3 +68,57 @@ def test_kernels_compiled_ahead_on_threads_change_no_take(tiny_data_dir) -> None
     for take_id, (codes, pcm) in heard[1].items():
         np.testing.assert_array_equal(heard[6][take_id][0], codes)
         assert heard[6][take_id][1] == pcm, take_id
+
+
+# A fresh interpreter (no kernel compiled in memory yet) with a cold Triton cache starts the tiny engine on CUDA, takes
+# two lines and prints what its compile workers did and a digest of the takes' codes and PCM.
+COLD_START = """
+import hashlib, json, sys
+from pathlib import Path
+from tests.engine.harness import drive, engine_settings, loaded_engine, spec
+processes = sys.argv[1] == "on"
+settings = engine_settings(Path(sys.argv[2]), overlap=True, device="cuda", compile_threads=4,
+                           compile_processes=processes, max_seq_len=600)
+with loaded_engine(settings) as engine:
+    counts = engine.compile_workers_counts
+    driven = drive(engine, [spec("a", 1, 19, 8), spec("b", 2, 13, 5, text="Another line, said slowly.")])
+    digest = hashlib.sha256()
+    for take_id in sorted(driven.channels):
+        digest.update(driven.channels[take_id].codes.tobytes() + driven.channels[take_id].pcm)
+print("RESULT " + json.dumps({"counts": counts, "takes": digest.hexdigest()}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernels_compiled_in_worker_processes_on_a_cold_cache_change_no_take(tiny_data_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A cold Triton cache (a freshly started machine): the kernels met before ready compile in worker processes
+    (engine/compile_workers.py), none is left to the engine's process, and the takes equal those of an engine whose
+    kernels compiled on threads of its own (--no-compile-processes)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    results = {}
+    for mode in ("on", "off"):
+        env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / f"triton-{mode}"), "PYTHONPATH": str(root)}
+        done = subprocess.run([sys.executable, "-c", COLD_START, mode, str(tiny_data_dir)], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+        results[mode] = json.loads(line[len("RESULT "):])
+        results[mode]["log"] = done.stderr[-6000:]  # the engine's warnings: why a worker could not compile
+    compiled, failed, _ = results["on"]["counts"]
+    assert compiled > 0 and failed == 0, results["on"]
+    assert results["off"]["counts"] is None
+    assert results["on"]["takes"] == results["off"]["takes"]
+    # The workers compiled under the keys this process looks up: the same kernels in both caches (a worker's kernel
+    # under another key would sit beside the one the engine then compiled itself).
+    kernels = {mode: {p.relative_to(tmp_path / f"triton-{mode}").as_posix()
+                      for p in (tmp_path / f"triton-{mode}").glob("*/*.cubin")} for mode in ("on", "off")}
+    assert kernels["on"] == kernels["off"], (sorted(kernels["on"] - kernels["off"]),
+                                             sorted(kernels["off"] - kernels["on"]))

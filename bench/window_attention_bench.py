@@ -1,0 +1,91 @@
+"""The codec's window-attention kernel on full-size stage shapes (CUDA): its tiles swept, against dense SDPA.
+
+    python bench/window_attention_bench.py [s5 s5full s4 s0]
+
+One decoder layer's attention at 64 streams, 5 s into a take (10 s windows; s5full: 10 s, the window full), with
+random bf16 keys in blocks scattered over the pool as the paged layout leaves them. For each tile shape: ms a call
+and the largest difference from the default tiles' output; "dense SDPA" is flash attention over as many contiguous
+keys, the speed a window kernel can aim for. Results: bench/RESULTS.md (session 10).
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from moss_rt.codec import window_attention as wa  # noqa: E402
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+def timeit(fn, iters=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) / iters
+
+def case(name, B, H, Tq, context, tpf, block_frames, age_frames, configs):
+    D = 64
+    block = block_frames * tpf
+    ring = cdiv(context + Tq - 1, block)
+    N = B * ring + 1
+    g = torch.Generator(device="cuda").manual_seed(0)
+    kp = torch.randn(N, H, block, D, device="cuda", generator=g).bfloat16()
+    vp = torch.randn(N, H, block, D, device="cuda", generator=g).bfloat16()
+    perm = torch.randperm(B * ring, generator=torch.Generator().manual_seed(1)) + 1
+    table = perm.view(B, ring).to(torch.int32).cuda()
+    q = torch.randn(B, H, Tq, D, device="cuda", generator=g).bfloat16()
+    slots = torch.arange(B, device="cuda")
+    offs = torch.full((B,), age_frames, device="cuda", dtype=torch.int64)
+    scale = D ** -0.5
+    keys = min(context, age_frames * tpf + Tq)
+    flops = 4 * B * H * Tq * keys * D
+    def run(t):
+        return wa.window_attention(q, kp, vp, table, slots, offs, tokens_per_frame=tpf, context=context,
+                                   block=block, ring_blocks=ring, scale=scale, tiles=t)
+
+    ref = run(None).float()
+    base = timeit(lambda: run(None))
+    print(f"{name}: B{B} H{H} Tq{Tq} ctx{context} keys~{keys}: default {base:.3f} ms "
+          f"({flops / base / 1e9:.0f} TFLOPS)", flush=True)
+    k = torch.randn(B, H, keys, D, device="cuda").bfloat16()
+    v = torch.randn_like(k)
+    d = timeit(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    print(f"   dense SDPA same sizes: {d:.3f} ms ({flops/d/1e9:.0f} TFLOPS)", flush=True)
+    res = []
+    for t in configs:
+        try:
+            out = run(t).float()
+            err = (out - ref).abs().max().item()
+            ms = timeit(lambda t=t: run(t))
+            res.append((ms, t, err))
+            print(f"   {t}: {ms:.3f} ms err {err:.2e}", flush=True)
+        except Exception as exc:
+            print(f"   {t}: FAILED {type(exc).__name__}: {str(exc)[:100]}", flush=True)
+    res.sort(key=lambda r: r[0])
+    print(f"   best: {res[0][1]} {res[0][0]:.3f} ms vs default {base:.3f}", flush=True)
+
+T = wa.Tiles
+BIG = [T(bm, bn, w, s) for bm, bn, w, s in [
+    (64, 32, 4, 2), (64, 32, 4, 3), (64, 64, 4, 2), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 4, 3),
+    (64, 64, 8, 3), (128, 32, 4, 3), (128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3),
+    (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 1), (128, 64, 8, 4)]]
+CASES = {
+    "s5": ("stage5 400Hz age5s", 64, 12, 256, 4000, 32, 8, 62, BIG),
+    "s5full": ("stage5 400Hz age10s", 64, 12, 256, 4000, 32, 8, 125, BIG[:8]),
+    "s4": ("stage4 200Hz age5s", 64, 12, 128, 2000, 16, 8, 62, BIG),
+    "s0": ("stage0 12.5Hz age5s", 64, 20, 8, 125, 1, 8, 62,
+           [T(16, bn, w, s) for bn, w, s in [(32, 2, 2), (64, 2, 2), (32, 4, 2), (64, 4, 3), (128, 4, 2)]]),
+}
+
+if __name__ == "__main__":
+    for which in sys.argv[1:] or ["s5", "s4", "s0"]:
+        case(*CASES[which])

@@ -1,0 +1,188 @@
+"""A round never blocks on the codec's bulk lane (engine/codec_flow), prefill passes sized to the graphs while
+directors work (prefill_pace), and admissions timed by part.
+
+The codec is held on its worker by the test (a decode waits until the test lets it go), so "the bulk lane is full"
+is a state the test makes, not a race; every round is run from the test's thread, in a helper thread joined with a
+generous limit only so that a round that blocks (the old behaviour) fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from moss_rt.audio import to_int16_pcm
+from moss_rt.engine.base import RAMP_FRAMES, EndReason, TakePriority, TakeSpec
+from moss_rt.engine.codec_flow import STARTING_PARKED_HANDOVERS
+from moss_rt.engine.metrics import EngineMetrics
+from moss_rt.engine.moss import MossEngine
+from moss_rt.engine.scheduler import Scheduler, SchedulerConfig, _Chunk
+from moss_rt.engine.slots import Phase, Take
+from moss_rt.model.prefill_graphs import PrefillGraphs
+from moss_rt.model.runner import PrefillRequest
+from tests.engine.harness import Rounds, engine_settings, loaded_engine, spec
+
+TEXT = "The rain had stopped an hour ago, and the street was quiet."
+
+
+def _sample(engine: MossEngine, name: str, **labels: str) -> float:
+    return engine.metrics.registry.get_sample_value(name, labels or None) or 0.0
+
+
+def _whole_pcm(engine: MossEngine, codes: np.ndarray) -> np.ndarray:
+    codec: Any = engine._codec
+    with torch.no_grad():
+        audio = codec.decode(torch.from_numpy(np.ascontiguousarray(codes))[None])[0].float().numpy()
+    return np.frombuffer(to_int16_pcm(audio, 1), "<i2").astype(np.int32)
+
+
+def _round(sched: Scheduler) -> bool:
+    """One scheduling round, which must come back without waiting for the codec."""
+    out: list[bool] = []
+    runner = threading.Thread(target=lambda: out.append(sched.iterate()), daemon=True)
+    runner.start()
+    runner.join(30.0)
+    assert not runner.is_alive(), "the round waited for the codec's bulk lane"
+    return out[0]
+
+
+class CodecGate:
+    """Holds the next decode on the codec worker until released (``arm`` first)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.armed, self.holding, self.release = threading.Event(), threading.Event(), threading.Event()
+        real = Scheduler._decode_and_push
+        gate = self
+
+        def decode_and_push(self: Scheduler, chunks: list[_Chunk]) -> None:
+            if gate.armed.is_set():
+                gate.armed.clear()
+                gate.holding.set()
+                gate.release.wait(60)
+            real(self, chunks)
+
+        monkeypatch.setattr(Scheduler, "_decode_and_push", decode_and_push)
+
+
+def test_a_director_is_admitted_and_prepared_while_the_bulk_lane_is_full_and_no_audio_is_lost(
+    tiny_data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream sends a bulk chunk every step; its codec call is held, the bulk lane fills and one more hand-over
+    is parked. A director's take arriving then is admitted and prefilled in the very next round (before: that round
+    blocked in its flush until the codec made room). While the codec stays held the model runs at most a bounded
+    number of hand-overs ahead (the step is held instead), and rounds keep coming back. Released, every chunk
+    arrives in order and the stream's audio is the whole-clip decode of its codes."""
+    gate = CodecGate(monkeypatch)
+    with loaded_engine(engine_settings(tiny_data_dir, overlap=True, max_seq_len=512)) as engine:
+        rounds = Rounds(engine)
+        sched, worker = rounds.sched, rounds.sched.worker
+        (a,) = rounds.add(spec("a", 1, 300, 1, text=TEXT))
+        rounds.until(lambda: a.frames >= RAMP_FRAMES + 2)  # past its ramp: one bulk chunk a step
+        worker.drain()
+        gate.armed.set()
+        rounds.until(gate.holding.is_set)
+        rounds.until(lambda: worker.parked(False) >= 1)  # one running, one queued (the bound), one parked
+        assert worker.handovers(False) == worker.max_pending
+        (d,) = rounds.add(spec("d", 2, 6, 2, text=f"{TEXT} A director cuts in."))
+        _round(sched)
+        assert d.phase is Phase.RUNNING and d.prefilled == len(d.prompt_rows)  # admitted and prepared: this round
+        for _ in range(6):  # the codec stays held: the model does not run away from it
+            _round(sched)
+        assert worker.parked(False) <= STARTING_PARKED_HANDOVERS
+        held_at = a.frames
+        assert not _round(sched) and a.frames == held_at  # nothing else to do: the round says so, the engine waits
+        assert _sample(engine, "moss_rt_steps_held_total") > 0
+        gate.release.set()
+        rounds.until(lambda: d.channel.finished)
+        a.channel.cancel()
+        rounds.until(lambda: a.channel.finished and not sched.draining)
+        for take in (a, d):
+            ch: Any = take.channel
+            assert not ch.problems, ch.problems  # every chunk in frame order, nothing after the end
+        assert d.channel.end.reason is EndReason.MAX_FRAMES  # type: ignore[attr-defined]
+        ch = a.channel
+        got = np.frombuffer(ch.pcm, "<i2").astype(np.int32)  # type: ignore[attr-defined]
+        assert np.abs(got - _whole_pcm(engine, ch.codes)).max() <= 1  # type: ignore[attr-defined]
+        assert _sample(engine, "moss_rt_codec_wait_seconds_count") > 0  # the hold is reported as a wait
+        for part in ("match", "room", "kv", "sampling", "codec", "apply"):  # admissions timed by part (apply: a round)
+            assert _sample(engine, "moss_rt_admit_part_seconds_count", part=part) >= 2, part
+        assert worker.parked(False) == 0 and worker.pending == 0
+
+
+# ----------------------------------------------------------------------------- graph-sized prefill passes
+
+
+class GraphRunner:
+    """Records passes like test_scheduler_prefill's runner, and fits them to the real prefill graphs' shapes (an
+    H200-sized runner: 16 slots, 2,048 positions)."""
+
+    def __init__(self) -> None:
+        self.passes: list[list[tuple[int, int, int]]] = []
+        state = SimpleNamespace(max_seq_len=2048)
+        self.graphs = PrefillGraphs(None, state, None, max_rows=2048, pool=None, max_pieces=16)  # type: ignore[arg-type]
+
+    def prefill_batch(self, requests: list[PrefillRequest]) -> int:
+        self.passes.append([(r.slot, len(r.rows), r.start) for r in requests])
+        return 1
+
+    def prefill_graph_rule(self) -> Any:
+        return lambda widths, starts: self.graphs.shape_for_pass(list(widths), list(starts)) is not None
+
+    def fits(self, p: list[tuple[int, int, int]]) -> bool:
+        return self.graphs.shape_for_pass([n for _, n, _ in p], [s for _, _, s in p]) is not None
+
+
+class QuietChannel:
+    cancel_reason = None
+    paused = False
+
+    def push(self, event: object) -> None:
+        pass
+
+
+def _take(name: str, rows: int, *, batch: bool = False) -> Take:
+    priority = TakePriority.BATCH if batch else TakePriority.INTERACTIVE
+    take = Take(TakeSpec(name, text="x", seed=1, priority=priority), channel=QuietChannel())  # type: ignore[arg-type]
+    take.prompt_rows = np.zeros((rows, 13), dtype=np.int64)
+    return take
+
+
+def _graph_scheduler(takes: list[Take], streaming: Take) -> tuple[Scheduler, GraphRunner]:
+    runner = GraphRunner()
+    config = SchedulerConfig(max_slots=16, prefill_chunk=512, retain_slots=0)
+    sched = Scheduler(runner, SimpleNamespace(decoder=None), EngineMetrics(), config)  # type: ignore[arg-type]
+    sched.stream_rows = 3480  # what prefill_pace sizes on an H200: far past any graph
+    for slot, take in enumerate(takes):
+        take.phase, take.model_slot = Phase.PREPARING, slot
+        sched.preparing.append(take)
+    sched.running.append(streaming)
+    return sched, runner
+
+
+def test_passes_fit_a_prefill_graph_while_directors_work_and_others_stream() -> None:
+    """Twelve directors' retakes (190 rows each) and a long prompt arrive while a take streams: every pass fits one
+    graph (8 pieces of 190 rows pad to 8 x 256 rows; the 700-row prompt rides along cut to 256 rows, then goes on
+    alone, a lone piece's graph holding its 444 rows left), one pass a round, and every row goes in. With only batch
+    work about, passes still fill stream_rows as before."""
+    takes = [_take(f"r{i}", 190) for i in range(12)] + [_take("long", 700)]
+    sched, runner = _graph_scheduler(takes, _take("streaming", 10))
+    rounds = 0
+    while sched.preparing:
+        assert sched._prepare()
+        rounds += 1
+        assert len(runner.passes) == rounds and rounds < 10  # one pass a round
+    assert all(runner.fits(p) for p in runner.passes), runner.passes
+    assert runner.passes == [[(i, 190, 0) for i in range(8)], [*((i, 190, 0) for i in range(8, 12)), (12, 256, 0)],
+                             [(12, 444, 256)]]
+    assert all(t.prefilled == len(t.prompt_rows) for t in takes)
+
+    lines = [_take(f"b{i}", 190, batch=True) for i in range(12)]
+    alone, alone_runner = _graph_scheduler(lines, _take("line", 10, batch=True))
+    assert alone._prepare()
+    assert alone_runner.passes == [[(i, 190, 0) for i in range(12)]]  # 12 x 190 rows: no graph holds it
