@@ -100,7 +100,11 @@ def parse_speech_request(obj: Any, limits: Limits) -> SpeechRequest:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"the body must be a JSON object, got {type(obj).__name__}")
     if obj.get("input") is None:
         raise ProtocolError(ErrorCode.INVALID_FIELD, "'input' is required (the text to speak)", field="input")
-    fmt_name = obj.get("response_format") or "mp3"
+    # Absent or null means OpenAI's default; an empty string is not a format (the schema's enum has none), so it gets
+    # the same 400 as any unknown name (schemathesis found it answered 200 as mp3).
+    fmt_name = obj.get("response_format")
+    if fmt_name is None:
+        fmt_name = "mp3"
     fmt_rate = obj.get("sample_rate")
     default_rate = PCM_DEFAULT_RATE if fmt_name == "pcm" else SAMPLE_RATE
     fmt = parse_audio_format(fmt_name, fmt_rate, default_rate=default_rate, name_field="response_format")

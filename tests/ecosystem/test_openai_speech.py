@@ -193,6 +193,7 @@ def test_unknown_voice_is_a_400_listing_the_valid_ones(client: openai.OpenAI) ->
         ({"speed": 4.5}, "speed"),
         ({"speed": 0.1}, "speed"),
         ({"response_format": "ogg"}, "response_format"),
+        ({"response_format": ""}, "response_format"),
         ({"stream_format": "chunks"}, "stream_format"),
         ({"input": ""}, "input"),
         ({"input": "x" * 6000}, "input"),
