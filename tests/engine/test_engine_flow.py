@@ -3,27 +3,53 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import aiohttp
 import requests
 
 from moss_rt.client import DirectingClient, ServerError, http_stream
-from moss_rt.protocol import FRAME_SAMPLES
+from moss_rt.protocol import FRAME_SAMPLES, SAMPLE_RATE
 from tests.conftest import sine_wav
 from tests.engine.helpers import LONG, metrics, take_codes
-from tests.helpers import next_message, run
+from tests.helpers import next_message, run, wait_until
+
+
+def small_window_socket(url: str) -> socket.socket:
+    """A TCP connection to the server whose receive window is tiny: a client that stops reading holds the server's
+    sends back after a few kilobytes, not after the megabytes a loopback socket would otherwise buffer."""
+    host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: it sets the window offered
+    sock.connect((host, int(port)))
+    return sock
 
 
 def test_slow_client_pauses_its_slot_and_resumes(moss_server) -> None:
-    # The server paces audio to real time plus a lead of 0.16 s (2 frames); the engine is much faster
-    # than real time, so the take must pause (stop stepping) and resume as the client drains.
+    # A client that does not read: the server's sends block once the socket buffers are full, the take's audio
+    # waits unconsumed past the lead of 0.16 s (2 frames), and the slot pauses (stops stepping) however fast or
+    # slow the engine runs (a client merely paced to real time pauses only an engine faster than real time). Once
+    # the client reads again, the take resumes and delivers every frame, still paced to real time.
     srv = moss_server(max_lead_sec=0.16)
+    registry = srv.engine.metrics.registry
+    frames, channels = 40, 2  # 40 stereo frames: 600 kB, three times what the buffers on the way hold
+
+    def sample(name: str) -> float:
+        return registry.get_sample_value(name) or 0.0
 
     async def scenario() -> None:
-        async with DirectingClient.connect(srv.ws_url) as client:
+        # max_queue=1: the client library buffers one message, not 16, before it stops reading the socket.
+        async with DirectingClient.connect(srv.ws_url, sock=small_window_socket(srv.ws_url), max_queue=1) as client:
             t0 = time.monotonic()
-            await client.start("Take your time.", seed=2, max_new_tokens=30, chunk_frames=4, **LONG)
+            await client.start("Take your time.", seed=2, max_new_tokens=frames, chunk_frames=4, channels=channels,
+                               **LONG)
+            # Not reading: the take pauses before it has made its frames (the wait ends either way, so a take that
+            # never pauses fails here at once, not after a timeout).
+            await wait_until(lambda: sample("moss_rt_pauses_total") >= 1
+                             or sample("moss_rt_frames_total") >= frames, 60.0)
+            assert sample("moss_rt_pauses_total") >= 1 and sample("moss_rt_paused_slots") == 1
+            assert sample("moss_rt_frames_total") < frames
             pcm = 0
             while True:
                 item = await client.receive()
@@ -33,14 +59,14 @@ def test_slow_client_pauses_its_slot_and_resumes(moss_server) -> None:
                     end = item
                     break
             wall = time.monotonic() - t0
-        assert end["reason"] == "max_frames" and end["n_frames"] == 30
-        assert pcm == 30 * FRAME_SAMPLES * 2
-        # 2.4 s of audio, at most 0.16 s ahead of real time: the take cannot end much sooner.
-        assert wall >= 2.4 - 0.16 - 0.3, wall
+        assert end["reason"] == "max_frames" and end["n_frames"] == frames
+        assert pcm == frames * FRAME_SAMPLES * 2 * channels
+        # 3.2 s of audio, at most 0.16 s ahead of real time: the take cannot end much sooner.
+        assert wall >= frames * FRAME_SAMPLES / SAMPLE_RATE - 0.16 - 0.3, wall
         m = await metrics(srv)
         assert m["moss_rt_pauses_total"] >= 1 and m["moss_rt_paused_slots"] == 0
         # While paused the slot did not step: far fewer steps than a free-running engine would make.
-        assert m["moss_rt_step_seconds_count"] <= 30 + 3 + 1
+        assert m["moss_rt_step_seconds_count"] <= frames + 3 + 1
 
     run(scenario())
 
