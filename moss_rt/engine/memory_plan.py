@@ -244,14 +244,28 @@ def plan_codec_state(
 
 def _fitting_slots(costs: MemoryCosts, total_bytes: int, free_bytes: int, utilization: float, block_size: int) -> int:
     """Slots the budget holds with each able to hold PLANNED_TAKE_POSITIONS (as plan_memory sizes them, uncapped)."""
-    bpp = costs.bytes_per_position
+    room = _budget(costs, total_bytes, free_bytes, utilization, block_size).room
     per_slot = costs.slot_bytes + costs.codec_bytes_per_stream + costs.work_bytes_per_slot
-    budget = int(utilization * total_bytes) - max(0, total_bytes - free_bytes)
+    return max(0, room // (per_slot + PLANNED_TAKE_POSITIONS * costs.bytes_per_position)) if room > 0 else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Budget:
+    in_use: int  # bytes of the device already taken (weights, other processes)
+    budget: int  # what the plan may use: utilization x total, less in_use
+    margin: int
+    fixed: int  # the scratch block, the extra codec streams, work memory, the aligner and the margin
+    room: int  # left for the slots and the KV pool
+
+
+def _budget(costs: MemoryCosts, total_bytes: int, free_bytes: int, utilization: float, block_size: int) -> _Budget:
+    """The device budget and what comes out of it before any slot (one rule for the plan and its dtype choice)."""
+    in_use = max(0, total_bytes - free_bytes)
+    budget = int(utilization * total_bytes) - in_use
     margin = max(MIN_MARGIN, int(MARGIN_FRACTION * max(budget, 0)))
-    fixed = (block_size * bpp + costs.codec_extra_streams * costs.codec_bytes_per_stream + costs.codec_fixed_bytes
-             + costs.work_bytes + costs.aligner_bytes + margin)
-    room = budget - fixed
-    return max(0, room // (per_slot + PLANNED_TAKE_POSITIONS * bpp)) if room > 0 else 0
+    fixed = (block_size * costs.bytes_per_position + costs.codec_extra_streams * costs.codec_bytes_per_stream
+             + costs.codec_fixed_bytes + costs.work_bytes + costs.aligner_bytes + margin)
+    return _Budget(in_use, budget, margin, fixed, budget - fixed)
 
 
 def _plan_memory(
@@ -298,13 +312,9 @@ def _plan_memory(
                           "flag" if max_slots else "default", "flag" if max_seq_len else "default",
                           costs.aligner_bytes)
 
-    in_use = max(0, total_bytes - free_bytes)
-    budget = int(utilization * total_bytes) - in_use
-    margin = max(MIN_MARGIN, int(MARGIN_FRACTION * max(budget, 0)))
     # The scratch block, the extra codec streams, work memory and the margin come first.
-    fixed = (block_bytes + costs.codec_extra_streams * costs.codec_bytes_per_stream + costs.codec_fixed_bytes
-             + costs.work_bytes + costs.aligner_bytes + margin)
-    room = budget - fixed
+    b = _budget(costs, total_bytes, free_bytes, utilization, block_size)
+    in_use, budget, margin, fixed, room = b.in_use, b.budget, b.margin, b.fixed, b.room
     if max_slots:
         slots = max_slots
     else:
