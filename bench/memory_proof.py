@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -89,6 +90,7 @@ def start(args: argparse.Namespace, model: Path, codec: Path, port: int, limit: 
     ]
     if args.tiny:
         cmd += ["--max-slots", "4", "--max-seq-len", "1024"]
+    cmd += shlex.split(args.serve_args)  # e.g. "--codec-state-dtype fp8 --max-slots 256" for the 256-stream proof
     fh = open(log_path, "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
@@ -212,6 +214,7 @@ def main() -> None:
     ap.add_argument("--runs", default="24:8:750,80:64:750,0:192:750")
     ap.add_argument("--prompt-rows", type=int, default=300)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--serve-args", default="", help="more `moss_rt serve` options, one string (shell quoting)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args.work.mkdir(parents=True, exist_ok=True)

@@ -186,6 +186,12 @@ def test_fp8_state_on_cuda_kernels_equal_the_plain_path_and_stay_within_bound(co
         plain = on_cuda(graphs=False)
     ref = _decode(torch.float32, None, codes[:35])
     np.testing.assert_array_equal(graphed, kernels)  # graph == eager
-    assert np.abs(kernels - plain).max() < 0.05  # bf16 rounding and fp8 rounding-boundary flips only
-    err = np.abs(kernels - ref)
+    # The two paths differ by bf16 rounding and by fp8 rounding-boundary flips, and a flipped key moves by a whole
+    # fp8 step (1/16 to 1/8 of its value), so a sample here and there moves more than the mean (0.061 at most on an
+    # H200): the bound is on the mean, with a loose one on the worst sample, and the kernels must be as close to the
+    # reference as the plain path is.
+    diff = np.abs(kernels - plain)
+    assert diff.max() < 0.1 and diff.mean() < FP8_MEAN_ERR / 2, (diff.max(), diff.mean())
+    err, plain_err = np.abs(kernels - ref), np.abs(plain - ref)
     assert err.max() < FP8_MAX_ERR and err.mean() < FP8_MEAN_ERR, (err.max(), err.mean())
+    assert err.mean() < 1.5 * plain_err.mean(), (err.mean(), plain_err.mean())
