@@ -10,10 +10,11 @@ Now a bulk hand-over that finds its lane full is *parked* behind it (codec_worke
 joins the lane as soon as there is room) and the round goes on: cancels, admissions and prefill passes (interactive
 first) all run. What bounds the codec's lag instead is the next model step: while ``limit`` bulk hand-overs are
 parked, a step that would make another bulk chunk due is held back (every stream or none, so the steps, their
-batches and every take's chunks are exactly those of a round that had waited; see :func:`step_held`). A round
-with nothing else to do then returns "no work" and the engine's thread waits on its wake-up event, which the codec
-worker sets whenever a call is done, and a new take, a cancel or a job sets too: it waits for codec room OR new work,
-never for a fixed time.
+batches and every take's chunks are exactly those of a round that had waited; see :func:`step_held`), except for
+directors' takes in their ramp, which step on alone (:func:`ramp_while_held`: their chunks go in the priority lane).
+A round with nothing else to do then returns "no work" and the engine's thread waits on its wake-up event, which the
+codec worker sets whenever a call is done, and a new take, a cancel or a job sets too: it waits for codec room OR new
+work, never for a fixed time.
 
 Per stream nothing changes: its chunks are cut as before, handed over in order (a parked hand-over never lets a later
 call on its streams pass it), and a cancelled take's parked chunks give its stream up like queued ones.
@@ -45,6 +46,15 @@ def step_held(runnable: Iterable[Take], next_step: int, parked: int, *, starting
     with them what the codec decodes, by timing."""
     limit = STARTING_PARKED_HANDOVERS if starting else PARKED_HANDOVERS
     return parked >= limit and any(take.bulk_chunk_after_step(next_step) for take in runnable)
+
+
+def ramp_while_held(runnable: Iterable[Take]) -> list[Take]:
+    """The takes that still step while the step is held for codec room: directors' takes in their ramp, whose
+    chunks go in the priority lane and add nothing to the bulk lane the hold waits for. A director arriving during a
+    script render hears its first frames without waiting for the render's chunks (measured on an H200: its first
+    frame came 136 ms after its prefill at p95 during a render, 16 ms alone, with a third of the steps held). The
+    others keep their frames and their chunks' cadence; they step again with everyone once there is room."""
+    return [take for take in runnable if not take.batch and take.in_ramp]
 
 
 class HoldClock:

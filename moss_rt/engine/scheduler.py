@@ -59,7 +59,7 @@ import numpy as np
 
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
 from moss_rt.engine.codec_batch import CodecBatcher
-from moss_rt.engine.codec_flow import HoldClock, step_held
+from moss_rt.engine.codec_flow import HoldClock, ramp_while_held, step_held
 from moss_rt.engine.codec_worker import CodecCall, CodecWorker
 from moss_rt.engine.metrics import EngineMetrics, PartClock
 from moss_rt.engine.prefill_pace import MIN_ROWS_PER_PASS, largest_graphed_piece
@@ -838,12 +838,16 @@ class Scheduler:
         parked = self.worker.parked(False)
         if parked and step_held(runnable, self.steps + 1, parked, starting=self._interactive_starting()):
             self._hold.held()  # the codec is behind: this round does the rest of its work, then waits for room
-            return False
-        self._hold.released()
-        now = time.perf_counter()
-        if self._last_step_at is not None:  # a frame's wall time for every stream that keeps running
-            self.metrics.step_interval.observe(now - self._last_step_at)
-        self._last_step_at = now
+            # Directors' ramps step on, while their own lane has room (a full one would block this round).
+            runnable = ramp_while_held(runnable) if self.worker.has_room(priority=True) else []
+            if not runnable:
+                return False
+        else:
+            self._hold.released()
+            now = time.perf_counter()
+            if self._last_step_at is not None:  # a frame's wall time for every stream that keeps running
+                self.metrics.step_interval.observe(now - self._last_step_at)
+            self._last_step_at = now
         slots = [t.model_slot for t in runnable if t.model_slot is not None]
         if step_may_capture(self.runner, slots):
             # A CUDA graph capture forbids unsafe CUDA calls on other threads: let the codec finish first.

@@ -115,6 +115,49 @@ def test_a_director_is_admitted_and_prepared_while_the_bulk_lane_is_full_and_no_
         assert worker.parked(False) == 0 and worker.pending == 0
 
 
+def test_a_directors_first_frames_are_made_while_the_step_is_held_for_the_bulk_lane(
+    tiny_data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bulk lane is full and the step held (a stream's calls held on the codec): a director arriving then gets
+    its first frames made at once, its one-frame chunks queued in the priority lane up to that lane's bound, while the
+    held stream makes none (before: the director's take waited in the held step for the bulk lane's room). Released,
+    both takes' audio arrives whole and in order."""
+    gate = CodecGate(monkeypatch)
+    with loaded_engine(engine_settings(tiny_data_dir, overlap=True, max_seq_len=512)) as engine:
+        rounds = Rounds(engine)
+        sched, worker = rounds.sched, rounds.sched.worker
+        (a,) = rounds.add(spec("a", 1, 300, 1, text=TEXT))
+        rounds.until(lambda: a.frames >= RAMP_FRAMES + 2)
+        worker.drain()
+        gate.armed.set()
+        rounds.until(gate.holding.is_set)
+        for _ in range(20):  # until the round has nothing left to do: the step is held
+            if not _round(sched):
+                break
+        held_at = a.frames
+        assert not _round(sched) and worker.parked(False) >= 1
+        steps_held = _sample(engine, "moss_rt_steps_held_total")
+        (d,) = rounds.add(spec("d", 2, 24, 2, text=f"{TEXT} A director cuts in."))
+        for _ in range(8):
+            _round(sched)
+        # While a director starts, the bulk lane may park one more hand-over (codec_flow.STARTING_PARKED_HANDOVERS):
+        # the held stream steps once more with it, then never; the director's ramp goes on alone (before: both stopped).
+        assert a.frames <= held_at + 1
+        assert d.phase is Phase.RUNNING and d.frames > a.frames - held_at
+        assert worker.handovers(True) == worker.max_pending  # its chunks wait in the priority lane, up to its bound
+        assert _sample(engine, "moss_rt_steps_held_total") > steps_held
+        gate.release.set()
+        rounds.until(lambda: d.channel.finished)
+        a.channel.cancel()
+        rounds.until(lambda: a.channel.finished and not sched.draining)
+        for take in (a, d):
+            ch: Any = take.channel
+            assert not ch.problems, ch.problems  # every chunk in frame order, nothing after the end
+            got = np.frombuffer(ch.pcm, "<i2").astype(np.int32)
+            assert np.abs(got - _whole_pcm(engine, ch.codes)).max() <= 1
+        assert d.channel.end.reason is EndReason.MAX_FRAMES  # type: ignore[attr-defined]
+
+
 # ----------------------------------------------------------------------------- graph-sized prefill passes
 
 
