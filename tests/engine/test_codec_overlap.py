@@ -21,7 +21,9 @@ import pytest
 from moss_rt.client import DirectingClient
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished
 from moss_rt.engine.codec_batch import CodecBatcher
+from moss_rt.engine.codec_flow import HoldClock
 from moss_rt.engine.moss import MossEngine
+from moss_rt.engine.scheduler import Scheduler
 from moss_rt.protocol import FRAME_SAMPLES
 from tests.engine.harness import drive, engine_settings, loaded_engine, overlap_scenario, spec
 from tests.engine.helpers import LONG, metrics, take_codes
@@ -35,6 +37,11 @@ class CodecWatch:
     """What the (slowed) batched decode saw: its threads and any state closed before or during a decode."""
 
     delay_s: float = 0.0
+    # The worker's decodes wait (after the delay) until the scheduler holds a step back for room in the codec's bulk
+    # lane, once: a codec slower than the model however fast the machine runs the model (wait_for_a_hold).
+    until_held: bool = False
+    held: threading.Event = field(default_factory=threading.Event)
+    schedulers: list[Scheduler] = field(default_factory=list)
     threads: set[str] = field(default_factory=set)
     violations: list[str] = field(default_factory=list)
     calls: int = 0
@@ -57,13 +64,41 @@ def codec_watch(monkeypatch: pytest.MonkeyPatch) -> Iterator[CodecWatch]:
             raise RuntimeError("injected codec failure")
         if watch.delay_s:
             time.sleep(watch.delay_s)  # a slow codec: the scheduler runs ahead, decodes are in flight
+        if watch.until_held and threading.current_thread().name == CODEC_THREAD:
+            wait_for_a_hold(watch)
         out = real(self, states, chunks, channels)
         if any(s.closed for s in states):
             watch.violations.append("a state was closed while its decode ran")
         return out
 
     monkeypatch.setattr(CodecBatcher, "decode_pcm", decode_pcm)
+    real_init, real_held = Scheduler.__init__, HoldClock.held
+
+    def init(self: Scheduler, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        watch.schedulers.append(self)
+
+    def held(self: HoldClock) -> None:
+        real_held(self)
+        watch.held.set()
+
+    monkeypatch.setattr(Scheduler, "__init__", init)
+    monkeypatch.setattr(HoldClock, "held", held)
     yield watch
+
+
+def wait_for_a_hold(watch: CodecWatch) -> None:
+    """Keep the codec's call until the scheduler has held a step back for codec room (the bulk lane full and a
+    hand-over parked), unless a director's chunk waits in the priority lane (it must not wait behind a bulk call the
+    test holds) or no stream is left to step. The bound only keeps a broken scheduler from hanging the test."""
+    if not watch.schedulers:
+        return  # the engine's warm-up, before its scheduler exists
+    sched = watch.schedulers[-1]
+    deadline = time.monotonic() + 60.0
+    while not watch.held.is_set() and time.monotonic() < deadline:
+        if sched.worker.handovers(True) or not any(not t.ending for t in list(sched.running)):
+            return
+        time.sleep(0.002)
 
 
 def test_overlapped_codec_gives_the_same_codes_and_pcm_as_inline(tiny_data_dir, codec_watch) -> None:
@@ -72,7 +107,7 @@ def test_overlapped_codec_gives_the_same_codes_and_pcm_as_inline(tiny_data_dir, 
     inline = overlap_scenario(tiny_data_dir, overlap=False, codec_call_streams=2)
     assert codec_watch.threads == {threading.current_thread().name}
     codec_watch.threads.clear()
-    codec_watch.delay_s = 0.15  # far slower than a step of the tiny model (even on a busy machine): the queue fills
+    codec_watch.until_held = True  # slower than the model, however busy the machine: the bulk lane fills
     overlapped = overlap_scenario(tiny_data_dir, overlap=True, codec_call_streams=2)
     assert codec_watch.threads == {CODEC_THREAD}  # every decode on the worker (warm-up's included)
     assert not codec_watch.violations
