@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
+from moss_rt.engine.batch_yield import BatchYield
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_flow import HoldClock, ramp_while_held, step_held
 from moss_rt.engine.codec_worker import CodecCall, CodecWorker
@@ -168,6 +169,7 @@ class Scheduler:
         # (prefill_pace) and it stays fixed: pass composition must not follow timings, or codes would.
         self.stream_rows = config.prefill_max_rows
         self._last_step_at: float | None = None  # start of the previous step while takes ran
+        self._batch_yield = BatchYield()  # batch work stands aside for directors' first frames, within a share
         self._hold = HoldClock(metrics)  # steps held back for room in the codec's bulk lane (codec_flow)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -339,6 +341,18 @@ class Scheduler:
         """A director is waiting for a take's first sound: an interactive take waiting, preparing, or in its ramp."""
         return any(not t.batch for group in (self.waiting, self.preparing) for t in group) or any(
             not t.batch and t.in_ramp for t in self.running
+        )
+
+    def _director_awaits_first_frame(self, runnable: list[Take]) -> bool:
+        """Batch work is about to step next to a director's take that has no frame yet (its first step), is being
+        prefilled, or waits with a slot free for it (admitted after this step): the step would delay its first audio
+        (engine/batch_yield)."""
+        if not any(t.batch for t in runnable):
+            return False
+        return (
+            any(not t.batch and t.first_frame_at is None for t in runnable)
+            or any(not t.batch and self._rows_left(t) > 0 for t in self.preparing)
+            or (self.active_count < self.config.max_slots and any(not t.batch for t in self.waiting))
         )
 
     def _interactive_present(self) -> bool:
@@ -835,6 +849,11 @@ class Scheduler:
             self._last_step_at = None
             self._hold.released()
             return False
+        aside = self._batch_yield.decide(self._director_awaits_first_frame(runnable))
+        if aside:  # batch work stands aside while a director waits for its first frame (engine/batch_yield)
+            runnable = [t for t in runnable if not t.batch]
+            if not runnable:
+                return False  # the director's prefill pass comes in this round's preparation, nothing before it
         parked = self.worker.parked(False)
         if parked and step_held(runnable, self.steps + 1, parked, starting=self._interactive_starting()):
             self._hold.held()  # the codec is behind: this round does the rest of its work, then waits for room
@@ -842,7 +861,7 @@ class Scheduler:
             runnable = ramp_while_held(runnable) if self.worker.has_room(priority=True) else []
             if not runnable:
                 return False
-        else:
+        elif not aside:
             self._hold.released()
             now = time.perf_counter()
             if self._last_step_at is not None:  # a frame's wall time for every stream that keeps running

@@ -1,0 +1,68 @@
+"""Batch work (a script render's lines) stands aside while a director waits for a take's first frame, within a share
+of the wall time (engine/batch_yield)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moss_rt.audio import to_int16_pcm
+from moss_rt.engine.base import EndReason, TakePriority
+from moss_rt.engine.batch_yield import BatchYield
+from tests.engine.harness import Rounds, engine_settings, loaded_engine, spec
+
+TEXT = "The rain had stopped an hour ago, and the street was quiet."
+
+
+def test_batch_work_stands_aside_for_a_burst_then_in_at_most_its_share_of_the_rounds() -> None:
+    batch_yield = BatchYield(share=0.5, burst=8)
+    assert not batch_yield.decide(False)  # nobody waits: batch work steps
+    aside = [batch_yield.decide(True) for _ in range(2000)]  # a director waiting at every round
+    assert all(aside[:15]) and not aside[15]  # the burst: 8 rounds of credit, spent at a net half a round each
+    assert 0.5 * 2000 <= sum(aside) <= 0.5 * 2000 + 8  # its share of the rounds, and not less
+    assert aside[-4:] in ([True, False, True, False], [False, True, False, True])  # then in turns: slowed, never stopped
+
+
+def test_credit_comes_back_while_nobody_waits_up_to_the_burst() -> None:
+    batch_yield = BatchYield(share=0.5, burst=8)
+    for _ in range(100):
+        batch_yield.decide(True)
+    for _ in range(100):  # no director for a while (the credit is capped at the burst)
+        assert not batch_yield.decide(False)
+    streak = 0
+    while batch_yield.decide(True):
+        streak += 1
+    assert streak == 15  # the whole burst again, and no more
+
+
+def _pcm(engine: Any, codes: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        audio = engine._codec.decode(torch.from_numpy(np.ascontiguousarray(codes))[None])[0].float().numpy()
+    return np.frombuffer(to_int16_pcm(audio, 1), "<i2").astype(np.int32)
+
+
+def test_script_lines_make_no_frame_between_a_directors_arrival_and_its_first_frame(tiny_data_dir: Path) -> None:
+    """Two script lines stream; a director's take arrives: until its first frame the lines make none (its prefill
+    pass and first step run with no batch step before them), then they go on, and every take's audio is whole."""
+    with loaded_engine(engine_settings(tiny_data_dir, overlap=True, max_seq_len=512)) as engine:
+        rounds = Rounds(engine)
+        sched = rounds.sched
+        lines = rounds.add(*[spec(f"b{i}", 10 + i, 40, 4, text=f"{TEXT} Line {i}.", priority=TakePriority.BATCH)
+                             for i in range(2)])
+        rounds.until(lambda: all(t.frames >= 10 for t in lines))
+        before = [t.frames for t in lines]
+        (d,) = rounds.add(spec("d", 2, 12, 2, text=f"{TEXT} A director cuts in."))
+        rounds.until(lambda: d.first_frame_at is not None)
+        assert [t.frames for t in lines] == before  # the lines stood aside
+        rounds.until(lambda: all(t.frames > f for t, f in zip(lines, before, strict=True)))  # then they go on
+        rounds.until(lambda: all(t.channel.finished for t in (*lines, d)))
+        for take in (*lines, d):
+            ch: Any = take.channel
+            assert not ch.problems, ch.problems
+            assert ch.end.reason is EndReason.MAX_FRAMES
+            got = np.frombuffer(ch.pcm, "<i2").astype(np.int32)
+            assert np.abs(got - _pcm(engine, ch.codes)).max() <= 1
