@@ -22,7 +22,7 @@ def test_batch_work_stands_aside_for_a_burst_then_in_at_most_its_share_of_the_ro
     aside = [batch_yield.decide(True) for _ in range(2000)]  # a director waiting at every round
     assert all(aside[:15]) and not aside[15]  # the burst: 8 rounds of credit, spent at a net half a round each
     assert 0.5 * 2000 <= sum(aside) <= 0.5 * 2000 + 8  # its share of the rounds, and not less
-    assert aside[-4:] in ([True, False, True, False], [False, True, False, True])  # then in turns: slowed, never stopped
+    assert aside[-4:] in ([True, False, True, False], [False, True, False, True])  # in turns: slowed, never stopped
 
 
 def test_credit_comes_back_while_nobody_waits_up_to_the_burst() -> None:
@@ -50,7 +50,6 @@ def test_script_lines_make_no_frame_between_a_directors_arrival_and_its_first_fr
     pass and first step run with no batch step before them), then they go on, and every take's audio is whole."""
     with loaded_engine(engine_settings(tiny_data_dir, overlap=True, max_seq_len=512)) as engine:
         rounds = Rounds(engine)
-        sched = rounds.sched
         lines = rounds.add(*[spec(f"b{i}", 10 + i, 40, 4, text=f"{TEXT} Line {i}.", priority=TakePriority.BATCH)
                              for i in range(2)])
         rounds.until(lambda: all(t.frames >= 10 for t in lines))
