@@ -203,6 +203,9 @@ class BlockTables:
         self._host = torch.zeros(rows + 1, c, dtype=torch.int32)
         for g, col in zip(self.geoms, self.cols, strict=True):
             self._host[rows, col : col + g.ring_blocks] = torch.arange(g.ring_blocks) % g.scratch_blocks
+        # The host table's entries are written through a numpy view of the same memory: a write through the tensor
+        # is a torch call (a dispatch, several aten ops) per entry, and a retake attaching a kept state writes dozens.
+        self._host_np = self._host.numpy()
         self.table = self._host if device.type == "cpu" else self._host.to(device)
         self._dirty = False
         self.lock = threading.RLock()
@@ -305,9 +308,9 @@ class BlockTables:
                     copies[i].append((blocks[j], fresh))
                     self._unref(i, blocks[j])
                     blocks[j] = fresh
-                    self._host[slot, col + j] = fresh
+                    self._host_np[slot, col + j] = fresh
                 for _ in range(n):
-                    self._host[slot, col + len(blocks)] = blk = self._take(slot, i)
+                    self._host_np[slot, col + len(blocks)] = blk = self._take(slot, i)
                     blocks.append(blk)
                 self._dirty = True
             return copies
@@ -365,10 +368,8 @@ class BlockTables:
                 raise ValueError(f"codec slot {slot} already holds blocks")
             self._held[slot] = [list(blocks) for blocks in kept.blocks]
             for i, blocks in enumerate(kept.blocks):
-                col = self.cols[i]
-                for j, block in enumerate(blocks):
-                    self._refs[i][block] += 1
-                    self._host[slot, col + j] = block
+                np.add.at(self._refs[i], blocks, 1)
+                self._host_np[slot, self.cols[i] : self.cols[i] + len(blocks)] = blocks
             self._dirty = True
 
     def drop(self, kept: KeptBlocks) -> None:
@@ -390,5 +391,5 @@ class BlockTables:
             return self.table
 
     def _point_at_scratch(self, slot: int) -> None:
-        self._host[slot] = 0
+        self._host_np[slot] = 0
         self._dirty = True
