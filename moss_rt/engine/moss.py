@@ -47,7 +47,7 @@ from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prefill_pace import measure_prefill_cost
 from moss_rt.engine.prompt_names import PromptRecipe
-from moss_rt.engine.prompts import PromptTooLong, frames_room, prompt_rows
+from moss_rt.engine.prompts import PromptRowsCache, PromptTooLong, frames_room, prompt_key, prompt_rows
 from moss_rt.engine.resolve import (
     Choice,
     choose_codec,
@@ -125,6 +125,7 @@ class MossEngine(EngineLifecycle):
         self._jobs_in: queue.Queue[Job] = queue.Queue(maxsize=max(4, settings.max_queue))
         self._jobs: deque[Job] = deque()
         self._admit_lock = threading.Lock()
+        self._prompts_built = PromptRowsCache()  # retakes with a new seed are not tokenized again (event loop only)
         self._in_system = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -259,7 +260,10 @@ class MossEngine(EngineLifecycle):
         KV cache can never hold is refused as bad input before it takes a queue place."""
         runner = self._runner
         assert runner is not None, "ready implies loaded"
-        rows = await asyncio.to_thread(prompt_rows, runner, spec)
+        key = prompt_key(spec)
+        rows = self._prompts_built.get(key)
+        if rows is None:
+            rows = self._prompts_built.put(key, await asyncio.to_thread(prompt_rows, runner, spec))
         max_seq = int(runner.max_seq_len)
         try:
             frames_room(len(rows), spec.start_frame, max_seq)

@@ -7,6 +7,9 @@ error; the worker thread reuses them.
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Protocol
 
 import numpy as np
@@ -41,6 +44,46 @@ def prompt_rows(runner: PromptBuilder, spec: TakeSpec) -> np.ndarray:
         tokens=spec.tokens,
         reference_codes=spec.reference_codes,
     )
+
+
+# Prompts whose rows are kept for takes that repeat them: a retake with a new seed or sampling (and a replay of a
+# line) has its parent's prompt, and tokenizing it again costs ~0.5-1 ms of a helper thread holding the interpreter
+# lock, 64 of them in a burst of retakes, while the engine's thread admits them. 256 of ~560 rows: ~15 MB at most.
+PROMPTS_KEPT = 256
+
+
+def prompt_key(spec: TakeSpec) -> Hashable:
+    """What the take's prompt rows depend on: its words, direction, language, length hint and voice reference (by a
+    digest of its codes)."""
+    ref = spec.reference_codes
+    voice = None
+    if ref is not None:
+        codes = np.ascontiguousarray(ref, dtype=np.int64)
+        voice = (codes.shape, hashlib.blake2b(codes.tobytes(), digest_size=16).digest())
+    return (spec.text, spec.instruction, spec.language, spec.tokens, voice)
+
+
+class PromptRowsCache:
+    """The rows of the last PROMPTS_KEPT prompts built, least recently used out first. Rows handed out are read-only
+    (takes share them; nothing writes a prompt in place). Used from one thread (the event loop)."""
+
+    def __init__(self, size: int = PROMPTS_KEPT) -> None:
+        self.size = size
+        self._rows: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+
+    def get(self, key: Hashable) -> np.ndarray | None:
+        rows = self._rows.get(key)
+        if rows is not None:
+            self._rows.move_to_end(key)
+        return rows
+
+    def put(self, key: Hashable, rows: np.ndarray) -> np.ndarray:
+        rows.flags.writeable = False
+        self._rows[key] = rows
+        self._rows.move_to_end(key)
+        while len(self._rows) > self.size:
+            self._rows.popitem(last=False)
+        return rows
 
 
 def frames_room(prompt_len: int, kept_frames: int, max_seq_len: int) -> int:

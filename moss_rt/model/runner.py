@@ -386,7 +386,9 @@ class ModelRunner:
     def _checked_request(self, request: PrefillRequest) -> tuple[int, torch.Tensor, int]:
         slot, start = int(request.slot), int(request.start)
         self._check_slot(slot)
-        rows_t = torch.as_tensor(np.asarray(request.rows), dtype=torch.int64)
+        rows = np.asarray(request.rows, dtype=np.int64)
+        # Prompt rows are shared read-only (engine/prompts.PromptRowsCache); torch wraps only writable arrays.
+        rows_t = torch.from_numpy(rows if rows.flags.writeable else rows.copy())
         if rows_t.ndim != 2 or rows_t.shape[1] != self.config.n_channels or rows_t.shape[0] == 0:
             raise ValueError(f"rows must be a non-empty [T,{self.config.n_channels}] array, got {tuple(rows_t.shape)}")
         if not 0 <= start <= self._lengths[slot]:
