@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from moss_rt.audio import to_int16_pcm
 from moss_rt.config import Settings
 from moss_rt.engine.base import AudioChunk, EndReason, TakeEvent, TakeFinished, TakeFirstAudio, TakeSpec
 from moss_rt.engine.moss import MossEngine
@@ -247,3 +249,21 @@ def overlap_scenario(data_dir: Path, *, overlap: bool, device: str = "cpu", all_
         if check is not None:
             check(engine)
     return out
+
+
+def whole_clip_pcm(engine: MossEngine, codes: np.ndarray, channels: int = 1) -> np.ndarray:
+    """The whole-clip decode of ``codes`` as the int16 PCM a take streams (as int32, for differences)."""
+    codec: Any = engine._codec
+    with torch.no_grad():
+        audio = codec.decode(torch.from_numpy(np.ascontiguousarray(codes))[None])[0].float().numpy()
+    return np.frombuffer(to_int16_pcm(audio, channels), "<i2").astype(np.int32)
+
+
+def assert_heard_whole(engine: MossEngine, takes: list[Take]) -> None:
+    """Every take's chunks came in frame order with nothing after its end, and its audio is the whole-clip decode of
+    its codes (to one int16 step)."""
+    for take in takes:
+        ch: Any = take.channel
+        assert not ch.problems, (take.take_id, ch.problems)
+        got = np.frombuffer(ch.pcm, "<i2").astype(np.int32)
+        assert np.abs(got - whole_clip_pcm(engine, ch.codes)).max() <= 1, take.take_id
