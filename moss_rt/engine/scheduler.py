@@ -15,7 +15,9 @@ One :meth:`Scheduler.iterate` is one scheduling round. It serves, in this order 
    model steps; see codec_worker): interactive takes' first chunks (their ramp) in the worker's priority lane, the
    rest in bulk calls of at most ``codec_call_streams`` streams, so a director's first chunk waits for at most one
    short call. A round never waits for the bulk lane: a hand-over that finds it full is parked behind it, and while
-   one is parked the next step that would add one is held back (codec_flow; the round goes on with the rest);
+   one is parked the next step that would add one is held back (codec_flow; the round goes on with the rest; a
+   director's take in its ramp steps on alone). While a director's take waits for a slot that is free, is prefilled
+   or has no frame yet, batch work stands aside from the step, within a share of the rounds (batch_yield);
 3. **interactive admissions and their preparation**: waiting takes get slots while slots are free (retakes,
    continuations and barge-in starts first, then new takes, then batch work); preparing takes advance their prompt
    prefill and codec state. Prompt rows kept from earlier takes (prompt_cache) are shared, not prefilled, and a take
