@@ -9,6 +9,9 @@ plan decides), measures start-to-ready, reads the plan from /api/info, then stre
 takes of FRAMES frames (750 = 60 s) over /api/ws and checks every one ends with all its frames. GPU
 memory is sampled with nvidia-smi during the run. ``--tiny`` runs it on the tiny model (CPU smoke test).
 Results are written to --out after every run (a partial file survives a later failure).
+
+``--serve-args`` adds options to every run's serve command, e.g. the 256-stream proof on the whole H200 (issue 24):
+    python bench/memory_proof.py --runs 0:256:750 --serve-args "--codec-state-dtype fp8 --max-slots 256"
 """
 
 from __future__ import annotations
