@@ -9,6 +9,8 @@ generous limit only so that a round that blocks (the old behaviour) fails the te
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -61,6 +63,20 @@ class CodecGate:
         monkeypatch.setattr(Scheduler, "_decode_and_push", decode_and_push)
 
 
+@contextmanager
+def _stream_with_its_codec_held(data_dir: Path, gate: CodecGate) -> Iterator[tuple[MossEngine, Rounds, Take]]:
+    """The tiny engine with one take "a" past its ramp (a bulk chunk every step) and its next codec call held on the
+    worker by ``gate`` (released by the test)."""
+    with loaded_engine(engine_settings(data_dir, overlap=True, max_seq_len=512)) as engine:
+        rounds = Rounds(engine)
+        (a,) = rounds.add(spec("a", 1, 300, 1, text=TEXT))
+        rounds.until(lambda: a.frames >= RAMP_FRAMES + 2)  # past its ramp: one bulk chunk a step
+        rounds.sched.worker.drain()
+        gate.armed.set()
+        rounds.until(gate.holding.is_set)
+        yield engine, rounds, a
+
+
 def test_a_director_is_admitted_and_prepared_while_the_bulk_lane_is_full_and_no_audio_is_lost(
     tiny_data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -70,14 +86,8 @@ def test_a_director_is_admitted_and_prepared_while_the_bulk_lane_is_full_and_no_
     number of hand-overs ahead (the step is held instead), and rounds keep coming back. Released, every chunk
     arrives in order and the stream's audio is the whole-clip decode of its codes."""
     gate = CodecGate(monkeypatch)
-    with loaded_engine(engine_settings(tiny_data_dir, overlap=True, max_seq_len=512)) as engine:
-        rounds = Rounds(engine)
+    with _stream_with_its_codec_held(tiny_data_dir, gate) as (engine, rounds, a):
         sched, worker = rounds.sched, rounds.sched.worker
-        (a,) = rounds.add(spec("a", 1, 300, 1, text=TEXT))
-        rounds.until(lambda: a.frames >= RAMP_FRAMES + 2)  # past its ramp: one bulk chunk a step
-        worker.drain()
-        gate.armed.set()
-        rounds.until(gate.holding.is_set)
         rounds.until(lambda: worker.parked(False) >= 1)  # one running, one queued (the bound), one parked
         assert worker.handovers(False) == worker.max_pending
         (d,) = rounds.add(spec("d", 2, 6, 2, text=f"{TEXT} A director cuts in."))
@@ -109,14 +119,8 @@ def test_a_directors_first_frames_are_made_while_the_step_is_held_for_the_bulk_l
     held stream makes none (before: the director's take waited in the held step for the bulk lane's room). Released,
     both takes' audio arrives whole and in order."""
     gate = CodecGate(monkeypatch)
-    with loaded_engine(engine_settings(tiny_data_dir, overlap=True, max_seq_len=512)) as engine:
-        rounds = Rounds(engine)
+    with _stream_with_its_codec_held(tiny_data_dir, gate) as (engine, rounds, a):
         sched, worker = rounds.sched, rounds.sched.worker
-        (a,) = rounds.add(spec("a", 1, 300, 1, text=TEXT))
-        rounds.until(lambda: a.frames >= RAMP_FRAMES + 2)
-        worker.drain()
-        gate.armed.set()
-        rounds.until(gate.holding.is_set)
         for _ in range(20):  # until the round has nothing left to do: the step is held
             if not _round(sched):
                 break
