@@ -23,6 +23,10 @@ over its time inside those windows; and the slowest single chunk); step interval
 the retakes' codec states began (shared / rebuilt) and the rebuild calls; and any PCM that arrived after its
 take's ``end`` or before the next take's ``start`` (must be 0). The table of the issue is printed at the end.
 
+``--client-procs N`` spreads a round's directors over N client processes (default 1: one event loop reads and
+writes every socket, and at 64 directors its own backlog shows in the figures; separate people's browsers do not
+share one). Rows are comparable only at the same setting: the JSON says which (``client_procs``).
+
 ``--tiny`` runs it all on the tiny model on the CPU (a smoke test of this script: its numbers mean nothing; its
 codec windows are 0.16 s, so retakes from 20 frames back are rebuilt, not shared).
 """
@@ -31,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -275,8 +281,39 @@ def rtf_during(directors: list[Director], min_overlap_s: float = 0.25) -> dict[s
     }
 
 
+async def run_directors(http: aiohttp.ClientSession, ws_url: str, jobs: list[tuple[int, tuple[str, str], float]],
+                        work: Workload, mode: str, go_at: float, limit_s: float) -> list[Director]:
+    """Direct ``jobs`` (index, lines, start delay) from this process: every socket connects and waits for its hello,
+    all start at ``go_at`` (perf_counter) plus their delay; a director not done within ``limit_s`` failed."""
+    go = asyncio.Event()
+    recs = [Director(i) for i, _, _ in jobs]
+    tasks = [asyncio.create_task(direct(http, ws_url, rec, pair, 1000 * i + 1, work, mode, go, delay))
+             for rec, (i, pair, delay) in zip(recs, jobs, strict=True)]
+    await asyncio.sleep(max(0.0, go_at - time.perf_counter()))
+    go.set()
+    _, pending = await asyncio.wait(tasks, timeout=limit_s)
+    for task, rec in zip(tasks, recs, strict=True):
+        if task in pending:
+            task.cancel()
+            rec.error = rec.error or f"timed out after {limit_s:.0f} s"
+    return recs
+
+
+def directors_in_process(ws_url: str, jobs: list[tuple[int, tuple[str, str], float]], work: Workload, mode: str,
+                         go_at: float, limit_s: float, sock_read: float | None) -> list[Director]:
+    """A client process's share of a round (``--client-procs``): its own event loop and connections."""
+
+    async def run() -> list[Director]:
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=sock_read)
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+            return await run_directors(http, ws_url, jobs, work, mode, go_at, limit_s)
+
+    return asyncio.run(run())
+
+
 async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, starts: str, mode: str,
-                    work: Workload, spread_sec: float, repeats: int, limit_s: float) -> dict[str, Any]:
+                    work: Workload, spread_sec: float, repeats: int, limit_s: float,
+                    client_procs: int = 1) -> dict[str, Any]:
     ws_url = url.replace("http", "ws") + "/api/ws"
     client_timeout = aiohttp.ClientTimeout(total=None, sock_read=limit_s)
     async with aiohttp.ClientSession(timeout=client_timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -285,19 +322,24 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
         directors: list[Director] = []
         groups = [list(range(concurrency))] if concurrency > 1 else [[i] for i in range(repeats)]
         for group in groups:
-            go = asyncio.Event()
             delays = [spread_sec * k / max(1, len(group)) if starts == "spread" else 0.0 for k in range(len(group))]
-            recs = [Director(i) for i in group]
-            tasks = [asyncio.create_task(direct(http, ws_url, rec, lines[i % len(lines)], 1000 * i + 1, work, mode,
-                                                go, delay)) for rec, i, delay in zip(recs, group, delays, strict=True)]
-            await asyncio.sleep(0.3)  # every socket connected and holding its hello
-            go.set()
-            _, pending = await asyncio.wait(tasks, timeout=limit_s)
-            for task, rec in zip(tasks, recs, strict=True):
-                if task in pending:
-                    task.cancel()
-                    rec.error = rec.error or f"timed out after {limit_s:.0f} s"
-            directors.extend(recs)
+            jobs = [(i, lines[i % len(lines)], delay) for i, delay in zip(group, delays, strict=True)]
+            procs = max(1, min(client_procs, len(jobs)))
+            if procs == 1:
+                go_at = time.perf_counter() + 0.3  # every socket connected and holding its hello
+                directors.extend(await run_directors(http, ws_url, jobs, work, mode, go_at, limit_s))
+                continue
+            # Each process directs every procs-th director: one client process per few directors, as separate
+            # people's browsers are (one process's event loop handling 64 sockets delays what it reads and sends).
+            # They share the start instant: perf_counter is the system's monotonic clock on Linux.
+            go_at = time.perf_counter() + 1.5  # every process started and every socket holding its hello
+            with concurrent.futures.ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                loop = asyncio.get_running_loop()
+                parts = await asyncio.gather(*(
+                    loop.run_in_executor(pool, directors_in_process, ws_url, jobs[k::procs], work, mode, go_at,
+                                         limit_s, client_timeout.sock_read)
+                    for k in range(procs)))
+            directors.extend(rec for part in parts for rec in part)
         wall = time.perf_counter() - t0
         await asyncio.sleep(0.5)  # the last ends and gauges settle
         after = await eb.scrape(http, url)
@@ -317,6 +359,7 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
         "concurrency": concurrency,
         "starts": starts,
         "retake": mode,
+        "client_procs": max(1, min(client_procs, concurrency)),
         "wall_sec": round(wall, 2),
         "errors": sorted({d.error for d in directors if d.error is not None})[:5],
         "failed_directors": len(directors) - len(ok),
@@ -362,12 +405,18 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
             - delta('moss_rt_round_seconds_bucket{le="0.12"}'),
             "round_phase_sec": {ph: round(delta(f'moss_rt_round_phase_seconds_sum{{phase="{ph}"}}'), 3)
                                 for ph in ROUND_PHASES},
+            # The same parts' engine-thread CPU time: far below their wall time, the thread waited (the interpreter
+            # lock, a blocking call), not worked.
+            "round_phase_cpu_sec": {ph: round(delta(f'moss_rt_round_phase_cpu_seconds_total{{phase="{ph}"}}'), 3)
+                                    for ph in ROUND_PHASES},
             "round_phase_over_40ms": {ph: delta(f'moss_rt_round_phase_seconds_count{{phase="{ph}"}}')
                                       - delta(f'moss_rt_round_phase_seconds_bucket{{le="0.04",phase="{ph}"}}')
                                       for ph in ROUND_PHASES},
             # Admissions by part (engine-thread seconds in all), how many, and steps held back for codec room.
             "admit_part_ms": {part: round(1000.0 * delta(f'moss_rt_admit_part_seconds_sum{{part="{part}"}}'), 2)
                               for part in ADMIT_PARTS},
+            "admit_part_cpu_ms": {part: round(1000.0 * delta(f'moss_rt_admit_part_cpu_seconds_total{{part="{part}"}}'),
+                                              2) for part in ADMIT_PARTS},
             "admissions": delta('moss_rt_admit_part_seconds_count{part="match"}'),
             "steps_held": delta("moss_rt_steps_held_total"),
         },
@@ -452,6 +501,8 @@ def main() -> None:
     p.add_argument("--round-timeout", type=float, default=60.0, help="a director not done by then counts as failed")
     p.add_argument("--deadline-sec", type=float, default=360.0, help="rounds not started by then are skipped")
     p.add_argument("--no-wait-graphs", action="store_true", help="start before the idle-time graph captures end")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="client processes sharing a round's directors (1: one event loop drives every socket)")
     p.add_argument("--server-log", type=Path, default=None)
     args = p.parse_args()
     args.concurrency = [int(c) for c in (args.concurrency or ("1,4" if args.tiny else "1,16,64,128")).split(",")]
@@ -488,7 +539,7 @@ def main() -> None:
                         continue
                     try:
                         r = asyncio.run(run_round(url, lines, conc, starts, mode, work, args.spread_sec,
-                                                  args.single_repeats, args.round_timeout))
+                                                  args.single_repeats, args.round_timeout, args.client_procs))
                     except Exception:
                         r = {"concurrency": conc, "starts": starts, "retake": mode,
                              "error": traceback.format_exc(limit=3)}

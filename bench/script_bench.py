@@ -212,6 +212,10 @@ def engine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
         "rounds_over_120ms": d("moss_rt_round_seconds_count") - d('moss_rt_round_seconds_bucket{le="0.12"}'),
         **{f"{phase}_sec": d(f'moss_rt_round_phase_seconds_sum{{phase="{phase}"}}')
            for phase in ("control", "step", "flush", "admit", "prepare", "capture", "jobs")},
+        # Their engine-thread CPU time: far below the wall time, the thread waited (the interpreter lock, a blocking
+        # call), not worked.
+        **{f"{phase}_cpu_sec": d(f'moss_rt_round_phase_cpu_seconds_total{{phase="{phase}"}}')
+           for phase in ("control", "step", "flush", "admit", "prepare", "capture")},
         # Parts over 40 ms: which part makes the long rounds a director arriving waits for.
         **{f"{phase}_over_40ms": d(f'moss_rt_round_phase_seconds_count{{phase="{phase}"}}')
            - d(f'moss_rt_round_phase_seconds_bucket{{le="0.04",phase="{phase}"}}')
@@ -219,6 +223,8 @@ def engine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
         # The admit part's time by part of an admission (moss_rt_admit_part_seconds), and how many admissions;
         # steps held back for room in the codec's bulk lane (the round went on instead of blocking).
         **{f"admit_{part}_ms": 1000.0 * d(f'moss_rt_admit_part_seconds_sum{{part="{part}"}}')
+           for part in ("match", "room", "kv", "sampling", "codec", "apply")},
+        **{f"admit_{part}_cpu_ms": 1000.0 * d(f'moss_rt_admit_part_cpu_seconds_total{{part="{part}"}}')
            for part in ("match", "room", "kv", "sampling", "codec", "apply")},
         "admissions": d('moss_rt_admit_part_seconds_count{part="match"}'),
         "steps_held": d("moss_rt_steps_held_total"),

@@ -53,6 +53,17 @@ class EngineMetrics:
             "waited behind it (the round went on with cancels, admissions and prefill instead of blocking)",
             registry=r,
         )
+        # The engine thread's own CPU time beside the wall times above: a part whose wall time is far above its CPU
+        # time waited, for the interpreter lock (another thread's Python: the codec worker's, the loop's) or a
+        # blocking call, not for its own work.
+        self.admit_part_cpu = Counter(
+            "moss_rt_admit_part_cpu_seconds", "Engine-thread CPU time of each admission part (see "
+            "moss_rt_admit_part_seconds: the gap between them is time the thread waited)", ["part"], registry=r,
+        )
+        self.round_phase_cpu = Counter(
+            "moss_rt_round_phase_cpu_seconds", "Engine-thread CPU time of each part of a scheduling round (see "
+            "moss_rt_round_phase_seconds: the gap between them is time the thread waited)", ["phase"], registry=r,
+        )
         self.admit_part_time = Histogram(
             "moss_rt_admit_part_seconds",
             "Engine-thread time of each part of admitting a take (match: prompt rows and kept caches looked up; "
@@ -224,13 +235,18 @@ class EngineMetrics:
 
 class PartClock:
     """Times the parts of one piece of engine-thread work into a histogram labelled by part: ``lap(part)`` once each
-    part is done (the time since the previous lap, or since the clock was made)."""
+    part is done (the time since the previous lap, or since the clock was made); with ``cpu``, the thread's own CPU
+    time of each part too (a counter by the same label)."""
 
-    def __init__(self, histogram: Histogram) -> None:
+    def __init__(self, histogram: Histogram, cpu: Counter | None = None) -> None:
         self.histogram = histogram
+        self.cpu = cpu
         self.last = time.perf_counter()
+        self.last_cpu = time.thread_time()
 
     def lap(self, part: str) -> None:
-        now = time.perf_counter()
+        now, now_cpu = time.perf_counter(), time.thread_time()
         self.histogram.labels(part).observe(now - self.last)
-        self.last = now
+        if self.cpu is not None:
+            self.cpu.labels(part).inc(max(0.0, now_cpu - self.last_cpu))
+        self.last, self.last_cpu = now, now_cpu

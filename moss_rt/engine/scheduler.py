@@ -332,7 +332,7 @@ class Scheduler:
         apply = getattr(self.runner, "apply_staged", None)  # test stand-ins have no device state
         if apply is None:
             return
-        clock = PartClock(self.metrics.admit_part_time)
+        clock = PartClock(self.metrics.admit_part_time, self.metrics.admit_part_cpu)
         apply()
         clock.lap("apply")
 
@@ -402,7 +402,7 @@ class Scheduler:
         timed (moss_rt_admit_part_seconds: an admission costs the engine's thread, and every director arriving in
         that round waits for it)."""
         runner = self.runner
-        clock = PartClock(self.metrics.admit_part_time)
+        clock = PartClock(self.metrics.admit_part_time, self.metrics.admit_part_cpu)
         spec = take.spec
         assert take.prompt is not None, "submit builds and checks the prompt rows"
         prompt = take.prompt
@@ -1147,17 +1147,19 @@ class _PhaseClock:
     def __init__(self, metrics: EngineMetrics) -> None:
         self.metrics = metrics
         self.start = self.last = time.perf_counter()
-        self.laps: list[tuple[str, float]] = []
+        self.last_cpu = time.thread_time()
+        self.laps: list[tuple[str, float, float]] = []
 
     def lap(self, phase: str, result: bool) -> bool:
-        now = time.perf_counter()
-        self.laps.append((phase, now - self.last))
-        self.last = now
+        now, now_cpu = time.perf_counter(), time.thread_time()
+        self.laps.append((phase, now - self.last, max(0.0, now_cpu - self.last_cpu)))
+        self.last, self.last_cpu = now, now_cpu
         return result
 
     def done(self) -> None:
-        for phase, seconds in self.laps:
+        for phase, seconds, cpu in self.laps:
             self.metrics.round_phase_time.labels(phase).observe(seconds)
+            self.metrics.round_phase_cpu.labels(phase).inc(cpu)
         self.metrics.round_time.observe(self.last - self.start)
 
 
