@@ -36,6 +36,7 @@ from moss_rt.model.network import MossTTSLocalModel
 from moss_rt.model.prefill_graphs import GraphShape, PrefillGraphs
 from moss_rt.model.prompt import build_prompt_rows
 from moss_rt.model.sampling import split_seed
+from moss_rt.model.staging import PinnedStaging
 from moss_rt.model.state import FLOAT_DEFAULT, FLOAT_FIELDS, INT_DEFAULT, INT_FIELDS, SlotState
 from moss_rt.model.step import Tables, Timer, frame_step, prefill_batch_rows
 
@@ -124,6 +125,7 @@ class ModelRunner:
         self._frames = self._ints[INT_FIELDS.index("frame_index")]
         self._staged_slots: set[int] = set()
         self._staged_presence: dict[int, np.ndarray | None] = {}  # None: cleared (no history)
+        self._staging = PinnedStaging(self.device)  # what apply_staged copies, in one copy a call
         self._allocated = np.zeros(self.max_slots, dtype=bool)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         # The memory pool every graph of this runner shares (they all run on this thread, one at a time). A handle,
@@ -274,56 +276,50 @@ class ModelRunner:
     @torch.inference_mode()
     def apply_staged(self) -> bool:
         """Write what slot operations staged to the device, whatever the number of slots a few operations: the
-        changed block-table rows (one scatter), the staged slots' scalars (one scatter per packed tensor), their
-        presence rows (one scatter). The values are the host's at this call: the last write of each slot and field
-        wins, as if each had been written at once. Every pass calls this first; False: nothing was staged."""
-        applied = self._push_tables()
-        st = self._state
+        changed block-table rows, the staged slots' scalars and their presence rows, packed into one host-to-device
+        copy (model/staging) and scattered into the state (one scatter per tensor). The values are the host's at this
+        call: the last write of each slot and field wins, as if each had been written at once. Every pass calls this
+        first; False: nothing was staged."""
+        arrays: list[np.ndarray] = []
+        dirty = sorted(self.blocks.dirty)
+        scalars = bool(self._staged_slots)
+        if dirty:
+            tables = np.empty((len(dirty), 1 + self.blocks.max_blocks_per_slot), dtype=np.int64)  # column 0: slots
+            tables[:, 0] = dirty
+            tables[:, 1:] = self.blocks.table[dirty]
+            self.blocks.dirty.clear()
+            arrays.append(tables)
         if self._staged_slots:
             slots = sorted(self._staged_slots)
+            self._staged_slots.clear()
             ints = np.empty((1 + len(INT_FIELDS), len(slots)), dtype=np.int64)  # row 0: the slots
             ints[0] = slots
             ints[1:] = self._ints[:, slots]
-            floats = self._floats[:, slots]  # a copy: later host changes never race the copy to the device
-            self._staged_slots.clear()
-            dev = self._to_device(torch.from_numpy(ints))
-            index = dev[0]
-            st.slot_ints[:, index] = dev[1:]
-            st.slot_floats[:, index] = self._to_device(torch.from_numpy(floats))
-            applied = True
-        if not self._staged_presence:
-            return applied
-        staged = sorted(self._staged_presence.items())
-        self._staged_presence.clear()
-        rows = np.zeros((len(staged), self.config.n_vq, self.config.audio_vocab_size), dtype=bool)
-        for j, (_, row) in enumerate(staged):
-            if row is not None:
-                rows[j] = row
-        index = self._to_device(torch.tensor([slot for slot, _ in staged], dtype=torch.int64))
-        st.presence[index] = self._to_device(torch.from_numpy(rows))
-        return True
-
-    def _push_tables(self) -> bool:
-        """Copy the table rows changed on the host to the device, in one scatter (apply_staged)."""
-        dirty = sorted(self.blocks.dirty)
-        if not dirty:
+            arrays += [ints, self._floats[:, slots]]  # copies: later host changes never race the copy to the device
+        if self._staged_presence:
+            staged = sorted(self._staged_presence.items())
+            self._staged_presence.clear()
+            rows = np.zeros((len(staged), self.config.n_vq, self.config.audio_vocab_size), dtype=bool)
+            for j, (_, row) in enumerate(staged):
+                if row is not None:
+                    rows[j] = row
+            arrays += [np.array([slot for slot, _ in staged], dtype=np.int64), rows]
+        if not arrays:
             return False
-        host = np.empty((len(dirty), 1 + self.blocks.max_blocks_per_slot), dtype=np.int64)  # column 0: the slots
-        host[:, 0] = dirty
-        host[:, 1:] = self.blocks.table[dirty]
-        self.blocks.dirty.clear()
-        dev = self._to_device(torch.from_numpy(host))
-        self._state.block_table[dev[:, 0]] = dev[:, 1:]
+        dev = iter(self._staging.copy(arrays))
+        st = self._state
+        if dirty:
+            table_rows = next(dev)
+            st.block_table[table_rows[:, 0]] = table_rows[:, 1:]
+        if scalars:
+            ints_dev, floats_dev = next(dev), next(dev)
+            index = ints_dev[0]
+            st.slot_ints[:, index] = ints_dev[1:]
+            st.slot_floats[:, index] = floats_dev
+        presence = list(dev)
+        if presence:
+            st.presence[presence[0]] = presence[1]
         return True
-
-    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
-        """A small host tensor on the device without waiting for the stream: a copy from pageable memory (or a
-        blocking one) makes the host wait for every queued kernel, and admissions (block tables, sampling history)
-        run while a step may still be in flight. Through pinned memory instead, whose caching allocator keeps the
-        buffer until the copy ran."""
-        if self.device.type != "cuda":
-            return host.to(self.device)
-        return host.pin_memory().to(self.device, non_blocking=True)
 
     def slot_cache(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Copies of the slot's keys, values [L,Hkv,length,D] and hidden states [length,H] (for tests)."""
