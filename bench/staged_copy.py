@@ -1,6 +1,6 @@
 """What a round's staged slot writes cost the engine's thread on a GPU, by how the host data reaches the device.
 
-    python bench/staged_copy.py [--slots 16] [--rounds 200] [--out staged_copy.json]
+    python bench/staged_copy.py [--slots 16] [--rounds 60] [--out staged_copy.json]
 
 The scheduler applies a round's admissions in one ``ModelRunner.apply_staged``: block-table rows, per-slot integers
 and floats, and repetition-presence rows, each scattered into the device state. On an H200 during a script render
@@ -161,15 +161,18 @@ def run(variant: str, background: str, args: argparse.Namespace, device: torch.d
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--slots", type=int, default=16, help="slots staged a round")
-    p.add_argument("--rounds", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=60, help="rounds per variant and background (the spinning-thread "
+                   "background makes each round take a few hundred ms)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
     device = torch.device("cuda")
-    results = [run(v, b, args, device) for b in ("idle", "gpu", "gpu+python") for v in ("pin_each", "ring")]
-    for r in results:
-        print(json.dumps(r))
+    results = []
+    for background in ("idle", "gpu", "gpu+python"):
+        for variant in ("pin_each", "ring"):
+            results.append(run(variant, background, args, device))
+            print(json.dumps(results[-1]), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=1))
 
