@@ -15,6 +15,7 @@ from moss_rt.session import (
     Action,
     Admit,
     FinishAudio,
+    Go,
     Phase,
     RecentTakes,
     Replay,
@@ -203,6 +204,100 @@ def test_retake_while_streaming_acks_after_the_end_and_keeps_the_prefix() -> Non
     spec = retake.spec(None)
     assert spec.seed == 9 and spec.parent_take == "t0" and spec.start_frame == 4
     assert np.array_equal(spec.prefix_codes, s.history.get("t0").codes[:4])
+
+
+# -- early admission (the directing socket): a take replacing a streaming one is submitted at once ----------------
+
+
+def _streaming(s: TakeLifecycle) -> Admit:
+    (a,) = s.handle(StartTake(text="line", seed=1))
+    s.admitted(a.run)
+    s.take_event(a.run, chunk(0, 6))
+    return a
+
+
+def test_an_early_retake_is_submitted_with_the_stop_and_goes_on_after_the_replaced_end() -> None:
+    """The retake's engine request goes out together with the replaced take's stop (its prompt and admission overlap
+    the stop); what the engine answers meanwhile waits: the client still hears the replaced take's end, then the
+    seek's answer, then the retake (its events are read only after ``Go``)."""
+    s = make_session(early_admission=True)
+    a = _streaming(s)
+    actions = s.handle(Seek(take="t0", frame=4, seed=9))
+    assert actions[0] == Stop(a.run, EndReason.REPLACED) and sent(actions) == []
+    (retake,) = only(actions, Admit)
+    assert retake.early and retake.barge_in and retake.spec(None).parent_take == "t0"
+    assert s.is_pending(retake.run) and not s.is_current(retake.run)
+    assert s.admitted(retake.run, rebuilt=False) == []  # admitted before the replaced take ended: nothing yet
+    assert s.is_pending(retake.run)
+    ended = s.take_event(a.run, TakeFinished(EndReason.REPLACED, 6, 1.0))
+    assert sent(ended) == [("end", "t0", "replaced"), ("seek", "t1")]
+    assert ended[-1] == Go(retake.run) and only(ended, Admit) == []  # submitted already: not again
+    assert s.is_current(retake.run) and s.phase is Phase.STREAMING
+    assert only(ended, SendMessage)[-1].message.to_dict()["rebuilt"] is False
+    assert sent(s.take_event(retake.run, chunk(4))) == [("start", "t1"), ("pcm",)]
+
+
+def test_an_early_retake_still_being_admitted_when_the_replaced_take_ends_goes_on_as_any_take() -> None:
+    s = make_session(early_admission=True)
+    a = _streaming(s)
+    (retake,) = only(s.handle(Seek(take="t0", frame=4, seed=9)), Admit)
+    ended = s.take_event(a.run, TakeFinished(EndReason.REPLACED, 6, 1.0))
+    assert sent(ended) == [("end", "t0", "replaced")] and only(ended, Go) == [] and only(ended, Admit) == []
+    assert s.is_current(retake.run) and s.phase is Phase.ADMITTING and not s.is_pending(retake.run)
+    assert sent(s.admitted(retake.run, rebuilt=True)) == [("seek", "t1")]
+    assert s.phase is Phase.STREAMING
+
+
+def test_an_early_take_refused_is_told_after_the_replaced_end() -> None:
+    s = make_session(early_admission=True)
+    a = _streaming(s)
+    (b,) = only(s.handle(StartTake(text="next")), Admit)
+    assert b.early
+    assert s.admission_failed(b.run, ProtocolError(ErrorCode.BUSY, "full")) == []
+    ended = s.take_event(a.run, TakeFinished(EndReason.REPLACED, 6, 1.0))
+    assert sent(ended) == [("end", "t0", "replaced"), ("error", "t1")] and s.phase is Phase.IDLE
+
+
+def test_an_early_take_replaced_or_cancelled_while_waiting_is_stopped_and_ends_in_order() -> None:
+    """The newest request wins while the replaced take stops: an early take it displaces gets a stop for its
+    engine take (at once, or when its admission reports), and its start and end go out after the replaced end."""
+    s = make_session(early_admission=True)
+    a = _streaming(s)
+    (b,) = only(s.handle(StartTake(text="b")), Admit)
+    s.admitted(b.run)
+    actions = s.handle(StartTake(text="c"))
+    assert actions[0] == Stop(b.run, EndReason.REPLACED)
+    (c,) = only(actions, Admit)
+    assert c.early and s.is_pending(c.run) and not s.is_pending(b.run)
+    assert s.handle(Cancel()) == [Stop(c.run, EndReason.CANCELLED)]  # c dropped while still being admitted...
+    assert s.admitted(c.run) == [Stop(c.run, EndReason.CANCELLED)]  # ...and stopped once it reports
+    ended = s.take_event(a.run, TakeFinished(EndReason.REPLACED, 6, 1.0))
+    assert sent(ended) == [
+        ("end", "t0", "replaced"), ("start", "t1"), ("end", "t1", "replaced"), ("start", "t2"),
+        ("end", "t2", "cancelled"),
+    ]
+    assert only(ended, Admit) == [] and only(ended, Go) == [] and s.phase is Phase.IDLE
+
+
+def test_without_early_admission_a_replacing_take_is_submitted_after_the_end() -> None:
+    """HTTP and other one-take users keep the default: nothing is submitted before the replaced take ended."""
+    s = make_session()
+    a = _streaming(s)
+    assert s.handle(Seek(take="t0", frame=4, seed=9)) == [Stop(a.run, EndReason.REPLACED)]
+    (retake,) = only(s.take_event(a.run, TakeFinished(EndReason.REPLACED, 6, 1.0)), Admit)
+    assert not retake.early
+
+
+def test_shutdown_and_close_stop_an_early_take() -> None:
+    s = make_session(early_admission=True)
+    _streaming(s)
+    (b,) = only(s.handle(StartTake(text="b")), Admit)
+    assert s.shutdown() == [Stop(b.run, EndReason.SHUTDOWN)]
+    t = make_session(early_admission=True)
+    a = _streaming(t)
+    (c,) = only(t.handle(StartTake(text="c")), Admit)
+    stops = t.close()
+    assert Stop(a.run, EndReason.CANCELLED) in stops and Stop(c.run, EndReason.CANCELLED) in stops
 
 
 def test_a_retake_that_never_streams_still_gets_its_seek_answer_first() -> None:

@@ -297,8 +297,14 @@ class Scheduler:
         BATCH_ADMITS_PER_ROUND of it a round."""
         admitted = False
         batch_admits = 0
+        stopping = self._stopping_ids()
         while self.waiting and self.active_count < self.config.max_slots:
-            take = min(self.waiting, key=lambda t: t.admission_class)  # the first of the lowest class
+            # A retake of a take that is being stopped waits for its end (the next round's control, usually this
+            # one's): then it shares that take's kept cache and codec state instead of rebuilding them.
+            ready = [t for t in self.waiting if t.spec.parent_take not in stopping] if stopping else self.waiting
+            if not ready:
+                break
+            take = min(ready, key=lambda t: t.admission_class)  # the first of the lowest class
             if take.batch and self._batch_count() >= self.config.batch_slots:
                 break  # batch work waits for its own takes to end; interactive takes never wait behind it
             if take.batch and batch_admits >= BATCH_ADMITS_PER_ROUND:
@@ -324,6 +330,16 @@ class Scheduler:
         if admitted:
             self._apply_admissions()
         return admitted
+
+    def _stopping_ids(self) -> set[str]:
+        """Takes asked to stop that have not ended yet: a director's retake can arrive before the take it replaces
+        has ended (the socket submits it at once, web/ws: early admission)."""
+        if not self.waiting:
+            return set()
+        return {
+            t.take_id for group in (self.waiting, self.preparing, self.running) for t in group
+            if t.channel.cancel_reason is not None
+        }
 
     def _apply_admissions(self) -> None:
         """The round's admissions reach the device together: their slots, cache blocks and sampling state were

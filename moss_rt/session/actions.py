@@ -47,6 +47,9 @@ class Admit:
     max_frames: int | None = None
     # It interrupted the take this socket was streaming (barge-in): the engine admits it with retakes.
     barge_in: bool = False
+    # Submitted while the take it replaces is still stopping (its ``end`` not out yet): the transport submits it
+    # at once, so its prompt and admission overlap the stop, but reads its events only after :class:`Go`.
+    early: bool = False
 
     def spec(self, reference_codes: np.ndarray | None) -> TakeSpec:
         spec = self.take.engine_spec(reference_codes=reference_codes, prefix_codes=self.prefix_codes)
@@ -60,6 +63,13 @@ class Admit:
             parent_take=self.parent_take,
             max_frames=spec.max_frames if self.max_frames is None else self.max_frames,
         )
+
+
+@dataclass(frozen=True)
+class Go:
+    """Run ``run``, admitted early (``Admit.early``), is now the current take: the transport may read its events."""
+
+    run: int
 
 
 @dataclass(frozen=True)
@@ -118,4 +128,4 @@ class WordsCheckpoint:
     text: str  # the take's text as handed out so far (the take's record moves on with the next continuation)
 
 
-Action = SendMessage | SendAudio | Admit | Replay | Stop | FinishAudio | Keep | FinishWords | WordsCheckpoint
+Action = SendMessage | SendAudio | Admit | Go | Replay | Stop | FinishAudio | Keep | FinishWords | WordsCheckpoint

@@ -39,6 +39,7 @@ from moss_rt.session.actions import (
     Admit,
     FinishAudio,
     FinishWords,
+    Go,
     Keep,
     Replay,
     SendAudio,
@@ -96,6 +97,10 @@ class _Run:
     text_waits: int = 0  # times it had nothing to say once speaking had begun
     gpu_total_ms: float = 0.0  # of the continuations that finished
     barge_in: bool = False  # it replaced a take that was streaming (the director cut in): admitted ahead of new takes
+    # Admitted early: submitted while the take it replaces was still stopping (Admit.early). What the engine answered
+    # before it became current waits here: None (still admitting), True/False (admitted; rebuilt), or the error.
+    early: bool = False
+    early_answer: bool | ProtocolError | None = None
 
 
 ClientIntent = StartTake | Seek | Cancel | Ping | AppendText | FlushText | EndOfText
@@ -135,6 +140,7 @@ class TakeLifecycle:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         client: str | None = None,
+        early_admission: bool = False,
     ) -> None:
         self.history = TakeHistory(
             recent, max_takes_kept=max_takes_kept, id_factory=id_factory, seed_factory=seed_factory, client=client
@@ -152,6 +158,10 @@ class TakeLifecycle:
         self._runs = 0
         self._refusing: str | None = None  # why new takes are refused (shutdown, closed)
         self._keeping = False  # bound to a stored session: every ended take is kept (a Keep action)
+        # A take that replaces a streaming one is submitted at once (Admit.early), not after that one's end: its
+        # prompt, queue and admission overlap the stop (the engine defers it until the take it retakes has ended).
+        # The wire order stays: its events are read only once it is current (Go), after the replaced take's end.
+        self._early_admission = early_admission
 
     def keep_takes(self, max_session_takes: int) -> None:
         """The connection is bound to a stored directing session: ended takes are kept (a :class:`Keep` before
@@ -187,6 +197,10 @@ class TakeLifecycle:
     def is_current(self, run: int) -> bool:
         """Run ``run`` is the current one: its audio may still go out (its end has not)."""
         return self._current is not None and self._current.run == run
+
+    def is_pending(self, run: int) -> bool:
+        """Run ``run`` was admitted early and waits for the stopping take's end (then :class:`Go`, or a stop)."""
+        return self._pending is not None and self._pending.run == run and self._pending.early
 
     # -- client messages --------------------------------------------------------------------
 
@@ -237,20 +251,36 @@ class TakeLifecycle:
         if self._phase is Phase.STOPPING:
             # Still waiting for the stopping take's end: the newest request wins; one replaced
             # while waiting ends right after that end, before the newest begins.
-            if self._pending is not None:
-                self._queued += self._retire(self._pending, EndReason.REPLACED)
+            actions = self._drop_pending(EndReason.REPLACED)
             new.barge_in = True
             self._pending = new
-            return []
+            return actions + self._admit_early(new)
         if self._phase is Phase.STREAMING:
             new.barge_in = True
             cur.stop_reason = EndReason.REPLACED
             self._phase = Phase.STOPPING
             self._pending = new
-            return [Stop(cur.run, EndReason.REPLACED)]
+            return [Stop(cur.run, EndReason.REPLACED), *self._admit_early(new)]
         # ADMITTING or REPLAYING: nothing of it is in flight on the wire, so it ends here and now.
         actions = self._let_go(cur, EndReason.REPLACED)
         return actions + self._begin(new)
+
+    def _admit_early(self, new: _Run) -> list[Action]:
+        """Submit ``new`` now, while the take it replaces stops (``early_admission``): an engine take only (a replay
+        or a take fed with text begins when it is current, as before)."""
+        if not self._early_admission or new.kind is not RunKind.TAKE:
+            return []
+        new.early = True
+        return [Admit(new.run, new.take, new.prefix_codes, barge_in=True, early=True)]
+
+    def _drop_pending(self, reason: EndReason) -> list[Action]:
+        """The pending run will never begin: its ``start`` and ``end`` go out after the stopping take's end, and an
+        engine take submitted for it early is stopped now (one still being admitted is stopped when it reports)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []
+        self._queued += self._retire(pending, reason)
+        return [Stop(pending.run, reason)] if pending.early else []
 
     def _cancel(self, target: str | None) -> list[Action]:
         cur = self._current
@@ -259,8 +289,7 @@ class TakeLifecycle:
         if self._phase is Phase.STOPPING:
             pending = self._pending
             if pending is not None and (target is None or target in (pending.take.take_id, pending.take.label)):
-                self._pending = None
-                self._queued += self._retire(pending, EndReason.CANCELLED)
+                return self._drop_pending(EndReason.CANCELLED)
             return []
         named = target is None or target in (cur.take.take_id, cur.take.label)
         if not named and self._phase is not Phase.REPLAYING:  # a replay stops on any cancel (as it always did)
@@ -344,6 +373,13 @@ class TakeLifecycle:
         if run.kind is RunKind.FED:
             return [*self._ack(run), *self._next_continuation(run)]
         self._phase = Phase.ADMITTING
+        if run.early:  # submitted already: what the engine answered meanwhile happens now, in order
+            answer = run.early_answer
+            if answer is None:
+                return []  # still being admitted: admitted() or admission_failed() comes as for any take
+            if isinstance(answer, ProtocolError):
+                return self.admission_failed(run.run, answer)
+            return [*self.admitted(run.run, rebuilt=answer), Go(run.run)]
         # A retake is acknowledged once admitted.
         return [Admit(run.run, run.take, run.prefix_codes, barge_in=run.barge_in)]
 
@@ -356,6 +392,8 @@ class TakeLifecycle:
             actions += self._begin(pending)
         elif pending is not None:
             actions += self._retire(pending, EndReason.SHUTDOWN)
+            if pending.early:
+                actions.append(Stop(pending.run, EndReason.SHUTDOWN))
         return actions
 
     # -- takes fed with text (stream_text) -------------------------------------------------
@@ -478,6 +516,10 @@ class TakeLifecycle:
     def admitted(self, run: int, *, rebuilt: bool = False) -> list[Action]:
         """The engine accepted run ``run`` (``rebuilt``: a retake whose parent's cache was not where it
         was kept, rebuilt from the stored codes); a run the lifecycle let go of meanwhile is stopped."""
+        pending = self._pending
+        if pending is not None and pending.run == run and pending.early:
+            pending.early_answer = rebuilt  # it goes on once the stopping take has ended (_begin)
+            return []
         cur = self._current
         if cur is None or cur.run != run or self._phase is not Phase.ADMITTING:
             return [Stop(run, EndReason.CANCELLED)]
@@ -491,6 +533,10 @@ class TakeLifecycle:
 
     def admission_failed(self, run: int, err: ProtocolError) -> list[Action]:
         """Admission refused (busy, bad reference, prompt too long…): the take ends with an error."""
+        pending = self._pending
+        if pending is not None and pending.run == run and pending.early:
+            pending.early_answer = err  # told once the stopping take has ended (_begin)
+            return []
         cur = self._current
         if cur is None or cur.run != run:
             return []
@@ -584,10 +630,7 @@ class TakeLifecycle:
         if self._current is None:
             return []
         if self._phase is Phase.STOPPING:
-            pending, self._pending = self._pending, None
-            if pending is not None:
-                self._queued += self._retire(pending, EndReason.SHUTDOWN)
-            return []
+            return self._drop_pending(EndReason.SHUTDOWN)
         return self._stop_current(EndReason.SHUTDOWN)
 
     def close(self) -> list[Stop | Keep]:

@@ -50,9 +50,11 @@ class ClientTakes:
     def running(self, client: str) -> int:
         return self._running.get(client, 0)
 
-    def acquire(self, client: str) -> None:
+    def acquire(self, client: str, *, replacing: bool = False) -> None:
+        """One more take of ``client``; ``replacing``: it replaces one of the client's takes that is ending (never
+        refused for that one: the client's count is back to what it was once that one ends)."""
         count = self._running.get(client, 0)
-        if self._limit > 0 and count >= self._limit:
+        if self._limit > 0 and count >= self._limit + (1 if replacing else 0):
             raise ProtocolError(
                 ErrorCode.RATE_LIMITED,
                 f"this client already runs {count} takes (limit {self._limit}); wait for one to end",

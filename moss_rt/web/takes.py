@@ -36,8 +36,11 @@ SendFrame = Callable[[bytes], Awaitable[None]]
 Perform = Callable[[Sequence[Action]], Awaitable[None]]
 
 
-def new_lifecycle(state: ServiceState, *, max_takes_kept: int, client: str | None = None) -> TakeLifecycle:
-    """A take lifecycle over the service's recent takes; its takes count as ``client``'s (per-client eviction)."""
+def new_lifecycle(
+    state: ServiceState, *, max_takes_kept: int, client: str | None = None, early_admission: bool = False
+) -> TakeLifecycle:
+    """A take lifecycle over the service's recent takes; its takes count as ``client``'s (per-client eviction).
+    ``early_admission``: a take replacing a streaming one is submitted at once (the directing socket)."""
     info = state.engine.info
     return TakeLifecycle(
         state.takes,
@@ -47,6 +50,7 @@ def new_lifecycle(state: ServiceState, *, max_takes_kept: int, client: str | Non
         max_takes_kept=max_takes_kept,
         max_text_chars=state.settings.limits.max_text_chars,
         client=client,
+        early_admission=early_admission,
     )
 
 

@@ -21,7 +21,7 @@ import enum
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -52,6 +52,7 @@ from moss_rt.session import (
     Action,
     Admit,
     FinishWords,
+    Go,
     Keep,
     Replay,
     SendAudio,
@@ -119,6 +120,9 @@ class RunIO:
     stage: RunStage
     task: asyncio.Task[None] | None = None
     handle: TakeHandle | None = None  # while STREAMING
+    # A take admitted early (Admit.early): set when it became current (Go) or was stopped before; its events are
+    # read only then.
+    go: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Connection:
@@ -128,7 +132,8 @@ class Connection:
         self.client = request.remote or "unknown"
         self._transport = request.transport
         limits = state.settings.limits
-        self.lifecycle = new_lifecycle(state, max_takes_kept=limits.max_takes_kept, client=self.client)
+        self.lifecycle = new_lifecycle(state, max_takes_kept=limits.max_takes_kept, client=self.client,
+                                       early_admission=True)
         self._bucket = TokenBucket(limits.ws_messages_per_sec, limits.ws_message_burst)
         self._refused_in_row = 0
         self._send_lock = asyncio.Lock()
@@ -258,6 +263,10 @@ class Connection:
             self._outs.track(action.run, action.take)
             self._follow_words(action.take)
             self._spawn(action.run, action.take.take_id, functools.partial(self._run_take, action))
+        elif isinstance(action, Go):
+            io = self._runs.get(action.run)
+            if io is not None:
+                io.go.set()
         elif isinstance(action, Replay):
             self._outs.track(action.run, action.take, replay=True)
             self._spawn(action.run, action.take.take_id, functools.partial(self._run_replay, action), replay=True)
@@ -336,6 +345,7 @@ class Connection:
         io = self._runs.get(action.run)
         if io is None:
             return
+        io.go.set()  # a take admitted early and waiting to be current: it sees that it is not, and lets go
         if io.stage is RunStage.STREAMING and io.handle is not None:
             io.handle.cancel(action.reason)
         elif io.stage is RunStage.FETCHING and io.task is not None:
@@ -356,8 +366,9 @@ class Connection:
     async def _run_take(self, action: Admit) -> None:
         run = action.run
         try:
-            # Counted per client address across all its sockets and HTTP streams.
-            self.state.client_takes.acquire(self.client)
+            # Counted per client address across all its sockets and HTTP streams. A take admitted early replaces
+            # this socket's take that is stopping: for a moment both count, and the cap does not refuse it for that.
+            self.state.client_takes.acquire(self.client, replacing=action.early)
         except ProtocolError as err:
             await self._perform(self.lifecycle.admission_failed(run, err))
             return
@@ -374,6 +385,8 @@ class Connection:
             io.handle, io.stage = handle, RunStage.STREAMING
             try:
                 await self._perform(self.lifecycle.admitted(run, rebuilt=handle.rebuilt))
+                if self.lifecycle.is_pending(run):
+                    await io.go.wait()  # the replaced take's end goes out first (Go), or this one is stopped
                 if self.lifecycle.is_current(run):
                     await pump_events(handle, run, self.lifecycle, self._perform)
                 else:

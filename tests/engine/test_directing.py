@@ -279,3 +279,46 @@ def test_a_retake_cancelled_while_its_rebuild_runs_ends_at_once_and_gives_its_st
         assert other.channel.end.reason is EndReason.MAX_FRAMES  # type: ignore[attr-defined]
         assert closed_during and not any(closed_during)
         assert engine._decoder.free_slots == engine._decoder.max_streams  # type: ignore[attr-defined]
+
+
+def test_a_retake_that_reaches_the_engine_before_its_parent_ended_waits_for_the_end_and_shares_its_state(
+    tiny_data_dir: Path,
+) -> None:
+    """A director's socket submits a retake together with the stop of the take it replaces (web/ws: early
+    admission), so the retake can be up for admission in the round its parent's cancel arrived in, after that
+    round's control. It is not admitted beside its live parent: it waits one round, the parent ends (control), and
+    the retake shares the parent's kept cache and codec state, making the parent's frames again from the seek
+    point, bit for bit (admitted next to the live parent it would find nothing kept and rebuild everything)."""
+    with loaded_engine(engine_settings(tiny_data_dir, overlap=False)) as engine:
+        rounds = Rounds(engine)
+        sched = rounds.sched
+        (parent,) = rounds.add(spec("a", 3, 200, 1, text=TEXT))
+        rounds.until(lambda: parent.frames >= 24 and parent.pending == 0)
+        made = parent.frames
+        n = made - 2  # within the tiny codec's ring of the parent's end: shareable
+        codes = parent.channel.codes  # type: ignore[attr-defined]
+        assert len(codes) == made
+        retake: list[Any] = []
+        real_control = sched._control
+
+        def control_then_the_stop_and_the_retake_arrive() -> bool:
+            worked = real_control()
+            if not retake:  # after this round's control: the cancel and the retake come in mid-round
+                parent.channel.cancel(EndReason.REPLACED)
+                retake.extend(rounds.add(spec("a.1", 3, 2, 1, text=TEXT, prefix_codes=codes[:n], parent_take="a")))
+            return worked
+
+        sched._control = control_then_the_stop_and_the_retake_arrive  # type: ignore[method-assign]
+        sched.iterate()
+        (r,) = retake
+        assert r in sched.waiting and parent in sched.running  # not admitted beside its live parent
+        sched.iterate()
+        assert parent.channel.finished and parent.channel.end.reason is EndReason.REPLACED  # type: ignore[attr-defined]
+        rounds.until(lambda: r.channel.finished)
+        _ok(Driven({"a": parent.channel, "a.1": r.channel}))  # type: ignore[dict-item]
+        assert _sample(engine, "moss_rt_codec_states_total", source="shared") == 1
+        assert _sample(engine, "moss_rt_codec_states_total", source="rebuilt") == 0
+        assert _sample(engine, "moss_rt_seeks_total", path="share") == 1
+        np.testing.assert_array_equal(r.channel.codes, codes[n:])  # type: ignore[attr-defined]
+        parent_pcm = _pcm(parent.channel.pcm)  # type: ignore[attr-defined]  # (a frame more: its last round)
+        np.testing.assert_array_equal(_pcm(r.channel.pcm), parent_pcm[n * FRAME_SAMPLES : made * FRAME_SAMPLES])  # type: ignore[attr-defined]

@@ -74,6 +74,34 @@ def test_takes_per_client_count_forwarded_clients_separately(fast_server) -> Non
     run(scenario())
 
 
+def test_a_client_at_its_take_cap_can_still_cut_in_on_its_own_take(fast_server) -> None:
+    """A director barging in replaces the take it is streaming: the new take is submitted while that one stops (early
+    admission), and the cap of concurrent takes per client does not refuse it for that moment; a second socket of
+    the same client still is refused."""
+    srv = fast_server(max_takes_per_client=1, frame_ms=20.0)
+
+    async def scenario() -> None:
+        async with websockets.connect(srv.ws_url) as ws:
+            await hello(ws)
+            await ws.send(json.dumps({"type": "start", "text": "long " * 100, "take": "one"}))
+            await next_json(ws, "start")
+            for label in ("two", "three"):
+                await ws.send(json.dumps({"type": "start", "text": "long " * 100, "take": label}))
+                ended = await next_json(ws, "end")
+                assert ended["reason"] == "replaced"
+                started = await next_json(ws, "start")
+                assert started["label"] == label
+            async with websockets.connect(srv.ws_url) as other:
+                await hello(other)
+                await other.send(json.dumps({"type": "start", "text": "hello"}))
+                refused = await next_json(other, "error")
+                assert refused["code"] == "rate_limited"
+            await ws.send(json.dumps({"type": "cancel"}))
+            await next_json(ws, "end")
+
+    run(scenario())
+
+
 def test_forwarded_for_is_ignored_unless_the_proxy_is_trusted(fast_server) -> None:
     srv = fast_server(max_takes_per_client=1, frame_ms=20.0)  # no trusted proxies
 
