@@ -120,8 +120,13 @@ class MossEngine(EngineLifecycle):
         self.memory_plan: MemoryPlan | None = None  # made at start, once the weights are loaded
         # Until the plan is made, capacity is what the settings say (nothing is admitted before then).
         self._capacity = (settings.max_slots or DEFAULT_CPU_SLOTS) + settings.max_queue
+        # A take cutting in on a socket's streaming take is submitted while that one stops (web/ws: early
+        # admission): for a moment both count. It may go past capacity by up to this much (the slots: one take
+        # replaced by one new take each), so a director at a full server is not refused a retake it was given
+        # before, when the replaced take had ended first.
+        self._barge_in_room = settings.max_slots or DEFAULT_CPU_SLOTS
         # Admission is counted here, so the inbox can never be full when put_nowait runs.
-        self._inbox: queue.Queue[Take] = queue.Queue(maxsize=self._capacity)
+        self._inbox: queue.Queue[Take] = queue.Queue(maxsize=self._capacity + self._barge_in_room)
         self._jobs_in: queue.Queue[Job] = queue.Queue(maxsize=max(4, settings.max_queue))
         self._jobs: deque[Job] = deque()
         self._admit_lock = threading.Lock()
@@ -246,7 +251,7 @@ class MossEngine(EngineLifecycle):
             # close() ran during the check: the stopped worker would never read the inbox again.
             raise EngineBusy(retry_after_sec=5.0)
         with self._admit_lock:
-            if self._in_system >= self._capacity:
+            if self._in_system >= self._capacity + (self._barge_in_room if spec.barge_in else 0):
                 self.metrics.busy.inc()
                 raise EngineBusy(retry_after_sec=1.0)
             self._in_system += 1
@@ -759,7 +764,8 @@ class MossEngine(EngineLifecycle):
         # Admission counts against the plan: slots plus the wait queue, never more.
         with self._admit_lock:
             self._capacity = plan.max_slots + s.max_queue
-        self._inbox = queue.Queue(maxsize=self._capacity)
+            self._barge_in_room = plan.max_slots
+        self._inbox = queue.Queue(maxsize=self._capacity + self._barge_in_room)
         return plan
 
     def _aligner_reserve(self, device: torch.device) -> int:

@@ -10,8 +10,9 @@ import pytest
 
 from moss_rt.config import Settings
 from moss_rt.engine import moss as moss_module
-from moss_rt.engine.base import EngineBusy, TakeSpec
+from moss_rt.engine.base import EndReason, EngineBusy, TakeFinished, TakeSpec
 from moss_rt.engine.moss import MossEngine
+from tests.engine.harness import GREEDY_STOP
 from tests.helpers import run
 
 
@@ -45,5 +46,33 @@ def test_a_take_submitted_while_the_engine_closes_is_refused(
             release.set()
         with pytest.raises(EngineBusy):
             await submit
+
+    run(scenario())
+
+
+def test_a_barge_in_is_not_refused_for_the_take_it_replaces(tiny_data_dir: Path) -> None:
+    """Slots and queue full: a new take is refused as busy, but a take cutting in on a socket's streaming take (a
+    barge-in, submitted while that take stops: web/ws early admission) is taken, as it was when it waited for the
+    replaced take's end first."""
+    settings = Settings(
+        engine="moss", model="tiny", codec="tiny", device="cpu", data_dir=tiny_data_dir,
+        max_slots=1, max_queue=0, max_seq_len=256,
+    )
+
+    async def scenario() -> None:
+        engine = MossEngine(settings)
+        await engine.start()
+        try:
+            running = await engine.submit(TakeSpec("running", text="Hi there.", seed=1, max_frames=200,
+                                                   sampling=GREEDY_STOP))
+            with pytest.raises(EngineBusy):
+                await engine.submit(TakeSpec("new", text="Hello.", seed=2))
+            cut_in = await engine.submit(TakeSpec("cut-in", text="Hello.", seed=3, barge_in=True, max_frames=4,
+                                                  sampling=GREEDY_STOP))
+            running.cancel()
+            ends = [event async for event in cut_in if isinstance(event, TakeFinished)]
+            assert [e.reason for e in ends] == [EndReason.MAX_FRAMES]
+        finally:
+            await engine.close()
 
     run(scenario())
