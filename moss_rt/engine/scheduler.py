@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -101,10 +101,6 @@ BATCH_ADMITS_PER_ROUND = 16
 # has at most this share of stream_rows: a director arriving during one waits for less (renders prefill a little
 # slower). A pass with an interactive take's rows holds no batch rows at all.
 BATCH_PASS_SHARE = 0.5
-# ...and, cut to the prefill graphs (graph-sized passes), at most this many padded rows: half the largest batched graph
-# (prefill_graphs.BATCH_GRAPH_MAX_ROWS), a ~15 ms pass on an H200, so a director's pass never waits behind a
-# render's full-size one.
-BATCH_PASS_GRAPH_ROWS = 1024
 # Attention scores of a pass grow with its padded rows x its longest key window (x heads), not with
 # rows alone: a re-prefill deep into a long take next to fresh prompts would give every one of them
 # its window. A pass keeps rows x keys within prefill_max_rows x this many keys (8192 x 1024 x 32
@@ -669,8 +665,7 @@ class Scheduler:
 
         Interactive takes' rows never share a pass with batch work's (a batch take whose rows an interactive take
         waits for counts as interactive): a director's pass is as short as its own rows. A pass of batch rows alone
-        holds at most BATCH_PASS_SHARE of stream_rows while interactive takes are about (and, cut to the graphs,
-        BATCH_PASS_GRAPH_ROWS padded rows). While takes stream and
+        holds at most BATCH_PASS_SHARE of stream_rows while interactive takes are about. While takes stream and
         interactive takes are about, a pass also holds only what one prefill graph does (prefill_pace: graph-sized
         passes), its pieces cut to fit."""
         score_cap = self.config.prefill_max_rows * self.config.prefill_keys_per_row
@@ -684,9 +679,6 @@ class Scheduler:
             ready = urgent
         elif self.running and self._interactive_present():
             cap = min(cap, max(MIN_ROWS_PER_PASS, int(cap * BATCH_PASS_SHARE)))
-            if fits is not None:
-                graph_fits = fits
-                fits = partial(_within_padded_rows, graph_fits, BATCH_PASS_GRAPH_ROWS)
         chosen: list[tuple[Take, int]] = []
         widest = keys = 0
         for take in ready:
@@ -1162,12 +1154,6 @@ class Scheduler:
             self._drop_retained(item)
         self.prompts.clear()
         self._update_gauges()
-
-
-def _within_padded_rows(fits: Callable[..., bool], max_padded_rows: int, widths: Sequence[int],
-                        starts: Sequence[int]) -> bool:
-    """``fits`` (the runner's prefill_graph_fits) for a graph of at most ``max_padded_rows`` padded rows."""
-    return bool(fits(widths, starts, max_padded_rows=max_padded_rows))
 
 
 class _PhaseClock:

@@ -604,15 +604,12 @@ class ModelRunner:
         every = [(b, k) for k in self.key_buckets() for b in self._batch_buckets()]
         return sorted((key for key in every if key not in self._graphs), key=lambda bk: (bk[1], bk[0]))
 
-    def prefill_graph_fits(
-        self, widths: Sequence[int], starts: Sequence[int], max_padded_rows: int | None = None
-    ) -> bool:
+    def prefill_graph_fits(self, widths: Sequence[int], starts: Sequence[int]) -> bool:
         """Whether a prefill pass of pieces of ``widths[i]`` rows starting at ``starts[i]`` has a graph shape
-        (prefill_graphs: a lone piece, or a batch of short ones within the padded-rows bounds), of at most
-        ``max_padded_rows`` padded rows when given. It answers by shape, not by what is captured yet (the scheduler
-        cuts passes by it, and pass composition must not follow timing), and the same without CUDA graphs."""
-        shape = self.prefill_graphs.shape_for_pass(list(widths), list(starts))
-        return shape is not None and (max_padded_rows is None or shape.padded_rows <= max_padded_rows)
+        (prefill_graphs: a lone piece, or a batch of short ones within the padded-rows bounds). It answers by shape,
+        not by what is captured yet (the scheduler cuts passes by it, and pass composition must not follow timing),
+        and the same without CUDA graphs."""
+        return self.prefill_graphs.shape_for_pass(list(widths), list(starts)) is not None
 
     def prefill_graph_rule(self) -> Callable[[Sequence[int], Sequence[int]], bool] | None:
         """What a pass must fit for a prefill graph to replay it (prefill_graph_fits), or None where no graph ever

@@ -161,11 +161,7 @@ class GraphRunner:
         return 1
 
     def prefill_graph_rule(self) -> Any:
-        def fits(widths: Any, starts: Any, max_padded_rows: int | None = None) -> bool:
-            shape = self.graphs.shape_for_pass(list(widths), list(starts))
-            return shape is not None and (max_padded_rows is None or shape.padded_rows <= max_padded_rows)
-
-        return fits
+        return lambda widths, starts: self.graphs.shape_for_pass(list(widths), list(starts)) is not None
 
     def fits(self, p: list[tuple[int, int, int]]) -> bool:
         return self.graphs.shape_for_pass([n for _, n, _ in p], [s for _, _, s in p]) is not None
@@ -219,16 +215,3 @@ def test_passes_fit_a_prefill_graph_while_directors_work_and_others_stream() -> 
     alone, alone_runner = _graph_scheduler(lines, _take("line", 10, batch=True))
     assert alone._prepare()
     assert alone_runner.passes == [[(i, 190, 0) for i in range(12)]]  # 12 x 190 rows: no graph holds it
-
-
-def test_a_renders_passes_stay_short_while_a_director_streams() -> None:
-    """Script lines alone in a pass while a director's take streams: cut to half the largest batched graph (1,024
-    padded rows, BATCH_PASS_GRAPH_ROWS), so a director arriving waits for a short pass; 12 lines of 100 rows go in as
-    8 + 4 (one pass of 12 would pad to 16 x 128 = 2,048 rows)."""
-    lines = [_take(f"b{i}", 100, batch=True) for i in range(12)]
-    sched, runner = _graph_scheduler(lines, _take("director", 10))
-    while sched.preparing:
-        assert sched._prepare()
-    assert runner.passes == [[(i, 100, 0) for i in range(8)], [(i, 100, 0) for i in range(8, 12)]]
-    assert all(runner.graphs.shape_for_pass([n for _, n, _ in p], [s for _, _, s in p]).padded_rows <= 1024
-               for p in runner.passes)
