@@ -122,18 +122,13 @@ class PrefillGraphs:
         max_rows: int,
         pool: Any,
         max_pieces: int = 1,
-        max_pass_rows: int | None = None,
     ) -> None:
         self.model, self.state, self.tables = model, state, tables
-        # A lone piece: at most ``max_rows`` (the runner's sequence length and pass bound).
         self.buckets = [b for b in PREFILL_GRAPH_ROWS if b <= max_rows]
         self.key_buckets = _key_buckets(state.max_seq_len)
-        # Batched graphs: no more pieces than the runner has slots, no more padded rows than a pass may hold
-        # (``max_pass_rows``, the runner's prefill_max_rows: many short pieces, each within the sequence length, may
-        # add up to more rows than one sequence holds; bound by max_seq_len instead, a server at 1,024 positions put
-        # only 4 lines of ~240 rows in a pass and a burst of 64 took 16 rounds of passes instead of 8).
+        # Batched graphs: no more pieces than the runner has slots, no more padded rows than a pass may hold.
         self.piece_buckets = [p for p in BATCH_GRAPH_PIECES if p <= max_pieces]
-        self.max_padded_rows = min(BATCH_GRAPH_MAX_ROWS, max_rows if max_pass_rows is None else max_pass_rows)
+        self.max_padded_rows = min(BATCH_GRAPH_MAX_ROWS, max_rows)
         self._pool = pool  # the runner's graph memory pool handle
         self._graphs: dict[GraphShape, _PrefillGraph] = {}
         self.replays = 0  # passes that ran through a graph

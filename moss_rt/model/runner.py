@@ -136,7 +136,7 @@ class ModelRunner:
         # common shapes captured by warmup, the rest by capture_next).
         self.prefill_graphs = PrefillGraphs(
             model, self._state, self.tables, min(self.max_seq_len, self.prefill_max_rows), self._pool,
-            max_pieces=self.max_slots, max_pass_rows=self.prefill_max_rows,
+            max_pieces=self.max_slots,
         )
         self._active_host = torch.zeros(self.max_slots, dtype=torch.bool, pin_memory=cuda)
         logger.info(

@@ -253,16 +253,6 @@ def test_passes_of_several_pieces_choose_their_batched_graph(tiny) -> None:
                         dtype=torch.float32)
     assert small.prefill_graphs.piece_buckets == [2]
     assert small.prefill_graphs.shape_for_pass([30] * 3, [220] * 3) is None  # no 4-piece graph on 3 slots
-    # A pass of many lines may hold more rows than one sequence: at 1,024 positions 8 lines of ~240 rows after their
-    # cached opening still share one graph (the pass's bound is prefill_max_rows, not max_seq_len).
-    short = ModelRunner(tiny.model, tiny.tokenizer, tiny.config, max_slots=16, max_seq_len=1024, device="cpu",
-                        dtype=torch.float32)
-    assert short.prefill_graphs.buckets == [128, 256, 384, 512] and short.prefill_graphs.max_padded_rows == 2048
-    assert short.prefill_graphs.shape_for_pass([240] * 8, [160] * 8) == GraphShape(256, 512, 8)
-    assert short.prefill_graphs.shape_for_pass([240] * 9, [160] * 9) is None  # 16 x 256: past 2,048 padded rows
-    tight = ModelRunner(tiny.model, tiny.tokenizer, tiny.config, max_slots=16, max_seq_len=1024, device="cpu",
-                        dtype=torch.float32, prefill_max_rows=1024)
-    assert tight.prefill_graphs.shape_for_pass([240] * 8, [160] * 8) is None  # a pass may hold 1,024 rows only
 
 
 # (start, rows) of each piece of one batched pass, after kept prefixes: a render's short lines, mixed starts (one
