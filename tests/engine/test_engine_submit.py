@@ -16,6 +16,11 @@ from tests.engine.harness import GREEDY_STOP
 from tests.helpers import run
 
 
+def _settings(data_dir: Path, *, max_slots: int, max_queue: int) -> Settings:
+    return Settings(engine="moss", model="tiny", codec="tiny", device="cpu", data_dir=data_dir,
+                    max_slots=max_slots, max_queue=max_queue, max_seq_len=256)
+
+
 def test_a_take_submitted_while_the_engine_closes_is_refused(
     tiny_data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -30,13 +35,9 @@ def test_a_take_submitted_while_the_engine_closes_is_refused(
         return real_prompt_rows(runner, spec)
 
     monkeypatch.setattr(moss_module, "prompt_rows", held)
-    settings = Settings(
-        engine="moss", model="tiny", codec="tiny", device="cpu", data_dir=tiny_data_dir,
-        max_slots=2, max_queue=2, max_seq_len=256,
-    )
 
     async def scenario() -> None:
-        engine = MossEngine(settings)
+        engine = MossEngine(_settings(tiny_data_dir, max_slots=2, max_queue=2))
         await engine.start()
         submit = asyncio.create_task(engine.submit(TakeSpec("late", text="Hi.", seed=1)))
         try:
@@ -54,13 +55,9 @@ def test_a_barge_in_is_not_refused_for_the_take_it_replaces(tiny_data_dir: Path)
     """Slots and queue full: a new take is refused as busy, but a take cutting in on a socket's streaming take (a
     barge-in, submitted while that take stops: web/ws early admission) is taken, as it was when it waited for the
     replaced take's end first."""
-    settings = Settings(
-        engine="moss", model="tiny", codec="tiny", device="cpu", data_dir=tiny_data_dir,
-        max_slots=1, max_queue=0, max_seq_len=256,
-    )
 
     async def scenario() -> None:
-        engine = MossEngine(settings)
+        engine = MossEngine(_settings(tiny_data_dir, max_slots=1, max_queue=0))
         await engine.start()
         try:
             running = await engine.submit(TakeSpec("running", text="Hi there.", seed=1, max_frames=200,
