@@ -23,6 +23,7 @@ import json
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +127,8 @@ def run(variant: str, background: str, args: argparse.Namespace, device: torch.d
     staging = PinnedStaging(device)
     rounds = [payloads(rng, args.slots) for _ in range(args.rounds)]
     walls, cpus, pins = [], [], []
-    ctx = Background(device, python=background == "gpu+python") if background != "idle" else None
-    if ctx is not None:
-        ctx.__enter__()
-    try:
+    busy = Background(device, python=background == "gpu+python") if background != "idle" else nullcontext()
+    with busy:
         for p in rounds:
             t0, c0 = time.perf_counter(), time.thread_time()
             pin_time: list[float] = []
@@ -141,9 +140,6 @@ def run(variant: str, background: str, args: argparse.Namespace, device: torch.d
             cpus.append(time.thread_time() - c0)
             pins.append(sum(pin_time))
             time.sleep(0.002)  # a round's other work
-    finally:
-        if ctx is not None:
-            ctx.__exit__()
     torch.cuda.synchronize(device)
     ok = bool(torch.equal(st.block_table[torch.from_numpy(rounds[-1]["tables"][:, 0]).to(device)].cpu(),
                           torch.from_numpy(rounds[-1]["tables"][:, 1:])))

@@ -271,7 +271,7 @@ class TakeLifecycle:
         if not self._early_admission or new.kind is not RunKind.TAKE:
             return []
         new.early = True
-        return [Admit(new.run, new.take, new.prefix_codes, barge_in=True, early=True)]
+        return [Admit(new.run, new.take, new.prefix_codes, barge_in=new.barge_in, early=True)]
 
     def _drop_pending(self, reason: EndReason) -> list[Action]:
         """The pending run will never begin: its ``start`` and ``end`` go out after the stopping take's end, and an
