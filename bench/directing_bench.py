@@ -258,7 +258,8 @@ def rtf_during(directors: list[Director], min_overlap_s: float = 0.25) -> dict[s
             if not name.endswith(".replay") and t <= d.stopped.get(name, float("inf")):
                 streams.setdefault(name, []).append((t, frames))
     per_stream, per_chunk = [], []
-    for arrivals in streams.values():
+    slowest: tuple[float, str, float] | None = None  # (rtf, stream, its longest wait between chunks in a window)
+    for name, arrivals in streams.items():
         arrivals.sort()
         times = np.array([t for t, _ in arrivals])
         heard = np.cumsum([f * 0.08 for _, f in arrivals])  # seconds of audio received by each arrival
@@ -269,8 +270,11 @@ def rtf_during(directors: list[Director], min_overlap_s: float = 0.25) -> dict[s
             if hi > lo:
                 gained += float(np.interp(hi, times, heard) - np.interp(lo, times, heard))
                 spent += hi - lo
+        gaps = [t - t_prev for (t_prev, _), (t, _) in zip(arrivals, arrivals[1:], strict=False) if inside(t)]
         if spent >= min_overlap_s:
             per_stream.append(gained / spent)
+            if slowest is None or per_stream[-1] < slowest[0]:
+                slowest = (per_stream[-1], name, max(gaps, default=0.0))
         for (t_prev, _), (t, f) in zip(arrivals, arrivals[1:], strict=False):
             if inside(t) and t > t_prev:
                 per_chunk.append(f * 0.08 / (t - t_prev))
@@ -278,6 +282,10 @@ def rtf_during(directors: list[Director], min_overlap_s: float = 0.25) -> dict[s
         "stream_rtf_min": round(min(per_stream), 2) if per_stream else None,
         "chunk_rtf_min": round(min(per_chunk), 2) if per_chunk else None,
         "streams": len(per_stream),
+        # Which stream was slowest and its longest wait for a chunk inside the windows: a stalled stream, or one that
+        # only overlapped the windows between two chunks?
+        "slowest_stream": slowest[1] if slowest else None,
+        "slowest_stream_gap_ms": round(slowest[2] * 1000.0, 1) if slowest else None,
     }
 
 
@@ -441,6 +449,7 @@ def start_server(args: argparse.Namespace, model: Path, codec: Path, port: int, 
     ]
     if args.max_slots or args.tiny:  # 0 on a GPU: the memory plan's (the server's default)
         cmd += ["--max-slots", str(args.max_slots or top)]
+    cmd += getattr(args, "server_arg", None) or []  # A/B runs of a server setting
     fh = open(log_path, "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
@@ -504,6 +513,8 @@ def main() -> None:
     p.add_argument("--client-procs", type=int, default=1,
                    help="client processes sharing a round's directors (1: one event loop drives every socket)")
     p.add_argument("--server-log", type=Path, default=None)
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="one more argument for the server, repeatable (--server-arg=--batch-yield-share=0.75)")
     args = p.parse_args()
     args.concurrency = [int(c) for c in (args.concurrency or ("1,4" if args.tiny else "1,16,64,128")).split(",")]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -187,6 +187,7 @@ def start_server(
         cmd += ["--cluster", cluster, "--replicas", str(replicas), "--replica-cpus", str(cpus)]
     elif not args.tiny and args.replicas > 0:
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]  # the baseline: one GPU
+    cmd += getattr(args, "server_arg", None) or []  # A/B runs of a server setting
     fh = open(log_path, "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
@@ -606,6 +607,8 @@ def main() -> None:
                    help="the server's --no-compile-processes: the kernels ahead compile on its threads, not in worker "
                         "processes (the start before issue 24's worker processes)")
     p.add_argument("--server-log", type=Path, default=None)
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="one more argument for the server, repeatable (--server-arg=--batch-yield-share=0.75)")
     p.add_argument("--upstream", type=Path, default=None,
                    help="unmodified upstream moss_tts_local_v1.5 folder: also time its per-frame generate")
     p.add_argument("--deadline-sec", type=float, default=480.0, help="skip the optional sections past this")

@@ -109,6 +109,7 @@ def start_server(args: argparse.Namespace, model: Path, codec: Path, port: int, 
         cmd += ["--max-slots", str(args.max_slots)]
     if args.max_queue:
         cmd += ["--max-queue", str(args.max_queue)]
+    cmd += getattr(args, "server_arg", None) or []  # A/B runs of a server setting
     fh = open(log_path, "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
@@ -295,6 +296,8 @@ async def render_with_directors(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="one more argument for the server, repeatable (--server-arg=--batch-yield-share=0.75)")
     p.add_argument("--work", type=Path, default=Path("/tmp/moss-script-bench"))
     p.add_argument("--tiny", action="store_true", help="tiny model on CPU, scaled down (smoke test)")
     p.add_argument("--lines", type=int, default=200)

@@ -103,6 +103,11 @@ class Settings:
     # Padded prompt rows per batched prefill pass (all takes' chunks in it x the longest); with the
     # scheduler's keys-per-row bound on rows x longest key window, it bounds the pass's memory and stall.
     prefill_max_rows: int = setting(8192, "padded prompt rows per batched prefill pass")
+    # A pass through a batched prefill graph (several takes' pieces, captured once per shape) holds at most this many
+    # padded rows: more takes per graphed pass, more and larger captures. 0: 2,048, or the longest take if shorter.
+    prefill_graph_rows: int = setting(
+        0, "padded prompt rows a batched prefill graph holds at most (0: 2,048, or the longest take if shorter)",
+    )
     # Prompt blocks stay in the KV pool after their take until the room is needed, so later takes whose
     # prompts open with the same rows (one voice, one direction) share them instead of prefilling them.
     prompt_cache: bool = setting(True, "keep prompt blocks for later takes whose prompts open the same way")
@@ -110,6 +115,11 @@ class Settings:
     # only while no interactive take waits, prepared with what a prefill pass has left, and holds at most this share
     # of the slots and of the KV cache, so directors always find room.
     batch_share: float = setting(0.5, "share of slots and KV cache batch work (script renders) may hold at once")
+    # While a director's take is starting, batch work stands aside from the model steps in at most this share of
+    # them (plus a short burst): more, a director's first audio during a render is less delayed and the render slower.
+    batch_yield_share: float = setting(
+        0.5, "share of the model steps a render's lines may stand aside for directors' first frames (0 to 1)",
+    )
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")

@@ -652,6 +652,7 @@ class MossEngine(EngineLifecycle):
                 device=where.device,
                 dtype=where.dtype,
                 prefill_max_rows=s.prefill_max_rows,
+                prefill_graph_rows=max(0, s.prefill_graph_rows),
                 num_blocks=plan.kv_blocks,
                 block_size=plan.block_size,
             )
@@ -669,6 +670,7 @@ class MossEngine(EngineLifecycle):
                 prefill_max_rows=s.prefill_max_rows,
                 prompt_cache=s.prompt_cache,
                 batch_share=min(1.0, max(0.0, s.batch_share)),
+                batch_yield_share=min(1.0, max(0.0, s.batch_yield_share)),
                 codec_call_streams=max(1, s.codec_call_streams),
             ),
             on_take_done=self._take_done,

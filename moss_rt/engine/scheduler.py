@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
-from moss_rt.engine.batch_yield import BatchYield
+from moss_rt.engine.batch_yield import BATCH_YIELD_SHARE, BatchYield
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_flow import HoldClock, ramp_while_held, step_held
 from moss_rt.engine.codec_worker import CodecCall, CodecWorker
@@ -123,6 +123,7 @@ class SchedulerConfig:
     prompt_cache: bool = True  # keep prompt blocks for later takes that open with the same rows
     batch_share: float = DEFAULT_BATCH_SHARE  # share of slots and KV blocks batch takes may hold at once
     codec_call_streams: int = DEFAULT_CODEC_CALL_STREAMS  # streams per bulk codec call (priority calls: any)
+    batch_yield_share: float = BATCH_YIELD_SHARE  # share of step rounds batch work may stand aside for directors
 
     @property
     def batch_slots(self) -> int:
@@ -171,7 +172,7 @@ class Scheduler:
         # (prefill_pace) and it stays fixed: pass composition must not follow timings, or codes would.
         self.stream_rows = config.prefill_max_rows
         self._last_step_at: float | None = None  # start of the previous step while takes ran
-        self._batch_yield = BatchYield()  # batch work stands aside for directors' first frames, within a share
+        self._batch_yield = BatchYield(config.batch_yield_share)  # batch work stands aside for directors' first frames, within a share
         self._hold = HoldClock(metrics)  # steps held back for room in the codec's bulk lane (codec_flow)
 
     # ------------------------------------------------------------------ bookkeeping

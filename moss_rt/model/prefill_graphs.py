@@ -122,13 +122,15 @@ class PrefillGraphs:
         max_rows: int,
         pool: Any,
         max_pieces: int = 1,
+        max_padded_rows: int = 0,
     ) -> None:
         self.model, self.state, self.tables = model, state, tables
         self.buckets = [b for b in PREFILL_GRAPH_ROWS if b <= max_rows]
         self.key_buckets = _key_buckets(state.max_seq_len)
-        # Batched graphs: no more pieces than the runner has slots, no more padded rows than a pass may hold.
+        # Batched graphs: no more pieces than the runner has slots, no more padded rows than a pass may hold (by
+        # default the longest take, when shorter than BATCH_GRAPH_MAX_ROWS; ``max_padded_rows`` sets it).
         self.piece_buckets = [p for p in BATCH_GRAPH_PIECES if p <= max_pieces]
-        self.max_padded_rows = min(BATCH_GRAPH_MAX_ROWS, max_rows)
+        self.max_padded_rows = min(BATCH_GRAPH_MAX_ROWS, max_padded_rows or max_rows)
         self._pool = pool  # the runner's graph memory pool handle
         self._graphs: dict[GraphShape, _PrefillGraph] = {}
         self.replays = 0  # passes that ran through a graph

@@ -85,6 +85,7 @@ class ModelRunner:
         use_cuda_graphs: bool | None = None,
         cpu_batch_invariant: bool = True,
         prefill_max_rows: int = DEFAULT_PREFILL_MAX_ROWS,
+        prefill_graph_rows: int = 0,
         num_blocks: int | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> None:
@@ -136,7 +137,7 @@ class ModelRunner:
         # common shapes captured by warmup, the rest by capture_next).
         self.prefill_graphs = PrefillGraphs(
             model, self._state, self.tables, min(self.max_seq_len, self.prefill_max_rows), self._pool,
-            max_pieces=self.max_slots,
+            max_pieces=self.max_slots, max_padded_rows=min(prefill_graph_rows, self.prefill_max_rows),
         )
         self._active_host = torch.zeros(self.max_slots, dtype=torch.bool, pin_memory=cuda)
         logger.info(

@@ -33,6 +33,15 @@ def test_credit_comes_back_while_nobody_waits_up_to_the_burst() -> None:
     assert streak == 15  # the whole burst again, and no more
 
 
+def test_the_share_is_the_servers_setting(tiny_data_dir: Path) -> None:
+    """--batch-yield-share reaches the scheduler: at 0.75 a director waiting every round keeps batch work aside in
+    three rounds of four."""
+    with loaded_engine(engine_settings(tiny_data_dir, overlap=False, batch_yield_share=0.75)) as engine:
+        batch_yield = engine._scheduler._batch_yield
+        aside = [batch_yield.decide(True) for _ in range(400)]
+        assert 0.75 * 400 <= sum(aside) <= 0.75 * 400 + 8
+
+
 def test_script_lines_make_no_frame_between_a_directors_arrival_and_its_first_frame(tiny_data_dir: Path) -> None:
     """Two script lines stream; a director's take arrives: until its first frame the lines make none (its prefill
     pass and first step run with no batch step before them), then they go on, and every take's audio is whole."""

@@ -255,6 +255,25 @@ def test_passes_of_several_pieces_choose_their_batched_graph(tiny) -> None:
     assert small.prefill_graphs.shape_for_pass([30] * 3, [220] * 3) is None  # no 4-piece graph on 3 slots
 
 
+def test_batched_graphs_hold_the_longest_take_unless_prefill_graph_rows_says_otherwise(tiny) -> None:
+    """At 1,024 positions a batched pass holds 1,024 padded rows (four lines of ~240 rows); --prefill-graph-rows lifts
+    that to 2,048 (eight), never past the bounds on scores and gathered keys."""
+    def runner(**kw: int) -> ModelRunner:
+        return ModelRunner(tiny.model, tiny.tokenizer, tiny.config, max_slots=16, max_seq_len=1024, device="cpu",
+                           dtype=torch.float32, **kw)
+
+    default, lifted = runner(), runner(prefill_graph_rows=2048)
+    lines = ([240] * 8, [160] * 8)  # eight lines' rows after the cast's cached opening
+    assert default.prefill_graphs.shape_for_pass(*lines) is None  # 2,048 padded rows: past the longest take, eager
+    assert default.prefill_graphs.shape_for_pass([240] * 4, [160] * 4) == GraphShape(256, 512, 4)
+    assert lifted.prefill_graphs.shape_for_pass(*lines) == GraphShape(256, 512, 8)
+    assert max(s.padded_rows for s in default.prefill_graphs.shapes()) == 1024
+    assert max(s.padded_rows for s in lifted.prefill_graphs.shapes()) == 2048
+    assert lifted.prefill_graphs.shape_for_pass([256] * 8, [1000] * 8) is None  # the scores' bound still holds
+    assert runner(prefill_graph_rows=8192).prefill_graphs.max_padded_rows == 2048  # never past BATCH_GRAPH_MAX_ROWS
+    assert runner(prefill_graph_rows=512, prefill_max_rows=256).prefill_graphs.max_padded_rows == 256  # nor a pass
+
+
 # (start, rows) of each piece of one batched pass, after kept prefixes: a render's short lines, mixed starts (one
 # fresh), block-aligned and unaligned starts, and a pass of pieces all from position 0.
 BATCH_CASES = [
