@@ -172,7 +172,8 @@ class Scheduler:
         # (prefill_pace) and it stays fixed: pass composition must not follow timings, or codes would.
         self.stream_rows = config.prefill_max_rows
         self._last_step_at: float | None = None  # start of the previous step while takes ran
-        self._batch_yield = BatchYield(config.batch_yield_share)  # batch work stands aside for directors' first frames, within a share
+        # Batch work stands aside for directors' first frames, within a share of the rounds.
+        self._batch_yield = BatchYield(config.batch_yield_share)
         self._hold = HoldClock(metrics)  # steps held back for room in the codec's bulk lane (codec_flow)
 
     # ------------------------------------------------------------------ bookkeeping
