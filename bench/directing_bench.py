@@ -258,7 +258,7 @@ def rtf_during(directors: list[Director], min_overlap_s: float = 0.25) -> dict[s
             if not name.endswith(".replay") and t <= d.stopped.get(name, float("inf")):
                 streams.setdefault(name, []).append((t, frames))
     per_stream, per_chunk = [], []
-    slowest: tuple[float, str, float] | None = None  # (rtf, stream, its longest wait between chunks in a window)
+    slowest: tuple[float, str, float, list[tuple[float, int]]] | None = None  # (rtf, stream, longest wait, arrivals)
     for name, arrivals in streams.items():
         arrivals.sort()
         times = np.array([t for t, _ in arrivals])
@@ -274,7 +274,7 @@ def rtf_during(directors: list[Director], min_overlap_s: float = 0.25) -> dict[s
         if spent >= min_overlap_s:
             per_stream.append(gained / spent)
             if slowest is None or per_stream[-1] < slowest[0]:
-                slowest = (per_stream[-1], name, max(gaps, default=0.0))
+                slowest = (per_stream[-1], name, max(gaps, default=0.0), arrivals)
         for (t_prev, _), (t, f) in zip(arrivals, arrivals[1:], strict=False):
             if inside(t) and t > t_prev:
                 per_chunk.append(f * 0.08 / (t - t_prev))
@@ -286,6 +286,14 @@ def rtf_during(directors: list[Director], min_overlap_s: float = 0.25) -> dict[s
         # only overlapped the windows between two chunks?
         "slowest_stream": slowest[1] if slowest else None,
         "slowest_stream_gap_ms": round(slowest[2] * 1000.0, 1) if slowest else None,
+        # ...its chunks (ms from its first PCM, frames) and the windows it overlaps (ms, same origin), to tell a
+        # stalled stream from one whose chunks all fell between the windows.
+        "slowest_stream_chunks": [(round((t - slowest[3][0][0]) * 1000.0, 1), f) for t, f in slowest[3][:64]]
+        if slowest else None,
+        "slowest_stream_windows": [
+            (round((a - slowest[3][0][0]) * 1000.0, 1), round((b - slowest[3][0][0]) * 1000.0, 1))
+            for a, b in merged if b >= slowest[3][0][0] and a <= slowest[3][-1][0]
+        ] if slowest else None,
     }
 
 
