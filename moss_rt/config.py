@@ -134,7 +134,7 @@ class Settings:
     )
     # Before ready the Triton kernels of the graphs compile ahead of their captures on this many threads at once
     # (engine/warm_compile.py): a cold kernel cache made most of a start compiling, one kernel after another.
-    # 1: nothing ahead, every kernel compiles in its capture; 0: one thread per CPU core up to 16 on CUDA, 1 on a CPU.
+    # 1: nothing ahead, every kernel compiles in its capture; 0: one thread per CPU core up to 8 on CUDA, 1 on a CPU.
     compile_threads: int = setting(0, "threads compiling kernels ahead of the warm-up's captures (0: auto; 1: none)")
     # Those kernels compile in as many worker processes, one kernel each at a time, and the engine loads them from
     # Triton's cache (engine/compile_workers.py): threads of one process wait for each other's GIL between compile

@@ -65,7 +65,6 @@ from moss_rt.engine.warm_compile import (
     TritonCompileLog,
     ahead_marker,
     codec_chains,
-    codec_odd_chains,
     compile_threads,
     model_chains,
 )
@@ -852,7 +851,6 @@ class MossEngine(EngineLifecycle):
         compiles = self._compiles
         if compiles is not None and compiles.enabled:
             compiles.add(model_chains(runner))
-            compiles.add(codec_odd_chains(batcher))
             with timeline.phase("compile: waited for the ahead compiles"):
                 chains = compiles.wait()
             for name, seconds in chains.items():

@@ -42,13 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Chains at once, each waiting on one compile (in a worker process: compile_workers) at a time. A chain is mostly
-# one shape now (below), so there are a few dozen: one per core, up to this many.
-MAX_THREADS = 16
-# The codec's full-chunk shapes of at least this many streams stay in one chain, one after the other: their eager
-# passes' activations (up to MAX_CALL_STREAMS streams x 8 frames) are the largest of the start, and they run while
-# the model's weights are read and the KV pool is taken, so never more than one of them at a time.
-CODEC_LARGE_ROWS = 256
+MAX_THREADS = 8  # chains at once: about as many as there are (the step's is the longest)
 
 Chain = tuple[str, list[Callable[[], None]]]
 
@@ -114,12 +108,11 @@ class AheadCompiles:
         return time.perf_counter() - t0
 
     def wait(self) -> dict[str, float]:
-        """Wait for every chain started; by name, the seconds the longest chain of that name took (failed ones are
-        logged and left out)."""
+        """Wait for every chain started; the seconds each took (failed ones are logged and left out)."""
         out: dict[str, float] = {}
         for name, future in self._chains:
             try:
-                out[name] = max(out.get(name, 0.0), future.result())
+                out[name] = future.result()
             except Exception:  # the captures compile what it did not: slower, the same graphs
                 log.warning("compiling ahead (%s) failed; its kernels compile in the captures", name, exc_info=True)
         self._chains = []
@@ -132,38 +125,19 @@ class AheadCompiles:
             self._pool = None
 
 
-def _each(name: str, steps: list[Callable[[], None]]) -> list[Chain]:
-    """One chain per step, all under one name (the start's timeline reports a name's longest): every shape compiles
-    kernels of its own (Triton specializes on sizes), so shapes side by side finish sooner than one after another;
-    a kernel two shapes share is compiled once (compile_workers: one job for both)."""
-    return [(name, [step]) for step in steps]
-
-
 def codec_chains(batcher: CodecBatcher) -> list[Chain]:
-    """The codec's shapes captured before ready, by chunk length: first chunks (T=1) and full chunks (T=8) of every
-    bucket. Each shape a chain of its own, but the large full-chunk ones one after another (CODEC_LARGE_ROWS)."""
-    main, _ = batcher.ahead_shapes()
-    chains: list[Chain] = []
-    for t in sorted({t for _, t in main}):
-        name = f"codec, chunks of {t} frame(s)"
-        shapes = [(b, tt) for b, tt in main if tt == t]
-        chains += _each(name, [partial(batcher.compile_shape, b, t) for b, t in shapes if b * t < CODEC_LARGE_ROWS])
-        large: list[Callable[[], None]] = [
-            partial(batcher.compile_shape, b, t) for b, t in shapes if b * t >= CODEC_LARGE_ROWS
-        ]
-        if large:
-            chains.append((name, large))
+    """The codec's shapes, by chunk length: first chunks (T=1) and full chunks (T=8) of every bucket (captured before
+    ready), and the odd chunk lengths of the smallest bucket (captured while idle: a lone take's last chunk)."""
+    main, odd = batcher.ahead_shapes()
+    chains: list[Chain] = [
+        (f"codec, chunks of {t} frame(s)", [partial(batcher.compile_shape, b, tt) for b, tt in main if tt == t])
+        for t in sorted({t for _, t in main})
+    ]
+    if odd:
+        smallest = min(b for b, _ in odd)
+        chains.append(("codec, odd chunk lengths", [partial(batcher.compile_shape, b, t) for b, t in odd
+                                                    if b == smallest]))
     return chains
-
-
-def codec_odd_chains(batcher: CodecBatcher) -> list[Chain]:
-    """The odd chunk lengths of the smallest bucket (captured while idle: a lone take's last chunk), each a chain: given
-    after the model's chains, whose step chain is the longest of the start and should not wait for a thread."""
-    _, odd = batcher.ahead_shapes()
-    if not odd:
-        return []
-    smallest = min(b for b, _ in odd)
-    return _each("codec, odd chunk lengths", [partial(batcher.compile_shape, b, t) for b, t in odd if b == smallest])
 
 
 def model_chains(runner: ModelRunner) -> list[Chain]:
@@ -181,10 +155,10 @@ def model_chains(runner: ModelRunner) -> list[Chain]:
             batched.setdefault((shape.pieces, shape.keys), shape)
     return [
         ("step of one take", [partial(runner.compile_step, 1, keys[0])]),
-        *_each("prefill from position 0", [partial(runner.compile_prefill, s) for s in prefill if s.from_zero]),
-        *_each("prefill after a prefix", [partial(runner.compile_prefill, s) for s in prefill if not s.from_zero]),
-        *_each("steps over longer keys", [partial(runner.compile_step, 1, k) for k in keys[1:]]),
-        *_each("batched prefill passes", [partial(runner.compile_prefill, s) for s in batched.values()]),
+        ("prefill from position 0", [partial(runner.compile_prefill, s) for s in prefill if s.from_zero]),
+        ("prefill after a prefix", [partial(runner.compile_prefill, s) for s in prefill if not s.from_zero]),
+        ("steps over longer keys", [partial(runner.compile_step, 1, k) for k in keys[1:]]),
+        ("batched prefill passes", [partial(runner.compile_prefill, s) for s in batched.values()]),
     ]
 
 

@@ -6,7 +6,6 @@ beside the weights' read: what a CUDA start runs, minus Triton."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,52 +54,6 @@ def test_compiling_ahead_on_threads_runs_every_chain_and_changes_no_take(tiny_da
     for take_id, (codes, pcm) in heard[1].items():
         np.testing.assert_array_equal(heard[4][take_id][0], codes)
         assert heard[4][take_id][1] == pcm
-
-
-class _ShapesBatcher:
-    """What codec_chains reads of a CodecBatcher: its shapes not captured yet, and a pass of one."""
-
-    def __init__(self) -> None:
-        from moss_rt.engine.codec_batch import LARGE_BUCKETS, SMALL_BUCKETS
-
-        buckets = (*SMALL_BUCKETS, *LARGE_BUCKETS, 66)
-        self.main = [(b, t) for b in buckets for t in (1, 8)]
-        self.odd = [(b, t) for b in SMALL_BUCKETS for t in range(2, 8)]
-        self.passes: list[tuple[int, int]] = []
-
-    def ahead_shapes(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        return self.main, self.odd
-
-    def compile_shape(self, b: int, t: int) -> None:
-        self.passes.append((b, t))
-
-
-def test_every_shape_is_a_chain_of_its_own_but_the_large_codec_ones_go_one_after_another() -> None:
-    from moss_rt.engine.warm_compile import CODEC_LARGE_ROWS, codec_chains, codec_odd_chains
-
-    batcher = _ShapesBatcher()
-    main = codec_chains(batcher)  # type: ignore[arg-type]
-    odd = codec_odd_chains(batcher)  # type: ignore[arg-type]
-    walked: list[list[tuple[int, int]]] = []
-    for _, steps in main + odd:
-        before = len(batcher.passes)
-        for step in steps:
-            step()
-        walked.append(batcher.passes[before:])
-    assert sorted(batcher.passes) == sorted(batcher.main + [(2, t) for t in range(2, 8)])  # each once, odd: smallest
-    large = [shapes for shapes in walked if any(b * t >= CODEC_LARGE_ROWS for b, t in shapes)]
-    assert large == [[(32, 8), (48, 8), (64, 8), (66, 8)]]  # the large activations never two at once
-    assert all(len(shapes) == 1 for shapes in walked if shapes not in large)
-    assert {name for name, _ in odd} == {"codec, odd chunk lengths"} and len(odd) == 6
-    assert {name for name, _ in main} == {"codec, chunks of 1 frame(s)", "codec, chunks of 8 frame(s)"}
-
-
-def test_a_chain_name_reports_its_longest_chain() -> None:
-    compiles = AheadCompiles(torch.device("cpu"), threads=2)
-    compiles.add([("shapes", [lambda: None]), ("shapes", [lambda: time.sleep(0.2)]), ("other", [lambda: None])])
-    seconds = compiles.wait()
-    compiles.close()
-    assert set(seconds) == {"shapes", "other"} and seconds["shapes"] >= 0.2
 
 
 def test_a_failed_chain_is_reported_and_the_others_still_count() -> None:
