@@ -190,6 +190,8 @@ class CompileWorkers:
         self._lock = threading.Lock()
         # by target and specialization: two threads meeting one kernel share a job
         self._jobs: dict[tuple[Any, str], Future[float]] = {}
+        self._met: dict[tuple[Any, str], KernelJob] = {}  # jobs a pass of this process met, compiled (kernel_manifest)
+        self._prefetched = 0  # jobs handed over ahead, from the kernel manifests
         self._failed: list[str] = []
         self._succeeded = 0
         self._runtime: Any = None
@@ -234,6 +236,30 @@ class CompileWorkers:
             self.compile(job)
         return skip
 
+    def prefetch(self, jobs: Sequence[KernelJob]) -> int:
+        """Hand these jobs to the workers now, without waiting (a manifest's: kernel_manifest.py); a pass meeting one
+        later waits for it like for another thread's. The number handed over (those already asked for are not)."""
+        handed = 0
+        with self._lock:
+            pool = self._pool
+            if pool is None or self._closed:
+                return 0
+            for job in jobs:
+                if job.key in self._jobs:
+                    continue
+                try:
+                    self._jobs[job.key] = pool.submit(self._compile_fn, job)
+                except RuntimeError:  # the pool is shutting down: the passes compile what they meet
+                    break
+                handed += 1
+            self._prefetched += handed
+        return handed
+
+    def met(self) -> list[KernelJob]:
+        """The jobs this process's passes met and the workers compiled, in the order met (for the next start)."""
+        with self._lock:
+            return list(self._met.values())
+
     def compile(self, job: KernelJob) -> bool:
         """Compile ``job`` in a worker (or wait for the same job another thread asked for); False where it failed."""
         with self._lock:
@@ -272,6 +298,7 @@ class CompileWorkers:
             return False
         with self._lock:
             self._succeeded += 1
+            self._met.setdefault(job.key, job)
         return True
 
     def counts(self) -> tuple[int, int, float]:
@@ -284,7 +311,8 @@ class CompileWorkers:
 
     def summary(self) -> str:
         done, failed, seconds = self.counts()
-        return (f"{done} Triton kernels compiled in {self.workers} worker processes "
+        ahead = f" ({self._prefetched} handed over ahead from the kernel manifests)" if self._prefetched else ""
+        return (f"{done} Triton kernels compiled in {self.workers} worker processes{ahead} "
                 f"({seconds:.1f} s of compile time over all workers), {failed} compiled here instead")
 
     def close(self) -> None:
@@ -308,7 +336,7 @@ def _job_of(kwargs: dict[str, Any]) -> KernelJob | None:
     data = compile_args.get("specialization_data") if isinstance(compile_args, dict) else None
     if not (isinstance(module, str) and isinstance(qualname, str) and isinstance(data, str)):
         return None
-    return KernelJob(module, qualname, data, _target_in(data) or _current_target())
+    return KernelJob(module, qualname, data, _target_in(data) or current_target())
 
 
 def _target_in(specialization: str) -> tuple[str, int | str, int] | None:
@@ -320,7 +348,7 @@ def _target_in(specialization: str) -> tuple[str, int | str, int] | None:
         return None
 
 
-def _current_target() -> tuple[str, int | str, int] | None:
+def current_target() -> tuple[str, int | str, int] | None:
     """The target Triton compiles for on this thread (its active driver's: the current device's architecture), which
     the worker must name to its stand-in driver to compile the same kernel; None where it cannot be asked."""
     try:

@@ -40,9 +40,10 @@ from moss_rt.engine.base import (
 )
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
-from moss_rt.engine.compile_workers import CompileWorkers, why_unsupported
+from moss_rt.engine.compile_workers import CompileWorkers, KernelJob, current_target, why_unsupported
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.kept_digests import KeptDigests
+from moss_rt.engine.kernel_manifest import MANIFEST_NAME, load_jobs, manifest_paths, save_jobs
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prefill_pace import measure_prefill_cost
@@ -519,8 +520,35 @@ class MossEngine(EngineLifecycle):
         if self._compile_workers is not None:
             log.info("start-up: %s", self._compile_workers.summary())
             self.compile_workers_counts = self._compile_workers.counts()
+            self._record_kernels(self._compile_workers.met())
             self._compile_workers.close()
             self._compile_workers = None
+
+    def _prefetch_kernels(self) -> None:
+        """With compile workers at work, hand them every kernel the manifests name for this Triton and GPU: the chains'
+        passes then find them compiled or compiling instead of meeting them one after another (kernel_manifest)."""
+        workers = self._compile_workers
+        if workers is None or not workers.active:
+            return
+        import triton
+
+        jobs = load_jobs(manifest_paths(self.settings.data_dir), str(triton.__version__), current_target())
+        if jobs:
+            handed = workers.prefetch(jobs)
+            log.info("start-up: %d Triton kernels from the kernel manifests handed to the compile workers", handed)
+
+    def _record_kernels(self, jobs: list[KernelJob]) -> None:
+        """The kernels this start compiled in its workers, added to the data dir's manifest for the next start."""
+        if not jobs:
+            return
+        try:
+            import triton
+
+            path = self.settings.data_dir / MANIFEST_NAME
+            held = save_jobs(path, jobs, str(triton.__version__))
+            log.info("start-up: %d Triton kernels met written to %s (%d in all)", len(jobs), path, held)
+        except Exception:  # noqa: BLE001 - only the next start's head start is lost
+            log.warning("cannot write the kernel manifest", exc_info=True)
 
     def _shutdown(self) -> None:
         self._end_compiles()
@@ -638,6 +666,7 @@ class MossEngine(EngineLifecycle):
             self._compile_workers.close()
             self._compile_workers = None
         self._ahead_marker = marker  # written once this start's warm-up is done
+        self._prefetch_kernels()  # every kernel an earlier start met, to the workers at once (kernel_manifest)
         self._compiles = AheadCompiles(where.device, threads)
         self._compiles.add(codec_chains(batcher))  # nothing decodes before ready: the scratch row is theirs
         with timeline.phase("model weights read"):
