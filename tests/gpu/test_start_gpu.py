@@ -73,10 +73,11 @@ def test_kernels_compiled_ahead_on_threads_change_no_take(tiny_data_dir) -> None
 # A fresh interpreter (no kernel compiled in memory yet) with a cold Triton cache starts the tiny engine on CUDA, takes
 # two lines and prints what its compile workers did and a digest of the takes' codes and PCM.
 COLD_START = """
-import hashlib, json, sys
+import hashlib, json, logging, sys
 from pathlib import Path
+logging.basicConfig(level=logging.INFO)
 from tests.engine.harness import drive, engine_settings, loaded_engine, spec
-processes = sys.argv[1] == "on"
+processes = sys.argv[1] != "off"
 settings = engine_settings(Path(sys.argv[2]), overlap=True, device="cuda", compile_threads=4,
                            compile_processes=processes, max_seq_len=600)
 with loaded_engine(settings) as engine:
@@ -103,14 +104,20 @@ def test_kernels_compiled_in_worker_processes_on_a_cold_cache_change_no_take(tin
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
+    data = tmp_path / "data"  # a data dir of its own: no kernel manifest from another test
+    data.mkdir()
+    if (tiny_data_dir / "tiny").is_dir():  # the tiny checkpoints, not written again
+        (data / "tiny").symlink_to(tiny_data_dir / "tiny")
     results = {}
-    for mode in ("on", "off"):
+    # "again": another machine's cold Triton cache, with the data dir the "on" start wrote its kernel manifest to.
+    for mode in ("on", "off", "again"):
         env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / f"triton-{mode}"), "PYTHONPATH": str(root)}
-        done = subprocess.run([sys.executable, "-c", COLD_START, mode, str(tiny_data_dir)], cwd=root, env=env,
+        done = subprocess.run([sys.executable, "-c", COLD_START, mode, str(data)], cwd=root, env=env,
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
         results[mode] = json.loads(line[len("RESULT "):])
+        results[mode]["handed"] = "handed over ahead from the kernel manifests" in done.stderr
         results[mode]["log"] = done.stderr[-6000:]  # the engine's warnings: why a worker could not compile
     compiled, failed, _ = results["on"]["counts"]
     assert compiled > 0 and failed == 0, results["on"]
@@ -122,3 +129,9 @@ def test_kernels_compiled_in_worker_processes_on_a_cold_cache_change_no_take(tin
                       for p in (tmp_path / f"triton-{mode}").glob("*/*.cubin")} for mode in ("on", "off")}
     assert kernels["on"] == kernels["off"], (sorted(kernels["on"] - kernels["off"]),
                                              sorted(kernels["off"] - kernels["on"]))
+    # The next start on a cold cache handed the recorded kernels over at once: the same kernels, the same takes.
+    assert not results["on"]["handed"] and results["again"]["handed"], results["again"]["log"]
+    assert results["again"]["takes"] == results["on"]["takes"]
+    assert results["again"]["counts"][1] == 0, results["again"]
+    again = {p.relative_to(tmp_path / "triton-again").as_posix() for p in (tmp_path / "triton-again").glob("*/*.cubin")}
+    assert kernels["on"] <= again, sorted(kernels["on"] - again)
