@@ -52,6 +52,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -655,6 +656,12 @@ def main() -> None:
         save(result, args.out)
     if args.upstream is not None and time.perf_counter() - t_all < args.deadline_sec * 0.8:
         result["upstream"] = upstream_per_frame(args, model)
+    manifest = args.work / "data" / "kernel-manifest.json"
+    if args.out is not None and manifest.is_file():
+        # The kernels this GPU's starts compiled (engine/kernel_manifest.py): the file to ship for it.
+        kept = args.out.with_name(args.out.stem + ".kernel-manifest.json")
+        shutil.copyfile(manifest, kept)
+        result["kernel_manifest"] = str(kept)
     result["total_sec"] = time.perf_counter() - t_all
     save(result, args.out)
     print(json.dumps(result, indent=1))
