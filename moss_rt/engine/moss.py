@@ -67,6 +67,7 @@ from moss_rt.engine.warm_compile import (
     ahead_marker,
     codec_chains,
     compile_threads,
+    earlier_ahead_compiles,
     model_chains,
 )
 from moss_rt.generation import FRAME_RATE, N_CODEBOOKS, SamplingParams
@@ -156,6 +157,7 @@ class MossEngine(EngineLifecycle):
         self._compiles: AheadCompiles | None = None  # kernels compiling ahead of the warm-up's captures
         self._compile_log: TritonCompileLog | None = None
         self._compile_workers: CompileWorkers | None = None  # processes compiling the kernels the chains meet
+        self._workers_deferred = False  # not started with the load: an earlier start compiled into this cache
         # What the workers did, once they ended: (compiled there, compiled here instead, their seconds).
         self.compile_workers_counts: tuple[int, int, float] | None = None
 
@@ -485,13 +487,22 @@ class MossEngine(EngineLifecycle):
         if self._codec_worker is not None:
             self._codec_worker.close(discard=True)
 
-    def _start_compile_workers(self, device: torch.device) -> None:
+    def _start_compile_workers(self, device: torch.device, *, after_plan: bool = False) -> None:
         """On CUDA, with kernels to compile ahead in processes (``compile_processes``), start the worker processes now:
         they import Triton and the kernels' modules while the model and codec load (compile_workers.py). Kernels any
-        thread of this process compiles from now until the warm-up ends are compiled in them."""
+        thread of this process compiles from now until the warm-up ends are compiled in them.
+
+        Where an earlier start compiled its kernels into this Triton cache (its marker is there), the workers are
+        likely not needed: whether they are is known once the memory plan is made (the marker names the plan), so
+        they start then, ``after_plan``, if at all. Spawned for nothing they would import Triton and torch in as many
+        processes while this one loads (on an H200 host, 16 of them slowed a start's own loading by ~2 s)."""
         s = self.settings
         threads = compile_threads(s.compile_threads, device)
         if device.type != "cuda" or threads <= 1 or not s.compile_processes:
+            return
+        self._workers_deferred = False
+        if not after_plan and s.compile_threads == 0 and earlier_ahead_compiles():
+            self._workers_deferred = True
             return
         unsupported = why_unsupported()
         if unsupported is not None:  # said once, before any process is spawned
@@ -665,6 +676,8 @@ class MossEngine(EngineLifecycle):
         if threads <= 1 and self._compile_workers is not None:  # nothing compiles ahead: the workers are not needed
             self._compile_workers.close()
             self._compile_workers = None
+        if threads > 1 and self._workers_deferred:  # an earlier start's cache, but not for this plan: start them now
+            self._start_compile_workers(where.device, after_plan=True)
         self._ahead_marker = marker  # written once this start's warm-up is done
         self._prefetch_kernels()  # every kernel an earlier start met, to the workers at once (kernel_manifest)
         self._compiles = AheadCompiles(where.device, threads)

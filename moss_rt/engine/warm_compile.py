@@ -66,6 +66,13 @@ def ahead_marker(setup: dict[str, Any]) -> Path | None:
     return cache / f"moss_rt-compiled-{digest}"
 
 
+def earlier_ahead_compiles() -> bool:
+    """Whether the Triton cache in use holds any start's marker (ahead_marker): a start on this machine compiled its
+    kernels before, so this one likely needs no compiles (its own plan's marker says for sure, once planned)."""
+    marker = ahead_marker({})
+    return marker is not None and any(marker.parent.glob("moss_rt-compiled-*"))
+
+
 def compile_threads(setting: int, device: torch.device) -> int:
     """Threads for the ahead compiles: the setting, or (0) one per CPU core up to MAX_THREADS on CUDA and 1 (none
     ahead) on the CPU, where nothing compiles."""

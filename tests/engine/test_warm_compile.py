@@ -144,3 +144,44 @@ def test_the_ahead_marker_lives_in_the_kernel_cache_and_names_the_setup(tmp_path
     assert ahead_marker({**setup, "slots": 213}) != marker
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "other"))
     assert ahead_marker(setup) == tmp_path / "other" / marker.name
+
+
+def test_compile_workers_wait_for_the_plan_where_an_earlier_start_compiled_into_the_cache(
+    tiny_data_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A second start on a machine (a marker in the Triton cache) spawns no compile workers with its load: once its
+    plan is made, its own marker says whether it needs them, and only then are they started. A first start spawns
+    them at once, as before. (The CUDA parts stand in: the device, and workers that are threads.)"""
+    from moss_rt.engine import warm_compile
+    from moss_rt.engine.compile_workers import CompileWorkers
+
+    pytest.importorskip("triton")  # the markers name its version
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setattr(warm_compile.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(moss_module, "why_unsupported", lambda: None)
+    started: list[CompileWorkers] = []
+
+    def workers(n: int) -> CompileWorkers:
+        from concurrent.futures import ThreadPoolExecutor
+
+        started.append(CompileWorkers(n, pool=ThreadPoolExecutor, compile_fn=lambda job: 0.0))
+        return started[-1]
+
+    monkeypatch.setattr(moss_module, "CompileWorkers", workers)
+    cuda = torch.device("cuda")
+    engine = moss_module.MossEngine(engine_settings(tiny_data_dir, overlap=False, compile_threads=0))
+    monkeypatch.setattr(moss_module, "compile_threads", lambda setting, device: 4)
+    try:
+        engine._start_compile_workers(cuda)  # a first start: no marker anywhere
+        assert len(started) == 1 and not engine._workers_deferred
+        engine._end_compiles()
+        marker = warm_compile.ahead_marker({"slots": 8})
+        assert marker is not None
+        marker.parent.mkdir(parents=True)
+        marker.touch()  # an earlier start compiled every kernel of its plan
+        engine._start_compile_workers(cuda)
+        assert len(started) == 1 and engine._workers_deferred and engine._compile_workers is None
+        engine._start_compile_workers(cuda, after_plan=True)  # this plan's marker was not there: now
+        assert len(started) == 2 and not engine._workers_deferred and engine._compile_workers is not None
+    finally:
+        engine._end_compiles()
