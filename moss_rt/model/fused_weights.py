@@ -21,10 +21,11 @@ FUSED_WEIGHT = "_fused_weight"  # plain attributes (not parameters or buffers): 
 FUSED_BIAS = "_fused_bias"
 
 
-def fuse_linears(owner: nn.Module, linears: list[nn.Linear]) -> None:
+def fuse_linears(owner: nn.Module, linears: list[nn.Linear], *, copy: bool = True) -> None:
     """Re-home the weights (and biases) of ``linears`` as consecutive row slices of one new tensor on ``owner``.
 
-    Values are copied, so this may run before or after loading; the old tensors are released.
+    Values are copied (unless ``copy`` is False: parameters just allocated, whose values are not read yet), so this
+    may run before or after loading; the old tensors are released.
     """
     first = linears[0].weight
     rows = sum(lin.weight.shape[0] for lin in linears)
@@ -35,10 +36,12 @@ def fuse_linears(owner: nn.Module, linears: list[nn.Linear]) -> None:
     with torch.no_grad():
         for lin in linears:
             n = lin.weight.shape[0]
-            weight[start : start + n].copy_(lin.weight)
+            if copy:
+                weight[start : start + n].copy_(lin.weight)
             lin.weight = nn.Parameter(weight[start : start + n], requires_grad=lin.weight.requires_grad)
             if bias is not None and lin.bias is not None:
-                bias[start : start + n].copy_(lin.bias)
+                if copy:
+                    bias[start : start + n].copy_(lin.bias)
                 lin.bias = nn.Parameter(bias[start : start + n], requires_grad=lin.bias.requires_grad)
             start += n
     object.__setattr__(owner, FUSED_WEIGHT, weight)  # bypass nn.Module: not a buffer, not in state_dict
@@ -65,9 +68,9 @@ def fused_weight(owner: nn.Module, linears: list[nn.Linear]) -> tuple[torch.Tens
     return weight, bias
 
 
-def fuse_projections(model: nn.Module) -> None:
-    """q/k/v and gate/up of every backbone layer of a ``MossTTSLocalModel``."""
+def fuse_projections(model: nn.Module, *, copy: bool = True) -> None:
+    """q/k/v and gate/up of every backbone layer of a ``MossTTSLocalModel`` (``copy``: as fuse_linears)."""
     for layer in model.transformer.layers:  # type: ignore[union-attr]
         attn, mlp = layer.self_attn, layer.mlp
-        fuse_linears(attn, [attn.q_proj, attn.k_proj, attn.v_proj])
-        fuse_linears(mlp, [mlp.gate_proj, mlp.up_proj])
+        fuse_linears(attn, [attn.q_proj, attn.k_proj, attn.v_proj], copy=copy)
+        fuse_linears(mlp, [mlp.gate_proj, mlp.up_proj], copy=copy)

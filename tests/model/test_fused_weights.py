@@ -62,3 +62,17 @@ def test_a_moved_layer_falls_back_instead_of_using_stale_fused_weights() -> None
     b.weight = nn.Parameter(b.weight.detach().clone())  # what module.to(...) does to each parameter
     assert fused_weight(owner, [a, b]) is None
     assert fused_weight(nn.Module(), [a, b]) is None  # never fused
+
+
+def test_fusing_just_allocated_weights_copies_nothing_and_loading_then_writes_through_the_views() -> None:
+    """build_model fuses before any value is read (copy=False): the views are in place, and a weight copied into a
+    parameter afterwards (what the loader does) is what the fused GEMM reads."""
+    owner = nn.Module()
+    a, b = nn.Linear(8, 4, bias=True), nn.Linear(8, 6, bias=True)
+    fuse_linears(owner, [a, b], copy=False)
+    fused = fused_weight(owner, [a, b])
+    assert fused is not None and fused[1] is not None
+    with torch.no_grad():
+        a.weight.copy_(torch.ones(4, 8))
+        b.bias.copy_(torch.full((6,), 2.0))
+    assert torch.equal(fused[0][:4], torch.ones(4, 8)) and torch.equal(fused[1][4:], torch.full((6,), 2.0))
