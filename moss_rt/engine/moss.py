@@ -495,7 +495,8 @@ class MossEngine(EngineLifecycle):
         Where an earlier start compiled its kernels into this Triton cache (its marker is there), the workers are
         likely not needed: whether they are is known once the memory plan is made (the marker names the plan), so
         they start then, ``after_plan``, if at all. Spawned for nothing they would import Triton and torch in as many
-        processes while this one loads (on an H200 host, one start with 16 of them loaded ~2 s slower than one with 8)."""
+        processes while this one loads (on an H200 host, one start with 16 of them loaded ~2 s slower than one with
+        8)."""
         s = self.settings
         threads = compile_threads(s.compile_threads, device)
         if device.type != "cuda" or threads <= 1 or not s.compile_processes:
