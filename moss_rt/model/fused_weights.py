@@ -14,6 +14,8 @@ falls back to concatenating the separate GEMMs' outputs).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -25,8 +27,11 @@ def fuse_linears(owner: nn.Module, linears: list[nn.Linear], *, copy: bool = Tru
     """Re-home the weights (and biases) of ``linears`` as consecutive row slices of one new tensor on ``owner``.
 
     Values are copied (unless ``copy`` is False: parameters just allocated, whose values are not read yet), so this
-    may run before or after loading; the old tensors are released.
+    may run before or after loading; the old tensors are released. Where the weights (and biases) already lie one
+    after another in one storage (``materialize``'s layout), the concatenation is a view of them: nothing moves.
     """
+    if _adopt(owner, linears):
+        return
     first = linears[0].weight
     rows = sum(lin.weight.shape[0] for lin in linears)
     weight = torch.empty((rows, first.shape[1]), dtype=first.dtype, device=first.device)
@@ -46,6 +51,84 @@ def fuse_linears(owner: nn.Module, linears: list[nn.Linear], *, copy: bool = Tru
             start += n
     object.__setattr__(owner, FUSED_WEIGHT, weight)  # bypass nn.Module: not a buffer, not in state_dict
     object.__setattr__(owner, FUSED_BIAS, bias)
+
+
+def _span(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One view over ``tensors`` concatenated along dim 0, where they already lie so (contiguous, one storage, each
+    right after the previous); None otherwise."""
+    first = tensors[0]
+    storage = first.untyped_storage().data_ptr()
+    end = first.data_ptr()
+    for t in tensors:
+        if (not t.is_contiguous() or t.dtype != first.dtype or t.shape[1:] != first.shape[1:]
+                or t.untyped_storage().data_ptr() != storage or t.data_ptr() != end):
+            return None
+        end += t.numel() * t.element_size()
+    rows = sum(t.shape[0] for t in tensors)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+def _adopt(owner: nn.Module, linears: list[nn.Linear]) -> bool:
+    """The concatenation as a view of weights (and biases) already laid out one after another; False: they are not."""
+    weight = _span([lin.weight for lin in linears])
+    biases = [lin.bias for lin in linears if lin.bias is not None]
+    if weight is None or len(biases) not in (0, len(linears)):
+        return False
+    bias = _span(biases) if biases else None
+    if biases and bias is None:
+        return False
+    object.__setattr__(owner, FUSED_WEIGHT, weight.detach())
+    object.__setattr__(owner, FUSED_BIAS, None if bias is None else bias.detach())
+    return True
+
+
+def projection_groups(model: nn.Module) -> list[tuple[nn.Module, list[nn.Linear]]]:
+    """(owner, linears) of every fused projection of a ``MossTTSLocalModel``: each backbone layer's q/k/v and
+    gate/up."""
+    groups: list[tuple[nn.Module, list[nn.Linear]]] = []
+    for layer in model.transformer.layers:  # type: ignore[union-attr]
+        attn, mlp = layer.self_attn, layer.mlp
+        groups += [(attn, [attn.q_proj, attn.k_proj, attn.v_proj]), (mlp, [mlp.gate_proj, mlp.up_proj])]
+    return groups
+
+
+def materialize(model: nn.Module, device: torch.device, align: int = 256) -> None:
+    """Every parameter of a ``meta`` model, uninitialised, as a view into ONE allocation on ``device`` (ties kept: a
+    tied parameter is one view), each fused projection's weights (then biases) one after another so that
+    ``fuse_projections`` only has to name their span. One allocation instead of one per parameter (about 500 at
+    full size, the tied heads and the unfused projections allocated and given back on top) and none of
+    ``to_empty``'s per-tensor Python; a parameter starts ``align`` bytes aligned, a projection's members follow each
+    other without a gap (their rows are whole)."""
+    params = dict(model.named_parameters())  # each tied parameter once
+    placed: dict[int, int] = {}  # id(param) -> byte offset
+    offset = 0
+
+    def place(p: torch.Tensor, aligned: bool) -> None:
+        nonlocal offset
+        if aligned:
+            offset = -(-offset // align) * align
+        offset = -(-offset // p.element_size()) * p.element_size()
+        placed[id(p)] = offset
+        offset += p.numel() * p.element_size()
+
+    for _, linears in projection_groups(model):
+        for i, lin in enumerate(linears):
+            place(lin.weight, aligned=i == 0)
+        for i, lin in enumerate([lin for lin in linears if lin.bias is not None]):
+            place(lin.bias, aligned=i == 0)
+    for p in params.values():
+        if id(p) not in placed:
+            place(p, aligned=True)
+    flat = torch.empty(max(offset, 1), dtype=torch.uint8, device=device)
+    made: dict[int, nn.Parameter] = {}
+    for p in params.values():
+        start = placed[id(p)]
+        view = flat[start : start + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
+        made[id(p)] = nn.Parameter(view, requires_grad=p.requires_grad)
+    for module in model.modules():
+        for name, old in list(module._parameters.items()):
+            if old is not None:
+                module._parameters[name] = made[id(old)]  # the same new parameter wherever the old one was (ties)
 
 
 def fused_weight(owner: nn.Module, linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -70,7 +153,5 @@ def fused_weight(owner: nn.Module, linears: list[nn.Linear]) -> tuple[torch.Tens
 
 def fuse_projections(model: nn.Module, *, copy: bool = True) -> None:
     """q/k/v and gate/up of every backbone layer of a ``MossTTSLocalModel`` (``copy``: as fuse_linears)."""
-    for layer in model.transformer.layers:  # type: ignore[union-attr]
-        attn, mlp = layer.self_attn, layer.mlp
-        fuse_linears(attn, [attn.q_proj, attn.k_proj, attn.v_proj], copy=copy)
-        fuse_linears(mlp, [mlp.gate_proj, mlp.up_proj], copy=copy)
+    for owner, linears in projection_groups(model):
+        fuse_linears(owner, linears, copy=copy)
