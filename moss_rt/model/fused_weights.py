@@ -8,9 +8,9 @@ through the view) and ``state_dict`` unchanged.
 
 ``fuse_projections`` runs in ``network.build_model`` right after the parameters are materialised on their device
 and dtype (``materialize``: one allocation, each projection's members laid out one after another, so the
-concatenation is a view of them), before any weights are read. ``fused_weight`` hands a forward the concatenation only while the views
-still point into it (a later ``module.to(...)`` would replace them with separate tensors; the forward then
-falls back to concatenating the separate GEMMs' outputs).
+concatenation is a view of them), before any weights are read. ``fused_weight`` hands a forward the concatenation
+only while the views still point into it (a later ``module.to(...)`` would replace them with separate tensors; the
+forward then falls back to concatenating the separate GEMMs' outputs).
 """
 
 from __future__ import annotations
