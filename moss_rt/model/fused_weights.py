@@ -24,12 +24,12 @@ FUSED_WEIGHT = "_fused_weight"  # plain attributes (not parameters or buffers): 
 FUSED_BIAS = "_fused_bias"
 
 
-def fuse_linears(owner: nn.Module, linears: list[nn.Linear], *, copy: bool = True) -> None:
-    """Re-home the weights (and biases) of ``linears`` as consecutive row slices of one new tensor on ``owner``.
+def fuse_linears(owner: nn.Module, linears: list[nn.Linear]) -> None:
+    """Re-home the weights (and biases) of ``linears`` as consecutive row slices of one tensor on ``owner``.
 
-    Values are copied (unless ``copy`` is False: parameters just allocated, whose values are not read yet), so this
-    may run before or after loading; the old tensors are released. Where the weights (and biases) already lie one
-    after another in one storage (``materialize``'s layout), the concatenation is a view of them: nothing moves.
+    Where they already lie one after another in one storage (``materialize``'s layout: what ``build_model`` makes),
+    the concatenation is a view of them and nothing moves. Otherwise it is a new tensor their values are copied into
+    (so this may run before or after loading) and the old tensors are released.
     """
     if _adopt(owner, linears):
         return
@@ -42,12 +42,10 @@ def fuse_linears(owner: nn.Module, linears: list[nn.Linear], *, copy: bool = Tru
     with torch.no_grad():
         for lin in linears:
             n = lin.weight.shape[0]
-            if copy:
-                weight[start : start + n].copy_(lin.weight)
+            weight[start : start + n].copy_(lin.weight)
             lin.weight = nn.Parameter(weight[start : start + n], requires_grad=lin.weight.requires_grad)
             if bias is not None and lin.bias is not None:
-                if copy:
-                    bias[start : start + n].copy_(lin.bias)
+                bias[start : start + n].copy_(lin.bias)
                 lin.bias = nn.Parameter(bias[start : start + n], requires_grad=lin.bias.requires_grad)
             start += n
     object.__setattr__(owner, FUSED_WEIGHT, weight)  # bypass nn.Module: not a buffer, not in state_dict
@@ -152,7 +150,7 @@ def fused_weight(owner: nn.Module, linears: list[nn.Linear]) -> tuple[torch.Tens
     return weight, bias
 
 
-def fuse_projections(model: nn.Module, *, copy: bool = True) -> None:
-    """q/k/v and gate/up of every backbone layer of a ``MossTTSLocalModel`` (``copy``: as fuse_linears)."""
+def fuse_projections(model: nn.Module) -> None:
+    """q/k/v and gate/up of every backbone layer of a ``MossTTSLocalModel``."""
     for owner, linears in projection_groups(model):
-        fuse_linears(owner, linears, copy=copy)
+        fuse_linears(owner, linears)

@@ -435,5 +435,5 @@ def build_model(config: MossTTSConfig, device: torch.device, dtype: torch.dtype)
     # q/k/v and gate/up weights as views into one tensor each (fused_weights.py): one GEMM each on the fused
     # path, same memory and names. Before loading, so the loader writes straight through the views; materialize laid
     # them out one after another, so nothing is allocated or copied.
-    fuse_projections(model, copy=False)
+    fuse_projections(model)
     return model.eval().requires_grad_(False)

@@ -8,17 +8,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from moss_rt.model import load_model
-from moss_rt.model.fused_weights import fuse_linears, fused_weight
+from moss_rt.model.fused_weights import fuse_linears, fused_weight, projection_groups
 from moss_rt.model.tiny import checkpoint_specs
 from tests.model.conftest import TINY
-
-
-def _groups(model: nn.Module) -> list[tuple[nn.Module, list[nn.Linear]]]:
-    out = []
-    for layer in model.transformer.layers:  # type: ignore[union-attr]
-        a, m = layer.self_attn, layer.mlp
-        out += [(a, [a.q_proj, a.k_proj, a.v_proj]), (m, [m.gate_proj, m.up_proj])]
-    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -26,7 +18,7 @@ def test_projection_weights_are_views_of_one_tensor_with_the_checkpoint_values(d
     model = load_model(TINY, dtype=dtype).model
     file = load_file(str(TINY / "model.safetensors"))
     names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-    for owner, linears in _groups(model):
+    for owner, linears in projection_groups(model):
         fused = fused_weight(owner, linears)
         assert fused is not None
         weight, bias = fused
@@ -68,15 +60,26 @@ def test_a_moved_layer_falls_back_instead_of_using_stale_fused_weights() -> None
     assert fused_weight(nn.Module(), [a, b]) is None  # never fused
 
 
-def test_fusing_just_allocated_weights_copies_nothing_and_loading_then_writes_through_the_views() -> None:
-    """build_model fuses before any value is read (copy=False): the views are in place, and a weight copied into a
-    parameter afterwards (what the loader does) is what the fused GEMM reads."""
-    owner = nn.Module()
+def test_weights_already_side_by_side_are_fused_as_a_view_and_loading_writes_through_it() -> None:
+    """build_model's layout (materialize): a projection's weights, then its biases, one after another in one storage;
+    fusing them allocates and copies nothing, and a weight loaded afterwards is what the fused GEMM reads. Weights that
+    are not so laid out get a new tensor with their values copied."""
+    flat = torch.zeros(4 * 8 + 6 * 8 + 4 + 6)
     a, b = nn.Linear(8, 4, bias=True), nn.Linear(8, 6, bias=True)
-    fuse_linears(owner, [a, b], copy=False)
+    a.weight, b.weight = nn.Parameter(flat[:32].view(4, 8)), nn.Parameter(flat[32:80].view(6, 8))
+    a.bias, b.bias = nn.Parameter(flat[80:84]), nn.Parameter(flat[84:])
+    owner = nn.Module()
+    fuse_linears(owner, [a, b])
     fused = fused_weight(owner, [a, b])
     assert fused is not None and fused[1] is not None
+    assert fused[0].data_ptr() == flat.data_ptr() and fused[1].data_ptr() == flat[80:].data_ptr()  # views, no copy
     with torch.no_grad():
-        a.weight.copy_(torch.ones(4, 8))
-        b.bias.copy_(torch.full((6,), 2.0))
-    assert torch.equal(fused[0][:4], torch.ones(4, 8)) and torch.equal(fused[1][4:], torch.full((6,), 2.0))
+        b.weight.copy_(torch.ones(6, 8))
+        a.bias.copy_(torch.full((4,), 2.0))
+    assert torch.equal(fused[0][4:], torch.ones(6, 8)) and torch.equal(fused[1][:4], torch.full((4,), 2.0))
+    apart = nn.Module()
+    c, d = nn.Linear(8, 4, bias=False), nn.Linear(8, 6, bias=False)
+    values = torch.cat([c.weight, d.weight]).detach().clone()
+    fuse_linears(apart, [c, d])  # separate tensors: copied into a new one
+    moved = fused_weight(apart, [c, d])
+    assert moved is not None and torch.equal(moved[0], values)
