@@ -411,6 +411,15 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
             # The codec worker's lanes: calls started in each, and a decode's mean time (all lanes).
             "codec_calls": {lane: delta(f'moss_rt_codec_calls_total{{lane="{lane}"}}')
                             for lane in ("priority", "bulk")},
+            # ...and how long a call waited in each lane from its hand-over to its start (mean, and calls over 80 ms).
+            "codec_queued_ms_mean": {
+                lane: round(1000.0 * delta(f'moss_rt_codec_queued_seconds_sum{{lane="{lane}"}}')
+                            / max(1.0, delta(f'moss_rt_codec_queued_seconds_count{{lane="{lane}"}}')), 2)
+                for lane in ("priority", "bulk")},
+            "codec_queued_over_80ms": {
+                lane: delta(f'moss_rt_codec_queued_seconds_count{{lane="{lane}"}}')
+                - delta(f'moss_rt_codec_queued_seconds_bucket{{lane="{lane}",le="0.08"}}')
+                for lane in ("priority", "bulk")},
             "codec_call_ms_mean": round(1000.0 * delta("moss_rt_codec_seconds_sum")
                                         / max(1.0, delta("moss_rt_codec_seconds_count")), 2),
             "cancel_dropped_frames": delta("moss_rt_cancel_dropped_frames_total"),

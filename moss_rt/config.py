@@ -123,6 +123,11 @@ class Settings:
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")
+    # Directors' first chunks go before steady chunks in the codec, but a steady chunk that has waited this long goes
+    # first: a flow of directors' ramps must not starve the running streams (engine/codec_worker.py).
+    codec_bulk_patience_ms: float = setting(
+        40.0, "ms a steady chunk's decode waits behind directors' first chunks at most before it goes first",
+    )
     # Steady chunks and batch work are decoded in calls of at most this many streams, so a director's first chunk
     # (the codec's priority lane) waits for at most one short call; fewer streams a call: shorter waits, less codec
     # throughput (each call has a fixed cost). 31 fills the codec's 32-row graph bucket (~20-30 ms at full size on an

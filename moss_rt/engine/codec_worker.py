@@ -15,7 +15,12 @@ The scheduler hands it work as plain callables and goes on stepping:
 **Two lanes.** A hand-over is ``priority`` (what a director is waiting on: interactive takes' first chunks, the
 rebuilds of interactive retakes) or bulk (steady chunks, batch work). The worker runs the oldest priority call that
 may go, else the oldest call: a priority call waits for the call running when it came, never for the bulk calls
-queued before it (the scheduler keeps bulk calls short: ``codec_call_streams``). Every call names the streams it
+queued before it (the scheduler keeps bulk calls short: ``codec_call_streams``) -- unless the oldest bulk call has
+waited ``bulk_patience_s`` since it was given: then it goes first. Without that bound a flow of priority calls
+starves the bulk lane: while the bulk lane is full the scheduler holds every running stream's step back
+(engine/codec_flow.py) and lets only directors' ramps step, whose chunks are priority calls again, so with directors
+starting one after another the running streams stood still for a second (measured on an H200, 64 directors with
+spread starts: one stream got 0.07x real time). Every call names the streams it
 touches (``keys``: the takes' codec states) and never runs before an earlier call on one of them, so each stream's
 chunks are decoded in order and a take's audio is the same whichever lane its chunks went through (calls of other
 streams never change a stream's numbers: a batched call's rows are independent). ``done(seq)`` therefore means that
@@ -72,6 +77,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_MAX_PENDING = 2  # hand-overs per lane queued or running: one decoding while the next waits its turn
+DEFAULT_BULK_PATIENCE_S = 0.04  # half a frame interval: a bulk call older than this goes before priority calls
 JOIN_TIMEOUT_S = 60.0
 
 
@@ -99,6 +105,7 @@ class _Item:
     withdraw: Callable[[Hashable], None] | None = None
     group: int = 0  # the hand-over it belongs to
     barrier: bool = False  # nothing queued after it runs before it (``call``)
+    given: float = field(default_factory=time.perf_counter)  # when its producer gave it (parked time counts)
 
 
 class CodecWorker:
@@ -108,13 +115,15 @@ class CodecWorker:
         threaded: bool,
         device: Any = None,
         max_pending: int = DEFAULT_MAX_PENDING,
+        bulk_patience_s: float = DEFAULT_BULK_PATIENCE_S,
         on_done: Callable[[], None] = lambda: None,
         on_wait: Callable[[float], None] = lambda seconds: None,
-        on_call: Callable[[bool], None] = lambda priority: None,
+        on_call: Callable[[bool, float], None] = lambda priority, queued_s: None,
         name: str = "moss-rt-codec",
     ) -> None:
         self.threaded = threaded
         self.max_pending = max(1, int(max_pending))
+        self.bulk_patience_s = max(0.0, float(bulk_patience_s))
         if device is not None and getattr(device, "type", None) == "cuda" and device.index is None:
             import torch
 
@@ -122,7 +131,7 @@ class CodecWorker:
         self._device = device
         self._on_done = on_done
         self._on_wait = on_wait
-        self._on_call = on_call  # a hand-over's call starts (True: from the priority lane)
+        self._on_call = on_call  # a hand-over's call starts: its lane (True: priority) and seconds since given
         self._name = name
         self._cond = threading.Condition()
         self._queue: list[_Item] = []
@@ -296,7 +305,7 @@ class CodecWorker:
             seq = self._issued
             self._outstanding.add(seq)
         try:
-            self._on_call(priority)
+            self._on_call(priority, 0.0)
             fn()
         except Exception:
             log.exception("codec work failed")
@@ -372,7 +381,11 @@ class CodecWorker:
             self._admit(group, priority, items)
 
     def _next(self) -> _Item:
-        """The oldest priority call no earlier call shares a stream with (none past a barrier), else the oldest."""
+        """The oldest call if it is a bulk call that has run out of patience; else the oldest priority call no earlier
+        call shares a stream with (none past a barrier), else the oldest."""
+        head = self._queue[0]
+        if not head.priority and time.perf_counter() - head.given >= self.bulk_patience_s:
+            return self._queue.pop(0)
         seen: set[Hashable] = set()
         for i, item in enumerate(self._queue):
             if item.barrier:
@@ -440,7 +453,7 @@ class CodecWorker:
                 else:
                     try:
                         if not item.barrier:
-                            self._on_call(item.priority)
+                            self._on_call(item.priority, time.perf_counter() - item.given)
                         item.fn()
                     except Exception:  # the scheduler's functions handle their own errors; keep serving
                         log.exception("codec work failed")

@@ -160,6 +160,12 @@ class EngineMetrics:
         self.codec_rebuild_frames = Counter(
             "moss_rt_codec_rebuild_frames_total", "Kept frames decoded again to rebuild codec states", registry=r
         )
+        self.codec_queued = Histogram(
+            "moss_rt_codec_queued_seconds",
+            "A codec call's wait from its hand-over to its start, by lane (a bulk call that waited codec_bulk_patience_ms "
+            "goes before priority calls)",
+            ["lane"], buckets=STEP_BUCKETS, registry=r,
+        )
         self.codec_calls = Counter(
             "moss_rt_codec_calls_total",
             "Codec decode calls started, by lane: priority (interactive takes' first chunks, their rebuilds) or bulk "

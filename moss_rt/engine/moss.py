@@ -475,8 +475,10 @@ class MossEngine(EngineLifecycle):
                 break
         return worked
 
-    def _count_codec_call(self, priority: bool) -> None:
-        self.metrics.codec_calls.labels("priority" if priority else "bulk").inc()
+    def _count_codec_call(self, priority: bool, queued_s: float) -> None:
+        lane = "priority" if priority else "bulk"
+        self.metrics.codec_calls.labels(lane).inc()
+        self.metrics.codec_queued.labels(lane).observe(queued_s)
 
     def _take_done(self, take: Take) -> None:
         with self._admit_lock:
@@ -655,6 +657,7 @@ class MossEngine(EngineLifecycle):
             threaded=s.codec_overlap,
             device=where.device,
             max_pending=CODEC_MAX_PENDING,
+            bulk_patience_s=s.codec_bulk_patience_ms / 1000.0,
             on_done=self._wake.set,  # a take waiting for its last chunk ends on the next round
             on_wait=self.metrics.codec_wait.observe,
             on_call=self._count_codec_call,

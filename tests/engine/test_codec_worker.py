@@ -155,7 +155,7 @@ def test_a_priority_call_goes_ahead_of_queued_bulk_calls_but_never_ahead_of_its_
     """Bulk calls of streams a and b are queued behind a running one; priority calls come: those of new streams run
     next, in their order (they wait only for the running call); the one of stream b waits for b's earlier bulk call (a
     stream's calls stay in order) and then goes first."""
-    w = CodecWorker(threaded=True, max_pending=4, name="test-codec-lanes")
+    w = CodecWorker(threaded=True, max_pending=4, bulk_patience_s=60.0, name="test-codec-lanes")
     w.start()
     ran: list[str] = []
     try:
@@ -169,6 +169,31 @@ def test_a_priority_call_goes_ahead_of_queued_bulk_calls_but_never_ahead_of_its_
         release.set()
         w.drain()
         assert ran == ["first chunk c", "first chunk d", "bulk a", "bulk b", "first chunk b", "bulk e"]
+    finally:
+        w.close()
+
+
+def test_a_bulk_call_that_ran_out_of_patience_goes_before_priority_calls() -> None:
+    """Priority calls keep coming while bulk calls wait: a bulk call that has waited ``bulk_patience_s`` runs before
+    them (the running streams are not starved by directors' ramps; one within its patience does not: the test above);
+    each call's wait is reported with its lane."""
+    started_calls: list[tuple[bool, float]] = []
+    w = CodecWorker(threaded=True, max_pending=4, bulk_patience_s=0.05, name="test-codec-patience",
+                    on_call=lambda priority, queued_s: started_calls.append((priority, queued_s)))
+    w.start()
+    ran: list[str] = []
+    try:
+        _, release, _ = _held(w)
+        w.submit(lambda: ran.append("old bulk a"), keys=("a",))
+        time.sleep(0.08)  # a's patience runs out while the held call runs
+        w.submit(lambda: ran.append("first chunk c"), priority=True, keys=("c",))
+        w.submit(lambda: ran.append("first chunk d"), priority=True, keys=("d",))
+        release.set()
+        w.drain()
+        assert ran == ["old bulk a", "first chunk c", "first chunk d"]
+        bulk_waits = [q for priority, q in started_calls if not priority]
+        assert bulk_waits[1] >= 0.05  # the old bulk call (after the first held one), reported with its wait
+        assert all(q >= 0.0 for _, q in started_calls)
     finally:
         w.close()
 
