@@ -128,6 +128,11 @@ class Settings:
     codec_bulk_patience_ms: float = setting(
         40.0, "ms a steady chunk's decode waits behind directors' first chunks at most before it goes first",
     )
+    # ...and a decode of a render's lines only (nobody hears them as they come): longer, so a render's chunks do not
+    # go before directors' first chunks (issue 26's fairness); still bounded, so its steps are never held for long.
+    codec_batch_patience_ms: float = setting(
+        250.0, "ms a decode of a render's chunks waits behind directors' first chunks at most before it goes first",
+    )
     # Steady chunks and batch work are decoded in calls of at most this many streams, so a director's first chunk
     # (the codec's priority lane) waits for at most one short call; fewer streams a call: shorter waits, less codec
     # throughput (each call has a fixed cost). 31 fills the codec's 32-row graph bucket (~20-30 ms at full size on an

@@ -15,12 +15,15 @@ The scheduler hands it work as plain callables and goes on stepping:
 **Two lanes.** A hand-over is ``priority`` (what a director is waiting on: interactive takes' first chunks, the
 rebuilds of interactive retakes) or bulk (steady chunks, batch work). The worker runs the oldest priority call that
 may go, else the oldest call: a priority call waits for the call running when it came, never for the bulk calls
-queued before it (the scheduler keeps bulk calls short: ``codec_call_streams``) -- unless the oldest bulk call has
-waited ``bulk_patience_s`` since it was given: then it goes first. Without that bound a flow of priority calls
+queued before it (the scheduler keeps bulk calls short: ``codec_call_streams``) -- unless a bulk call has waited
+its patience since it was given (``bulk_patience_s``, or the call's own ``patience_s``: the scheduler gives a
+render's calls a longer one): then it goes first, but never twice in a row while a priority call waits, so a
+priority call waits for at most the running call and one bulk call. Without that bound a flow of priority calls
 starves the bulk lane: while the bulk lane is full the scheduler holds every running stream's step back
 (engine/codec_flow.py) and lets only directors' ramps step, whose chunks are priority calls again, so with directors
-starting one after another the running streams stood still for a second (measured on an H200, 64 directors with
-spread starts: one stream got 0.07x real time). Every call names the streams it
+starting one after another the running streams stood still for a second or more (measured on an H200, 64 directors
+with spread starts: 0.04x real time for the slowest stream, bulk calls queued 1.5-2 s on average; with a patience of
+40 ms: 1.66x, 68 ms). Every call names the streams it
 touches (``keys``: the takes' codec states) and never runs before an earlier call on one of them, so each stream's
 chunks are decoded in order and a take's audio is the same whichever lane its chunks went through (calls of other
 streams never change a stream's numbers: a batched call's rows are independent). ``done(seq)`` therefore means that
@@ -93,6 +96,7 @@ class CodecCall:
     fn: Callable[[], object]
     keys: tuple[Hashable, ...] = ()
     withdraw: Callable[[Hashable], None] | None = None
+    patience_s: float | None = None  # a bulk call's patience (None: the worker's bulk_patience_s)
 
 
 @dataclass(eq=False)
@@ -106,6 +110,7 @@ class _Item:
     group: int = 0  # the hand-over it belongs to
     barrier: bool = False  # nothing queued after it runs before it (``call``)
     given: float = field(default_factory=time.perf_counter)  # when its producer gave it (parked time counts)
+    patience_s: float = 0.0  # (bulk) how long it waits behind priority calls at most
 
 
 class CodecWorker:
@@ -124,6 +129,7 @@ class CodecWorker:
         self.threaded = threaded
         self.max_pending = max(1, int(max_pending))
         self.bulk_patience_s = max(0.0, float(bulk_patience_s))
+        self._aged_last = False  # the call started last was a bulk call that went first for its patience
         if device is not None and getattr(device, "type", None) == "cuda" and device.index is None:
             import torch
 
@@ -201,10 +207,11 @@ class CodecWorker:
         priority: bool = False,
         keys: Sequence[Hashable] = (),
         withdraw: Callable[[Hashable], None] | None = None,
+        patience_s: float | None = None,
     ) -> int:
         """Queue ``fn`` (it handles its own errors) as a hand-over of its own and return its sequence number; blocks
         while ``max_pending`` hand-overs of its lane are queued or running. Inline, ``fn`` runs now."""
-        return self.submit_all([CodecCall(fn, tuple(keys), withdraw)], priority=priority)[0]
+        return self.submit_all([CodecCall(fn, tuple(keys), withdraw, patience_s)], priority=priority)[0]
 
     def submit_all(self, calls: Sequence[CodecCall], *, priority: bool = False, wait: bool = True) -> list[int]:
         """Queue ``calls`` as one hand-over (in this order) and return their sequence numbers; blocks while
@@ -215,7 +222,11 @@ class CodecWorker:
         if not self._threaded_now():
             self._check_open()
             return [self._run_inline(c.fn, priority) for c in calls]
-        items = [_Item(0, c.fn, priority=priority, keys=set(c.keys), withdraw=c.withdraw) for c in calls]
+        items = [
+            _Item(0, c.fn, priority=priority, keys=set(c.keys), withdraw=c.withdraw,
+                  patience_s=self.bulk_patience_s if c.patience_s is None else max(0.0, c.patience_s))
+            for c in calls
+        ]
         return self._enqueue(items, priority) if wait else self._park(items, priority)
 
     def call(self, fn: Callable[[], T]) -> T:
@@ -381,19 +392,27 @@ class CodecWorker:
             self._admit(group, priority, items)
 
     def _next(self) -> _Item:
-        """The oldest call if it is a bulk call that has run out of patience; else the oldest priority call no earlier
-        call shares a stream with (none past a barrier), else the oldest."""
-        head = self._queue[0]
-        if not head.priority and time.perf_counter() - head.given >= self.bulk_patience_s:
-            return self._queue.pop(0)
+        """(Under the lock.) The call to run next: the oldest priority call no earlier call shares a stream with (none
+        past a barrier), else the oldest -- but first the oldest bulk call out of patience that may go, unless the
+        call before was one and a priority call may go (the lanes then alternate)."""
+        now = time.perf_counter()
         seen: set[Hashable] = set()
+        aged: int | None = None
+        first_priority: int | None = None
         for i, item in enumerate(self._queue):
             if item.barrier:
                 break
-            if item.priority and not (item.keys & seen):
-                return self._queue.pop(i)
+            free = not (item.keys & seen)
+            if free and item.priority and first_priority is None:
+                first_priority = i
+            elif free and not item.priority and aged is None and now - item.given >= item.patience_s:
+                aged = i
             seen |= item.keys
-        return self._queue.pop(0)
+        if aged is not None and not (self._aged_last and first_priority is not None):
+            self._aged_last = True
+            return self._queue.pop(aged)
+        self._aged_last = False
+        return self._queue.pop(0 if first_priority is None else first_priority)
 
     def _settle(self, item: _Item) -> None:
         """``item`` is done or dropped (under the lock)."""

@@ -657,7 +657,7 @@ class MossEngine(EngineLifecycle):
             threaded=s.codec_overlap,
             device=where.device,
             max_pending=CODEC_MAX_PENDING,
-            bulk_patience_s=s.codec_bulk_patience_ms / 1000.0,
+            bulk_patience_s=max(0.0, s.codec_bulk_patience_ms) / 1000.0,
             on_done=self._wake.set,  # a take waiting for its last chunk ends on the next round
             on_wait=self.metrics.codec_wait.observe,
             on_call=self._count_codec_call,
@@ -718,6 +718,7 @@ class MossEngine(EngineLifecycle):
                 batch_share=min(1.0, max(0.0, s.batch_share)),
                 batch_yield_share=min(1.0, max(0.0, s.batch_yield_share)),
                 codec_call_streams=max(1, s.codec_call_streams),
+                codec_batch_patience_s=max(0.0, s.codec_batch_patience_ms) / 1000.0,
             ),
             on_take_done=self._take_done,
             sync=self._sync,

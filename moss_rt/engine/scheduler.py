@@ -113,6 +113,9 @@ PREFILL_KEYS_PER_ROW = 1024
 SCORE_BOUND_MIN_ROWS = 128
 
 
+DEFAULT_BATCH_PATIENCE_S = 0.25
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_slots: int
@@ -124,6 +127,9 @@ class SchedulerConfig:
     batch_share: float = DEFAULT_BATCH_SHARE  # share of slots and KV blocks batch takes may hold at once
     codec_call_streams: int = DEFAULT_CODEC_CALL_STREAMS  # streams per bulk codec call (priority calls: any)
     batch_yield_share: float = BATCH_YIELD_SHARE  # share of step rounds batch work may stand aside for directors
+    # A codec call holding only batch takes' chunks (a render's lines: nobody listens as they come) waits this long
+    # behind directors' first chunks before it goes first; calls with a listened stream have the worker's patience.
+    codec_batch_patience_s: float = DEFAULT_BATCH_PATIENCE_S
 
     @property
     def batch_slots(self) -> int:
@@ -818,8 +824,11 @@ class Scheduler:
 
     def _codec_call(self, run: Callable[[list[_Chunk]], None], chunks: list[_Chunk]) -> CodecCall:
         """One codec call over ``chunks``: it touches their streams' states and can give any of them up before it
-        starts (a cancelled take: a padding row takes its place, so the call's batch stays the same)."""
-        return CodecCall(partial(run, chunks), tuple(c.state for c in chunks), partial(self._withdraw_from, chunks))
+        starts (a cancelled take: a padding row takes its place, so the call's batch stays the same). A call of batch
+        takes only has the longer patience (codec_worker: how long a bulk call waits behind priority calls)."""
+        patience = self.config.codec_batch_patience_s if all(c.take.batch for c in chunks) else None
+        return CodecCall(partial(run, chunks), tuple(c.state for c in chunks), partial(self._withdraw_from, chunks),
+                         patience)
 
     def _withdraw_from(self, chunks: list[_Chunk], key: Hashable) -> None:
         """(On this thread, under the codec worker's lock, while the call has not started.) The stream ``key`` leaves
@@ -960,12 +969,12 @@ class Scheduler:
         """Chunks cut into codec calls: equal lengths together; a bulk call holds at most ``codec_call_streams``
         streams (STARTING_CALL_STREAMS while a director's take is starting), a priority call as many as one graphed
         call of that length can (their calls are short anyway)."""
-        by_t: dict[int, list[_Chunk]] = {}
-        for chunk in chunks:
-            by_t.setdefault(int(chunk.codes.shape[0]), []).append(chunk)
+        by_t: dict[tuple[int, bool], list[_Chunk]] = {}
+        for chunk in chunks:  # a render's chunks apart from listened ones: their calls wait longer (_codec_call)
+            by_t.setdefault((int(chunk.codes.shape[0]), chunk.take.batch), []).append(chunk)
         pieces = []
         starting = bulk and self._interactive_starting()
-        for t, group in by_t.items():
+        for (t, _), group in by_t.items():
             if not bulk:
                 per_call = self._call_streams(t, cap=len(group))
             elif starting:

@@ -108,7 +108,7 @@ def engine_settings(data_dir: Path, *, overlap: bool, device: str = "cpu", **ove
         "max_slots": 8, "max_queue": 8, "max_seq_len": 256, "max_lead_sec": 0.0, "codec_overlap": overlap,
         # The tests that order the codec's lanes hold calls on its worker for as long as the test takes: a bulk call
         # never runs out of patience here (the patience is tested on the worker alone, test_codec_worker.py).
-        "codec_bulk_patience_ms": 60_000.0,
+        "codec_bulk_patience_ms": 60_000.0, "codec_batch_patience_ms": 60_000.0,
     }
     base.update(overrides)
     return Settings(**base)

@@ -20,6 +20,7 @@ import torch
 from moss_rt.audio import to_int16_pcm
 from moss_rt.engine.base import RAMP_FRAMES, EndReason, TakePriority
 from moss_rt.engine.codec_batch import CodecBatcher
+from moss_rt.engine.codec_worker import CodecCall
 from moss_rt.engine.moss import MossEngine
 from moss_rt.engine.scheduler import Scheduler, _Chunk
 from moss_rt.protocol import FRAME_SAMPLES
@@ -180,8 +181,17 @@ def test_first_chunks_go_in_the_priority_lane_and_bulk_calls_stay_short(tiny_dat
             lengths.setdefault(c.take.take_id, []).append(int(c.codes.shape[0]))
         real(self, chunks)
 
+    patience: dict[tuple[str, ...], float | None] = {}
+    real_call = Scheduler._codec_call
+
+    def codec_call(self: Scheduler, run: Any, chunks: list[_Chunk]) -> CodecCall:
+        made = real_call(self, run, chunks)
+        patience[tuple(c.take.take_id for c in chunks)] = made.patience_s
+        return made
+
     monkeypatch.setattr(Scheduler, "_decode_and_push", decode_and_push)
-    settings = engine_settings(tiny_data_dir, overlap=False, codec_call_streams=2)
+    monkeypatch.setattr(Scheduler, "_codec_call", codec_call)
+    settings = engine_settings(tiny_data_dir, overlap=False, codec_call_streams=2, codec_batch_patience_ms=300.0)
     with loaded_engine(settings) as engine:
         specs = [spec(f"d{i}", i, 20, 4, text=f"{TEXT} Director {i}.") for i in range(3)]
         specs += [spec(f"b{i}", 10 + i, 20, 4, text=f"{TEXT} Line {i}.", priority=TakePriority.BATCH)
@@ -196,6 +206,11 @@ def test_first_chunks_go_in_the_priority_lane_and_bulk_calls_stay_short(tiny_dat
         ramp = {(take, frame) for call in priority_calls for take, frame, _ in call}
         assert {(f"d{i}", f) for i in range(3) for f in range(4)} <= ramp  # first audio and one-frame chunks
         assert max(len(call) for call in bulk_calls) == 2
+        # A render's chunks never share a call with a listened stream's (3 + 3 streams in calls of 2 would mix), and
+        # their calls wait longer behind directors' first chunks; the others have the worker's patience.
+        assert all(len({take[0] for take, _, _ in call}) == 1 for call in bulk_calls)
+        assert {p for takes, p in patience.items() if takes[0].startswith("b")} == {0.3}
+        assert {p for takes, p in patience.items() if takes[0].startswith("d")} == {None}
         # A script line has no listener waiting for its first sound: no one-frame ramp, whole chunks on the shared
         # cadence (its first one shorter to get in phase, its last what is left).
         for i in range(3):
