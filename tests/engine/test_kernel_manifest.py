@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from moss_rt.engine import kernel_manifest
 from moss_rt.engine import moss as moss_module
 from moss_rt.engine.compile_workers import CompileWorkers, KernelJob
 from moss_rt.engine.kernel_manifest import MANIFEST_NAME, load_jobs, manifest_paths, save_jobs
@@ -88,9 +89,12 @@ def test_a_start_hands_the_manifests_kernels_over_and_records_what_it_met(tmp_pa
     """The engine's two ends of it on the CPU: Triton's version and the GPU's target are stand-ins."""
     monkeypatch.setitem(sys.modules, "triton", SimpleNamespace(__version__="3.6.0"))
     monkeypatch.setattr(moss_module, "current_target", lambda: H200)
+    shipped = tmp_path / "shipped"
+    monkeypatch.setattr(kernel_manifest, "SHIPPED", shipped)
+    save_jobs(shipped / "h200.json", [_job("step"), _job("norm")], "3.6.0")
     data = tmp_path / "data"
     save_jobs(data / MANIFEST_NAME, [_job("norm"), _job("attend", target=A10)], "3.6.0")
-    assert manifest_paths(data)[-1] == data / MANIFEST_NAME
+    assert manifest_paths(data) == [shipped / "h200.json", data / MANIFEST_NAME]
     asked: list[str] = []
     engine = MossEngine(engine_settings(data, overlap=False))
     engine._compile_workers = CompileWorkers(2, pool=_threads, compile_fn=lambda j: asked.append(j.name) or 0.1)
@@ -99,9 +103,20 @@ def test_a_start_hands_the_manifests_kernels_over_and_records_what_it_met(tmp_pa
     assert engine._compile_workers.compile(_job("norm"))  # met: it was handed over at the start
     assert engine._compile_workers.compile(_job("rope"))  # met: new on this start
     engine._end_compiles()
-    assert sorted(asked) == ["norm", "rope"]  # this GPU's job from the manifest, once; the A10's not at all
+    # This GPU's jobs from the manifests (the shipped one's and the data dir's), each once; the A10's not at all.
+    assert sorted(asked) == ["norm", "rope", "step"]
     assert [j.name for j in load_jobs([data / MANIFEST_NAME], "3.6.0", H200)] == ["norm", "rope"]
     assert [j.name for j in load_jobs([data / MANIFEST_NAME], "3.6.0", A10)] == ["attend"]  # kept for that GPU
+
+
+def test_the_shipped_manifest_names_the_h200s_kernels_for_its_triton() -> None:
+    """The manifest recorded on an H200 (bench/RESULTS.md, session 14) ships with the package and is read as the
+    start reads it: jobs of moss_rt's own kernels for that GPU and Triton version, none for another GPU."""
+    shipped = manifest_paths(Path("no-data-dir"))[:-1]
+    assert [p.name for p in shipped] == ["h200-triton3.6.json"]
+    jobs = load_jobs(shipped, "3.6.0", H200)
+    assert len(jobs) >= 40 and all(j.module.startswith("moss_rt.") for j in jobs)
+    assert load_jobs(shipped, "3.6.0", A10) == [] and load_jobs(shipped, "3.7.0", H200) == []
 
 
 def test_no_compile_workers_no_manifest(tmp_path: Path) -> None:
