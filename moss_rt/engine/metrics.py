@@ -162,8 +162,8 @@ class EngineMetrics:
         )
         self.codec_queued = Histogram(
             "moss_rt_codec_queued_seconds",
-            "A codec call's wait from its hand-over to its start, by lane (a bulk call that waited codec_bulk_patience_ms "
-            "goes before priority calls)",
+            "A codec call's wait from its hand-over to its start, by lane (a bulk call that waited its patience, "
+            "codec_bulk_patience_ms or codec_batch_patience_ms, goes before priority calls)",
             ["lane"], buckets=STEP_BUCKETS, registry=r,
         )
         self.codec_calls = Counter(
