@@ -123,10 +123,11 @@ class Settings:
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")
-    # Directors' first chunks go before steady chunks in the codec, but a steady chunk that has waited this long goes
-    # first: a flow of directors' ramps must not starve the running streams (engine/codec_worker.py).
+    # Directors' first chunks go before steady chunks in the codec, but while the steady chunks back up (and so hold
+    # the running streams' steps), one that has waited this long goes first: a flow of directors' ramps must not
+    # starve the running streams (engine/codec_worker.py).
     codec_bulk_patience_ms: float = setting(
-        40.0, "ms a steady chunk's decode waits behind directors' first chunks at most before it goes first",
+        40.0, "ms a steady chunk's decode waits behind directors' first chunks at most, once the codec is backed up",
     )
     # ...and a decode of a render's lines only (nobody hears them as they come): longer, so a render's chunks do not
     # go before directors' first chunks (issue 26's fairness); still bounded, so its steps are never held for long.

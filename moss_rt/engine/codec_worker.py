@@ -15,15 +15,18 @@ The scheduler hands it work as plain callables and goes on stepping:
 **Two lanes.** A hand-over is ``priority`` (what a director is waiting on: interactive takes' first chunks, the
 rebuilds of interactive retakes) or bulk (steady chunks, batch work). The worker runs the oldest priority call that
 may go, else the oldest call: a priority call waits for the call running when it came, never for the bulk calls
-queued before it (the scheduler keeps bulk calls short: ``codec_call_streams``) -- unless a bulk call has waited
-its patience since it was given (``bulk_patience_s``, or the call's own ``patience_s``: the scheduler gives a
-render's calls a longer one): then it goes first, but never twice in a row while a priority call waits, so a
-priority call waits for at most the running call and one bulk call. Without that bound a flow of priority calls
-starves the bulk lane: while the bulk lane is full the scheduler holds every running stream's step back
-(engine/codec_flow.py) and lets only directors' ramps step, whose chunks are priority calls again, so with directors
-starting one after another the running streams stood still for a second or more (measured on an H200, 64 directors
-with spread starts: 0.04x real time for the slowest stream, bulk calls queued 1.5-2 s on average; with a patience of
-40 ms: 1.66x, 68 ms). Every call names the streams it
+queued before it (the scheduler keeps bulk calls short: ``codec_call_streams``) -- unless the bulk lane is backed up
+(a bulk hand-over is parked behind it) and a bulk call has waited its patience since it was given
+(``bulk_patience_s``, or the call's own ``patience_s``: the scheduler gives a render's calls a longer one): then it
+goes first, but never twice in a row while a priority call waits, so a priority call waits for at most the running
+call and one bulk call. Without that bound a flow of priority calls starves the bulk lane: while hand-overs are
+parked behind it the scheduler holds every running stream's step back (engine/codec_flow.py) and lets only
+directors' ramps step, whose chunks are priority calls again, so with directors starting one after another the
+running streams stood still for a second or more (measured on an H200, 64 directors with spread starts: 0.04x real
+time for the slowest stream, bulk calls queued 1.5-2 s on average; with a patience of 40 ms: 1.66x, 68 ms). Only
+when backed up: a bulk call that waits while nothing is parked holds no one's step back (the streams' clients hold
+seconds of audio), and letting it go first then only made directors' first chunks wait (16 directors on an H200:
+first audio p95 62 -> 81 ms with a patience of 40 ms for every bulk call). Every call names the streams it
 touches (``keys``: the takes' codec states) and never runs before an earlier call on one of them, so each stream's
 chunks are decoded in order and a take's audio is the same whichever lane its chunks went through (calls of other
 streams never change a stream's numbers: a batched call's rows are independent). ``done(seq)`` therefore means that
@@ -393,8 +396,9 @@ class CodecWorker:
 
     def _next(self) -> _Item:
         """(Under the lock.) The call to run next: the oldest priority call no earlier call shares a stream with (none
-        past a barrier), else the oldest -- but first the oldest bulk call out of patience that may go, unless the
-        call before was one and a priority call may go (the lanes then alternate)."""
+        past a barrier), else the oldest -- but while bulk hand-overs are parked, first the oldest bulk call out of
+        patience that may go, unless the call before was one and a priority call may go (the lanes then alternate)."""
+        backed_up = any(not lane for _, lane, _ in self._parked)
         now = time.perf_counter()
         seen: set[Hashable] = set()
         aged: int | None = None
@@ -405,7 +409,7 @@ class CodecWorker:
             free = not (item.keys & seen)
             if free and item.priority and first_priority is None:
                 first_priority = i
-            elif free and not item.priority and aged is None and now - item.given >= item.patience_s:
+            elif free and backed_up and not item.priority and aged is None and now - item.given >= item.patience_s:
                 aged = i
             seen |= item.keys
         if aged is not None and not (self._aged_last and first_priority is not None):

@@ -173,30 +173,61 @@ def test_a_priority_call_goes_ahead_of_queued_bulk_calls_but_never_ahead_of_its_
         w.close()
 
 
-def test_a_bulk_call_that_ran_out_of_patience_goes_before_priority_calls() -> None:
-    """Priority calls keep coming while bulk calls wait: a bulk call that has waited ``bulk_patience_s`` (or its own
-    ``patience_s``) runs before them, the lanes taking turns (the running streams are not starved by directors' ramps;
-    one within its patience does not go first: the test above); each call's wait is reported with its lane."""
-    started_calls: list[tuple[bool, float]] = []
-    w = CodecWorker(threaded=True, max_pending=4, bulk_patience_s=0.05, name="test-codec-patience",
-                    on_call=lambda priority, queued_s: started_calls.append((priority, queued_s)))
+def _patient_worker(name: str, started_calls: list[tuple[bool, float]] | None = None) -> CodecWorker:
+    calls = started_calls if started_calls is not None else []
+    w = CodecWorker(threaded=True, max_pending=4, bulk_patience_s=0.05, name=name,
+                    on_call=lambda priority, queued_s: calls.append((priority, queued_s)))
     w.start()
+    return w
+
+
+def test_a_backed_up_bulk_call_out_of_patience_goes_before_priority_calls_in_turns() -> None:
+    """Priority calls wait while the bulk lane is backed up (hand-overs parked behind it: the scheduler holds the
+    running streams' steps for it): a bulk call that has waited ``bulk_patience_s`` (or its own ``patience_s``) runs
+    before them, the lanes taking turns, until nothing is parked; each call's wait is reported with its lane."""
+    started_calls: list[tuple[bool, float]] = []
+    w = _patient_worker("test-codec-patience", started_calls)
+    ran: list[str] = []
+
+    def bulk(name: str, **kw: float) -> CodecCall:
+        return CodecCall(lambda: ran.append(name), (name,), None, kw.get("patience_s"))
+
+    try:
+        _, release, _ = _held(w)  # the bulk lane's first hand-over of 4
+        w.submit_all([bulk("r", patience_s=60.0)])  # the oldest, with a patience of its own (a render's call)
+        w.submit_all([bulk("a")])
+        w.submit_all([bulk("b")])
+        for name in ("e", "f", "g"):
+            w.submit_all([bulk(name)], wait=False)  # the lane is full: parked
+        assert w.parked() == 3
+        time.sleep(0.08)  # every bulk call but r runs out of patience while the held call runs
+        w.submit(lambda: ran.append("C"), priority=True, keys=("C",))
+        w.submit(lambda: ran.append("D"), priority=True, keys=("D",))
+        release.set()
+        w.drain()
+        # e joins the lane as the held call ends, f after a, g after b: until g is in, a bulk call out of patience goes
+        # first (r is older but within its patience), then a priority call (turns); then nothing is parked: the priority
+        # call, then the oldest first.
+        assert ran == ["a", "C", "b", "D", "r", "e", "f", "g"]
+        bulk_waits = [q for priority, q in started_calls if not priority]
+        assert min(bulk_waits[1:3]) >= 0.05  # a's and b's waits (after the held call), reported
+        assert all(q >= 0.0 for _, q in started_calls)
+    finally:
+        w.close()
+
+
+def test_a_bulk_call_out_of_patience_does_not_go_first_while_nothing_is_parked() -> None:
+    """Nothing parked behind the bulk lane, no step is held for it: a director's first chunk still goes first."""
+    w = _patient_worker("test-codec-patience-idle")
     ran: list[str] = []
     try:
         _, release, _ = _held(w)
         w.submit(lambda: ran.append("old bulk a"), keys=("a",))
-        w.submit(lambda: ran.append("old bulk b"), keys=("b",))
-        w.submit(lambda: ran.append("render r"), keys=("r",), patience_s=60.0)  # a call with a patience of its own
-        time.sleep(0.08)  # a's and b's patience runs out while the held call runs
+        time.sleep(0.08)
         w.submit(lambda: ran.append("first chunk c"), priority=True, keys=("c",))
-        w.submit(lambda: ran.append("first chunk d"), priority=True, keys=("d",))
         release.set()
         w.drain()
-        # Out of patience, a bulk call goes first, but the lanes alternate: a priority call waits for one bulk call.
-        assert ran == ["old bulk a", "first chunk c", "old bulk b", "first chunk d", "render r"]
-        bulk_waits = [q for priority, q in started_calls if not priority]
-        assert min(bulk_waits[1:3]) >= 0.05  # the old bulk calls (after the first held one), reported with their wait
-        assert all(q >= 0.0 for _, q in started_calls)
+        assert ran == ["first chunk c", "old bulk a"]
     finally:
         w.close()
 
