@@ -420,6 +420,10 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
                 lane: delta(f'moss_rt_codec_queued_seconds_count{{lane="{lane}"}}')
                 - delta(f'moss_rt_codec_queued_seconds_bucket{{lane="{lane}",le="0.08"}}')
                 for lane in ("priority", "bulk")},
+            # The garbage collector's runs while the round ran (any thread): full collections and their total time.
+            "gc_full_collections": delta('moss_rt_gc_pause_seconds_count{generation="2"}'),
+            "gc_ms_total": round(1000.0 * sum(delta(f'moss_rt_gc_pause_seconds_sum{{generation="{g}"}}')
+                                               for g in ("0", "1", "2")), 1),
             "codec_call_ms_mean": round(1000.0 * delta("moss_rt_codec_seconds_sum")
                                         / max(1.0, delta("moss_rt_codec_seconds_count")), 2),
             "cancel_dropped_frames": delta("moss_rt_cancel_dropped_frames_total"),

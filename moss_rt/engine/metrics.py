@@ -17,6 +17,8 @@ TTFA_BUCKETS = (0.02, 0.05, 0.08, 0.12, 0.16, 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2
 STEP_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.2, 0.4, 0.8, 1.6)
 # Parts of one admission: tens of microseconds to a few milliseconds.
 ADMIT_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
+# The garbage collector's runs: a young generation's in microseconds, a full one over a large heap in 100s of ms.
+GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 
 class EngineMetrics:
@@ -159,6 +161,12 @@ class EngineMetrics:
         )
         self.codec_rebuild_frames = Counter(
             "moss_rt_codec_rebuild_frames_total", "Kept frames decoded again to rebuild codec states", registry=r
+        )
+        self.gc_pause = Histogram(
+            "moss_rt_gc_pause_seconds",
+            "Runs of the garbage collector, by generation (2: a full collection), on whichever thread triggered it: "
+            "that thread stood still meanwhile (engine/gc_pauses.py)",
+            ["generation"], buckets=GC_BUCKETS, registry=r,
         )
         self.codec_queued = Histogram(
             "moss_rt_codec_queued_seconds",

@@ -41,6 +41,7 @@ from moss_rt.engine.base import (
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
 from moss_rt.engine.compile_workers import CompileWorkers, KernelJob, current_target, why_unsupported
+from moss_rt.engine.gc_pauses import GcPauses, freeze_start_objects, unfreeze
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.kept_digests import KeptDigests
 from moss_rt.engine.kernel_manifest import MANIFEST_NAME, load_jobs, manifest_paths, save_jobs
@@ -152,6 +153,7 @@ class MossEngine(EngineLifecycle):
         # The prompt blocks kept for later takes, by key: a cluster replica reports them to its routers.
         self.kept_prompts = KeptDigests()
         self.startup = StartupTimeline(self.metrics.startup)  # the seconds of each phase of the start
+        self._gc_pauses = GcPauses(self.metrics.gc_pause)  # installed while the engine's thread runs
         self._busy_at = 0.0  # when the engine last had work (idle captures wait IDLE_CAPTURE_QUIET_S after it)
         self._ahead_marker: Path | None = None  # the Triton cache's "every kernel compiled" file, to write once warm
         self._compiles: AheadCompiles | None = None  # kernels compiling ahead of the warm-up's captures
@@ -240,6 +242,8 @@ class MossEngine(EngineLifecycle):
         self._batcher = None
         self._decoder = None
         self._codec = None
+        self._gc_pauses.uninstall()
+        unfreeze()  # this engine's objects (frozen at its start) can be collected again
         gc.collect()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
@@ -319,9 +323,13 @@ class MossEngine(EngineLifecycle):
     # ------------------------------------------------------------------ worker thread
     def _run(self) -> None:
         t0 = time.perf_counter()
+        self._gc_pauses.install()
         try:
             self._load()
             self._warm_up()
+            with self.startup.phase("start's objects out of the collector's way (gc.freeze)"):
+                frozen = freeze_start_objects()
+            log.info("start-up: %d objects frozen: the garbage collector no longer walks them", frozen)
         except BaseException as exc:
             log.exception("engine failed to load")
             self._end_compiles()
