@@ -63,6 +63,7 @@ def test_kernels_compiled_ahead_on_threads_change_no_take(tiny_data_dir) -> None
             assert engine._runner is not None and engine._runner.use_cuda_graphs
             phases = engine.startup.phases
             assert ("compile: step of one take" in phases) == (threads > 1), sorted(phases)
+            assert list(phases)[0] == "CUDA context"  # timed on its own, before anything else touches the device
             driven = drive(engine, specs)
             heard[threads] = {k: (c.codes, c.pcm) for k, c in driven.channels.items()}
     for take_id, (codes, pcm) in heard[1].items():
