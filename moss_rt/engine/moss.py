@@ -600,9 +600,9 @@ class MossEngine(EngineLifecycle):
         t0 = time.perf_counter()
         timeline = self.startup
         if where.device.type == "cuda":
-            # The driver's context and the device's first allocation, timed on their own: whatever phase met them
-            # first used to carry their seconds (session 13's "model opened" 4.9 s; session 14's "codec loaded" 4.4 s
-            # once the model's parameters became one allocation).
+            # What is left of bringing the device up (the context warm_cuda started beside the imports, the first
+            # kernel's module), timed on its own: the phase that first touched the device used to carry it, and the
+            # H200's "codec loaded" took 4.4 s in session 14 (1.4 s in session 13) without anyone knowing why.
             with timeline.phase("CUDA context"):
                 torch.zeros(1, device=where.device)
                 torch.cuda.synchronize(where.device)
