@@ -460,6 +460,9 @@ async def run_round(url: str | list[str], concurrency: int, repeats: int, start:
             "codec_overlap": after.get("moss_rt_codec_overlap", float("nan")),
             "codec_wait_ms_per_step": 1000.0 * delta("moss_rt_codec_wait_seconds_sum") / max(1.0, steps),
             "codec_waits": delta("moss_rt_codec_wait_seconds_count"),
+            # The garbage collector's runs meanwhile (any thread): full collections and the time of all of them.
+            "gc_full_collections": delta('moss_rt_gc_pause_seconds_count{generation="2"}'),
+            "gc_ms_total": 1000.0 * sum(delta(f'moss_rt_gc_pause_seconds_sum{{generation="{g}"}}') for g in "012"),
             # Wall time per step as the streams saw it (prefill and waits included): with the codec overlapped
             # it nears the model step; inline it is about model step + codec per step.
             "wall_ms_per_step": 1000.0 * sum(walls) / max(1.0, steps),

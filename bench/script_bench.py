@@ -206,6 +206,9 @@ def engine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
         "prompt_rows_prefilled": d('moss_rt_prompt_rows_total{source="prefill"}'),
         "prompt_rows_cached": d('moss_rt_prompt_rows_total{source="cache"}'),
         "frames": d("moss_rt_frames_total"),
+        # The garbage collector's runs meanwhile (any thread): full collections and the time of all of them.
+        "gc_full_collections": d('moss_rt_gc_pause_seconds_count{generation="2"}'),
+        "gc_ms_total": 1000.0 * sum(d(f'moss_rt_gc_pause_seconds_sum{{generation="{g}"}}') for g in "012"),
         # The engine thread's rounds: how many, how many long (a director arriving waits for the one in progress),
         # and where their time went.
         "rounds": d("moss_rt_round_seconds_count"),
