@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from moss_rt.meta_init import materialize
 from moss_rt.safetensors_read import TensorEntry, TensorFileError, free_pinned_cache, read_header, read_into
 
 from .config import CodecConfig
@@ -137,6 +138,8 @@ def load_codec(
         model = CodecModel(
             config, with_encoder=not decode_only, quantizer_levels=decode_levels if decode_only else None
         )
+    if compute_dtype != torch.float32:
+        model.set_compute_dtype(compute_dtype)  # on meta: the linears' storage dtype, before they get memory
     needed: dict[str, list[str]] = {k: _source_keys(k) for k, _ in model.named_parameters()}
     missing = sorted(src for srcs in needed.values() for src in srcs if src not in wm)
     if missing:
@@ -149,11 +152,13 @@ def load_codec(
     if unexpected:
         log.warning("ignoring %d unexpected codec tensors, e.g. %s", len(unexpected), unexpected[:4])
 
-    # Shard by shard straight into the parameters on the target device, in large pieces through a few reused host
-    # buffers (moss_rt.safetensors_read): peak host memory is those buffers, not the checkpoint. The weight-norm
-    # convs' two halves (small) are read to the host in fp32 and folded there, once both are in (a pair may straddle
-    # two shards), then copied to their parameter.
-    model = model.to_empty(device=device)
+    # Every parameter a view into one allocation (meta_init.materialize: ~2,000 cudaMallocs at full size otherwise),
+    # the linears already in the compute dtype (the file's fp32 is converted as it is read: no fp32 copy of them on
+    # the device, then a second allocation each). Then shard by shard straight into the parameters, in large pieces
+    # through a few reused host buffers (moss_rt.safetensors_read): peak host memory is those buffers, not the
+    # checkpoint. The weight-norm convs' two halves (small) are read to the host in fp32 and folded there, once both
+    # are in (a pair may straddle two shards), then copied to their parameter.
+    materialize(model, device)
     params = dict(model.named_parameters())
     by_shard: dict[str, list[tuple[str, torch.Tensor]]] = defaultdict(list)
     halves: dict[str, torch.Tensor] = {}
@@ -188,8 +193,6 @@ def load_codec(
         with torch.no_grad():
             p.copy_(folded)
     free_pinned_cache()
-    if compute_dtype != torch.float32:
-        model.set_compute_dtype(compute_dtype)
     model = model.eval().requires_grad_(False)
     model.quantizer.build_lut()
     n = sum(p.numel() for p in model.parameters())

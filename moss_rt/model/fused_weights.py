@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from moss_rt.meta_init import materialize as materialize_module
+
 FUSED_WEIGHT = "_fused_weight"  # plain attributes (not parameters or buffers): state_dict keeps its names
 FUSED_BIAS = "_fused_bias"
 
@@ -96,38 +98,12 @@ def materialize(model: nn.Module, device: torch.device, align: int = 256) -> Non
     tied parameter is one view), each fused projection's weights (then biases) one after another so that
     ``fuse_projections`` only has to name their span. One allocation instead of one per parameter (about 500 at
     full size, the tied heads and the unfused projections allocated and given back on top) and none of
-    ``to_empty``'s per-tensor Python; a parameter starts ``align`` bytes aligned, a projection's members follow each
-    other without a gap (their rows are whole)."""
-    params = dict(model.named_parameters())  # each tied parameter once
-    placed: dict[int, int] = {}  # id(param) -> byte offset
-    offset = 0
-
-    def place(p: torch.Tensor, aligned: bool) -> None:
-        nonlocal offset
-        if aligned:
-            offset = -(-offset // align) * align
-        offset = -(-offset // p.element_size()) * p.element_size()
-        placed[id(p)] = offset
-        offset += p.numel() * p.element_size()
-
+    ``to_empty``'s per-tensor Python (meta_init.materialize)."""
+    runs: list[list[torch.Tensor]] = []
     for _, linears in projection_groups(model):
-        for i, lin in enumerate(linears):
-            place(lin.weight, aligned=i == 0)
-        for i, lin in enumerate([lin for lin in linears if lin.bias is not None]):
-            place(lin.bias, aligned=i == 0)
-    for p in params.values():
-        if id(p) not in placed:
-            place(p, aligned=True)
-    flat = torch.empty(max(offset, 1), dtype=torch.uint8, device=device)
-    made: dict[int, nn.Parameter] = {}
-    for p in params.values():
-        start = placed[id(p)]
-        view = flat[start : start + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
-        made[id(p)] = nn.Parameter(view, requires_grad=p.requires_grad)
-    for module in model.modules():
-        for name, old in list(module._parameters.items()):
-            if old is not None:
-                module._parameters[name] = made[id(old)]  # the same new parameter wherever the old one was (ties)
+        runs.append([lin.weight for lin in linears])
+        runs.append([lin.bias for lin in linears if lin.bias is not None])
+    materialize_module(model, device, runs=runs, align=align)
 
 
 def fused_weight(owner: nn.Module, linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None] | None:

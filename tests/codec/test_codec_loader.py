@@ -147,6 +147,21 @@ def test_bf16_compute_keeps_norms_and_quantizer_fp32(tiny_dir: Path, tiny_codec:
     assert 0 < err < 0.1  # close to fp32, but really computed in bf16
 
 
+def test_every_parameter_is_read_into_one_allocation_in_its_final_dtype(tiny_dir: Path, tiny_codec: CodecModel) -> None:
+    """One allocation for the whole codec (no allocation per parameter: ~2,000 cudaMallocs at full size), its linears
+    read straight into bf16: the same values as reading fp32 and converting them afterwards."""
+    m = load_codec(tiny_dir, compute_dtype=torch.bfloat16)
+    storages = {p.untyped_storage().data_ptr() for p in m.parameters()}
+    assert len(storages) == 1
+    base = storages.pop()
+    assert all((p.data_ptr() - base) % 256 == 0 for p in m.parameters())  # each aligned within it
+    reference = dict(tiny_codec.named_parameters())
+    for name, p in m.named_parameters():
+        want = reference[name].detach().to(p.dtype)
+        assert torch.equal(p, want), name
+    assert sum(p.dtype == torch.bfloat16 for p in m.parameters()) > 10
+
+
 def test_hub_id_offline_without_cache_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
