@@ -120,6 +120,11 @@ class Settings:
     batch_yield_share: float = setting(
         0.5, "share of the model steps a render's lines may stand aside for directors' first frames (0 to 1)",
     )
+    # ...and a prefill pass of a render's prompt rows alone holds at most this share of the rows a pass may hold while
+    # takes stream: a director arriving during one waits for less; the render prefills in more, smaller passes.
+    batch_pass_share: float = setting(
+        0.5, "share of a streaming prefill pass's rows a render's lines may fill while directors are about (0 to 1)",
+    )
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")

@@ -734,6 +734,7 @@ class MossEngine(EngineLifecycle):
                 batch_yield_share=min(1.0, max(0.0, s.batch_yield_share)),
                 codec_call_streams=max(1, s.codec_call_streams),
                 codec_batch_patience_s=max(0.0, s.codec_batch_patience_ms) / 1000.0,
+                batch_pass_share=min(1.0, max(0.0, s.batch_pass_share)),
             ),
             on_take_done=self._take_done,
             sync=self._sync,

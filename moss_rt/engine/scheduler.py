@@ -130,6 +130,7 @@ class SchedulerConfig:
     # A codec call holding only batch takes' chunks (a render's lines: nobody listens as they come) waits this long
     # behind directors' first chunks before it goes first; calls with a listened stream have the worker's patience.
     codec_batch_patience_s: float = DEFAULT_BATCH_PATIENCE_S
+    batch_pass_share: float = BATCH_PASS_SHARE  # of stream_rows, a batch-only prefill pass while directors are about
 
     @property
     def batch_slots(self) -> int:
@@ -673,7 +674,7 @@ class Scheduler:
 
         Interactive takes' rows never share a pass with batch work's (a batch take whose rows an interactive take
         waits for counts as interactive): a director's pass is as short as its own rows. A pass of batch rows alone
-        holds at most BATCH_PASS_SHARE of stream_rows while interactive takes are about. While takes stream and
+        holds at most ``batch_pass_share`` of stream_rows while interactive takes are about. While takes stream and
         interactive takes are about, a pass also holds only what one prefill graph does (prefill_pace: graph-sized
         passes), its pieces cut to fit."""
         score_cap = self.config.prefill_max_rows * self.config.prefill_keys_per_row
@@ -686,7 +687,7 @@ class Scheduler:
         if urgent:
             ready = urgent
         elif self.running and self._interactive_present():
-            cap = min(cap, max(MIN_ROWS_PER_PASS, int(cap * BATCH_PASS_SHARE)))
+            cap = min(cap, max(MIN_ROWS_PER_PASS, int(cap * self.config.batch_pass_share)))
         chosen: list[tuple[Take, int]] = []
         widest = keys = 0
         for take in ready:

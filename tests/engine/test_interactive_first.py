@@ -266,14 +266,16 @@ def test_a_first_chunk_runs_ahead_of_queued_bulk_calls(tiny_data_dir: Path, monk
         assert not a.channel.problems and not b.channel.problems  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("share", [0.5, 0.25])
 def test_batch_rows_never_share_a_directors_prefill_pass_and_stay_small_while_directors_work(
-    tiny_data_dir: Path,
+    tiny_data_dir: Path, share: float,
 ) -> None:
     """A director's take streams while script lines (batch work) prefill long prompts in pieces: with a director about,
-    a pass of batch rows alone holds at most half of the streaming budget's rows; a new director's take arrives and its
-    rows go in the very next pass, alone (no batch rows ride along and make it longer)."""
+    a pass of batch rows alone holds at most ``batch_pass_share`` of the streaming budget's rows (the default half, or
+    a quarter); a new director's take arrives and its rows go in the very next pass, alone (no batch rows ride along
+    and make it longer)."""
     settings = engine_settings(tiny_data_dir, overlap=False, max_slots=8, prefill_chunk=64, prefill_stream_rows=256,
-                               prompt_cache=False, max_seq_len=1024)
+                               prompt_cache=False, max_seq_len=1024, batch_pass_share=share)
     with loaded_engine(settings) as engine:
         rounds = Rounds(engine)
         sched = rounds.sched
@@ -301,7 +303,7 @@ def test_batch_rows_never_share_a_directors_prefill_pass_and_stay_small_while_di
         rounds.until(lambda: all(t.channel.finished for t in [d1, *lines]))
         assert all(t.channel.end.reason is EndReason.MAX_FRAMES for t in [d1, *lines])  # type: ignore[attr-defined]
         batch_passes = [rows for ids, rows in passes if all(i.startswith("b") for i in ids)]
-        assert batch_passes and max(batch_passes) <= 128  # half of 256 while a director streams
+        assert batch_passes and max(batch_passes) <= 256 * share  # the share of 256 while a director streams
         assert all(len({i[0] for i in ids}) == 1 for ids, _ in passes)  # never directors and lines together
         d0.channel.cancel()
         rounds.until(lambda: d0.channel.finished)
