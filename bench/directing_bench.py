@@ -58,6 +58,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import engine_bench as eb  # noqa: E402  (bench/ is not a package: its helpers by path)
 
+from moss_rt.engine.round_trace import read_trace  # noqa: E402
+
 log = logging.getLogger("directing_bench")
 
 PENALTY = 1.1
@@ -327,9 +329,37 @@ def directors_in_process(ws_url: str, jobs: list[tuple[int, tuple[str, str], flo
     return asyncio.run(run())
 
 
+def trace_during(trace: Path, directors: list[Director]) -> dict[str, Any] | None:
+    """The engine's rounds from the first seek to the last retake's first audio (``--round-trace``): how many, how
+    long, their parts' time summed, what they did, and the five longest (t: ms after the first seek)."""
+    windows = [d.retake_window for d in directors if d.retake_window is not None]
+    if not windows or not trace.is_file():
+        return None
+    lo, hi = min(a for a, _ in windows), max(b for _, b in windows)
+    rounds = [r for r in read_trace(trace) if lo <= r["t"] <= hi]
+    if not rounds:
+        return {"rounds": 0}
+    parts: dict[str, float] = {}
+    for r in rounds:
+        for ph, (wall, _) in r["parts"].items():
+            parts[ph] = parts.get(ph, 0.0) + wall
+    longest = sorted(rounds, key=lambda r: -r["ms"])[:5]
+    return {
+        "rounds": len(rounds), "window_ms": round(1000.0 * (hi - lo), 1),
+        "round_ms_p50": round(float(np.percentile([r["ms"] for r in rounds], 50)), 2),
+        "round_ms_max": round(max(r["ms"] for r in rounds), 2),
+        "parts_ms": {ph: round(v, 1) for ph, v in parts.items()},
+        **{k: sum(r.get(k, 0) for r in rounds) for k in ("steps", "admitted", "passes", "rows", "held")},
+        "gc_ms": round(sum(r.get("gc_ms", 0.0) for r in rounds), 2),
+        "longest": [{"t": round(1000.0 * (r["t"] - lo), 1), **{k: r.get(k) for k in
+                     ("ms", "parts", "batch", "admitted", "passes", "rows", "held", "parked", "gc_ms")}}
+                    for r in longest],
+    }
+
+
 async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, starts: str, mode: str,
                     work: Workload, spread_sec: float, repeats: int, limit_s: float,
-                    client_procs: int = 1) -> dict[str, Any]:
+                    client_procs: int = 1, trace: Path | None = None) -> dict[str, Any]:
     ws_url = url.replace("http", "ws") + "/api/ws"
     client_timeout = aiohttp.ClientTimeout(total=None, sock_read=limit_s)
     async with aiohttp.ClientSession(timeout=client_timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -384,6 +414,8 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
         "cancel_to_end_ms": stat([d.cancel_to_end for d in directors]),
         "new_line_ms": stat([d.new_line_first_audio for d in directors]),
         "rtf_during_retakes": rtf_during(directors),
+        # The engine's own rounds meanwhile (--round-trace): where the retakes' wait went, round by round.
+        **({"rounds_during_retakes": trace_during(trace, directors)} if trace is not None else {}),
         # Where the retakes' first audio went, engine side (p50 / p95 ms of each part).
         "retake_path_ms": {k: [pct([d.retake_path[k] / 1000.0 for d in ok if k in d.retake_path], q) for q in (50, 95)]
                            for k in PATH},
@@ -470,6 +502,8 @@ def start_server(args: argparse.Namespace, model: Path, codec: Path, port: int, 
     ]
     if args.max_slots or args.tiny:  # 0 on a GPU: the memory plan's (the server's default)
         cmd += ["--max-slots", str(args.max_slots or top)]
+    if getattr(args, "round_trace", False):
+        cmd += ["--round-trace", str(args.work / "rounds.jsonl")]
     cmd += getattr(args, "server_arg", None) or []  # A/B runs of a server setting
     fh = open(log_path, "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
@@ -534,6 +568,9 @@ def main() -> None:
     p.add_argument("--client-procs", type=int, default=1,
                    help="client processes sharing a round's directors (1: one event loop drives every socket)")
     p.add_argument("--server-log", type=Path, default=None)
+    p.add_argument("--round-trace", action="store_true",
+                   help="the server traces its rounds (--round-trace); each round reports those during the retakes, "
+                        "and the trace is kept beside --out")
     p.add_argument("--server-arg", action="append", default=[],
                    help="one more argument for the server, repeatable (--server-arg=--batch-yield-share=0.75)")
     args = p.parse_args()
@@ -553,6 +590,7 @@ def main() -> None:
     result["lines_sec"] = round(time.perf_counter() - t_lines, 1)
     port = eb.free_port()
     url = f"http://127.0.0.1:{port}"
+    (args.work / "rounds.jsonl").unlink(missing_ok=True)  # this run's rounds only
     proc = start_server(args, model, codec, port, args.server_log or (args.work / "directing_server.log"))
     try:
         result["server_ready_sec"] = round(asyncio.run(eb.wait_ready(url, proc, 300)), 1)
@@ -571,7 +609,8 @@ def main() -> None:
                         continue
                     try:
                         r = asyncio.run(run_round(url, lines, conc, starts, mode, work, args.spread_sec,
-                                                  args.single_repeats, args.round_timeout, args.client_procs))
+                                                  args.single_repeats, args.round_timeout, args.client_procs,
+                                                  trace=args.work / "rounds.jsonl" if args.round_trace else None))
                     except Exception:
                         r = {"concurrency": conc, "starts": starts, "retake": mode,
                              "error": traceback.format_exc(limit=3)}
@@ -587,6 +626,11 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+    trace = args.work / "rounds.jsonl"
+    if args.round_trace and args.out is not None and trace.is_file():
+        kept = args.out.with_name(args.out.stem + ".rounds.jsonl")
+        kept.write_bytes(trace.read_bytes())
+        result["round_trace"] = str(kept)
     result["total_sec"] = round(time.perf_counter() - t_all, 1)
     try:
         result["table"] = table({"rounds": [r for r in result["rounds"] if "server" in r]})

@@ -125,6 +125,8 @@ class Settings:
     batch_pass_share: float = setting(
         0.5, "share of a streaming prefill pass's rows a render's lines may fill while directors are about (0 to 1)",
     )
+    # Diagnosis: every scheduling round (its parts' times, what it did) as a JSON line in a file (engine/round_trace).
+    round_trace: str | None = setting(None, "write every scheduling round as a JSON line to this file (diagnosis)")
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")

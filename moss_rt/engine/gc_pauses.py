@@ -33,6 +33,7 @@ class GcPauses:
         self.histogram = histogram
         self._started = threading.local()
         self._installed = False
+        self.total_s = 0.0  # every collection's time while installed (a round trace's gc_ms)
 
     def install(self) -> GcPauses:
         if not self._installed:
@@ -58,7 +59,9 @@ class GcPauses:
         t0 = getattr(self._started, "t0", None)
         if t0 is not None:
             self._started.t0 = None
-            self.histogram.labels(str(info.get("generation", "?"))).observe(time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            self.total_s += seconds
+            self.histogram.labels(str(info.get("generation", "?"))).observe(seconds)
 
 
 def freeze_start_objects() -> int:

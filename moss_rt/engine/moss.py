@@ -59,6 +59,7 @@ from moss_rt.engine.resolve import (
     placement,
     tiny_model_dir,
 )
+from moss_rt.engine.round_trace import RoundTrace
 from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import EngineChannel, Take
 from moss_rt.engine.startup import StartupTimeline, process_age, warm_cuda
@@ -740,6 +741,7 @@ class MossEngine(EngineLifecycle):
             sync=self._sync,
             worker=worker,
             arrivals=lambda: not self._inbox.empty(),
+            trace=RoundTrace(s.round_trace, gc_seconds=lambda: self._gc_pauses.total_s) if s.round_trace else None,
         )
         self._scheduler.prompts.journal = self.kept_prompts
         demo = model_choice.demo or codec_choice.demo

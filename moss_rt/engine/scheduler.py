@@ -55,7 +55,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -73,6 +73,7 @@ from moss_rt.generation import N_CODEBOOKS
 
 if TYPE_CHECKING:
     from moss_rt.codec.streaming import DecoderState, StreamingDecoder
+    from moss_rt.engine.round_trace import RoundTrace
     from moss_rt.model.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,7 @@ class Scheduler:
         sync: Callable[[], None] = lambda: None,
         worker: CodecWorker | None = None,
         arrivals: Callable[[], bool] = lambda: False,
+        trace: RoundTrace | None = None,
     ) -> None:
         self.runner = runner
         self.codec = codec
@@ -182,6 +184,9 @@ class Scheduler:
         # Batch work stands aside for directors' first frames, within a share of the rounds.
         self._batch_yield = BatchYield(config.batch_yield_share)
         self._hold = HoldClock(metrics)  # steps held back for room in the codec's bulk lane (codec_flow)
+        # A line per working round (--round-trace) and what this round did, for it (engine/round_trace.py).
+        self.trace = trace if trace is not None and trace.active else None
+        self._did: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ bookkeeping
     @property
@@ -221,6 +226,8 @@ class Scheduler:
     def iterate(self) -> bool:
         """One scheduling round; False when there was nothing to do (the caller may sleep)."""
         clock = _PhaseClock(self.metrics)
+        if self.trace is not None:
+            self._did = {"steps": 0, "batch": 0, "admitted": 0, "passes": 0, "rows": 0, "held": False}
         worked = clock.lap("control", self._control())  # 1. interactive control
         worked |= clock.lap("step", self._step())  # 2. running streams' next frames...
         worked |= clock.lap("flush", self._flush_and_finish())  # ...to the codec; ends whose last frames are decoded
@@ -230,6 +237,13 @@ class Scheduler:
         self._update_gauges()
         if worked:
             clock.done()
+            if self.trace is not None:
+                self.trace.record({
+                    "t": round(clock.start, 6), "ms": round(1000.0 * (clock.last - clock.start), 3),
+                    "parts": {ph: [round(1000.0 * wall, 3), round(1000.0 * cpu, 3)] for ph, wall, cpu in clock.laps},
+                    "waiting": len(self.waiting), "preparing": len(self.preparing), "running": len(self.running),
+                    **self._did, "parked": self.worker.parked(False),
+                })
         return worked
 
     def _control(self) -> bool:
@@ -336,6 +350,8 @@ class Scheduler:
                 at = next((i for i, t in enumerate(self.preparing) if t.batch), len(self.preparing))
                 self.preparing.insert(at, take)
             admitted = True
+            if self.trace is not None:
+                self._did["admitted"] += 1
         if admitted:
             self._apply_admissions()
         return admitted
@@ -745,6 +761,9 @@ class Scheduler:
             return
         self.metrics.prefill_call_time.observe(time.perf_counter() - t0)
         self.metrics.prefill_batch.observe(len(batch))
+        if self.trace is not None:
+            self._did["passes"] += 1
+            self._did["rows"] += sum(count for _, count in batch)
         for take, count in batch:
             take.prefilled += count
             self.metrics.prompt_rows.labels("prefill").inc(count)
@@ -887,6 +906,8 @@ class Scheduler:
         parked = self.worker.parked(False)
         if parked and step_held(runnable, self.steps + 1, parked, starting=self._interactive_starting()):
             self._hold.held()  # the codec is behind: this round does the rest of its work, then waits for room
+            if self.trace is not None:
+                self._did["held"] = True
             # Directors' ramps step on, while their own lane has room (a full one would block this round).
             runnable = ramp_while_held(runnable) if self.worker.has_room(priority=True) else []
             if not runnable:
@@ -910,6 +931,8 @@ class Scheduler:
                 take.flushed = take.frames  # frames not sent yet are dropped, as a failed step leaves them
             return True
         self.steps += 1
+        if self.trace is not None:
+            self._did["steps"], self._did["batch"] = 1, len(runnable)
         self.metrics.step_time.observe(result.total_ms / 1000.0)
         self.metrics.step_batch.observe(len(runnable))
         made = 0
@@ -1166,6 +1189,8 @@ class Scheduler:
             self._drop_retained(item)
         self.prompts.clear()
         self._update_gauges()
+        if self.trace is not None:
+            self.trace.close()
 
 
 class _PhaseClock:
