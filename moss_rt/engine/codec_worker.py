@@ -83,7 +83,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_MAX_PENDING = 2  # hand-overs per lane queued or running: one decoding while the next waits its turn
-DEFAULT_BULK_PATIENCE_S = 0.04  # half a frame interval: a bulk call older than this goes before priority calls
+# Half a frame interval: while the bulk lane is backed up, a bulk call older than this goes before priority calls.
+DEFAULT_BULK_PATIENCE_S = 0.04
 JOIN_TIMEOUT_S = 60.0
 
 

@@ -16,14 +16,11 @@ take on the CPU, bench/RESULTS.md session 14: a suspect, not a finding). So:
 from __future__ import annotations
 
 import gc
-import logging
 import threading
 import time
 from typing import Any
 
 from prometheus_client import Histogram
-
-log = logging.getLogger(__name__)
 
 
 class GcPauses:
@@ -51,17 +48,20 @@ class GcPauses:
             self._installed = False
 
     def _on_collect(self, phase: str, info: dict[str, Any]) -> None:
-        # Called by the interpreter on the collecting thread, with the collector's own state held: no allocation
-        # heavier than a float and a dict lookup, no locks.
-        if phase == "start":
-            self._started.t0 = time.perf_counter()
-            return
-        t0 = getattr(self._started, "t0", None)
-        if t0 is not None:
-            self._started.t0 = None
-            seconds = time.perf_counter() - t0
-            self.total_s += seconds
-            self.histogram.labels(str(info.get("generation", "?"))).observe(seconds)
+        # Called by the interpreter on the collecting thread (collections never nest, so the histogram's own locks are
+        # only ever taken here); it must not raise (at interpreter exit the modules it uses may be gone).
+        try:
+            if phase == "start":
+                self._started.t0 = time.perf_counter()
+                return
+            t0 = getattr(self._started, "t0", None)
+            if t0 is not None:
+                self._started.t0 = None
+                seconds = time.perf_counter() - t0
+                self.total_s += seconds
+                self.histogram.labels(str(info.get("generation", "?"))).observe(seconds)
+        except Exception:  # noqa: BLE001, S110 - a lost sample, never a failing collection
+            pass
 
 
 def freeze_start_objects() -> int:
