@@ -72,12 +72,16 @@ def test_kernels_compiled_ahead_on_threads_change_no_take(tiny_data_dir) -> None
 
 
 # A fresh interpreter (no kernel compiled in memory yet) with a cold Triton cache starts the tiny engine on CUDA, takes
-# two lines and prints what its compile workers did and a digest of the takes' codes and PCM.
+# two lines and prints what its compile workers did and a digest of the takes' codes and PCM. The manifests shipped
+# with moss_rt (full-size kernels, handed to the workers too) are left out: the test compares the kernels the tiny
+# engine meets, and whether a start handed over its data dir's manifest.
 COLD_START = """
 import hashlib, json, logging, sys
 from pathlib import Path
 logging.basicConfig(level=logging.INFO)
 from tests.engine.harness import drive, engine_settings, loaded_engine, spec
+import moss_rt.engine.kernel_manifest as kernel_manifest
+kernel_manifest.SHIPPED = Path(sys.argv[2]) / "no-shipped-manifests"  # the full-size kernels shipped are not this test's
 processes = sys.argv[1] != "off"
 settings = engine_settings(Path(sys.argv[2]), overlap=True, device="cuda", compile_threads=4,
                            compile_processes=processes, max_seq_len=600)
