@@ -123,7 +123,7 @@ class Settings:
     # ...and a prefill pass of a render's prompt rows alone holds at most this share of the rows a pass may hold while
     # takes stream: a director arriving during one waits for less; the render prefills in more, smaller passes.
     batch_pass_share: float = setting(
-        0.5, "share of a streaming prefill pass's rows a render's lines may fill while directors are about (0 to 1)",
+        0.25, "share of a streaming prefill pass's rows a render's lines may fill while directors are about (0 to 1)",
     )
     # Diagnosis: every scheduling round (its parts' times, what it did) as a JSON line in a file (engine/round_trace).
     round_trace: str | None = setting(None, "write every scheduling round as a JSON line to this file (diagnosis)")
@@ -135,6 +135,10 @@ class Settings:
     # starve the running streams (engine/codec_worker.py).
     codec_bulk_patience_ms: float = setting(
         40.0, "ms a steady chunk's decode waits behind directors' first chunks at most, once the codec is backed up",
+    )
+    # ...and while it is not: no step is held yet, but every running stream's audio is late by the wait.
+    codec_bulk_longest_wait_ms: float = setting(
+        120.0, "ms a steady chunk's decode waits behind directors' first chunks at most while the codec keeps up",
     )
     # ...and a decode of a render's lines only (nobody hears them as they come): longer, so a render's chunks do not
     # go before directors' first chunks (issue 26's fairness); still bounded, so its steps are never held for long.

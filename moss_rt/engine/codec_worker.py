@@ -23,10 +23,13 @@ call and one bulk call. Without that bound a flow of priority calls starves the 
 parked behind it the scheduler holds every running stream's step back (engine/codec_flow.py) and lets only
 directors' ramps step, whose chunks are priority calls again, so with directors starting one after another the
 running streams stood still for a second or more (measured on an H200, 64 directors with spread starts: 0.04x real
-time for the slowest stream, bulk calls queued 1.5-2 s on average; with a patience of 40 ms: 1.66x, 68 ms). Only
-when backed up: a bulk call that waits while nothing is parked holds no one's step back (the streams' clients hold
-seconds of audio), and letting it go first then only made directors' first chunks wait (16 directors on an H200:
-first audio p95 62 -> 81 ms with a patience of 40 ms for every bulk call). Every call names the streams it
+time for the slowest stream, bulk calls queued 1.5-2 s on average; with a patience of 40 ms: 1.66x, 68 ms). While
+nothing is parked a bulk call holds no one's step back (the streams' clients hold seconds of audio), and letting it
+go first after 40 ms only made directors' first chunks wait (16 directors on an H200: first audio p95 62 -> 81 ms);
+with no bound at all, though, every running stream's audio came later and later (64 directors starting one after
+another: bulk calls queued 310 ms on average, the slowest stream 1.35x real time). So while nothing is parked a
+bulk call goes first only once it has waited ``bulk_longest_wait_s`` (120 ms; a render's call its own patience if
+longer), the lanes again taking turns. Every call names the streams it
 touches (``keys``: the takes' codec states) and never runs before an earlier call on one of them, so each stream's
 chunks are decoded in order and a take's audio is the same whichever lane its chunks went through (calls of other
 streams never change a stream's numbers: a batched call's rows are independent). ``done(seq)`` therefore means that
@@ -85,6 +88,10 @@ T = TypeVar("T")
 DEFAULT_MAX_PENDING = 2  # hand-overs per lane queued or running: one decoding while the next waits its turn
 # Half a frame interval: while the bulk lane is backed up, a bulk call older than this goes before priority calls.
 DEFAULT_BULK_PATIENCE_S = 0.04
+# Otherwise a bulk call goes first once it has waited this long (or its own patience, if longer): nothing is held yet,
+# but every running stream's audio is late by its wait (64 directors starting one after another on an H200: bulk
+# calls queued 310 ms on average with no bound, the slowest stream 1.35x real time during the retakes).
+DEFAULT_BULK_LONGEST_WAIT_S = 0.12
 JOIN_TIMEOUT_S = 60.0
 
 
@@ -114,7 +121,8 @@ class _Item:
     group: int = 0  # the hand-over it belongs to
     barrier: bool = False  # nothing queued after it runs before it (``call``)
     given: float = field(default_factory=time.perf_counter)  # when its producer gave it (parked time counts)
-    patience_s: float = 0.0  # (bulk) how long it waits behind priority calls at most
+    patience_s: float = 0.0  # (bulk) how long it waits behind priority calls at most while the bulk lane is backed up
+    longest_wait_s: float = 0.0  # (bulk) ... and while it is not
 
 
 class CodecWorker:
@@ -125,6 +133,7 @@ class CodecWorker:
         device: Any = None,
         max_pending: int = DEFAULT_MAX_PENDING,
         bulk_patience_s: float = DEFAULT_BULK_PATIENCE_S,
+        bulk_longest_wait_s: float = DEFAULT_BULK_LONGEST_WAIT_S,
         on_done: Callable[[], None] = lambda: None,
         on_wait: Callable[[float], None] = lambda seconds: None,
         on_call: Callable[[bool, float], None] = lambda priority, queued_s: None,
@@ -133,6 +142,7 @@ class CodecWorker:
         self.threaded = threaded
         self.max_pending = max(1, int(max_pending))
         self.bulk_patience_s = max(0.0, float(bulk_patience_s))
+        self.bulk_longest_wait_s = max(0.0, float(bulk_longest_wait_s))
         self._aged_last = False  # the call started last was a bulk call that went first for its patience
         if device is not None and getattr(device, "type", None) == "cuda" and device.index is None:
             import torch
@@ -226,11 +236,11 @@ class CodecWorker:
         if not self._threaded_now():
             self._check_open()
             return [self._run_inline(c.fn, priority) for c in calls]
-        items = [
-            _Item(0, c.fn, priority=priority, keys=set(c.keys), withdraw=c.withdraw,
-                  patience_s=self.bulk_patience_s if c.patience_s is None else max(0.0, c.patience_s))
-            for c in calls
-        ]
+        items = []
+        for c in calls:
+            patience = self.bulk_patience_s if c.patience_s is None else max(0.0, c.patience_s)
+            items.append(_Item(0, c.fn, priority=priority, keys=set(c.keys), withdraw=c.withdraw,
+                               patience_s=patience, longest_wait_s=max(patience, self.bulk_longest_wait_s)))
         return self._enqueue(items, priority) if wait else self._park(items, priority)
 
     def call(self, fn: Callable[[], T]) -> T:
@@ -397,8 +407,9 @@ class CodecWorker:
 
     def _next(self) -> _Item:
         """(Under the lock.) The call to run next: the oldest priority call no earlier call shares a stream with (none
-        past a barrier), else the oldest -- but while bulk hand-overs are parked, first the oldest bulk call out of
-        patience that may go, unless the call before was one and a priority call may go (the lanes then alternate)."""
+        past a barrier), else the oldest -- but first the oldest bulk call out of patience that may go (while bulk
+        hand-overs are parked its patience, else its longest wait), unless the call before was one and a priority call
+        may go (the lanes then alternate)."""
         backed_up = any(not lane for _, lane, _ in self._parked)
         now = time.perf_counter()
         seen: set[Hashable] = set()
@@ -410,7 +421,8 @@ class CodecWorker:
             free = not (item.keys & seen)
             if free and item.priority and first_priority is None:
                 first_priority = i
-            elif free and backed_up and not item.priority and aged is None and now - item.given >= item.patience_s:
+            elif (free and not item.priority and aged is None
+                  and now - item.given >= (item.patience_s if backed_up else item.longest_wait_s)):
                 aged = i
             seen |= item.keys
         if aged is not None and not (self._aged_last and first_priority is not None):

@@ -674,6 +674,7 @@ class MossEngine(EngineLifecycle):
             device=where.device,
             max_pending=CODEC_MAX_PENDING,
             bulk_patience_s=max(0.0, s.codec_bulk_patience_ms) / 1000.0,
+            bulk_longest_wait_s=max(0.0, s.codec_bulk_longest_wait_ms) / 1000.0,
             on_done=self._wake.set,  # a take waiting for its last chunk ends on the next round
             on_wait=self.metrics.codec_wait.observe,
             on_call=self._count_codec_call,

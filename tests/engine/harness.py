@@ -109,6 +109,7 @@ def engine_settings(data_dir: Path, *, overlap: bool, device: str = "cpu", **ove
         # The tests that order the codec's lanes hold calls on its worker for as long as the test takes: a bulk call
         # never runs out of patience here (the patience is tested on the worker alone, test_codec_worker.py).
         "codec_bulk_patience_ms": 60_000.0, "codec_batch_patience_ms": 60_000.0,
+        "codec_bulk_longest_wait_ms": 60_000.0,
     }
     base.update(overrides)
     return Settings(**base)

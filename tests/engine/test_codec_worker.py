@@ -232,6 +232,28 @@ def test_a_bulk_call_out_of_patience_does_not_go_first_while_nothing_is_parked()
         w.close()
 
 
+def test_a_bulk_call_past_its_longest_wait_goes_first_while_nothing_is_parked() -> None:
+    """Nothing parked, but a steady chunk's decode has waited ``bulk_longest_wait_s``: it goes before the directors'
+    first chunks, once (the lanes take turns); a render's call, patient for longer, does not."""
+    w = CodecWorker(threaded=True, max_pending=4, bulk_patience_s=0.01, bulk_longest_wait_s=0.05,
+                    name="test-codec-longest-wait")
+    w.start()
+    ran: list[str] = []
+    try:
+        _, release, _ = _held(w)
+        w.submit(lambda: ran.append("render r"), keys=("r",), patience_s=60.0)
+        w.submit(lambda: ran.append("old bulk a"), keys=("a",))
+        time.sleep(0.08)
+        w.submit(lambda: ran.append("first chunk c"), priority=True, keys=("c",))
+        w.submit(lambda: ran.append("first chunk d"), priority=True, keys=("d",))
+        assert w.parked() == 0
+        release.set()
+        w.drain()
+        assert ran == ["old bulk a", "first chunk c", "first chunk d", "render r"]
+    finally:
+        w.close()
+
+
 def test_nothing_queued_after_a_call_runs_before_it() -> None:
     """``call`` (renders, encodes, graph captures) is a barrier: a priority call queued after it does not pass it."""
     w = CodecWorker(threaded=True, max_pending=4, name="test-codec-barrier")
