@@ -617,8 +617,8 @@ class MossEngine(EngineLifecycle):
         self._start_compile_workers(where.device)
         model_choice = choose_model(s, where.device)
         # The start's order (issue 24): the model is opened (its memory taken, its weights not read yet), the codec
-        # loaded, the memory plan made (it sees the weights' memory either way), and the codec's kernels start
-        # compiling (warm_compile) while the model's weights are read.
+        # loaded while the model's weights are read, the memory plan made, and the kernels start compiling
+        # (warm_compile) while the codec's and the model's graphs are set up.
         with timeline.phase("model opened (source, config, tokenizer, memory)"):
             try:
                 opened = open_model(model_choice.source, device=where.device, dtype=where.dtype)
@@ -640,18 +640,31 @@ class MossEngine(EngineLifecycle):
             # A small model's ops are microseconds long: intra-op threads only add contention
             # (measured 10 ms/frame on one thread vs 250 ms on two of a busy 2-core machine).
             torch.set_num_threads(1)
-        voice_cloning = True
-        with timeline.phase("codec loaded"):
-            try:
-                codec = load_codec(codec_choice.source, device=where.device, compute_dtype=where.dtype)
-            except CodecLoadError as exc:
-                # A decode-only codec checkpoint (no encoder weights) still serves speech; uploads cannot be encoded.
-                log.warning("codec %s cannot be loaded with its encoder (%s); loading it decode-only: "
-                            "reference voices cannot be encoded", codec_choice.source, exc)
-                codec = load_codec(
-                    codec_choice.source, device=where.device, compute_dtype=where.dtype, decode_only=True
-                )
-                voice_cloning = False
+        # The weights are read on a thread of their own while the codec loads: both wait mostly on the disk and the
+        # copies (the GIL is let go), and one after the other they took 0.6 + 1.1 s of an H200's second start (session
+        # 15). Joined before the memory plan, which measures what the device has free: nothing of the read (its
+        # staging tensors, its host buffers) may be in flight then. A codec that fails to load still waits for the
+        # read, so nothing of the start outlives it.
+        reading = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="moss-rt-weights")
+        weights = reading.submit(opened.read_weights)
+        try:
+            voice_cloning = True
+            with timeline.phase("codec loaded"):
+                try:
+                    codec = load_codec(codec_choice.source, device=where.device, compute_dtype=where.dtype)
+                except CodecLoadError as exc:
+                    # A decode-only codec checkpoint (no encoder weights) still serves speech; uploads cannot be
+                    # encoded.
+                    log.warning("codec %s cannot be loaded with its encoder (%s); loading it decode-only: "
+                                "reference voices cannot be encoded", codec_choice.source, exc)
+                    codec = load_codec(
+                        codec_choice.source, device=where.device, compute_dtype=where.dtype, decode_only=True
+                    )
+                    voice_cloning = False
+            with timeline.phase("model weights read"):  # what is left of the read once the codec is in
+                loaded = weights.result()
+        finally:
+            reading.shutdown(wait=True)
         with timeline.phase("memory plan"):
             plan = self._plan_memory(opened.config, codec, where.device, where.dtype)
         slots, seq_len = plan.max_slots, plan.max_seq_len
@@ -703,8 +716,6 @@ class MossEngine(EngineLifecycle):
         self._prefetch_kernels()  # every kernel an earlier start met, to the workers at once (kernel_manifest)
         self._compiles = AheadCompiles(where.device, threads)
         self._compiles.add(codec_chains(batcher))  # nothing decodes before ready: the scratch row is theirs
-        with timeline.phase("model weights read"):
-            loaded = opened.read_weights()
         with timeline.phase("model runner (slot state, KV pool)"):
             runner = ModelRunner(
                 loaded.model,

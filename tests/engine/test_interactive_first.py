@@ -271,9 +271,9 @@ def test_batch_rows_never_share_a_directors_prefill_pass_and_stay_small_while_di
     tiny_data_dir: Path, share: float,
 ) -> None:
     """A director's take streams while script lines (batch work) prefill long prompts in pieces: with a director about,
-    a pass of batch rows alone holds at most ``batch_pass_share`` of the streaming budget's rows (the default quarter, or
-    half); a new director's take arrives and its rows go in the very next pass, alone (no batch rows ride along
-    and make it longer)."""
+    a pass of batch rows alone holds at most ``batch_pass_share`` of the streaming budget's rows (the default
+    quarter, or half); a new director's take arrives and its rows go in the very next pass, alone (no batch rows ride
+    along and make it longer)."""
     settings = engine_settings(tiny_data_dir, overlap=False, max_slots=8, prefill_chunk=64, prefill_stream_rows=256,
                                prompt_cache=False, max_seq_len=1024, batch_pass_share=share)
     with loaded_engine(settings) as engine:

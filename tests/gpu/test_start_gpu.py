@@ -81,7 +81,7 @@ from pathlib import Path
 logging.basicConfig(level=logging.INFO)
 from tests.engine.harness import drive, engine_settings, loaded_engine, spec
 import moss_rt.engine.kernel_manifest as kernel_manifest
-kernel_manifest.SHIPPED = Path(sys.argv[2]) / "no-shipped-manifests"  # the full-size kernels shipped are not this test's
+kernel_manifest.SHIPPED = Path(sys.argv[2]) / "no-shipped-manifests"  # full-size kernels: not this test's
 processes = sys.argv[1] != "off"
 settings = engine_settings(Path(sys.argv[2]), overlap=True, device="cuda", compile_threads=4,
                            compile_processes=processes, max_seq_len=600)
