@@ -16,6 +16,11 @@ writes full-size random-weight checkpoints in the real layout (as bench/engine_b
    every render pooled) while the same directors go on working: the render's
    wall time, and the directors' first audio while it ran.
 
+``--interleave`` runs the directors alone once more before every render round after the first, so the baseline's
+takes span the same minutes as the render's (the ratio moved by 0.2 between machines with the same code, session
+15): ``directors_alone`` pools every alone round, and ``directors_p95_ratio_rounds`` gives each render round's ratio
+against the alone round just before it.
+
 It prints one JSON object, with ``targets``: the render with directors within ``--target-render-sec`` (10 s) and
 the directors' first-audio p95 during it within ``--target-ratio`` (1.5×) of their p95 alone.
 ``--tiny`` runs the same on the tiny model on CPU, scaled down (a smoke test of this script).
@@ -159,6 +164,14 @@ async def directors(
 
         await asyncio.gather(*(one(i) for i in range(len(lines))))
     return out
+
+
+def p95_ratio(during: dict[str, Any], alone: dict[str, Any]) -> float | None:
+    """The directors' first-audio p95 during a render over their p95 alone (None where either has no takes)."""
+    base, over = alone.get("p95_ms"), during.get("p95_ms")
+    if not base or base != base or over is None or over != over:
+        return None
+    return round(over / base, 2)
 
 
 def first_audio(takes: list[dict[str, Any]], t_from: float | None = None, t_to: float | None = None) -> dict[str, Any]:
@@ -320,6 +333,8 @@ def main() -> None:
     p.add_argument("--cold", action="store_true", help="do not wait for the idle-time graph captures")
     p.add_argument("--render-rounds", type=int, default=1,
                    help="renders with the directors, one after another (their takes pooled for the p95)")
+    p.add_argument("--interleave", action="store_true",
+                   help="the directors alone again before every render round after the first (pooled baseline)")
     p.add_argument("--aligner", default="auto", help="the server's --aligner (none: lines end without their words)")
     args = p.parse_args()
     if args.tiny:
@@ -361,20 +376,29 @@ def main() -> None:
         # render are pooled, so the p95 rests on more than the ~27 takes one 6 s render holds.
         renders: list[dict[str, Any]] = []
         inside: list[dict[str, Any]] = []
+        round_ratios: list[float | None] = []
+        last_alone = alone
         for n in range(max(1, args.render_rounds)):
+            if args.interleave and n > 0:
+                last_alone = asyncio.run(directors(url, lines, instruction, args.director_frames,
+                                                   takes=args.director_takes, stop=None))  # fmt: skip
+                alone += last_alone
             both, crew = asyncio.run(render_with_directors(url, make_script(args.lines, args.line_frames, 2 + n),
                                                            lines, instruction, args.director_frames))  # fmt: skip
             renders.append(both)
-            inside += [t for t in crew if both["t0"] <= t["t"] <= both["t_end"]]
+            these = [t for t in crew if both["t0"] <= t["t"] <= both["t_end"]]
+            inside += these
+            round_ratios.append(p95_ratio(first_audio(these), first_audio(last_alone)))
+        if args.interleave:
+            result["directors_alone"] = first_audio(alone)
+            result["directors_p95_ratio_rounds"] = round_ratios
         both = max(renders, key=lambda r: r["wall_sec"])  # the slowest render is the one held to the target
         result["render_with_directors"] = {k: v for k, v in both.items() if k not in ("t0", "t_end")}
         result["render_with_directors"]["walls_sec"] = [r["wall_sec"] for r in renders]
         result["render_with_directors"]["engine"] = engine_delta(was, asyncio.run(counters(url)))
         result["directors_during_render"] = first_audio(inside)
-        base = result["directors_alone"]["p95_ms"]
-        during = result["directors_during_render"]["p95_ms"]
-        ratio = during / base if base and base == base and during == during else None
-        result["directors_p95_ratio"] = None if ratio is None else round(ratio, 2)
+        ratio = p95_ratio(result["directors_during_render"], result["directors_alone"])
+        result["directors_p95_ratio"] = ratio
         result["targets"] = {
             "render_sec": both["wall_sec"],
             "render_within_target": both["wall_sec"] <= args.target_render_sec,
