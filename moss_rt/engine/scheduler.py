@@ -100,9 +100,9 @@ STARTING_CALL_STREAMS = 16
 BATCH_ADMITS_PER_ROUND = 16
 # While interactive takes are about (waiting, preparing, streaming), a prefill pass holding only batch work's rows
 # has at most this share of stream_rows: a director arriving during one waits for less (renders prefill a little
-# slower). A pass with an interactive take's rows holds no batch rows at all. A quarter: a 200-line render with 16
-# directors on an H200 took their first audio p95 from 112 ms (half) to 97 ms (61.8-69.6 ms with no render), and
-# rendered no slower (7.2-7.6 s against 7.7-8.4 s; bench/RESULTS.md, session 15).
+# slower). A pass with an interactive take's rows holds no batch rows at all. A quarter: on one H200 a 200-line render
+# with 16 directors took their first audio p95 from 112 ms (half) to 97 ms (62-70 ms with no render) and rendered no
+# slower (7.2-7.6 s against 7.7-8.4 s); on two more machines 101-114 ms (bench/RESULTS.md, session 15).
 BATCH_PASS_SHARE = 0.25
 # Attention scores of a pass grow with its padded rows x its longest key window (x heads), not with
 # rows alone: a re-prefill deep into a long take next to fresh prompts would give every one of them
