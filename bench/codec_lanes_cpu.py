@@ -7,7 +7,9 @@ the busy side, as on an H200 with 64 directors), three running takes streaming, 
 8-frame take whenever fewer than two wait or prepare (each one's ramp: one-frame chunks in the codec's priority
 lane). For each ``codec_bulk_patience_ms`` it reports the running takes' chunks in that time (starved: few), the
 codec's calls by lane, and the directors' first audio (admission to first PCM, ms p50 / p95). Session 14 found the
-starvation on the H200 (bench/RESULTS.md); this reproduces it without one, to compare rules for the lanes.
+starvation on the H200 (bench/RESULTS.md); this reproduces it without one, to compare rules for the lanes. The
+codec here is backed up throughout, so the patience decides; ``codec_bulk_longest_wait_ms`` (the bound while
+nothing is parked) is the server's default, and never shorter than the patience (60,000: both off).
 """
 
 from __future__ import annotations
