@@ -264,7 +264,10 @@ def test_a_retake_cancelled_while_its_rebuild_runs_ends_at_once_and_gives_its_st
                  prefix_codes=parents.channels[f"p{i}"].codes[:n], parent_take=f"p{i}")
             for i in range(2)
         ])
-        rounds.until(lambda: started.is_set())
+        # Rounds until the rebuild call is handed over, then no more rounds until the worker has started it: rounds
+        # run meanwhile (a loaded machine's codec thread can start late) would finish the victim's prompt.
+        rounds.until(lambda: victim.rebuild_left == 0 and other.rebuild_left == 0)
+        assert started.wait(30)
         assert victim in rounds.sched.preparing  # its prompt is still going in
         state = victim.decoder
         victim.channel.cancel()
