@@ -122,7 +122,6 @@ class _Item:
     barrier: bool = False  # nothing queued after it runs before it (``call``)
     given: float = field(default_factory=time.perf_counter)  # when its producer gave it (parked time counts)
     patience_s: float = 0.0  # (bulk) how long it waits behind priority calls at most while the bulk lane is backed up
-    longest_wait_s: float = 0.0  # (bulk) ... and while it is not
 
 
 class CodecWorker:
@@ -236,11 +235,11 @@ class CodecWorker:
         if not self._threaded_now():
             self._check_open()
             return [self._run_inline(c.fn, priority) for c in calls]
-        items = []
-        for c in calls:
-            patience = self.bulk_patience_s if c.patience_s is None else max(0.0, c.patience_s)
-            items.append(_Item(0, c.fn, priority=priority, keys=set(c.keys), withdraw=c.withdraw,
-                               patience_s=patience, longest_wait_s=max(patience, self.bulk_longest_wait_s)))
+        items = [
+            _Item(0, c.fn, priority=priority, keys=set(c.keys), withdraw=c.withdraw,
+                  patience_s=self.bulk_patience_s if c.patience_s is None else max(0.0, c.patience_s))
+            for c in calls
+        ]
         return self._enqueue(items, priority) if wait else self._park(items, priority)
 
     def call(self, fn: Callable[[], T]) -> T:
@@ -408,9 +407,10 @@ class CodecWorker:
     def _next(self) -> _Item:
         """(Under the lock.) The call to run next: the oldest priority call no earlier call shares a stream with (none
         past a barrier), else the oldest -- but first the oldest bulk call out of patience that may go (while bulk
-        hand-overs are parked its patience, else its longest wait), unless the call before was one and a priority call
-        may go (the lanes then alternate)."""
+        hand-overs are parked, its patience; else also the worker's longest wait), unless the call before was one and
+        a priority call may go (the lanes then alternate)."""
         backed_up = any(not lane for _, lane, _ in self._parked)
+        longest = 0.0 if backed_up else self.bulk_longest_wait_s  # a call's own patience, if longer, still holds
         now = time.perf_counter()
         seen: set[Hashable] = set()
         aged: int | None = None
@@ -421,8 +421,7 @@ class CodecWorker:
             free = not (item.keys & seen)
             if free and item.priority and first_priority is None:
                 first_priority = i
-            elif (free and not item.priority and aged is None
-                  and now - item.given >= (item.patience_s if backed_up else item.longest_wait_s)):
+            elif free and not item.priority and aged is None and now - item.given >= max(item.patience_s, longest):
                 aged = i
             seen |= item.keys
         if aged is not None and not (self._aged_last and first_priority is not None):
