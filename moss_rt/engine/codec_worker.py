@@ -121,7 +121,9 @@ class _Item:
     group: int = 0  # the hand-over it belongs to
     barrier: bool = False  # nothing queued after it runs before it (``call``)
     given: float = field(default_factory=time.perf_counter)  # when its producer gave it (parked time counts)
-    patience_s: float = 0.0  # (bulk) how long it waits behind priority calls at most while the bulk lane is backed up
+    # (bulk) how long it waits behind priority calls at most while the bulk lane is backed up; otherwise the longer of
+    # this and the worker's bulk_longest_wait_s
+    patience_s: float = 0.0
 
 
 class CodecWorker:

@@ -115,8 +115,9 @@ PREFILL_KEYS_PER_ROW = 1024
 # chunks over long windows (prompt-cache tails, retake frames) stay within the same memory either way.
 SCORE_BOUND_MIN_ROWS = 128
 
-# A render's codec calls wait this long behind directors' first chunks (while the bulk lane is backed up) before they
-# go first: longer than a listened stream's (codec_worker.DEFAULT_BULK_PATIENCE_S), nobody hears a render as it comes.
+# A render's codec calls wait this long behind directors' first chunks before they go first, whether or not the bulk
+# lane is backed up: longer than a listened stream's (codec_worker.DEFAULT_BULK_PATIENCE_S and, while nothing is
+# parked, DEFAULT_BULK_LONGEST_WAIT_S), nobody hears a render as it comes.
 DEFAULT_BATCH_PATIENCE_S = 0.25
 
 
