@@ -85,16 +85,21 @@ def test_both_transports_spread_and_one_view(cluster_server) -> None:
         assert legacy.end["reason"] == "max_frames" and legacy.end["n_frames"] == 12
         assert len(legacy.pcm) == 12 * FRAME_SAMPLES * 2
 
-        # Four WebSocket takes at once: they overlap, so both replicas get some (lines with nothing in common
-        # beyond the opening every prompt has: no replica is preferred for its cache).
-        async def one(i: int) -> TakeAudio:
-            async with DirectingClient.connect(srv.ws_url) as client:
-                text = ["Alpha speaks first.", "Bravo answers.", "Charlie laughs.", "Delta sighs."][i]
-                return await client.speak(text, seed=i, max_new_tokens=16, chunk_frames=4, **LONG)
-
-        takes = await asyncio.gather(*(one(i) for i in range(4)))
+        # Four WebSocket takes that overlap: each is started (admitted, its start heard) before the next is sent,
+        # and each lasts as long as its audio (paced, 3.2 s), so every placement sees the others still running
+        # and both replicas get some. Lines with nothing in common beyond the opening every prompt has: no
+        # replica is preferred for its cache. (Started all at once, short takes could each finish before the next
+        # was routed on a loaded machine, and then go anywhere: a flaky failure under make test.)
+        frames = 40
+        texts = ["Alpha speaks first.", "Bravo answers.", "Charlie laughs.", "Delta sighs."]
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(DirectingClient.connect(srv.ws_url)) for _ in texts]
+            for i, (client, text) in enumerate(zip(clients, texts, strict=True)):
+                await client.start(text, seed=i, max_new_tokens=frames, chunk_frames=4, **LONG)
+                await next_message(client, "start")
+            takes = await asyncio.gather(*(client.collect() for client in clients))
         for take in takes:
-            assert take.end["reason"] == "max_frames" and len(take.pcm) == 16 * FRAME_SAMPLES * 2
+            assert take.end["reason"] == "max_frames" and len(take.pcm) == frames * FRAME_SAMPLES * 2
         placed = {replica_of(srv, t.take_id) for t in takes}
         assert placed == set(reps), placed
 
