@@ -13,6 +13,11 @@ import { liveTake } from './director.js';
 import * as render from './render.js';
 
 export const GRACE_MS = 6000;
+let graceMs = GRACE_MS;  // the Undo time in use: tests shorten it (window.studio.undoGraceMs) to wait less
+
+/* The Undo time of the next deletes, in ms (at least 100). */
+export function setUndoGrace(ms) { graceMs = Math.max(100, Number(ms) || GRACE_MS); }
+export function undoGrace() { return graceMs; }
 
 let pending = [];     // takes deleted, still in their Undo time
 let timer = null;
@@ -39,7 +44,7 @@ export function deleteTake(t) {
   takeUpdated(t);
   showBar();                           // a live region: screen readers hear it, with its Undo
   clearTimeout(timer);
-  timer = setTimeout(commit, GRACE_MS);
+  timer = setTimeout(commit, graceMs);
   render.refresh();
 }
 

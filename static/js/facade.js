@@ -13,7 +13,7 @@ import { sessionId, stats as sessionStats } from './sessions.js';
 import { currentRegion, setRegion, viewRange, stats as editorStats } from './editor.js';
 import { compSegments } from './comp.js';
 import { compared, playingSide } from './compare.js';
-import { pendingDeletes, stats as deleteStats } from './deletes.js';
+import { pendingDeletes, setUndoGrace, stats as deleteStats, undoGrace } from './deletes.js';
 import { typedSoFar, typingOpen, stats as typingStats } from './typing.js';
 import { currentScript, stats as scriptJobStats } from './script-job.js';
 import { stats as scriptPanelStats } from './script-panel.js';
@@ -76,6 +76,9 @@ export function installFacade() {
     /* A/B: the keys in the slots and the side playing ('a', 'b' or null). */
     get ab() { const a = compared('a'), b = compared('b'); return { a: a ? a.key : null, b: b ? b.key : null, playing: playingSide() }; },
     get pendingDeletes() { return pendingDeletes().map((t) => t.key); },
+    /* The Undo time after a delete, in ms (6,000; tests shorten it). */
+    get undoGraceMs() { return undoGrace(); },
+    set undoGraceMs(ms) { setUndoGrace(ms); },
     get typing() { return { open: typingOpen(), sent: typedSoFar() }; },
     /* The script the Script panel follows, as the service last said it ({script, state, lines: [...]}), or null. */
     get script() { const s = currentScript(); return s ? JSON.parse(JSON.stringify(s)) : null; },

@@ -198,7 +198,8 @@ def test_markers_names_stars_notes_filter_delete_and_zoom(page: Any) -> None:
     pg.click("#zoomFit")
     assert pg.evaluate("window.studio.view.span") == total and pg.locator("#waveScroll").is_hidden()
 
-    # Delete hides the take at once (Undo for a few seconds), then it is gone from the page.
+    # Delete hides the take at once (Undo for a few seconds, shortened here), then it is gone from the page.
+    pg.evaluate("window.studio.undoGraceMs = 1000")
     pg.click("#takeDelete")
     assert pg.locator("#undoBar").is_visible()
     pg.wait_for_function("window.studio.takes().length === 1", timeout=15_000)

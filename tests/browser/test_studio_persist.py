@@ -188,6 +188,7 @@ def test_a_deleted_take_leaves_the_others_their_numbers_after_a_reload(
                 wait_playback_drained(pg)
             assert [t["name"] for t in takes(pg)] == [f"Take {n}" for n in range(1, 7)]
             five = takes(pg)[4]
+            pg.evaluate("window.studio.undoGraceMs = 1000")  # a shorter Undo time: less to wait for
             pg.evaluate(f"window.studio.select('{five['key']}')")
             press("#takeDelete")  # hidden at once, deleted from the session when its Undo time is over
             wait_session(pg, "b.takes.length === 5", timeout=20_000)

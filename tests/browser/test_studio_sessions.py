@@ -105,6 +105,7 @@ def test_takes_come_back_after_a_reload_and_a_restart(browser: Any, tmp_path: Pa
             assert set(new[1][10 * FRAME :]) == {seed_marker(77)}
             assert [t["take_id"] for t in stored(url, session, context)][-1] == retake["id"]
             # Delete: gone from the session too.
+            pg.evaluate("window.studio.undoGraceMs = 1000")  # a shorter Undo time: less to wait for
             pg.evaluate(f"window.studio.select('{back[1]['key']}')")
             pg.click("#takeDelete")  # gone from the session once its Undo time has passed
             wait_session(pg, "b.takes.length === 2", timeout=20_000)
