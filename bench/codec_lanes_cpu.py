@@ -28,20 +28,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from moss_rt.engine.scheduler import Scheduler, _Chunk  # noqa: E402
+from moss_rt.engine.codec_calls import Chunk, CodecCalls  # noqa: E402
 from tests.engine.harness import Rounds, engine_settings, loaded_engine, spec  # noqa: E402
 
 TEXT = "Line: the rain had stopped an hour ago."
 
 
 def run(data: Path, patience_ms: float, codec_ms: float, seconds: float) -> dict[str, Any]:
-    real = Scheduler._decode_and_push
+    real = CodecCalls.decode_and_push
 
-    def slow(self: Scheduler, chunks: list[_Chunk]) -> None:
+    def slow(self: CodecCalls, chunks: list[Chunk]) -> None:
         time.sleep(codec_ms / 1000.0)  # the codec as the busy side
         real(self, chunks)
 
-    Scheduler._decode_and_push = slow  # type: ignore[method-assign]
+    CodecCalls.decode_and_push = slow  # type: ignore[method-assign]
     try:
         settings = engine_settings(data, overlap=True, max_slots=16, max_queue=64, max_seq_len=512,
                                    codec_bulk_patience_ms=patience_ms)
@@ -69,7 +69,7 @@ def run(data: Path, patience_ms: float, codec_ms: float, seconds: float) -> dict
             rounds.until(lambda: all(t.channel.finished for t in [*running, *directors]) and not rounds.sched.running)
             firsts = [1000.0 * (t.first_audio - t.admitted) for t in directors if t.first_audio is not None]
     finally:
-        Scheduler._decode_and_push = real  # type: ignore[method-assign]
+        CodecCalls.decode_and_push = real  # type: ignore[method-assign]
     return {
         "patience_ms": patience_ms,
         "running_chunks": chunks,

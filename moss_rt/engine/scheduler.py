@@ -12,12 +12,13 @@ One :meth:`Scheduler.iterate` is one scheduling round. It serves, in this order 
 2. **running streams' next frames**: every runnable slot (running, not paused) advances by one frame in ONE batched
    model step; slots whose chunk is due (first audio after one frame, then every ``chunk_frames``) go to the codec
    worker (decoded, converted to int16 and pushed to their channels on the worker's thread, overlapped with the next
-   model steps; see codec_worker): interactive takes' first chunks (their ramp) in the worker's priority lane, the
-   rest in bulk calls of at most ``codec_call_streams`` streams, so a director's first chunk waits for at most one
-   short call. A round never waits for the bulk lane: a hand-over that finds it full is parked behind it, and while
-   one is parked the next step that would add one is held back (codec_flow; the round goes on with the rest; a
-   director's take in its ramp steps on alone). While a director's take waits for a slot that is free, is prefilled
-   or has no frame yet, batch work stands aside from the step, within a share of the rounds (batch_yield);
+   model steps; see codec_worker; codec_calls cuts them into calls): interactive takes' first chunks (their ramp) in
+   the worker's priority lane, the rest in bulk calls of at most ``codec_call_streams`` streams, so a director's first
+   chunk waits for at most one short call. A round never waits for the bulk lane: a hand-over that finds it full is
+   parked behind it, and while one is parked the next step that would add one is held back (codec_flow; the round goes
+   on with the rest; a director's take in its ramp steps on alone). While a director's take waits for a slot that is
+   free, is prefilled or has no frame yet, batch work stands aside from the step, within a share of the rounds
+   (batch_yield);
 3. **interactive admissions and their preparation**: waiting takes get slots while slots are free (retakes,
    continuations and barge-in starts first, then new takes, then batch work); preparing takes advance their prompt
    prefill and codec state. Prompt rows kept from earlier takes (prompt_cache) are shared, not prefilled, and a take
@@ -52,18 +53,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moss_rt.engine.base import AudioChunk, EndReason, TakeFinished, TakeFirstAudio
+from moss_rt.engine.base import EndReason, TakeFinished
 from moss_rt.engine.batch_yield import BATCH_YIELD_SHARE, BatchYield
 from moss_rt.engine.codec_batch import CodecBatcher
+from moss_rt.engine.codec_calls import DEFAULT_BATCH_PATIENCE_S, DEFAULT_CODEC_CALL_STREAMS, CodecCalls
 from moss_rt.engine.codec_flow import HoldClock, ramp_while_held, step_held
-from moss_rt.engine.codec_worker import CodecCall, CodecWorker
+from moss_rt.engine.codec_worker import CodecWorker
 from moss_rt.engine.metrics import EngineMetrics, PartClock
 from moss_rt.engine.prefill_pace import MIN_ROWS_PER_PASS, largest_graphed_piece
 from moss_rt.engine.prompt_cache import Match, PromptCache
@@ -78,22 +79,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Kept frames a rebuilding take hands to its codec state per round: the codec's full chunk, whose graph every batch
-# bucket has, so one batched call decodes every rebuilding take's next chunk.
-REBUILD_CHUNK_FRAMES = 8
 DEFAULT_BATCH_SHARE = 0.5  # slots and KV blocks batch work may hold at most (interactive takes keep the rest)
-# Streams in one bulk codec call (steady chunks, batch work): a director's first chunk, in the priority lane, waits
-# for at most the call running when it came. Measured on an H200 (bench/RESULTS.md, "Directing at scale"): 31-stream
-# calls (the 32-row graph bucket) took the aggregate at 128 streams from 369x to 318x (codec 16.9 -> 24.8 ms a step)
-# and gave the directors nothing measurable (64 in a burst: retakes 594 / 762 ms with 31, 543 / 772 with no split).
-# So by default a round's chunks of one length go in one call, as before; lower it (Settings.codec_call_streams) to
-# trade render throughput for a shorter wait behind a running call.
-DEFAULT_CODEC_CALL_STREAMS = 255
-# While a director's take is starting (waiting, preparing, or in its ramp), bulk calls hold at most this many streams:
-# its first chunks (priority lane) wait for the bulk call running when they come, and during a script render those
-# are the render's 66-stream calls (~21 ms each on an H200: the director's first chunk waited 53 ms at p95 in the
-# codec's queue). Shorter calls cost the render a little codec throughput, only while someone is waiting to hear.
-STARTING_CALL_STREAMS = 16
 # Batch takes (script lines) admitted in one round at most: admitting one costs the engine's thread its prompt-cache
 # match, block reservation, sampler and codec state (a render posting 200 lines admitted ~100 in one round, and a
 # director arriving meanwhile waited for all of them); 16 also fill one batched prefill graph (prefill_graphs).
@@ -114,12 +100,6 @@ PREFILL_KEYS_PER_ROW = 1024
 # (128) rows of the plain path's fp32 scores. In that bound a pass's rows count as at least this many, so short
 # chunks over long windows (prompt-cache tails, retake frames) stay within the same memory either way.
 SCORE_BOUND_MIN_ROWS = 128
-
-# A render's codec calls wait this long behind directors' first chunks before they go first, whether or not the bulk
-# lane is backed up: longer than a listened stream's (codec_worker.DEFAULT_BULK_PATIENCE_S and, while nothing is
-# parked, DEFAULT_BULK_LONGEST_WAIT_S), nobody hears a render as it comes.
-DEFAULT_BATCH_PATIENCE_S = 0.25
-
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -165,6 +145,9 @@ class Scheduler:
         self.worker = worker or CodecWorker(threaded=False)
         self.metrics = metrics
         self.config = config
+        # Due chunks and kept frames cut into codec calls, in the worker's lanes (engine/codec_calls).
+        self.calls = CodecCalls(codec, self.worker, metrics, call_streams=config.codec_call_streams,
+                                batch_patience_s=config.codec_batch_patience_s)
         self._on_done = on_take_done
         self._sync = sync  # waits for queued device work, so host timings mean something
         # True when new takes wait to be added (the engine's inbox): a preparation loop with nothing streaming stops
@@ -237,7 +220,7 @@ class Scheduler:
         worked |= clock.lap("flush", self._flush_and_finish())  # ...to the codec; ends whose last frames are decoded
         worked |= clock.lap("admit", self._admit())  # 3. admissions (interactive first; 4. batch work after)
         worked |= clock.lap("prepare", self._prepare())  # ...and preparation (interactive first, batch work after)
-        worked |= clock.lap("capture", self._capture_wanted())
+        worked |= clock.lap("capture", self.calls.capture_wanted())
         self._update_gauges()
         if worked:
             clock.done()
@@ -663,7 +646,7 @@ class Scheduler:
         units = passes = 0
         # Codec rebuilds: every rebuilding take's next chunk a round (batched calls), handed to the codec worker
         # without waiting; alone on the device, every chunk now (the worker's bounded queue paces them).
-        while self._rebuild_round():
+        while self.calls.rebuild(self.preparing):
             units += 1
             promoted |= self._promote_ready()
             if self.running:
@@ -783,86 +766,6 @@ class Scheduler:
         with_whole = self.prompts.wants_whole(keys, take.prefilled) and self.runner.blocks.reserve(slot, 1)
         self.prompts.keep(keys, self.runner.blocks.slot_blocks(slot), take.prefilled, with_whole=with_whole)
 
-    def _rebuild_round(self) -> bool:
-        """Batched codec calls rebuilding preparing takes' codec states from their kept frames (audio thrown away):
-        the next chunk of every rebuilding take, takes whose chunks have the same length together (one forward,
-        graphed where the codec has that shape), at most ``codec_call_streams`` a call; interactive takes' calls in
-        the worker's priority lane (one hand-over), batch work's in the bulk lane while it has room (else in a later
-        round: the round never waits for the bulk lane). Handed to the codec worker without waiting: the take's later
-        decodes run after them, in order. False: nothing was handed over."""
-        rebuilding = [t for t in self.preparing if t.rebuild_left > 0 and t.decoder is not None
-                      and t.codec_error is None]
-        if not rebuilding:
-            return False
-        note_call = getattr(self.codec, "note_call", None)
-        max_frames = min(REBUILD_CHUNK_FRAMES, int(self.decoder.max_chunk_frames))
-        handed = False
-        for priority in (True, False):
-            if not priority and not self.worker.has_room(False):
-                continue  # batch work's rebuilds wait for room in the bulk lane (the round does not)
-            by_frames: dict[int, list[Take]] = {}
-            for take in rebuilding:
-                if take.batch is not priority:
-                    by_frames.setdefault(min(max_frames, take.rebuild_left), []).append(take)
-            calls: list[CodecCall] = []
-            parts: list[list[Take]] = []
-            for frames, group in by_frames.items():
-                per_call = self._call_streams(frames)
-                for at in range(0, len(group), per_call):
-                    members = group[at : at + per_call]
-                    items = [_Chunk(t, state, t.rebuilt, t.codes_array(t.rebuilt, t.rebuilt + frames))
-                             for t in members if (state := t.decoder) is not None]
-                    if note_call is not None:
-                        note_call([c.codes for c in items])  # counted on this thread, like the streamed chunks
-                    calls.append(self._codec_call(self._rebuild_on_worker, items))
-                    parts.append(members)
-                    for take in members:
-                        take.rebuilt += frames
-                    self.metrics.codec_rebuild_calls.inc()
-                    self.metrics.codec_rebuild_frames.inc(frames * len(members))
-            seqs = self.worker.submit_all(calls, priority=priority, wait=priority)
-            for members, seq in zip(parts, seqs, strict=True):
-                for take in members:
-                    take.codec_seq = seq
-            handed |= bool(calls)
-        return handed
-
-    def _rebuild_on_worker(self, items: list[_Chunk]) -> None:
-        """On the codec worker: advance the states through their kept frames; a failure fails those takes."""
-        if all(c.withdrawn for c in items):
-            return
-        try:
-            self.codec.advance([c.state for c in items], [c.codes for c in items])
-        except Exception as exc:
-            log.exception("codec rebuild failed for %d takes", len(items))
-            for c in items:
-                if not c.withdrawn:
-                    c.take.codec_error = f"codec rebuild failed: {exc}"
-
-    def _call_streams(self, frames: int, cap: int | None = None) -> int:
-        """Streams one codec call of ``frames``-frame chunks holds at most: ``cap`` (default codec_call_streams),
-        within what the codec has graphs for at that length."""
-        cap = max(1, int(self.config.codec_call_streams if cap is None else cap))
-        fit = getattr(self.codec, "streams_per_call", None)
-        return max(1, int(fit(frames, cap))) if fit is not None else cap
-
-    def _codec_call(self, run: Callable[[list[_Chunk]], None], chunks: list[_Chunk]) -> CodecCall:
-        """One codec call over ``chunks``: it touches their streams' states and can give any of them up before it
-        starts (a cancelled take: a padding row takes its place, so the call's batch stays the same). A call of batch
-        takes only has the longer patience (codec_worker: how long a bulk call waits behind priority calls)."""
-        patience = self.config.codec_batch_patience_s if all(c.take.batch for c in chunks) else None
-        return CodecCall(partial(run, chunks), tuple(c.state for c in chunks), partial(self._withdraw_from, chunks),
-                         patience)
-
-    def _withdraw_from(self, chunks: list[_Chunk], key: Hashable) -> None:
-        """(On this thread, under the codec worker's lock, while the call has not started.) The stream ``key`` leaves
-        the call: its row decodes silence on the decoder's scratch row instead, its state is not touched."""
-        for chunk in chunks:
-            if chunk.state is key and not chunk.withdrawn:
-                chunk.withdrawn = True
-                chunk.state = self.decoder.scratch_state()
-                chunk.codes = np.zeros_like(chunk.codes)
-
     def _fail_broken_rebuilds(self) -> None:
         """Preparing takes whose rebuild call failed end with its error."""
         for take in [t for t in self.preparing if t.codec_error is not None]:
@@ -959,7 +862,7 @@ class Scheduler:
         due = [t for t in self.running if t.pending > 0 and (t.ending or t.chunk_due(self.steps))]
         worked = False
         if due:
-            self._submit_chunks(due)
+            self.calls.send(due, starting=self._interactive_starting())
             worked = True
         return self._finish_ended() or worked
 
@@ -972,114 +875,6 @@ class Scheduler:
         cancelled = take.channel.cancel_reason
         take.ending = (take.ending or cancelled) if cancelled is not None else EndReason.ERROR
         take.flushed = take.frames
-
-    def _submit_chunks(self, takes: list[Take]) -> None:
-        """Hand the due chunks to the codec worker and return without waiting for them (a bulk hand-over never waits
-        for room, a priority one only if its own lane is max_pending hand-overs behind): interactive takes' chunks of
-        their ramp (first audio and the one-frame chunks after it) as one call in the priority lane, the rest in bulk
-        calls of equal chunk lengths and at most ``codec_call_streams`` streams each (one hand-over)."""
-        chunks = [
-            _Chunk(t, state, t.flushed, t.codes_array(t.flushed, t.frames), priority=not t.batch and t.in_ramp)
-            for t in takes
-            if t.pending > 0 and (state := t.decoder) is not None and t.codec_error is None
-        ]
-        if not chunks:
-            return
-        now = time.monotonic()
-        for chunk in chunks:
-            chunk.take.flushed = chunk.take.frames
-            if chunk.take.first_chunk_at is None:
-                chunk.take.first_chunk_at = now
-        self._hand_over(self._pieces([c for c in chunks if c.priority], bulk=False), priority=True)
-        self._hand_over(self._pieces([c for c in chunks if not c.priority], bulk=True), priority=False)
-
-    def _pieces(self, chunks: list[_Chunk], *, bulk: bool) -> list[list[_Chunk]]:
-        """Chunks cut into codec calls: equal lengths together; a bulk call holds at most ``codec_call_streams``
-        streams (STARTING_CALL_STREAMS while a director's take is starting), a priority call as many as one graphed
-        call of that length can (their calls are short anyway)."""
-        by_t: dict[tuple[int, bool], list[_Chunk]] = {}
-        for chunk in chunks:  # a render's chunks apart from listened ones: their calls wait longer (_codec_call)
-            by_t.setdefault((int(chunk.codes.shape[0]), chunk.take.batch), []).append(chunk)
-        pieces = []
-        starting = bulk and self._interactive_starting()
-        for (t, _), group in by_t.items():
-            if not bulk:
-                per_call = self._call_streams(t, cap=len(group))
-            elif starting:
-                per_call = self._call_streams(t, cap=min(STARTING_CALL_STREAMS, self.config.codec_call_streams))
-            else:
-                per_call = self._call_streams(t)
-            pieces += [group[at : at + per_call] for at in range(0, len(group), per_call)]
-        return pieces
-
-    def _hand_over(self, pieces: list[list[_Chunk]], *, priority: bool) -> None:
-        """One hand-over to the codec worker: a decode call per piece. A priority hand-over goes in at once (its lane
-        has a bound of its own, rarely reached); a bulk one never waits for room: with the lane full it is parked
-        behind it (codec_flow), and the next step waits instead, outside the round."""
-        if not pieces:
-            return
-        note_call = getattr(self.codec, "note_call", None)
-        if note_call is not None:
-            for piece in pieces:
-                note_call([c.codes for c in piece])  # counted here, on this thread: see codec_batch
-        calls = [self._codec_call(self._decode_and_push, piece) for piece in pieces]
-        seqs = self.worker.submit_all(calls, priority=priority, wait=priority)
-        for piece, seq in zip(pieces, seqs, strict=True):
-            for chunk in piece:
-                chunk.take.codec_seq = seq
-
-    def _decode_and_push(self, chunks: list[_Chunk]) -> None:
-        """On the codec worker: one batched decode, then each take's PCM to its channel (first audio first).
-
-        A take whose earlier decode failed is left out (its state may be half advanced); a failing decode
-        fails every take of the call through ``codec_error``, which the scheduler turns into its end. Withdrawn
-        chunks (their take was cancelled) decode as padding rows and go nowhere; a take muted by its end gets
-        nothing more (its end is out, or going out)."""
-        chunks = [c for c in chunks if c.withdrawn or c.take.codec_error is None]
-        if all(c.withdrawn for c in chunks):
-            return
-        t0 = time.perf_counter()
-        began = time.monotonic()
-        for c in chunks:
-            if c.take.first_decode_at is None and not c.withdrawn:
-                c.take.first_decode_at = began
-        try:
-            pcms = self.codec.decode_pcm(
-                [c.state for c in chunks], [c.codes for c in chunks], [c.take.spec.channels for c in chunks]
-            )
-        except Exception as exc:
-            log.exception("codec decode failed for %d takes", len(chunks))
-            for c in chunks:
-                if not c.withdrawn:
-                    c.take.codec_error = f"codec decode failed: {exc}"
-            return
-        self.metrics.codec_time.observe(time.perf_counter() - t0)
-        now = time.monotonic()
-        for c, pcm in zip(chunks, pcms, strict=True):
-            if c.withdrawn:
-                continue
-            take = c.take
-            with take.out_lock:
-                if take.muted:
-                    continue
-                if take.first_audio is None:
-                    take.first_audio = now
-                    first_ms = (now - take.admitted) * 1000.0
-                    self.metrics.ttfa.observe(first_ms / 1000.0)
-                    take.channel.push(TakeFirstAudio(first_ms))
-                take.channel.push(AudioChunk(c.first_frame, c.codes, pcm))
-                take.sent = c.first_frame + int(c.codes.shape[0])
-
-    def _capture_wanted(self) -> bool:
-        """Codec graphs for shapes that keep coming under load, captured on the worker while this thread
-        waits (a capture must not run next to a model step)."""
-        if not getattr(self.codec, "wanted", None):
-            return False
-        try:
-            self.worker.call(self.codec.capture_wanted)
-        except Exception:  # the eager path remains
-            log.exception("codec graph capture under load failed")
-        return True
 
     # ------------------------------------------------------------------ ending
     def _finish(self, take: Take, reason: EndReason, error: str | None = None) -> None:
@@ -1229,19 +1024,6 @@ def first_audio_path(take: Take) -> dict[str, float]:
              ("codec_queue_ms", take.first_chunk_at, take.first_decode_at),
              ("decode_ms", take.first_decode_at, take.first_audio))
     return {name: round((b - a) * 1000.0, 2) for name, a, b in marks if a is not None and b is not None}
-
-
-@dataclass(eq=False)
-class _Chunk:
-    """Frames of one take handed to the codec: its state, where they start, the codes; ``priority``: an interactive
-    take's ramp chunk; ``withdrawn``: its take was cancelled before the call started (a padding row in its place)."""
-
-    take: Take
-    state: DecoderState
-    first_frame: int
-    codes: np.ndarray
-    priority: bool = False
-    withdrawn: bool = False
 
 
 def step_may_capture(runner: object, slots: list[int]) -> bool:

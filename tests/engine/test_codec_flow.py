@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 from moss_rt.engine.base import RAMP_FRAMES, EndReason, TakePriority, TakeSpec
+from moss_rt.engine.codec_calls import Chunk, CodecCalls
 from moss_rt.engine.codec_flow import STARTING_PARKED_HANDOVERS
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.moss import MossEngine
-from moss_rt.engine.scheduler import Scheduler, SchedulerConfig, _Chunk
+from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
 from moss_rt.engine.slots import Phase, Take
 from moss_rt.model.prefill_graphs import PrefillGraphs
 from moss_rt.model.runner import PrefillRequest
@@ -50,17 +51,17 @@ class CodecGate:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.armed, self.holding, self.release = threading.Event(), threading.Event(), threading.Event()
-        real = Scheduler._decode_and_push
+        real = CodecCalls.decode_and_push
         gate = self
 
-        def decode_and_push(self: Scheduler, chunks: list[_Chunk]) -> None:
+        def decode_and_push(self: CodecCalls, chunks: list[Chunk]) -> None:
             if gate.armed.is_set():
                 gate.armed.clear()
                 gate.holding.set()
                 gate.release.wait(60)
             real(self, chunks)
 
-        monkeypatch.setattr(Scheduler, "_decode_and_push", decode_and_push)
+        monkeypatch.setattr(CodecCalls, "decode_and_push", decode_and_push)
 
 
 @contextmanager

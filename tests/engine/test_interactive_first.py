@@ -20,9 +20,9 @@ import torch
 from moss_rt.audio import to_int16_pcm
 from moss_rt.engine.base import RAMP_FRAMES, EndReason, TakePriority
 from moss_rt.engine.codec_batch import CodecBatcher
+from moss_rt.engine.codec_calls import Chunk, CodecCalls
 from moss_rt.engine.codec_worker import CodecCall
 from moss_rt.engine.moss import MossEngine
-from moss_rt.engine.scheduler import Scheduler, _Chunk
 from moss_rt.protocol import FRAME_SAMPLES
 from tests.engine.harness import Rounds, drive, engine_settings, loaded_engine, spec
 
@@ -173,24 +173,24 @@ def test_first_chunks_go_in_the_priority_lane_and_bulk_calls_stay_short(tiny_dat
     Every take's audio is still the whole-clip decode of its codes."""
     calls: list[list[tuple[str, int, bool]]] = []
     lengths: dict[str, list[int]] = {}
-    real = Scheduler._decode_and_push
+    real = CodecCalls.decode_and_push
 
-    def decode_and_push(self: Scheduler, chunks: list[_Chunk]) -> None:
+    def decode_and_push(self: CodecCalls, chunks: list[Chunk]) -> None:
         calls.append([(c.take.take_id, c.first_frame, c.priority) for c in chunks])
         for c in chunks:
             lengths.setdefault(c.take.take_id, []).append(int(c.codes.shape[0]))
         real(self, chunks)
 
     patience: dict[tuple[str, ...], float | None] = {}
-    real_call = Scheduler._codec_call
+    real_call = CodecCalls.codec_call
 
-    def codec_call(self: Scheduler, run: Any, chunks: list[_Chunk]) -> CodecCall:
+    def codec_call(self: CodecCalls, run: Any, chunks: list[Chunk]) -> CodecCall:
         made = real_call(self, run, chunks)
         patience[tuple(c.take.take_id for c in chunks)] = made.patience_s
         return made
 
-    monkeypatch.setattr(Scheduler, "_decode_and_push", decode_and_push)
-    monkeypatch.setattr(Scheduler, "_codec_call", codec_call)
+    monkeypatch.setattr(CodecCalls, "decode_and_push", decode_and_push)
+    monkeypatch.setattr(CodecCalls, "codec_call", codec_call)
     settings = engine_settings(tiny_data_dir, overlap=False, codec_call_streams=2, codec_batch_patience_ms=300.0)
     with loaded_engine(settings) as engine:
         specs = [spec(f"d{i}", i, 20, 4, text=f"{TEXT} Director {i}.") for i in range(3)]
@@ -229,9 +229,9 @@ def test_a_first_chunk_runs_ahead_of_queued_bulk_calls(tiny_data_dir: Path, monk
     queued bulk call that was handed over earlier."""
     order: list[tuple[str, ...]] = []
     hold, started, release = threading.Event(), threading.Event(), threading.Event()
-    real = Scheduler._decode_and_push
+    real = CodecCalls.decode_and_push
 
-    def decode_and_push(self: Scheduler, chunks: list[_Chunk]) -> None:
+    def decode_and_push(self: CodecCalls, chunks: list[Chunk]) -> None:
         order.append(tuple(c.take.take_id for c in chunks))
         if hold.is_set():
             hold.clear()
@@ -239,7 +239,7 @@ def test_a_first_chunk_runs_ahead_of_queued_bulk_calls(tiny_data_dir: Path, monk
             release.wait(30)
         real(self, chunks)
 
-    monkeypatch.setattr(Scheduler, "_decode_and_push", decode_and_push)
+    monkeypatch.setattr(CodecCalls, "decode_and_push", decode_and_push)
     with loaded_engine(engine_settings(tiny_data_dir, overlap=True, max_seq_len=512)) as engine:
         rounds = Rounds(engine)
         sched, worker = rounds.sched, rounds.sched.worker
@@ -333,18 +333,19 @@ def test_bulk_calls_are_short_while_a_director_waits_for_a_first_sound(tiny_data
     """Twenty script lines share one bulk call per chunk (the default allows 255 streams); once a director's take is
     waiting, preparing or in its ramp, their calls hold at most STARTING_CALL_STREAMS streams (the director's first
     chunks wait for at most one short call), and after its ramp they are whole again."""
-    from moss_rt.engine import scheduler as scheduler_module
+    from moss_rt.engine import codec_calls
 
-    monkeypatch.setattr(scheduler_module, "STARTING_CALL_STREAMS", 4)
-    bulk: list[tuple[int, bool]] = []
-    real = Scheduler._hand_over
+    monkeypatch.setattr(codec_calls, "STARTING_CALL_STREAMS", 4)
+    bulk_calls: list[tuple[int, bool]] = []
+    real = CodecCalls.pieces
 
-    def hand_over(self: Scheduler, pieces: list[list[_Chunk]], *, priority: bool) -> None:
-        if not priority:
-            bulk.extend((len(piece), self._interactive_starting()) for piece in pieces)
-        real(self, pieces, priority=priority)
+    def pieces(self: CodecCalls, chunks: list[Chunk], *, bulk: bool, starting: bool = False) -> list[list[Chunk]]:
+        made = real(self, chunks, bulk=bulk, starting=starting)
+        if bulk:
+            bulk_calls.extend((len(piece), starting) for piece in made)
+        return made
 
-    monkeypatch.setattr(Scheduler, "_hand_over", hand_over)
+    monkeypatch.setattr(CodecCalls, "pieces", pieces)
     settings = engine_settings(tiny_data_dir, overlap=False, max_seq_len=256, max_slots=24, max_queue=24,
                                batch_share=1.0)
     with loaded_engine(settings) as engine:
@@ -352,15 +353,15 @@ def test_bulk_calls_are_short_while_a_director_waits_for_a_first_sound(tiny_data
         lines = rounds.add(*[spec(f"b{i}", i, 48, 4, text=f"{TEXT} Line {i}.", priority=TakePriority.BATCH)
                              for i in range(20)])
         rounds.until(lambda: all(t.flushed >= 8 for t in lines))
-        assert max(n for n, _ in bulk) == 20  # alone: one call for every line's chunk
-        bulk.clear()
+        assert max(n for n, _ in bulk_calls) == 20  # alone: one call for every line's chunk
+        bulk_calls.clear()
         (d,) = rounds.add(spec("d", 99, 24, 4, text=f"{TEXT} A director."))
         rounds.until(lambda: not d.in_ramp)
-        during = [n for n, starting in bulk if starting]
+        during = [n for n, starting in bulk_calls if starting]
         assert during and max(during) <= 4
-        bulk.clear()
+        bulk_calls.clear()
         rounds.until(lambda: d.channel.finished)
-        assert max(n for n, starting in bulk if not starting) > 4
+        assert max(n for n, starting in bulk_calls if not starting) > 4
         for take in [*lines, d]:
             take.channel.cancel()
         rounds.until(lambda: all(t.channel.finished for t in [*lines, d]) and not rounds.sched.draining)
