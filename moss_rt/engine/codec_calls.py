@@ -86,22 +86,26 @@ class CodecCalls:
         worker: CodecWorker,
         metrics: EngineMetrics,
         *,
+        starting: Callable[[], bool] = lambda: False,
         call_streams: int = DEFAULT_CODEC_CALL_STREAMS,
         batch_patience_s: float = DEFAULT_BATCH_PATIENCE_S,
     ) -> None:
         self.codec = codec
         self.worker = worker
         self.metrics = metrics
+        # Whether a director's take is starting (waiting, preparing, or in its ramp): bulk calls are short meanwhile.
+        # Asked once the round's chunks are handed over: a ramp's last chunk ends the ramp.
+        self.starting = starting
         self.call_streams = call_streams
         self.batch_patience_s = batch_patience_s
 
     # ------------------------------------------------------------------ on the engine's thread
-    def send(self, takes: list[Take], *, starting: bool) -> None:
+    def send(self, takes: list[Take]) -> None:
         """Hand the takes' due chunks to the codec worker and return without waiting for them (a bulk hand-over never
         waits for room, a priority one only if its own lane is max_pending hand-overs behind): interactive takes'
         chunks of their ramp (first audio and the one-frame chunks after it) as one call in the priority lane, the rest
-        in bulk calls of equal chunk lengths and at most ``call_streams`` streams each (one hand-over); ``starting``:
-        a director's take is starting, so bulk calls are short."""
+        in bulk calls of equal chunk lengths and at most ``call_streams`` streams each (one hand-over), fewer while a
+        director's take is starting."""
         chunks = [
             Chunk(t, state, t.flushed, t.codes_array(t.flushed, t.frames), priority=not t.batch and t.in_ramp)
             for t in takes
@@ -115,7 +119,7 @@ class CodecCalls:
             if chunk.take.first_chunk_at is None:
                 chunk.take.first_chunk_at = now
         self.hand_over(self.pieces([c for c in chunks if c.priority], bulk=False), priority=True)
-        self.hand_over(self.pieces([c for c in chunks if not c.priority], bulk=True, starting=starting),
+        self.hand_over(self.pieces([c for c in chunks if not c.priority], bulk=True, starting=self.starting()),
                        priority=False)
 
     def rebuild(self, takes: list[Take]) -> bool:

@@ -146,8 +146,8 @@ class Scheduler:
         self.metrics = metrics
         self.config = config
         # Due chunks and kept frames cut into codec calls, in the worker's lanes (engine/codec_calls).
-        self.calls = CodecCalls(codec, self.worker, metrics, call_streams=config.codec_call_streams,
-                                batch_patience_s=config.codec_batch_patience_s)
+        self.calls = CodecCalls(codec, self.worker, metrics, starting=self._interactive_starting,
+                                call_streams=config.codec_call_streams, batch_patience_s=config.codec_batch_patience_s)
         self._on_done = on_take_done
         self._sync = sync  # waits for queued device work, so host timings mean something
         # True when new takes wait to be added (the engine's inbox): a preparation loop with nothing streaming stops
@@ -862,7 +862,7 @@ class Scheduler:
         due = [t for t in self.running if t.pending > 0 and (t.ending or t.chunk_due(self.steps))]
         worked = False
         if due:
-            self.calls.send(due, starting=self._interactive_starting())
+            self.calls.send(due)
             worked = True
         return self._finish_ended() or worked
 
