@@ -40,6 +40,8 @@ class RecordingWorker:
     handed: list[tuple[bool, list[CodecCall]]] = field(default_factory=list)
 
     def submit_all(self, calls: list[CodecCall], *, priority: bool, wait: bool) -> list[int]:
+        if not calls:
+            return []  # as the worker: no calls, no hand-over
         self.handed.append((priority, calls))
         return [len(self.handed)] * len(calls)
 
@@ -140,3 +142,30 @@ def test_a_withdrawn_stream_leaves_its_call_for_a_padding_row() -> None:
     assert chunks[1].withdrawn and chunks[1].state is calls.codec.decoder.scratch_state()
     assert not chunks[1].codes.any() and chunks[1].codes.shape == (2, N_CODEBOOKS)
     assert not chunks[0].withdrawn and chunks[0].state is a.decoder  # the other stream is untouched
+
+
+@dataclass(eq=False)
+class RebuildingTake(StandInTake):
+    """A retake rebuilding its codec state from ``kept`` frames (``rebuilt`` of them handed over so far)."""
+
+    kept: int = 0
+    rebuilt: int = 0
+
+    @property
+    def rebuild_left(self) -> int:
+        return self.kept - self.rebuilt
+
+
+def test_rebuilds_go_a_full_chunk_a_round_interactive_ones_in_the_priority_lane() -> None:
+    calls, worker = make_calls()
+    director = RebuildingTake("d", frames=0, kept=11)
+    other = RebuildingTake("e", frames=0, kept=8)
+    line = RebuildingTake("b", frames=0, kept=3, batch=True)
+    assert calls.rebuild([director, other, line])
+    # Chunks of one length together (the codec's full chunk, 8, or what is left), the director's in the priority lane.
+    assert handed(worker) == [(True, [["d", "e"]]), (False, [["b"]])]
+    assert (director.rebuilt, other.rebuilt, line.rebuilt) == (8, 8, 3)
+    worker.handed.clear()
+    assert calls.rebuild([director, other, line])  # the next round: what is left of the director's
+    assert handed(worker) == [(True, [["d"]])] and director.rebuilt == 11
+    assert not calls.rebuild([director, other, line])  # nothing left to rebuild
