@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from moss_rt.protocol import ErrorCode, ProtocolError
-from moss_rt.storage.database import Database, SqliteDatabase, Tx
+from moss_rt.storage.database import CLOSING_WAIT_SEC, Database, SqliteDatabase, Tx
 from moss_rt.storage.migrations import Migration, MigrationContext, migrate, sqlite_has_table
 from moss_rt.storage.migrations import version as schema_version
 
@@ -298,8 +298,9 @@ class ScriptStore:
         return lost
 
     def release(self, script_id: str, runner: str) -> None:
-        """Give the lease up (the render stopped here: another front end may resume it at once)."""
-        with self.db.transaction() as tx:
+        """Give the lease up (the render stopped here, the service is shutting down: another front end may resume it at
+        once). A short wait for the database: the lease runs out by itself."""
+        with self.db.transaction(wait_sec=CLOSING_WAIT_SEC) as tx:
             tx.execute(
                 "UPDATE scripts SET runner = NULL, lease_until = NULL WHERE id = ? AND runner = ?", (script_id, runner)
             )

@@ -33,6 +33,12 @@ Params = Sequence[Any]
 SQLITE_BUSY_TIMEOUT_SEC = 10.0  # another process's write transaction is waited for this long
 
 
+# A call made while the service shuts down (its front end's row, a render's lease given up) waits at most this long
+# for a connection: the database may be why the service is stopping, and what those calls tidy up also runs out by
+# itself. (With the database gone the shutdown waited the pool's whole wait, 5 s, for the first of them.)
+CLOSING_WAIT_SEC = 1.0
+
+
 class StoreUnavailable(ProtocolError):
     """The database cannot be reached (or stays locked): 503 ``busy`` with Retry-After; nothing was changed."""
 
@@ -96,8 +102,9 @@ class Database(Reader):
     shared: ClassVar[bool] = False
 
     @abstractmethod
-    def transaction(self, *, serialized: bool = False) -> AbstractContextManager[Tx]:
-        """A transaction (``serialized``: alone among the serialized ones of every process, see the module)."""
+    def transaction(self, *, serialized: bool = False, wait_sec: float | None = None) -> AbstractContextManager[Tx]:
+        """A transaction (``serialized``: alone among the serialized ones of every process, see the module);
+        ``wait_sec``: how long to wait for a connection at most, where the store has a pool (None: its own wait)."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -165,8 +172,9 @@ class SqliteDatabase(Database):
             return self._db.execute(sql, params).fetchall()
 
     @contextmanager
-    def transaction(self, *, serialized: bool = False) -> Iterator[Tx]:
-        # Every SQLite write transaction is serialized: BEGIN IMMEDIATE takes the file's write lock at once.
+    def transaction(self, *, serialized: bool = False, wait_sec: float | None = None) -> Iterator[Tx]:
+        # Every SQLite write transaction is serialized: BEGIN IMMEDIATE takes the file's write lock at once. (No pool:
+        # ``wait_sec`` has nothing to bound.)
         with self._lock, _sqlite_errors():
             self._db.execute("BEGIN IMMEDIATE")
             try:

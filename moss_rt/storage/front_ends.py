@@ -22,7 +22,7 @@ import socket
 import time
 from functools import cache
 
-from moss_rt.storage.database import Database
+from moss_rt.storage.database import CLOSING_WAIT_SEC, Database
 
 HEARTBEAT_SEC = 30.0
 EXPIRY_SEC = 3600.0  # not seen for this long: gone (a front end cut off from the database that long is stopped)
@@ -70,7 +70,8 @@ def heartbeat(db: Database, front_end: str) -> None:
 
 
 def unregister(db: Database, front_end: str) -> None:
-    with db.transaction() as tx:
+    """This front end is gone (it is shutting down: a short wait for the database, its row would expire anyway)."""
+    with db.transaction(wait_sec=CLOSING_WAIT_SEC) as tx:
         tx.execute("DELETE FROM front_ends WHERE id = ?", (front_end,))
 
 

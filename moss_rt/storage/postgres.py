@@ -169,8 +169,8 @@ class PostgresDatabase(Database):
             return list(conn.execute(_sql(sql), params).fetchall())
 
     @contextmanager
-    def transaction(self, *, serialized: bool = False) -> Iterator[Tx]:
-        with self._errors(), self._pool.connection() as conn, conn.transaction():
+    def transaction(self, *, serialized: bool = False, wait_sec: float | None = None) -> Iterator[Tx]:
+        with self._errors(), self._pool.connection(timeout=wait_sec) as conn, conn.transaction():
             if serialized:
                 conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_SPACE, SERIAL_LOCK))
             yield _PgTx(conn)
