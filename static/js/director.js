@@ -265,9 +265,11 @@ function onEnd(msg) {
   if (take.pcm && msg.n_frames != null && take.pcm.length !== msg.n_frames * FRAME) take.mismatch = `holds ${take.pcm.length} samples, the service reports ${msg.n_frames} frames`;
   playback.feed();
   const kept = !!(take.pcm && take.pcm.length);
-  // Nothing to keep: no audio, or replaced by a new Speak before the director heard a quarter second of it.
+  // Nothing to keep: no audio, or replaced by a new Speak before the director heard a quarter second of it. That is
+  // decided when the new Speak is pressed (discardUnheard: the session is told then): a take whose start was still on
+  // its way may play meanwhile, but it goes all the same, or the page would keep a take the session does not.
   if (!kept && (msg.reason === 'replaced' || msg.reason === 'cancelled')) removeTake(take);
-  else if (msg.reason === 'replaced' && unheard(take)) removeTake(take);
+  else if (msg.reason === 'replaced' && (take.discarded || unheard(take))) removeTake(take);
   else takeUpdated(take);
   if (take.tailSplice) {
     const ts = take.tailSplice;

@@ -299,6 +299,34 @@ def test_quick_repeated_speak_leaves_no_junk_takes(page: Any) -> None:
     assert left[0]["name"] == "Take 1"
 
 
+def test_a_take_replaced_before_it_started_is_dropped_even_when_it_played_meanwhile(page: Any) -> None:
+    """Speak twice at once: the first take is replaced before its start reached the page, so the page tells the
+    session not to keep it. The second request is slow to reach the service (held 1 s in the page, as a loaded
+    machine or network did in a failed run), so the first take starts and plays meanwhile; at its ``replaced`` end
+    the page drops it all the same. It used to keep it once half a second of it had been heard, numbered "Take 1"
+    like the take the session numbered 1: two "Take 1"s, one of them gone after a reload."""
+    pg = page
+    pg.wait_for_function("window.studio.session", timeout=10_000)  # bound: the page tells it which takes not to keep
+    set_param(pg, "tokens", "30")
+    pg.evaluate(
+        """() => {
+            const send = WebSocket.prototype.send; let starts = 0;
+            WebSocket.prototype.send = function (data) {
+              if (typeof data === 'string' && data.includes('"type":"start"') && ++starts === 2) {
+                setTimeout(() => send.call(this, data), 1000); return;
+              }
+              return send.call(this, data);
+            };
+            const b = document.getElementById('speak'); b.click(); b.click();
+        }"""
+    )
+    pg.wait_for_function("window.studio.stats.takesEnded >= 2 && !window.studio.busy", timeout=20_000)
+    wait_playback_drained(pg)
+    assert stats(pg)["takesStarted"] == 2  # the first take did start, and played (else it proves nothing)
+    left = takes(pg)
+    assert [(t["name"], t["end"]["reason"]) for t in left] == [("Take 1", "done")], [(t["name"], t["end"]) for t in left]
+
+
 def test_busy_until_every_take_ended_when_a_replaced_take_ends_late(browser: Any, tmp_path: Path) -> None:
     """The cause of the rare flake above: the service stores an ended take before it sends its ``end``, and answers
     new requests meanwhile, so a replaced take's ``end`` can reach the page after the next takes' ``start`` and even
