@@ -307,7 +307,7 @@ def test_a_take_replaced_before_it_started_is_dropped_even_when_it_played_meanwh
     like the take the session numbered 1: two "Take 1"s, one of them gone after a reload."""
     pg = page
     pg.wait_for_function("window.studio.session", timeout=10_000)  # bound: the page tells it which takes not to keep
-    set_param(pg, "tokens", "30")
+    set_param(pg, "tokens", "60")  # 2.4 s at this server's pace: the first take is still running when it is replaced
     pg.evaluate(
         """() => {
             const send = WebSocket.prototype.send; let starts = 0;
