@@ -101,6 +101,7 @@ PREFILL_KEYS_PER_ROW = 1024
 # chunks over long windows (prompt-cache tails, retake frames) stay within the same memory either way.
 SCORE_BOUND_MIN_ROWS = 128
 
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_slots: int
