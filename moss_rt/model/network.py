@@ -50,14 +50,18 @@ class PagedIndex:
     # Every row's chunk starts at position 0 and S == T: row t sees keys 0..t, the mask need not be read
     # (a pass of fresh prompts; chunk_attention then runs causal flash attention).
     causal: bool = False
+    # [B] int32, a decode step's: each row's keys end before this (length + 1; 0 for a row not advanced), so the
+    # decode kernel walks no tile of the key bucket past them (paged_attention.py). None: every key is walked.
+    extent: torch.Tensor | None = None
 
     @classmethod
     def build(
-        cls, write: torch.Tensor, read_positions: torch.Tensor, kv_heads: int, causal: bool = False
+        cls, write: torch.Tensor, read_positions: torch.Tensor, kv_heads: int, causal: bool = False,
+        extent: torch.Tensor | None = None,
     ) -> PagedIndex:
         """From pool positions: ``read_positions`` [B,S] of the keys each row attends to."""
         heads = torch.arange(kv_heads, device=read_positions.device)
-        return cls(write, read_positions[:, None, :] * kv_heads + heads[None, :, None], read_positions, causal)
+        return cls(write, read_positions[:, None, :] * kv_heads + heads[None, :, None], read_positions, causal, extent)
 
 
 class Qwen3Attention(nn.Module):
@@ -102,7 +106,7 @@ class Qwen3Attention(nn.Module):
         v_cache[index.write] = v
         if tq == 1 and paged_attention.available(q):
             out = paged_attention.paged_decode_attention(
-                q[:, 0], k_cache, v_cache, index.positions, key_mask[:, 0], self.scale
+                q[:, 0], k_cache, v_cache, index.positions, key_mask[:, 0], self.scale, index.extent
             )
             return self.o_proj(out[:, None])
         keys = k_cache.view(-1, self.head_dim)[index.read]  # [B,Hkv,S,D], contiguous
@@ -136,7 +140,7 @@ class Qwen3Attention(nn.Module):
         )
         if tq == 1 and paged_attention.available(q):
             out = paged_attention.paged_decode_attention(
-                q, k_cache, v_cache, index.positions, key_mask[:, 0], self.scale
+                q, k_cache, v_cache, index.positions, key_mask[:, 0], self.scale, index.extent
             )
             return self.o_proj(out[:, None])
         keys = k_cache.view(-1, self.head_dim)[index.read]

@@ -10,6 +10,10 @@ Layout (see state.py):
 - ``positions`` ``[B, S]`` int64: the pool position of key s of batch row b (the block table already
   resolved: ``block_table[slot, s // block_size] * block_size + s % block_size``, ``SlotState.pool_index``);
 - ``key_mask`` ``[B, S]`` bool: True = may attend (the decode step's mask, T == 1);
+- ``extent`` ``[B]`` int32, optional: keys ``extent[b]`` and after are not read at all (a decode row sees a prefix of
+  its keys: length + 1; a row that is not advanced: 0, and yields zeros). Why: the step's keys are bucketed (256, 512,
+  1,024), so rows of 400-550 positions walked a 1,024-key bucket, and rows in the graph's batch that are not
+  advanced walked all of it; a masked tile reads no keys but still costs its position and mask loads and its dots;
 - ``q`` ``[B, Hq, D]`` with Hq = g x Hkv; query head h uses KV head h // g (as ``grouped_attention``).
 
 One program per (batch row, KV head, key split): its g query heads (padded to 16 rows for the tensor-core
@@ -58,16 +62,18 @@ def _kernel() -> Any:
 
     @triton.jit
     def _paged_decode(
-        Q, K, V, POS, MASK, OUT, PACC, PML, S, chunk, splits, scale,
+        Q, K, V, POS, MASK, EXTENT, OUT, PACC, PML, S, chunk, splits, scale,
         s_qb, s_qh, s_kp, s_kh, s_pb, s_mb, s_ob, s_oh,
         G: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, IEEE: tl.constexpr,
-        UPCAST: tl.constexpr, SPLIT: tl.constexpr,
+        UPCAST: tl.constexpr, SPLIT: tl.constexpr, HAS_EXTENT: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1).to(tl.int64)
         split = tl.program_id(2)
         lo = split * chunk
         hi = tl.minimum(S, lo + chunk)
+        if HAS_EXTENT:  # the row's keys end here: the tiles past it would all be masked
+            hi = tl.minimum(hi, tl.load(EXTENT + b))
         r = tl.arange(0, ROWS)
         d = tl.arange(0, D)
         row_ok = r < G
@@ -154,8 +160,10 @@ def paged_decode_attention(
     positions: torch.Tensor,
     key_mask: torch.Tensor,
     scale: float,
+    extent: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of ``q`` [B,Hq,D] over the pool keys at ``positions`` [B,S] under ``key_mask`` [B,S] → [B,Hq*D]."""
+    """Attention of ``q`` [B,Hq,D] over the pool keys at ``positions`` [B,S] under ``key_mask`` [B,S] → [B,Hq*D];
+    ``extent`` [B] int32: keys read per row at most (the rest must be masked; see the module's docstring)."""
     kernels = _kernel()
     assert kernels is not None, "check available() first"
     kernel, combine = kernels
@@ -166,6 +174,9 @@ def paged_decode_attention(
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()  # views of the pool: already contiguous
     positions = positions.contiguous()
     mask = key_mask.contiguous().view(torch.uint8)
+    if extent is not None:
+        assert extent.shape == (batch,) and extent.dtype == torch.int32, "extent: [B] int32"
+        extent = extent.contiguous()
     out = torch.empty((batch, hq, dim), dtype=q.dtype, device=q.device)
     rows = max(MIN_ROWS, 1 << (groups - 1).bit_length())
     keys = positions.shape[1]
@@ -181,12 +192,14 @@ def paged_decode_attention(
     else:
         part_acc = part_ml = out  # unused
     kernel[(batch, hkv, splits)](
-        q, k_cache, v_cache, positions, mask, out, part_acc, part_ml, keys, chunk, splits, float(scale),
+        q, k_cache, v_cache, positions, mask, mask if extent is None else extent, out, part_acc, part_ml, keys, chunk,
+        splits, float(scale),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), positions.stride(0), mask.stride(0),
         out.stride(0), out.stride(1),
         G=groups, D=dim, ROWS=rows, BLOCK=BLOCK_S, IEEE=q.dtype == torch.float32 or not q.is_cuda,
         UPCAST=not q.is_cuda,  # Triton 3.9's interpreter gets bf16 dots wrong: fp32 dots there
         SPLIT=splits > 1,  # a runtime count: one compiled variant serves every split count
+        HAS_EXTENT=extent is not None,
     )
     if splits > 1:
         combine[(batch, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), splits, HQ=hq, D=dim,

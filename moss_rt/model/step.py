@@ -162,7 +162,11 @@ def frame_step(
     write_at = torch.where(active[:, None], st.pool_index(slot_ids, write_pos), torch.full_like(write_pos, st.scratch))
     keys = torch.arange(key_len, device=device)
     key_mask = (keys[None, :] <= write_pos) | ~active[:, None]
-    index = PagedIndex.build(write_at, st.pool_index(slot_ids, keys[None, :].expand(batch, key_len)), kv_heads)
+    # The decode kernel reads no key past a row's own (an inactive row reads none: its output is never used).
+    extent = torch.where(active, write_pos[:, 0] + 1, 0).to(torch.int32)
+    index = PagedIndex.build(
+        write_at, st.pool_index(slot_ids, keys[None, :].expand(batch, key_len)), kv_heads, extent=extent
+    )
     out = model.transformer(
         x,
         tables.cos[write_pos],

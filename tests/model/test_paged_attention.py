@@ -1,4 +1,5 @@
-"""The paged decode-attention kernel (moss_rt/model/paged_attention.py) against the gather path it replaces.
+"""The paged decode-attention kernel (moss_rt/model/paged_attention.py) against the gather path it replaces, and
+with each row's key extent (what the step passes) against without it.
 
 The same cases run on CUDA (marked ``gpu``; skipped without a GPU) and, where Triton is installed and there is
 no GPU, on CPU tensors through Triton's interpreter (a subprocess: TRITON_INTERPRET is read when the kernel is
@@ -46,6 +47,14 @@ def _cases(device: str, dtype: torch.dtype, shapes: list[tuple[int, int]]) -> li
         ref = grouped_attention(q[:, None], k.view(-1, dim)[read], v.view(-1, dim)[read], mask[:, None], dim**-0.5)
         assert out.shape == (batch, hq * dim) and out.dtype == dtype
         errors.append(((out.float() - ref[:, 0].float()).abs().max() / ref.float().abs().max()).item())
+        # Each row's extent (its keys end there; row 0 is not advanced: 0) skips only masked tiles: the same values
+        # to the bit, and zeros for row 0, whatever the key splits of this batch size.
+        extent = lengths.to(device, torch.int32)
+        extent[0] = 0
+        bounded = paged_decode_attention(q, k, v, positions, mask, dim**-0.5, extent).view(batch, hq, dim)
+        unbounded = out.view(batch, hq, dim)
+        assert torch.equal(bounded[1:], unbounded[1:]), (batch, keys)
+        assert not bounded[0].any(), (batch, keys)
     return errors
 
 
