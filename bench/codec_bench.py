@@ -198,7 +198,7 @@ def _bench_mode(
         ms_gather = None
         if S > 1:  # reversed order is not a contiguous ascending range: the gather path
             ms_gather = timed(lambda: dec.decode_tensors(states[::-1], codes[::-1]), iters=iters, warm=2)  # noqa: B023
-        if profile_dir is not None and kind == "eager" and T == 1:
+        if profile_dir is not None and kind == "eager":
             profile_step(dec, states, codes, profile_dir / f"profile_{mode}_S{S}_T{T}.txt")
         n_kern = count_kernels(dec, states, codes) if device == "cuda" and T == 1 else None
         for st in states:

@@ -13,8 +13,9 @@ error and the rest still run):
   (host included) and the graph replay's device ms (CUDA events around each replay), mean of ``--steps`` steps
   after 5 untimed ones that capture the graph (and compile the kernels);
 - ``kernels``: per batch and sampler, CUDA kernels (and memcpy/memset nodes) of one graph replay, counted by
-  torch.profiler, and the same split by phase over one eager ``frame_step`` (a spin kernel launched at each phase
-  boundary splits the in-order kernel stream) with each phase's summed kernel time (eager: launch gaps excluded);
+  torch.profiler, with their summed device time and the kernels taking the most of it (by name); and the same
+  split by phase over one eager ``frame_step`` (a spin kernel launched at each phase boundary splits the in-order
+  kernel stream) with each phase's summed kernel time (eager: launch gaps excluded);
 - ``phases``: per batch and sampler, device ms per phase (backbone, local transformer, sampling, bookkeeping)
   inside a graph of the step captured with timing events at the phase boundaries (external event-record nodes),
   and that graph's total (the events themselves add a little);
@@ -227,7 +228,7 @@ def is_memop(name: str) -> bool:
     return name.startswith(("Memcpy", "Memset", "memcpy", "memset"))
 
 
-def count_replay_kernels(runner: ModelRunner, slots: list[int], batch: int, context: int) -> dict[str, int]:
+def count_replay_kernels(runner: ModelRunner, slots: list[int], batch: int, context: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     active = slots[:batch]
@@ -240,7 +241,24 @@ def count_replay_kernels(runner: ModelRunner, slots: list[int], batch: int, cont
         graph.replay()
         torch.cuda.synchronize()
     events = cuda_events(prof)
-    return {"kernels": sum(not is_memop(e.name) for e in events), "memops": sum(is_memop(e.name) for e in events)}
+    return {
+        "kernels": sum(not is_memop(e.name) for e in events),
+        "memops": sum(is_memop(e.name) for e in events),
+        "busy_ms": round(sum(e.time_range.end - e.time_range.start for e in events) / 1000.0, 3),
+        "span_ms": round((events[-1].time_range.end - events[0].time_range.start) / 1000.0, 3) if events else 0.0,
+        "top": top_kernels(events, 14),
+    }
+
+
+def top_kernels(events: list[Any], n: int) -> list[dict[str, Any]]:
+    """The kernels taking the most device time, by name (launches and summed ms): what a step spends its time on."""
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        row = by_name.setdefault(e.name[:90], [0, 0.0])
+        row[0] += 1
+        row[1] += (e.time_range.end - e.time_range.start) / 1000.0
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:n]
+    return [{"kernel": name, "launches": int(c), "ms": round(ms, 3)} for name, (c, ms) in ranked]
 
 
 class MarkerTimer:
