@@ -91,14 +91,16 @@ def make_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
     """Factory: start a server with a given engine and settings overrides; stopped after the test."""
     threads: list[ServerThread] = []
 
-    def _make(engine_factory: Callable[[Settings], Engine], **overrides: object) -> RunningServer:
+    def _make(
+        engine_factory: Callable[[Settings], Engine], *, send_buffer_bytes: int | None = None, **overrides: object
+    ) -> RunningServer:
         settings = Settings(
             host="127.0.0.1",
             port=free_port(),
             data_dir=tmp_path / "data",
             voices_dir=tmp_path / "voices",
         ).replace(**overrides)
-        thread = ServerThread(settings, engine_factory(settings))
+        thread = ServerThread(settings, engine_factory(settings), send_buffer_bytes=send_buffer_bytes)
         threads.append(thread)
         return thread.start()
 

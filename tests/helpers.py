@@ -67,9 +67,13 @@ class RunningServer:
 class ServerThread:
     """Runs create_app(settings, engine) on its own loop and thread, like a deployed service."""
 
-    def __init__(self, settings: Settings, engine: Engine) -> None:
+    def __init__(self, settings: Settings, engine: Engine, *, send_buffer_bytes: int | None = None) -> None:
         self.settings = settings
         self.engine = engine
+        # The kernel's send buffer of every connection, fixed (no autotuning): how much a client that stops reading
+        # lets the server write before its sends block. Linux 6.18 grows it to tcp_wmem's 4 MB even toward a peer
+        # offering a 4 KB window, so a test of back-pressure must bound it on the server's side.
+        self.send_buffer_bytes = send_buffer_bytes
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
@@ -82,7 +86,12 @@ class ServerThread:
         async def _start() -> None:
             self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=2.0)
             await self._runner.setup()
-            await web.TCPSite(self._runner, self.settings.host, self.settings.port).start()
+            if self.send_buffer_bytes is None:
+                await web.TCPSite(self._runner, self.settings.host, self.settings.port).start()
+            else:  # accepted sockets inherit the listening socket's buffer size and its lock against autotuning
+                listening = socket.create_server((self.settings.host, self.settings.port))
+                listening.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer_bytes)
+                await web.SockSite(self._runner, listening).start()
             for _ in range(int(ready_timeout * 20)):
                 if app[STATE].engine.info.ready:
                     return

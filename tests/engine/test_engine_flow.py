@@ -31,7 +31,8 @@ def test_slow_client_pauses_its_slot_and_resumes(moss_server) -> None:
     # waits unconsumed past the lead of 0.16 s (2 frames), and the slot pauses (stops stepping) however fast or
     # slow the engine runs (a client merely paced to real time pauses only an engine faster than real time). Once
     # the client reads again, the take resumes and delivers every frame, still paced to real time.
-    srv = moss_server(max_lead_sec=0.16)
+    # The server's send buffer fixed at 16 kB (the kernel doubles it): the first few kB go, then its sends block.
+    srv = moss_server(max_lead_sec=0.16, send_buffer_bytes=16384)
     registry = srv.engine.metrics.registry
     frames, channels = 40, 2  # 40 stereo frames: 600 kB, three times what the buffers on the way hold
 
