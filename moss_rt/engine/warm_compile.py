@@ -134,7 +134,14 @@ class AheadCompiles:
 
 def codec_chains(batcher: CodecBatcher) -> list[Chain]:
     """The codec's shapes, by chunk length: first chunks (T=1) and full chunks (T=8) of every bucket (captured before
-    ready), and the odd chunk lengths of the smallest bucket (captured while idle: a lone take's last chunk)."""
+    ready), and the odd chunk lengths of the smallest bucket (captured while idle: a lone take's last chunk) and of
+    the largest call.
+
+    Why the largest too: the takes of a burst that join mid-cycle send one odd-length chunk each to get in phase
+    (slots.Take.chunk_due), together, as one eager call of many streams. Its window attention runs without key
+    splits, other Triton kernels than the small buckets' (which split their keys): on a freshly started H200 the
+    first 64-take burst after ready waited ~780 ms for them (session 17), what issue 24 says a start must not skip.
+    """
     main, odd = batcher.ahead_shapes()
     chains: list[Chain] = [
         (f"codec, chunks of {t} frame(s)", [partial(batcher.compile_shape, b, tt) for b, tt in main if tt == t])
@@ -142,8 +149,10 @@ def codec_chains(batcher: CodecBatcher) -> list[Chain]:
     ]
     if odd:
         smallest = min(b for b, _ in odd)
-        chains.append(("codec, odd chunk lengths", [partial(batcher.compile_shape, b, t) for b, t in odd
-                                                    if b == smallest]))
+        largest = min(batcher.max_batch, batcher.decoder.max_streams)
+        lengths = sorted({t for _, t in odd})
+        calls = [(smallest, t) for t in lengths] + [(largest, t) for t in lengths if largest > smallest]
+        chains.append(("codec, odd chunk lengths", [partial(batcher.compile_shape, b, t) for b, t in calls]))
     return chains
 
 

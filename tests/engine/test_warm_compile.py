@@ -185,3 +185,34 @@ def test_compile_workers_wait_for_the_plan_where_an_earlier_start_compiled_into_
         assert len(started) == 2 and not engine._workers_deferred and engine._compile_workers is not None
     finally:
         engine._end_compiles()
+
+
+def test_odd_chunk_lengths_compile_at_the_smallest_and_the_largest_call() -> None:
+    """A burst's takes joining mid-cycle send odd-length chunks together in one large eager call, whose window attention
+    runs other kernels (no key splits) than a small bucket's: both are compiled before ready."""
+    from types import SimpleNamespace
+
+    from moss_rt.engine.warm_compile import codec_chains
+
+    compiled: list[tuple[int, int]] = []
+    main = [(b, t) for b in (2, 4, 8, 16, 32, 48, 64, 66) for t in (1, 8)]
+    odd = [(b, t) for b in (2, 4, 8, 16) for t in range(2, 8)]
+    batcher = SimpleNamespace(
+        ahead_shapes=lambda: (main, odd), max_batch=64, decoder=SimpleNamespace(max_streams=130),
+        compile_shape=lambda b, t: compiled.append((b, t)),
+    )
+    chains = dict(codec_chains(batcher))  # type: ignore[arg-type]
+    for job in chains["codec, odd chunk lengths"]:
+        job()
+    assert compiled == [(2, t) for t in range(2, 8)] + [(64, t) for t in range(2, 8)]
+    compiled.clear()
+    for job in chains["codec, chunks of 8 frame(s)"]:
+        job()
+    assert compiled == [(b, 8) for b in (2, 4, 8, 16, 32, 48, 64, 66)]
+    # A decoder of few streams: its largest call is its smallest bucket's neighbour, never past its streams.
+    compiled.clear()
+    small = SimpleNamespace(ahead_shapes=lambda: ([], [(2, 3)]), max_batch=4, decoder=SimpleNamespace(max_streams=3),
+                            compile_shape=lambda b, t: compiled.append((b, t)))
+    for job in dict(codec_chains(small))["codec, odd chunk lengths"]:  # type: ignore[arg-type]
+        job()
+    assert compiled == [(2, 3), (3, 3)]
