@@ -261,6 +261,10 @@ async def wait_graphs(url: str, proc: subprocess.Popen, limit_sec: float) -> flo
 # --------------------------------------------------------------------------- driving
 
 
+# The engine's account of a take's first audio, in its end frame (moss_rt.engine.scheduler.first_audio_path).
+FIRST_AUDIO_PATH = ("queue_ms", "prefill_ms", "to_first_frame_ms", "to_codec_ms", "codec_queue_ms", "decode_ms")
+
+
 async def one_take(http: aiohttp.ClientSession, ws_url: str, start: dict[str, Any], go: asyncio.Event) -> dict:
     async with http.ws_connect(ws_url, max_msg_size=64 * 2**20) as ws:
         await ws.receive()  # hello
@@ -293,6 +297,8 @@ async def one_take(http: aiohttp.ClientSession, ws_url: str, start: dict[str, An
                     "rtf": audio / wall,
                     "reason": obj["reason"],
                     "frames": obj["n_frames"],
+                    # The engine's account of its first audio (moss_rt.engine.scheduler.first_audio_path).
+                    "path": {k: obj[k] for k in FIRST_AUDIO_PATH if isinstance(obj.get(k), (int, float))},
                 }
     raise RuntimeError("socket closed before the end frame")
 
@@ -439,6 +445,9 @@ async def run_round(url: str | list[str], concurrency: int, repeats: int, start:
         "takes": len(takes),
         "frames_per_take": start["max_new_tokens"],
         "reasons": sorted({t["reason"] for t in takes}),
+        # One take at a time (the cold start's first takes): each one's first audio, where its time went.
+        **({"first_audio_paths": [{"gpu_first_ms": t["gpu_first_ms"], **t["path"]} for t in takes]}
+           if concurrency == 1 else {}),
         "gpu_first_ms_p50": pct([t["gpu_first_ms"] for t in takes if t["gpu_first_ms"] is not None], 50),
         "gpu_first_ms_p95": pct([t["gpu_first_ms"] for t in takes if t["gpu_first_ms"] is not None], 95),
         "ttfa_ms_p50": pct([t["ttfa_ms"] for t in takes if t["ttfa_ms"] is not None], 50),
