@@ -216,3 +216,21 @@ def test_odd_chunk_lengths_compile_at_the_smallest_and_the_largest_call() -> Non
     for job in dict(codec_chains(small))["codec, odd chunk lengths"]:  # type: ignore[arg-type]
         job()
     assert compiled == [(2, 3), (3, 3)]
+
+
+def test_the_warm_up_converts_first_chunks_to_pcm_as_takes_do(tiny_data_dir: Path, monkeypatch) -> None:
+    """Before ready, the codec's first chunks go through the int16 PCM conversion the scheduler's calls end with, mono
+    and stereo (on CUDA its kernels load on first launch: the first take after ready paid for them)."""
+    from moss_rt.engine.codec_batch import CodecBatcher
+
+    seen: list[tuple[int, list[int]]] = []
+    real = CodecBatcher.decode_pcm
+
+    def recording(self, states, chunks, channels):  # type: ignore[no-untyped-def]
+        seen.append((int(chunks[0].shape[0]), list(channels)))
+        return real(self, states, chunks, channels)
+
+    monkeypatch.setattr(CodecBatcher, "decode_pcm", recording)
+    with loaded_engine(engine_settings(tiny_data_dir, overlap=True)):
+        assert seen == [(1, [1]), (8, [1, 2])]
+
