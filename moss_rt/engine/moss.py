@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,11 @@ IDLE_WAIT_S = 0.1  # nothing to do: sleep until woken (submit, cancel, job) or t
 # hundred ms between them) is not met by one each time. Measured on an H200 right after ready: first audio 182 ms p50
 # over three takes in a row while the idle captures ran, against 26 ms once they were done.
 IDLE_CAPTURE_QUIET_S = 1.0
+# A lone take's step graphs are captured before ready for key windows up to this many positions (a 400-row line and
+# 150 frames reach 550): on a freshly started H200 the first take after ready met its window's graph uncaptured and
+# waited ~100 ms for the capture (and a take reaching the next window waits for it in the middle of its stream).
+# Each costs the start ~0.1 s; longer windows are captured while idle.
+LONE_TAKE_KEYS = 1024
 PAUSED_POLL_S = 0.005  # only paused slots: poll their channels this often
 SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU inference runs single-threaded
 # Largest chunk the streaming decoder runs in one forward (longer ones are split). It sets each stream's
@@ -99,6 +105,17 @@ CODEC_EXTRA_STREAMS = 2  # codec decoder slots beyond one per take: a render and
 # Codec calls queued or running before the scheduler waits for the codec: the codec's lead over the model
 # (and the audio it holds back) stays within this many calls.
 CODEC_MAX_PENDING = DEFAULT_MAX_PENDING
+
+
+def lone_take_keys(buckets: Sequence[int]) -> list[int]:
+    """The key buckets whose one-take step graph is captured before ready: each one up to the first that holds
+    LONE_TAKE_KEYS positions (or all, when none does)."""
+    out = []
+    for bucket in buckets:
+        out.append(bucket)
+        if bucket >= LONE_TAKE_KEYS:
+            break
+    return out
 
 
 class MossEngine(EngineLifecycle):
@@ -345,6 +362,10 @@ class MossEngine(EngineLifecycle):
         if age is not None:
             self.startup.record("ready", age)
         log.info("ready: %s", self.startup.summary())
+        # The warm-up was work: the first idle capture waits its quiet time after ready too, so a client that waited
+        # for ready and starts at once is not met by a capture in progress (on a freshly started H200 the first take
+        # met one: 128 ms in the engine's queue, the next takes 4 ms).
+        self._busy_at = time.monotonic()
         self._status = EngineStatus.READY
         if not self._loaded.done():
             self._loaded.set_result(None)
@@ -937,7 +958,7 @@ class MossEngine(EngineLifecycle):
         self._end_compiles(keep_log=True)
         ahead = self._compile_log.mark() if self._compile_log is not None else 0
         with timeline.phase("model graphs captured (prefill, step)"):
-            runner.warmup(batch_sizes=[1], key_lengths=[runner.key_buckets()[0]])
+            runner.warmup(batch_sizes=[1], key_lengths=lone_take_keys(runner.key_buckets()))
         with timeline.phase("warm-up take (prefill, 3 steps)"):
             slot = runner.alloc_slot()
             try:

@@ -15,6 +15,7 @@ import torch
 
 from moss_rt.config import Settings
 from moss_rt.engine import moss as moss_module
+from moss_rt.engine.moss import IDLE_CAPTURE_QUIET_S, lone_take_keys
 from moss_rt.engine.resolve import Placement
 from moss_rt.engine.warm_compile import AheadCompiles, TritonCompileLog
 from tests.engine.harness import drive, engine_settings, loaded_engine, spec
@@ -234,3 +235,19 @@ def test_the_warm_up_converts_first_chunks_to_pcm_as_takes_do(tiny_data_dir: Pat
     with loaded_engine(engine_settings(tiny_data_dir, overlap=True)):
         assert seen == [(1, [1]), (8, [1, 2])]
 
+
+def test_a_lone_takes_step_graphs_up_to_a_line_and_its_frames_are_captured_before_ready() -> None:
+    assert lone_take_keys([256, 512, 1024, 2048, 4096]) == [256, 512, 1024]
+    assert lone_take_keys([256, 512, 600]) == [256, 512, 600]  # a short max_seq_len's last bucket
+    assert lone_take_keys([256, 2048]) == [256, 2048]
+
+
+def test_the_first_idle_capture_waits_its_quiet_time_after_ready(moss_server) -> None:  # type: ignore[no-untyped-def]
+    """A client that waited for ready and starts at once must not meet a graph capture in progress."""
+    import time
+
+    engine = moss_server().engine
+    ready_for = time.monotonic() - engine._busy_at
+    assert 0.0 <= ready_for < IDLE_CAPTURE_QUIET_S  # the warm-up counted as work
+    assert not engine._idle_capture_due(False, True, engine._busy_at + IDLE_CAPTURE_QUIET_S / 2)
+    assert engine._idle_capture_due(False, True, engine._busy_at + IDLE_CAPTURE_QUIET_S)
