@@ -130,6 +130,12 @@ class Settings:
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")
+    # On CUDA, the model's steps and prefill passes and directors' first chunks go on the device's highest-priority
+    # streams, steady and batch codec calls on a normal one: the GPU starts the urgent work's blocks first
+    # (engine/gpu_streams). Off: every stream at the same priority (the same audio either way).
+    stream_priorities: bool = setting(
+        True, "on CUDA: model work and directors' first chunks on high-priority streams, steady codec calls after",
+    )
     # Directors' first chunks go before steady chunks in the codec, but while the steady chunks back up (and so hold
     # the running streams' steps), one that has waited this long goes first: a flow of directors' ramps must not
     # starve the running streams (engine/codec_worker.py).

@@ -81,6 +81,9 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from moss_rt.engine import gpu_streams
+from moss_rt.engine.gpu_streams import LaneStreams
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -139,8 +142,13 @@ class CodecWorker:
         on_wait: Callable[[float], None] = lambda seconds: None,
         on_call: Callable[[bool, float], None] = lambda priority, queued_s: None,
         name: str = "moss-rt-codec",
+        stream_priorities: bool = False,
     ) -> None:
         self.threaded = threaded
+        # Threaded on CUDA: the priority lane's calls on a stream of the highest priority, the rest on a normal one
+        # (engine/gpu_streams); off: every call on one stream of the worker's own.
+        self.stream_priorities = stream_priorities
+        self._lanes: LaneStreams | None = None
         self.max_pending = max(1, int(max_pending))
         self.bulk_patience_s = max(0.0, float(bulk_patience_s))
         self.bulk_longest_wait_s = max(0.0, float(bulk_longest_wait_s))
@@ -491,7 +499,8 @@ class CodecWorker:
                     try:
                         if not item.barrier:
                             self._on_call(item.priority, time.perf_counter() - item.given)
-                        item.fn()
+                        with self._lane(item.priority and not item.barrier):
+                            item.fn()
                     except Exception:  # the scheduler's functions handle their own errors; keep serving
                         log.exception("codec work failed")
                 with self._cond:
@@ -503,20 +512,29 @@ class CodecWorker:
                 except Exception:  # pragma: no cover - a wake-up callback
                     log.exception("codec worker callback failed")
 
+    def _lane(self, priority: bool) -> contextlib.AbstractContextManager[None]:
+        """Where a call runs on the device: its lane's stream (stream priorities), else the worker's one stream."""
+        lanes = self._lanes
+        return lanes.lane(priority) if lanes is not None else contextlib.nullcontext()
+
     @contextlib.contextmanager
     def _device_context(self) -> Iterator[None]:
-        """On CUDA: the engine's device and a stream of the worker's own for everything it runs."""
+        """On CUDA: the engine's device and a stream of the worker's own for everything it runs (with stream
+        priorities, one per lane)."""
         device = self._device
-        if device is None or getattr(device, "type", None) != "cuda":
+        if not gpu_streams.usable(device):
             yield
             return
         import torch
 
         try:
             torch.cuda.set_device(device)
+            if self.stream_priorities:
+                self._lanes = LaneStreams(device)
             stream = torch.cuda.Stream(device=device)
         except Exception:  # pragma: no cover - the engine's device works, or loading failed before
             log.exception("codec worker: no CUDA stream of its own; decoding on the default stream")
+            self._lanes = None
             yield
             return
         try:
@@ -524,3 +542,5 @@ class CodecWorker:
                 yield
         finally:
             stream.synchronize()
+            if self._lanes is not None:
+                self._lanes.synchronize()

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from moss_rt.config import Settings
+from moss_rt.engine import gpu_streams
 from moss_rt.engine.base import (
     EngineBusy,
     EngineInfo,
@@ -370,7 +371,8 @@ class MossEngine(EngineLifecycle):
         if not self._loaded.done():
             self._loaded.set_result(None)
         try:
-            self._serve()
+            with gpu_streams.high_priority(self._device, self.settings.stream_priorities):
+                self._serve()
         finally:
             self._status = EngineStatus.STOPPED
             self._shutdown()
@@ -706,6 +708,7 @@ class MossEngine(EngineLifecycle):
         worker = CodecWorker(
             threaded=s.codec_overlap,
             device=where.device,
+            stream_priorities=s.stream_priorities,
             max_pending=CODEC_MAX_PENDING,
             bulk_patience_s=max(0.0, s.codec_bulk_patience_ms) / 1000.0,
             bulk_longest_wait_s=max(0.0, s.codec_bulk_longest_wait_ms) / 1000.0,

@@ -180,3 +180,40 @@ def test_eight_concurrent_takes_complete(device, moss_server) -> None:
         assert m["moss_rt_step_batch_size_sum"] >= 8 * frames  # every frame was made by a (batched) step
 
     run(scenario())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_engine_serves_its_steps_on_the_highest_priority_stream(device, moss_server, monkeypatch) -> None:
+    """engine/gpu_streams: on CUDA the served model steps run on a stream of the device's highest priority, ahead of the
+    codec's bulk calls (the CPU has no streams: the same take, nothing recorded)."""
+    import torch
+
+    from moss_rt.engine import gpu_streams
+    from moss_rt.model import ModelRunner
+
+    priorities: list[int | None] = []
+    real = ModelRunner.step
+
+    def step(self: ModelRunner, *args: Any, **kwargs: Any) -> Any:
+        cuda = self.device.type == "cuda"
+        priorities.append(torch.cuda.current_stream(self.device).priority if cuda else None)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ModelRunner, "step", step)
+    srv = moss_server(**_settings(device))
+    frames = 6
+
+    async def scenario() -> None:
+        async with DirectingClient.connect(srv.ws_url) as client:
+            take = await client.speak("Hello from the device.", seed=3, max_new_tokens=frames, **LONG)
+        assert take.end["n_frames"] == frames
+
+    before = len(priorities)  # the warm-up's steps ran before serving, on the loading thread's stream
+    run(scenario())
+    served = priorities[before:]
+    assert len(served) >= frames
+    if device == "cuda":
+        highest = torch.cuda.Stream(priority=gpu_streams.HIGHEST).priority
+        assert highest < 0 and set(served) == {highest}, served
+    else:
+        assert set(served) == {None}
