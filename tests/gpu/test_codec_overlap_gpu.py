@@ -77,7 +77,7 @@ def test_overlapped_codec_gives_the_same_codes_and_pcm_as_inline(device, all_gra
     if device == "cuda":
         main = threading.current_thread().name
         default = torch.cuda.default_stream()
-        highest = torch.cuda.Stream(priority=gpu_streams.HIGHEST).priority  # the device's highest (an H200: -5)
+        highest = torch.cuda.Stream(priority=gpu_streams.HIGHEST).priority  # the device's highest
         assert highest < 0
         # Inline, decodes ran on this thread's default stream; overlapped, on the worker's own streams only: one per
         # lane (the priority lane's at the device's highest priority, the bulk lane's at the normal one), or one.
