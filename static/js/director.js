@@ -267,9 +267,11 @@ function onEnd(msg) {
   const kept = !!(take.pcm && take.pcm.length);
   // Nothing to keep: no audio, or replaced by a new Speak before the director heard a quarter second of it. That is
   // decided when the new Speak is pressed (discardUnheard: the session is told then): a take whose start was still on
-  // its way may play meanwhile, but it goes all the same, or the page would keep a take the session does not.
+  // its way may play meanwhile, but it goes all the same, or the page would keep a take the session does not. Whatever
+  // its end: a short one may end on its own before the new start replaces it (two Speaks in the same instant), and the
+  // session still does not keep it (the page then showed it beside the next take, both numbered as the next one).
   if (!kept && (msg.reason === 'replaced' || msg.reason === 'cancelled')) removeTake(take);
-  else if (msg.reason === 'replaced' && (take.discarded || unheard(take))) removeTake(take);
+  else if (take.discarded || (msg.reason === 'replaced' && unheard(take))) removeTake(take);
   else takeUpdated(take);
   if (take.tailSplice) {
     const ts = take.tailSplice;
