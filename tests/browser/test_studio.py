@@ -460,6 +460,61 @@ def test_speak_again_replaces_the_running_take(page: Any) -> None:
             assert t["end"]["reason"] == "replaced"
 
 
+def test_a_take_discarded_before_it_ended_on_its_own_leaves_the_page_too(browser: Any, server: str) -> None:
+    """Two Speaks in the same instant, the first so short that it ends on its own before the second start reaches the
+    service (held here in the socket): the session was told to discard it and does not keep it, so the page drops it
+    too (it showed it beside the next take, both numbered as the next one)."""
+    import json
+
+    context = browser.new_context(viewport={"width": 1440, "height": 960})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    held: list[str] = []
+    sockets: list[Any] = []
+
+    def route(ws: Any) -> None:
+        service = ws.connect_to_server()
+        sockets.append(service)
+
+        def from_page(message: str | bytes) -> None:
+            if isinstance(message, str) and json.loads(message).get("text") == "The second one.":
+                held.append(message)  # sent on below, once the first take has ended at the service
+            else:
+                service.send(message)
+
+        ws.on_message(from_page)
+
+    try:
+        pg.route_web_socket("**/api/ws", route)
+        pg.goto(server + "/")
+        pg.wait_for_function("window.studio && window.studio.connected && window.studio.session", timeout=15_000)
+        set_param(pg, "tokens", "1")
+        pg.evaluate(
+            """() => {
+                const t = document.getElementById('text'), b = document.getElementById('speak');
+                t.value = 'The first one.'; b.click(); t.value = 'The second one.'; b.click();
+            }"""
+        )
+        pg.wait_for_function("window.studio.stats.takesEnded >= 1", timeout=15_000)
+        assert len(held) == 1
+        # It ended on its own ("done", not replaced), after the session was told to discard it: the page drops it.
+        assert pg.evaluate("window.studio.stats.lastEnd.reason") == "done"
+        pg.wait_for_function("window.studio.takes().every((t) => t.request.text !== 'The first one.')", timeout=5_000)
+        sockets[-1].send(held.pop())
+        pg.wait_for_function(
+            "window.studio.takes().length === 1 && window.studio.takes()[0].end !== null"
+            " && window.studio.takes()[0].numbered",
+            timeout=15_000,
+        )
+        (second,) = takes(pg)
+        assert second["request"]["text"] == "The second one." and second["end"]["reason"] == "done"
+        assert second["name"] == f"Take {second['number']}"
+        assert not errors, errors
+    finally:
+        context.close()
+
+
 def test_limit_error_shows_and_retry_works(browser: Any, tmp_path: Path) -> None:
     """A refused take (one take per client at a time) is shown with its code and can be retried."""
     with run_server(tmp_path, "--max-takes-per-client", "1") as url:
