@@ -77,9 +77,13 @@ def test_splices_and_comps_over_http_with_numbers_discards_and_refusals(make_ser
         assert session["next_number"] == 1
         ids = []
         for n, seed in enumerate((3, 4), start=1):
-            stored, end, _ = await stored_take(ch, type="start", text=f"line {n}", seed=seed, channels=2, tokens=12)
+            stored, end, _ = await stored_take(ch, type="start", text=f"line {n}", seed=seed, channels=2, tokens=12,
+                                               take=f"label {n}")
             assert stored["number"] == n and stored["session"] == session["session"]
             ids.append(end["take"])
+        # A discard that comes after its take ended on its own (the client replaced it as it ended) is no error, and
+        # the take, kept already, stays (the next error below is the unknown take's).
+        await ch.send(type="discard", take="label 2")
         # A take replaced before it was heard, discarded: not kept, its number not used.
         await ch.send(type="start", text="never heard", tokens=400, take="junk")
         start = await ch.until("start")
@@ -89,6 +93,7 @@ def test_splices_and_comps_over_http_with_numbers_discards_and_refusals(make_ser
         await ch.send(type="discard", take="t_nothing_here")
         err = await ch.until("error")
         assert err["code"] == "not_found" and err["field"] == "take" and not err["fatal"]
+        assert "t_nothing_here" in err["message"], err
         await ws.close()
         return session["session"], ids
 
