@@ -626,14 +626,12 @@ class Connection:
     def _discard(self, take: str) -> None:
         """The client never had the take (an id, or a start's label: it replaced it before hearing it, perhaps
         before it started): it is not kept when it ends (or when its words are done); one kept already stays. A
-        discard that comes after its take ended is no error: the client sends it when it replaces the take, which may
-        end on its own meanwhile (a short one), and an error there reads to a client as the refusal of its next
-        request."""
+        discard that comes after its take ended is no error (the client sends it when it replaces the take, which may
+        end on its own meanwhile, and an error there reads to a client as the refusal of its next request): a take
+        that ended is kept only if the discard came after it was."""
         takes = self.lifecycle.history.takes
-        named = {t.take_id for t in takes if t.take_id == take or (t.label == take and t.status is TakeStatus.RUNNING)}
+        named = {t.take_id for t in takes if take in (t.take_id, t.label)}
         if not named:
-            if any(t.label == take for t in takes):
-                return  # it ended (kept or not) before the discard came: nothing left to do
             raise ProtocolError(ErrorCode.NOT_FOUND, f"no take {take!r} in this session", field="take")
         # Bounded by the history: a take that ended without being kept (no frames) never comes to _keep.
         self._unkept = (self._unkept | named) & {t.take_id for t in takes}
