@@ -67,7 +67,7 @@ FRAME_BYTES = 3840 * 2  # one 80 ms frame of mono int16
 FIRST_INSTRUCTION = "Tired, slow, a little hoarse; pauses between the sentences."
 RETAKE_INSTRUCTION = "Bright and quick, smiling, as if sharing good news with a friend."
 # The engine's account of a take's first audio (its end's timings, moss_rt.engine.scheduler.first_audio_path).
-PATH = ("queue_ms", "prefill_ms", "to_first_frame_ms", "to_codec_ms", "codec_queue_ms", "decode_ms")
+PATH = eb.FIRST_AUDIO_PATH
 ROUND_PHASES = ("control", "step", "flush", "admit", "prepare", "capture", "jobs")
 ADMIT_PARTS = ("match", "room", "kv", "sampling", "codec", "apply")  # moss_rt_admit_part_seconds{part} (apply: a round)
 
