@@ -531,7 +531,8 @@ class CodecWorker:
             torch.cuda.set_device(device)
             if self.stream_priorities:
                 self._lanes = LaneStreams(device)
-            stream = torch.cuda.Stream(device=device)
+            # Outside a call (a dropped call's clean-up) the worker's current stream is the bulk lane's: no third.
+            stream = self._lanes.normal if self._lanes is not None else torch.cuda.Stream(device=device)
         except Exception:  # pragma: no cover - the engine's device works, or loading failed before
             log.exception("codec worker: no CUDA stream of its own; decoding on the default stream")
             self._lanes = None

@@ -97,6 +97,11 @@ IDLE_CAPTURE_QUIET_S = 1.0
 # waited ~100 ms for the capture (and a take reaching the next window waits for it in the middle of its stream).
 # Each costs the start ~0.1 s; longer windows are captured while idle.
 LONE_TAKE_KEYS = 1024
+# The compile workers stay after ready while the idle-time captures run, until every graph is captured or for at most
+# this long: on a freshly started H200 a step capture at a new batch size met a kernel no warm-up pass had (953 ms
+# compiling in this process, the GIL taken from the event loop's thread meanwhile), and since the manifest was written
+# at ready, every fresh machine met it again. In the workers it compiles beside this process, and is written down.
+COMPILE_WORKERS_AFTER_READY_S = 180.0
 PAUSED_POLL_S = 0.005  # only paused slots: poll their channels this often
 SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU inference runs single-threaded
 # Largest chunk the streaming decoder runs in one forward (longer ones are split). It sets each stream's
@@ -179,8 +184,9 @@ class MossEngine(EngineLifecycle):
         self._compile_log: TritonCompileLog | None = None
         self._compile_workers: CompileWorkers | None = None  # processes compiling the kernels the chains meet
         self._workers_deferred = False  # not started with the load: an earlier start compiled into this cache
-        # What the workers did, once they ended: (compiled there, compiled here instead, their seconds).
+        # What the workers did by ready (and again once they ended): (compiled there, compiled here instead, seconds).
         self.compile_workers_counts: tuple[int, int, float] | None = None
+        self._workers_retire_at: float | None = None  # kept after ready (idle captures) until every graph or this
 
     # ------------------------------------------------------------------ the seam
     @property
@@ -395,7 +401,10 @@ class MossEngine(EngineLifecycle):
             if self._run_jobs(streaming=bool(sched.running)):
                 worked = True
                 self.metrics.round_phase_time.labels("jobs").observe(time.perf_counter() - t_jobs)
-            if self._idle_capture_due(worked, sched.idle, time.monotonic()) and self._capture_idle():
+            now = time.monotonic()
+            if self._workers_retire_at is not None and now >= self._workers_retire_at:
+                self._retire_compile_workers()  # the idle captures did not finish in their time: compile here
+            if self._idle_capture_due(worked, sched.idle, now) and self._capture_idle():
                 continue
             if not worked:
                 self.metrics.idle()
@@ -429,12 +438,14 @@ class MossEngine(EngineLifecycle):
             log.exception("graph capture while idle failed; leaving the remaining shapes eager/lazy")
             self._graphs_done = True
             self.metrics.graphs_pending.set(0)
+            self._retire_compile_workers()
             return False
         self.metrics.graphs_pending.set(self._graphs_pending())
         if captured:
             return True
         self._graphs_done = True
         self._report_memory("every CUDA graph captured")
+        self._retire_compile_workers()  # and the kernels the captures met go to the manifest
         return False
 
     def _graphs_pending(self) -> int:
@@ -551,10 +562,11 @@ class MossEngine(EngineLifecycle):
             return
         log.info("start-up: %d worker processes compile the Triton kernels met before ready", threads)
 
-    def _end_compiles(self, keep_log: bool = False) -> None:
+    def _end_compiles(self, keep_log: bool = False, keep_workers: bool = False) -> None:
         """The ahead compiles' threads end (after waiting for them; a start that failed; a harness never warmed up),
-        and unless ``keep_log`` the Triton compile log stops counting and the compile workers end (they compile what
-        the warm-up's captures meet until then)."""
+        and unless ``keep_log`` the Triton compile log stops counting. The compile workers end too (they compile what
+        the warm-up's captures meet until then), unless ``keep_workers``: at ready, they stay for the idle-time
+        captures (COMPILE_WORKERS_AFTER_READY_S), and what they compiled so far is written to the manifest now."""
         if self._compiles is not None:
             self._compiles.close()
             self._compiles = None
@@ -563,12 +575,27 @@ class MossEngine(EngineLifecycle):
         if self._compile_log is not None:
             self._compile_log.remove()
             self._compile_log = None
-        if self._compile_workers is not None:
-            log.info("start-up: %s", self._compile_workers.summary())
-            self.compile_workers_counts = self._compile_workers.counts()
-            self._record_kernels(self._compile_workers.met())
-            self._compile_workers.close()
-            self._compile_workers = None
+        workers = self._compile_workers
+        if workers is None:
+            return
+        if keep_workers and workers.active:
+            log.info("start-up: %s; they stay while the idle-time graph captures run", workers.summary())
+            self.compile_workers_counts = workers.counts()
+            self._record_kernels(workers.met())
+            self._workers_retire_at = time.monotonic() + COMPILE_WORKERS_AFTER_READY_S
+            return
+        self._retire_compile_workers()
+
+    def _retire_compile_workers(self) -> None:
+        """The compile workers end; every kernel a pass of this process had them compile goes to the manifest."""
+        workers, self._compile_workers = self._compile_workers, None
+        self._workers_retire_at = None
+        if workers is None:
+            return
+        log.info("compile workers: %s", workers.summary())
+        self.compile_workers_counts = workers.counts()
+        self._record_kernels(workers.met())
+        workers.close()
 
     def _prefetch_kernels(self) -> None:
         """With compile workers at work, hand them every kernel the manifests name for this Triton and GPU: the chains'
@@ -1002,7 +1029,7 @@ class MossEngine(EngineLifecycle):
         log.info("engine warm-up done in %.1f s", time.perf_counter() - t0)
         if self._compile_log is not None:
             log.info("start-up: %s", self._compile_log.summary(ahead))
-        self._end_compiles()
+        self._end_compiles(keep_workers=True)  # the idle-time captures still meet kernels (_capture_idle)
         if self._ahead_marker is not None:
             try:
                 self._ahead_marker.touch()

@@ -47,6 +47,7 @@ def test_idle_captures_take_the_codecs_main_shapes_first() -> None:
     dec.warmup = warmup  # type: ignore[method-assign]
     engine: Any = object.__new__(MossEngine)  # only what _capture_idle touches
     engine._graphs_done = False
+    engine._compile_workers = engine._workers_retire_at = None
     engine._runner, engine._batcher = StepGraphs(log), batcher
     engine._codec_worker = CodecWorker(threaded=False)
     engine.metrics = EngineMetrics()

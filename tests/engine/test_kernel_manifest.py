@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -107,6 +108,69 @@ def test_a_start_hands_the_manifests_kernels_over_and_records_what_it_met(tmp_pa
     assert sorted(asked) == ["norm", "rope", "step"]
     assert [j.name for j in load_jobs([data / MANIFEST_NAME], "3.6.0", H200)] == ["norm", "rope"]
     assert [j.name for j in load_jobs([data / MANIFEST_NAME], "3.6.0", A10)] == ["attend"]  # kept for that GPU
+
+
+def _ready_engine(tmp_path: Path, monkeypatch, asked: list[str]) -> MossEngine:  # type: ignore[no-untyped-def]
+    """An engine at ready whose stand-in workers compiled the warm-up's one kernel ("step")."""
+    monkeypatch.setitem(sys.modules, "triton", SimpleNamespace(__version__="3.6.0"))
+    monkeypatch.setattr(kernel_manifest, "SHIPPED", tmp_path / "no-shipped")
+    engine = MossEngine(engine_settings(tmp_path / "data", overlap=False))
+    engine._compile_workers = CompileWorkers(2, pool=_threads, compile_fn=lambda j: asked.append(j.name) or 0.1)
+    engine._compile_workers.start()
+    assert engine._compile_workers.compile(_job("step"))
+    return engine
+
+
+def _recorded(tmp_path: Path) -> list[str]:
+    return [j.name for j in load_jobs([tmp_path / "data" / MANIFEST_NAME], "3.6.0", H200)]
+
+
+def test_the_workers_stay_after_ready_for_the_idle_captures_whose_kernels_are_recorded_too(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """At ready the kernels met so far are written down, and the workers stay: a kernel an idle-time capture meets
+    after ready (on a fresh H200, a step capture at a new batch size: 953 ms compiling in the engine's process) is
+    compiled in them, and written down once every graph is captured, so the next fresh start compiles it ahead."""
+    asked: list[str] = []
+    engine = _ready_engine(tmp_path, monkeypatch, asked)
+    engine._end_compiles(keep_workers=True)  # the warm-up's end
+    workers = engine._compile_workers
+    assert workers is not None and workers.active
+    assert _recorded(tmp_path) == ["step"]
+    assert engine._workers_retire_at is not None
+    assert engine._workers_retire_at - time.monotonic() > moss_module.COMPILE_WORKERS_AFTER_READY_S - 60
+    assert workers.compile(_job("step", block=64))  # an idle capture's new specialization, in the workers
+    engine._graphs_done, engine._codec_worker = False, SimpleNamespace(drain=lambda: None)
+    engine._runner = SimpleNamespace(capture_next=lambda: False, pending_graphs=list, pending_prefill_graphs=list)
+    engine._batcher = None
+    assert not engine._capture_idle()  # nothing left to capture: every graph is done
+    assert engine._compile_workers is None and not workers.active and engine._workers_retire_at is None
+    assert _recorded(tmp_path) == ["step", "step"]  # both specializations, each once
+    assert asked == ["step", "step"]
+
+
+def test_workers_kept_after_ready_end_by_their_deadline_or_with_the_engine(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Idle captures that never finish (a server busy from ready on) do not keep the workers for ever: they end at
+    their deadline, recording what they compiled; an engine shutting down ends them the same way."""
+    asked: list[str] = []
+    engine = _ready_engine(tmp_path, monkeypatch, asked)
+    engine._end_compiles(keep_workers=True)
+    assert engine._compile_workers is not None
+    engine._compile_workers.compile(_job("late"))
+    engine._workers_retire_at = time.monotonic() - 1.0  # its time is up: the serving loop's next round ends it
+    engine._graphs_done, engine._codec_worker = True, SimpleNamespace(drain=lambda: None)  # (not the captures' end)
+    # One round of the serving loop (the round stops the loop once it ran).
+    engine._scheduler = SimpleNamespace(idle=True, iterate=lambda: engine._stop.set(), running=[], has_paused=False,
+                                        add=None, preparing=[])
+    engine._serve()
+    assert engine._compile_workers is None and _recorded(tmp_path) == ["step", "late"]
+
+    engine = _ready_engine(tmp_path, monkeypatch, asked)
+    engine._end_compiles(keep_workers=True)
+    assert engine._compile_workers is not None
+    engine._compile_workers.compile(_job("at-shutdown"))
+    engine._end_compiles()  # the engine's shutdown
+    assert engine._compile_workers is None and _recorded(tmp_path) == ["step", "late", "at-shutdown"]
 
 
 def test_the_shipped_manifest_names_the_h200s_kernels_for_its_triton() -> None:
