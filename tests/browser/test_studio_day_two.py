@@ -345,8 +345,16 @@ def test_heard_after_counts_to_the_first_new_sample_and_leaves_the_preroll_out(s
 
 def test_ab_shows_the_side_playing_keeps_the_selection_and_names_takes(studio: Studio) -> None:
     s, pg = studio, studio.pg
-    for n in (1, 2, 3):
-        s.speak(n, frames=40)
+    # Takes 1 and 2 are long enough (9.6 s) to be still playing through both A/B switches below however slow the
+    # machine: with 3.2 s takes, A had ended before X on a loaded machine, and X with nothing playing plays A. Their
+    # playback after speaking is stopped (Esc), so they cost no more time than short ones heard out.
+    for n in (1, 2):
+        set_param(pg, "tokens", "120")
+        s.press("#speak")
+        wait_take_ended(pg, n)
+        pg.keyboard.press("Escape")
+        wait_playback_drained(pg)
+    s.speak(3, frames=40)
     one, two, three = takes(pg)
     pg.evaluate(f"window.studio.select('{one['key']}')")
     pg.fill("#takeName", "Keeper")
