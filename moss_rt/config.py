@@ -130,6 +130,12 @@ class Settings:
     # The codec decodes due chunks on a thread (and CUDA stream) of its own while the next model steps run;
     # off: the same calls run inline on the engine's thread, after each step (same audio, slower under load).
     codec_overlap: bool = setting(True, "decode audio on its own thread and CUDA stream, overlapped with model steps")
+    # The engine's thread gives Python's GIL up at every device sync and waits to get it back while the web server's
+    # thread (64 sockets' frames) or the codec's holds it: up to Python's switch interval (5 ms) each time. Shorter,
+    # the engine's rounds wait less behind the other threads (process-wide: sys.setswitchinterval). 0: Python's own.
+    gil_switch_ms: float = setting(
+        0.0, "ms a thread may keep Python's GIL while the engine's waits for it (0: Python's default, 5 ms)",
+    )
     # On CUDA, the model's steps and prefill passes and directors' first chunks go on the device's highest-priority
     # streams, steady and batch codec calls on a normal one: the GPU starts the urgent work's blocks first
     # (engine/gpu_streams). Off: every stream at the same priority (the same audio either way).

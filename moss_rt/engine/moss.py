@@ -19,6 +19,7 @@ import inspect
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -349,6 +350,9 @@ class MossEngine(EngineLifecycle):
     def _run(self) -> None:
         t0 = time.perf_counter()
         self._gc_pauses.install()
+        if self.settings.gil_switch_ms > 0:  # process-wide: the engine's thread waits less for the GIL (config)
+            sys.setswitchinterval(self.settings.gil_switch_ms / 1000.0)
+            log.info("Python's GIL switch interval: %.2f ms", 1000.0 * sys.getswitchinterval())
         try:
             self._load()
             self._warm_up()
