@@ -350,6 +350,7 @@ class MossEngine(EngineLifecycle):
     def _run(self) -> None:
         t0 = time.perf_counter()
         self._gc_pauses.install()
+        switch_before = sys.getswitchinterval()
         if self.settings.gil_switch_ms > 0:  # process-wide: the engine's thread waits less for the GIL (config)
             sys.setswitchinterval(self.settings.gil_switch_ms / 1000.0)
             log.info("Python's GIL switch interval: %.2f ms", 1000.0 * sys.getswitchinterval())
@@ -366,6 +367,7 @@ class MossEngine(EngineLifecycle):
             self._status = EngineStatus.FAILED
             if not self._loaded.done():
                 self._loaded.set_exception(exc)
+            sys.setswitchinterval(switch_before)
             return
         self.metrics.graphs_pending.set(self._graphs_pending())
         self.startup.record("engine", time.perf_counter() - t0)
@@ -386,6 +388,7 @@ class MossEngine(EngineLifecycle):
         finally:
             self._status = EngineStatus.STOPPED
             self._shutdown()
+            sys.setswitchinterval(switch_before)  # the process's own again (an engine closed, another may start)
 
     def _serve(self) -> None:
         sched = self._scheduler

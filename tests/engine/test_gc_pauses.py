@@ -57,3 +57,27 @@ def test_a_ready_engine_has_frozen_its_start_and_gives_it_back_when_closed(tiny_
     assert "start's objects out of the collector's way (gc.freeze)" in engine.startup.phases
     assert full_collections >= 1
     assert after == 0  # unfrozen at close: a closed engine's cycles are collected like any others
+
+
+def test_the_gil_switch_interval_is_the_settings_while_the_engine_serves(tiny_data_dir: Path) -> None:
+    """``--gil-switch-ms``: the process runs with that interval while the engine serves, and with its own again once
+    it is closed; 0 leaves Python's own."""
+    import sys
+
+    own = sys.getswitchinterval()
+    seen = {}
+    for ms in (0.5, 0.0):
+        settings = Settings(engine="moss", model="tiny", codec="tiny", device="cpu", data_dir=tiny_data_dir,
+                            max_slots=2, max_queue=2, max_seq_len=256, gil_switch_ms=ms)
+        engine = MossEngine(settings)
+
+        async def scenario() -> float:
+            await engine.start()  # noqa: B023 - awaited within this iteration
+            try:
+                return sys.getswitchinterval()
+            finally:
+                await engine.close()  # noqa: B023
+
+        seen[ms] = run(scenario())
+        assert sys.getswitchinterval() == own
+    assert seen == {0.5: 0.0005, 0.0: own}
