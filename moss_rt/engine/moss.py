@@ -586,9 +586,7 @@ class MossEngine(EngineLifecycle):
         if workers is None:
             return
         if keep_workers and workers.active:
-            log.info("start-up: %s; they stay while the idle-time graph captures run", workers.summary())
-            self.compile_workers_counts = workers.counts()
-            self._record_kernels(workers.met())
+            self._account_workers(workers, "; they stay while the idle-time graph captures run")
             self._workers_retire_at = time.monotonic() + COMPILE_WORKERS_AFTER_READY_S
             return
         self._retire_compile_workers()
@@ -597,12 +595,15 @@ class MossEngine(EngineLifecycle):
         """The compile workers end; every kernel a pass of this process had them compile goes to the manifest."""
         workers, self._compile_workers = self._compile_workers, None
         self._workers_retire_at = None
-        if workers is None:
-            return
-        log.info("compile workers: %s", workers.summary())
+        if workers is not None:
+            self._account_workers(workers, "; they end")
+            workers.close()
+
+    def _account_workers(self, workers: CompileWorkers, then: str) -> None:
+        """What the workers did so far: logged, counted, and their kernels written to the manifest."""
+        log.info("compile workers: %s%s", workers.summary(), then)
         self.compile_workers_counts = workers.counts()
         self._record_kernels(workers.met())
-        workers.close()
 
     def _prefetch_kernels(self) -> None:
         """With compile workers at work, hand them every kernel the manifests name for this Triton and GPU: the chains'
@@ -626,7 +627,7 @@ class MossEngine(EngineLifecycle):
 
             path = self.settings.data_dir / MANIFEST_NAME
             held = save_jobs(path, jobs, str(triton.__version__))
-            log.info("start-up: %d Triton kernels met written to %s (%d in all)", len(jobs), path, held)
+            log.info("kernel manifest: %d Triton kernels met written to %s (%d in all)", len(jobs), path, held)
         except Exception:  # noqa: BLE001 - only the next start's head start is lost
             log.warning("cannot write the kernel manifest", exc_info=True)
 
