@@ -110,7 +110,15 @@ def test_phone_retake_keeps_speak_and_cancel_on_screen(browser: Any, server: str
 
 def test_disabled_speak_looks_disabled(page: Any) -> None:
     pg = page
-    pg.wait_for_timeout(300)  # the button's colour transition after it was enabled on connect
+    # Enabled on connect, then its colour transition: read "enabled" only once the colour held still for 300 ms (a
+    # fixed 300 ms wait read the disabled colour as "enabled" when the page connected late under the suite's load).
+    pg.wait_for_function(
+        """() => { const b = document.getElementById('speak'); if (b.disabled) return false;
+            const c = getComputedStyle(b).backgroundColor, now = performance.now(), w = window.__speakLook;
+            if (!w || w.c !== c) { window.__speakLook = { c, since: now }; return false; }
+            return now - w.since >= 300; }""",
+        timeout=15_000, polling=50,
+    )
     look = pg.evaluate(
         """() => new Promise((ok) => {
             const b = document.getElementById('speak');
