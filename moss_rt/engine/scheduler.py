@@ -309,13 +309,18 @@ class Scheduler:
         admitted = False
         batch_admits = 0
         stopping = self._stopping_ids()
-        while self.waiting and self.active_count < self.config.max_slots:
-            # A retake of a take that is being stopped waits for its end (the next round's control, usually this
-            # one's): then it shares that take's kept cache and codec state instead of rebuilding them.
-            ready = [t for t in self.waiting if t.spec.parent_take not in stopping] if stopping else self.waiting
-            if not ready:
+        # A retake of a take that is being stopped waits for its end (the next round's control, usually this
+        # one's): then it shares that take's kept cache and codec state instead of rebuilding them. The rest in
+        # admission order, the first of the lowest class first (a stable sort, once a round: admitting one take
+        # changes no other's class, and a burst of 64 retakes would otherwise look for the next one 64 times).
+        ready = sorted(
+            (t for t in self.waiting if t.spec.parent_take not in stopping) if stopping else self.waiting,
+            key=lambda t: t.admission_class,
+        )
+        first_batch: int | None = None  # where the next interactive take goes in ``preparing``: before batch work
+        for take in ready:
+            if self.active_count >= self.config.max_slots:
                 break
-            take = min(ready, key=lambda t: t.admission_class)  # the first of the lowest class
             if take.batch and self._batch_count() >= self.config.batch_slots:
                 break  # batch work waits for its own takes to end; interactive takes never wait behind it
             if take.batch and batch_admits >= BATCH_ADMITS_PER_ROUND:
@@ -335,8 +340,10 @@ class Scheduler:
                 batch_admits += 1
                 self.preparing.append(take)
             else:  # interactive takes prepare before batch work
-                at = next((i for i, t in enumerate(self.preparing) if t.batch), len(self.preparing))
-                self.preparing.insert(at, take)
+                if first_batch is None:
+                    first_batch = next((i for i, t in enumerate(self.preparing) if t.batch), len(self.preparing))
+                self.preparing.insert(first_batch, take)
+                first_batch += 1
             admitted = True
             if self.trace is not None:
                 self._did["admitted"] += 1
