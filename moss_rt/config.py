@@ -136,11 +136,11 @@ class Settings:
     gil_switch_ms: float = setting(
         0.0, "ms a thread may keep Python's GIL while the engine's waits for it (0: Python's default, 5 ms)",
     )
-    # On CUDA, directors' first chunks go on the device's highest-priority stream, the model's steps and prefill
-    # passes one level below, steady and batch codec calls on a normal one: the GPU starts the most urgent work's
-    # blocks first (engine/gpu_streams). Off: every stream at the same priority (the same audio either way).
+    # On CUDA, the model's steps and prefill passes and directors' first chunks go on the device's highest-priority
+    # streams, steady and batch codec calls on a normal one: the GPU starts the urgent work's blocks first
+    # (engine/gpu_streams). Off: every stream at the same priority (the same audio either way).
     stream_priorities: bool = setting(
-        True, "on CUDA: directors' first chunks, then model work, then steady codec calls, by stream priority",
+        True, "on CUDA: model work and directors' first chunks on high-priority streams, steady codec calls after",
     )
     # Directors' first chunks go before steady chunks in the codec, but while the steady chunks back up (and so hold
     # the running streams' steps), one that has waited this long goes first: a flow of directors' ramps must not

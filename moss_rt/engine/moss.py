@@ -383,7 +383,7 @@ class MossEngine(EngineLifecycle):
         if not self._loaded.done():
             self._loaded.set_result(None)
         try:
-            with gpu_streams.engine_stream(self._device, self.settings.stream_priorities):
+            with gpu_streams.high_priority(self._device, self.settings.stream_priorities):
                 self._serve()
         finally:
             self._status = EngineStatus.STOPPED
