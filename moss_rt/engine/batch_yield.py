@@ -7,11 +7,7 @@ p95 against 61 ms with no render running, 136 ms of it between its prefill and i
 for at most 1.5x.
 
 So while a director's take waits with a slot free for it, is being prefilled, or has yet to make its first frame,
-the step leaves batch takes out: the director's pass and first step run without the render's step before them. The
-step right after its first frame leaves them out too: the first chunk is being decoded then, and a codec call's
-chain of small kernels shares the GPU with whatever step runs beside it one kernel at a time (a director's first
-chunk decoded in 10 ms at p95 alone and 21 ms during a 200-line render, session 20), so the lighter the step
-beside it, the sooner the director hears it.
+the step leaves batch takes out: the director's pass and first step run without the render's step before them.
 Batch work has no listener waiting, so standing aside costs it only time, and that is bounded: of any run of step
 rounds it stands aside in at most ``share`` of them plus ``burst`` rounds, so a stream of directors' starts slows
 a render down by at most half and never stops it. The bound counts rounds, not seconds: no decision of a round

@@ -383,14 +383,12 @@ class Scheduler:
 
     def _director_awaits_first_frame(self, runnable: list[Take]) -> bool:
         """Batch work is about to step next to a director's take that has no frame yet (its first step), is being
-        prefilled, or waits with a slot free for it (admitted after this step), or whose first frame the last step
-        made (its first chunk is being decoded now, beside this step): the step would delay its first audio
+        prefilled, or waits with a slot free for it (admitted after this step): the step would delay its first audio
         (engine/batch_yield)."""
         if not any(t.batch for t in runnable):
             return False
         return (
             any(not t.batch and t.first_frame_at is None for t in runnable)
-            or any(not t.batch and t.first_frame_step == self.steps for t in self.running)
             or any(not t.batch and self._rows_left(t) > 0 for t in self.preparing)
             or (self.active_count < self.config.max_slots and any(not t.batch for t in self.waiting))
         )
@@ -861,7 +859,6 @@ class Scheduler:
             take.frames += 1
             if take.first_frame_at is None:
                 take.first_frame_at = time.monotonic()
-                take.first_frame_step = self.steps
             made += 1
             if take.frames >= take.frame_cap:
                 take.ending = EndReason.MAX_FRAMES

@@ -100,7 +100,6 @@ class Take:
     # that frame handed to the codec worker, and (written by the worker) its decode begun.
     running_at: float | None = None
     first_frame_at: float | None = None
-    first_frame_step: int | None = None  # the scheduler's step count once its first new frame was made
     first_chunk_at: float | None = None
     first_decode_at: float | None = None
     paused: bool = False

@@ -58,25 +58,3 @@ def test_script_lines_make_no_frame_between_a_directors_arrival_and_its_first_fr
         rounds.until(lambda: all(t.channel.finished for t in (*lines, d)))
         assert_heard_whole(engine, [*lines, d])
         assert all(t.channel.end.reason is EndReason.MAX_FRAMES for t in (*lines, d))  # type: ignore[attr-defined]
-
-
-def test_script_lines_also_stand_aside_in_the_step_beside_a_directors_first_chunk(tiny_data_dir: Path) -> None:
-    """The step after a director's first frame runs while its first chunk is being decoded: the lines stand aside in
-    that step too (the director's take alone steps), then go on with it."""
-    with loaded_engine(engine_settings(tiny_data_dir, overlap=True, max_seq_len=512)) as engine:
-        sched = engine._scheduler
-        rounds = Rounds(engine)
-        lines = rounds.add(*[spec(f"b{i}", 10 + i, 40, 4, text=f"{TEXT} Line {i}.", priority=TakePriority.BATCH)
-                             for i in range(2)])
-        rounds.until(lambda: all(t.frames >= 10 for t in lines))
-        (d,) = rounds.add(spec("d", 2, 12, 2, text=f"{TEXT} A director cuts in."))
-        rounds.until(lambda: d.first_frame_at is not None)
-        first = sched.steps
-        assert d.first_frame_step == first
-        before = [t.frames for t in lines]
-        rounds.until(lambda: sched.steps == first + 1)
-        assert d.frames == 2 and [t.frames for t in lines] == before  # the director stepped alone
-        rounds.until(lambda: sched.steps == first + 2)
-        assert all(t.frames == f + 1 for t, f in zip(lines, before, strict=True))  # then the lines go on
-        rounds.until(lambda: all(t.channel.finished for t in (*lines, d)))
-        assert_heard_whole(engine, [*lines, d])
