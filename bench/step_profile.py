@@ -27,6 +27,9 @@ error and the rest still run):
   with SDPA chunk attention and ``MOSS_RT_CHUNK_SDPA=0``, ms and backbone TFLOP/s, one prompt through its prefill
   graph, the prompt's rows past its first ``--prefill-prefix`` (160) as one lone piece after that prefix (a line after
   its cached opening) through its after-a-prefix graph and eagerly, and the pass's top kernels;
+- ``retake_prefill`` (not run by default): a burst of retakes with a new instruction, 1 / 2 / 4 / 8 slots each
+  prefilling ``--retake-rows`` (253) rows after a ``--retake-prefix`` (147) row opening in one pass, through its
+  batched prefill graph and eagerly: ms, us a row, TFLOP/s, and the graphed pass's top kernels;
 - ``draws``: one frame's 13 draws alone (stop head + 12 codebooks, penalty on), graphed, µs: the fused kernel
   (with 1/2/4/8 warps) vs the torch path.
 """
@@ -214,6 +217,72 @@ def prefill_bench(runner: ModelRunner, slots: list[int], rows: int, batches: lis
     out["top_kernels_ms"] = {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:14]}
     out["kernel_ms_total"] = round(sum(totals.values()), 2)
     for s in slots:  # back to the profile's context for the other sections
+        runner.truncate(s, 1)
+    return out
+
+
+def retake_prefill_bench(runner: ModelRunner, slots: list[int], prefix: int, rows: int, pieces: list[int],
+                         reps: int) -> dict[str, Any]:
+    """A burst of directors' retakes with a new instruction (issue 22): ``p`` slots each holding a ``prefix``-row
+    opening prefill their next ``rows`` rows (the instruction on) in one pass after that prefix, through its batched
+    prefill graph (where one holds the pass) and eagerly: ms (mean of ``reps`` after 2 untimed), us a row, backbone
+    TFLOP/s; and the top CUDA kernels of the graphed pass of the most pieces a graph holds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = runner.config.backbone
+    layer_params = sum(p.numel() for p in runner.model.transformer.layers.parameters())
+    rng = np.random.default_rng(2)
+    prompt = np.full((prefix + rows, runner.config.n_channels), runner.config.audio_pad_token_id, dtype=np.int64)
+    prompt[:, 0] = rng.integers(0, min(1000, cfg.vocab_size), prefix + rows)
+    piece = prompt[prefix:]
+    runner.prefill_batch([PrefillRequest(s, prompt[:prefix]) for s in slots[: max(pieces)]])
+
+    def one_pass(n: int) -> None:
+        for s in slots[:n]:
+            runner.truncate(s, prefix)
+        runner.prefill_batch([PrefillRequest(s, piece, prefix) for s in slots[:n]])
+
+    out: dict[str, Any] = {}
+    profiled = None
+    for n in pieces:
+        shape = runner.prefill_graphs.shape_for_pass([rows] * n, [prefix] * n)
+        if shape is not None:
+            runner.prefill_graphs.capture(shape)
+            profiled = n
+        for name, graphs in (("graph", True), ("eager", False)):
+            if graphs and shape is None:
+                continue
+            runner.use_cuda_graphs = graphs  # bench-only: the switch the runner reads for each pass
+            replays = runner.prefill_graphs.replays
+            try:
+                for _ in range(2):
+                    one_pass(n)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    one_pass(n)
+                torch.cuda.synchronize()
+            finally:
+                runner.use_cuda_graphs = True
+            ms = (time.perf_counter() - t0) / reps * 1000.0
+            out[f"{name}_p{n}"] = {
+                "ms": round(ms, 2), "us_a_row": round(ms * 1000.0 / (n * rows), 2),
+                "tflops": round(2.0 * layer_params * rows * n / (ms / 1000.0) / 1e12, 1),
+                "graphed": runner.prefill_graphs.replays - replays == reps + 2,
+                "shape": list(shape) if shape is not None else None,
+            }
+    if profiled is not None:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            one_pass(profiled)
+            torch.cuda.synchronize()
+        totals: dict[str, float] = {}
+        for e in cuda_events(prof):
+            totals[e.name[:90]] = totals.get(e.name[:90], 0.0) + e.device_time / 1000.0
+        out[f"graph_p{profiled}_top_kernels_ms"] = {
+            k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:16]
+        }
+        out[f"graph_p{profiled}_kernel_ms_total"] = round(sum(totals.values()), 2)
+    for s in slots:
         runner.truncate(s, 1)
     return out
 
@@ -455,6 +524,11 @@ def main() -> int:
     ap.add_argument("--prefill-rows", type=int, default=400, help="prompt rows per take in the prefill section")
     ap.add_argument("--prefill-prefix", type=int, default=160,
                     help="rows of the prompt a slot already holds in the prefill section's after-a-prefix pass")
+    ap.add_argument("--retake-prefix", type=int, default=147,
+                    help="rows a slot holds before a retake's changed rows in the retake_prefill section")
+    ap.add_argument("--retake-rows", type=int, default=253, help="a retake's changed rows (its instruction on)")
+    ap.add_argument("--prefill-graph-rows", type=int, default=0,
+                    help="padded rows a batched prefill graph holds (the server's setting; 0: its default)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA GPU is needed"
@@ -490,7 +564,7 @@ def main() -> int:
     else:
         model, config = build_full_size_random_model(device="cuda", dtype=torch.bfloat16)
     runner = ModelRunner(model, None, config, max_slots=max(batches), max_seq_len=args.context + 128,
-                         device="cuda", dtype=torch.bfloat16)
+                         device="cuda", dtype=torch.bfloat16, prefill_graph_rows=args.prefill_graph_rows)
     slots = [runner.alloc_slot() for _ in range(max(batches))]
     rng = np.random.default_rng(0)
     requests = []
@@ -522,6 +596,11 @@ def main() -> int:
         prefill_batches = [b for b in (1, 4, 16, 20) if b <= len(slots)]
         section("prefill", lambda: prefill_bench(runner, slots, args.prefill_rows, prefill_batches, 5,
                                                  min(args.prefill_prefix, args.prefill_rows - 1)))
+        runner.prefill_batch(requests)
+    if "retake_prefill" in sections:
+        retake_pieces = [n for n in (1, 2, 4, 8) if n <= len(slots)]
+        section("retake_prefill", lambda: retake_prefill_bench(runner, slots, args.retake_prefix, args.retake_rows,
+                                                               retake_pieces, 5))
         runner.prefill_batch(requests)
     if "step" in sections:
         section("step", per_batch_and_sampler(lambda b: bench_step(runner, slots, b, args.context, args.steps)))
