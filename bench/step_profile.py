@@ -29,7 +29,9 @@ error and the rest still run):
   its cached opening) through its after-a-prefix graph and eagerly, and the pass's top kernels;
 - ``retake_prefill`` (not run by default): a burst of retakes with a new instruction, 1 / 2 / 4 / 8 slots each
   prefilling ``--retake-rows`` (253) rows after a ``--retake-prefix`` (147) row opening in one pass, through its
-  batched prefill graph and eagerly: ms, us a row, TFLOP/s, and the graphed pass's top kernels;
+  batched prefill graph and eagerly, with the masked attention and with the pieces packed
+  (``MOSS_RT_PACKED_PREFILL=1``): ms, us a row, TFLOP/s, at the most pieces what the pass wrote against the masked
+  pass's (graphed where a graph holds it; max abs difference), and the graphed pass's top kernels both ways;
 - ``draws``: one frame's 13 draws alone (stop head + 12 codebooks, penalty on), graphed, µs: the fused kernel
   (with 1/2/4/8 warps) vs the torch path.
 """
@@ -242,46 +244,68 @@ def retake_prefill_bench(runner: ModelRunner, slots: list[int], prefix: int, row
             runner.truncate(s, prefix)
         runner.prefill_batch([PrefillRequest(s, piece, prefix) for s in slots[:n]])
 
+    def cache() -> list[torch.Tensor]:
+        return [t.float() for s in slots[: max(pieces)] for t in runner.slot_cache(s, prefix + rows)]
+
     out: dict[str, Any] = {}
     profiled = None
-    for n in pieces:
-        shape = runner.prefill_graphs.shape_for_pass([rows] * n, [prefix] * n)
-        if shape is not None:
-            runner.prefill_graphs.capture(shape)
-            profiled = n
-        for name, graphs in (("graph", True), ("eager", False)):
-            if graphs and shape is None:
-                continue
-            runner.use_cuda_graphs = graphs  # bench-only: the switch the runner reads for each pass
-            replays = runner.prefill_graphs.replays
-            try:
-                for _ in range(2):
-                    one_pass(n)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    one_pass(n)
-                torch.cuda.synchronize()
-            finally:
-                runner.use_cuda_graphs = True
-            ms = (time.perf_counter() - t0) / reps * 1000.0
-            out[f"{name}_p{n}"] = {
-                "ms": round(ms, 2), "us_a_row": round(ms * 1000.0 / (n * rows), 2),
-                "tflops": round(2.0 * layer_params * rows * n / (ms / 1000.0) / 1e12, 1),
-                "graphed": runner.prefill_graphs.replays - replays == reps + 2,
-                "shape": list(shape) if shape is not None else None,
-            }
+    reference: list[torch.Tensor] | None = None
+    for packed in ("0", "1"):  # the masked pass, then the pieces packed (MOSS_RT_PACKED_PREFILL)
+        os.environ["MOSS_RT_PACKED_PREFILL"] = packed
+        suffix = "_packed" if packed == "1" else ""
+        for n in pieces:
+            shape = runner.prefill_graphs.shape_for_pass([rows] * n, [prefix] * n)
+            if shape is not None:
+                runner.prefill_graphs._graphs.pop(shape, None)  # bench-only: captured again under this switch
+                runner.prefill_graphs.capture(shape)
+                profiled = n
+            for name, graphs in (("graph", True), ("eager", False)):
+                if graphs and shape is None:
+                    continue
+                runner.use_cuda_graphs = graphs  # bench-only: the switch the runner reads for each pass
+                replays = runner.prefill_graphs.replays
+                try:
+                    for _ in range(2):
+                        one_pass(n)
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        one_pass(n)
+                    torch.cuda.synchronize()
+                finally:
+                    runner.use_cuda_graphs = True
+                ms = (time.perf_counter() - t0) / reps * 1000.0
+                row = out[f"{name}{suffix}_p{n}"] = {
+                    "ms": round(ms, 2), "us_a_row": round(ms * 1000.0 / (n * rows), 2),
+                    "tflops": round(2.0 * layer_params * rows * n / (ms / 1000.0) / 1e12, 1),
+                    "graphed": runner.prefill_graphs.replays - replays == reps + 2,
+                    "shape": list(shape) if shape is not None else None,
+                }
+                if n == max(pieces):  # what the pass wrote (keys, values, hidden) against the first masked pass
+                    written = cache()
+                    if reference is None:
+                        reference = written
+                    row["max_abs_diff_vs_masked"] = round(max(float((a - b).abs().max())
+                                                              for a, b in zip(written, reference, strict=True)), 5)
+    os.environ["MOSS_RT_PACKED_PREFILL"] = "0"
     if profiled is not None:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            one_pass(profiled)
-            torch.cuda.synchronize()
-        totals: dict[str, float] = {}
-        for e in cuda_events(prof):
-            totals[e.name[:90]] = totals.get(e.name[:90], 0.0) + e.device_time / 1000.0
-        out[f"graph_p{profiled}_top_kernels_ms"] = {
-            k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:16]
-        }
-        out[f"graph_p{profiled}_kernel_ms_total"] = round(sum(totals.values()), 2)
+        shape = runner.prefill_graphs.shape_for_pass([rows] * profiled, [prefix] * profiled)
+        for packed in ("0", "1"):
+            os.environ["MOSS_RT_PACKED_PREFILL"] = packed
+            runner.prefill_graphs._graphs.pop(shape, None)  # bench-only: captured again under this switch
+            runner.prefill_graphs.capture(shape)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                one_pass(profiled)
+                torch.cuda.synchronize()
+            totals: dict[str, float] = {}
+            for e in cuda_events(prof):
+                totals[e.name[:90]] = totals.get(e.name[:90], 0.0) + e.device_time / 1000.0
+            name = f"graph{'_packed' if packed == '1' else ''}_p{profiled}"
+            out[f"{name}_top_kernels_ms"] = {
+                k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:16]
+            }
+            out[f"{name}_kernel_ms_total"] = round(sum(totals.values()), 2)
+        os.environ["MOSS_RT_PACKED_PREFILL"] = "0"
     for s in slots:
         runner.truncate(s, 1)
     return out

@@ -35,6 +35,20 @@ from moss_rt.model.layers import (
 
 
 @dataclass(frozen=True)
+class PackedKeys:
+    """A prefill pass after a prefix with its pieces packed end to end (chunk_attention.packed_causal_attention):
+    ``read`` [Nk,Hkv] rows of the pool viewed as [positions * Hkv, D] holding each piece's keys in order (entries past
+    the last piece's point at the scratch position); ``cu_q`` / ``cu_k`` [B+1] int32 where each piece's query rows and
+    keys begin; ``max_q`` / ``max_k`` at least any piece's."""
+
+    read: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+
+@dataclass(frozen=True)
 class PagedIndex:
     """Where a pass reads and writes the paged cache (pool positions, see state.py).
 
@@ -53,15 +67,18 @@ class PagedIndex:
     # [B] int32, a decode step's: each row's keys end before this (length + 1; 0 for a row not advanced), so the
     # decode kernel walks no tile of the key bucket past them (paged_attention.py). None: every key is walked.
     extent: torch.Tensor | None = None
+    # A pass after a prefix whose pieces attend packed (MOSS_RT_PACKED_PREFILL): ``read`` and the key mask unused.
+    packed: PackedKeys | None = None
 
     @classmethod
     def build(
         cls, write: torch.Tensor, read_positions: torch.Tensor, kv_heads: int, causal: bool = False,
-        extent: torch.Tensor | None = None,
+        extent: torch.Tensor | None = None, packed: PackedKeys | None = None,
     ) -> PagedIndex:
         """From pool positions: ``read_positions`` [B,S] of the keys each row attends to."""
         heads = torch.arange(kv_heads, device=read_positions.device)
-        return cls(write, read_positions[:, None, :] * kv_heads + heads[None, :, None], read_positions, causal, extent)
+        read = read_positions[:, None, :] * kv_heads + heads[None, :, None]
+        return cls(write, read, read_positions, causal, extent, packed)
 
 
 class Qwen3Attention(nn.Module):
@@ -109,10 +126,26 @@ class Qwen3Attention(nn.Module):
                 q[:, 0], k_cache, v_cache, index.positions, key_mask[:, 0], self.scale, index.extent
             )
             return self.o_proj(out[:, None])
+        return self.o_proj(self._chunk_attention(q, k_cache, v_cache, index, key_mask))
+
+    def _chunk_attention(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, index: PagedIndex, key_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """A prefill pass's attention, queries q [B,T,Hq,D] over their slots' keys in the pool: packed pieces
+        (index.packed), or the keys gathered per batch row under the key mask (chunk_attention). [B,T,Hq*D]."""
+        batch, tq = q.shape[0], q.shape[1]
+        packed = index.packed
+        if packed is not None:
+            keys = k_cache.view(-1, self.head_dim)[packed.read]  # [Nk,Hkv,D]
+            values = v_cache.view(-1, self.head_dim)[packed.read]
+            out = chunk_attention.packed_causal_attention(
+                q.reshape(batch * tq, self.num_heads, self.head_dim), keys, values, packed.cu_q, packed.cu_k,
+                packed.max_q, packed.max_k, self.scale,
+            )
+            return out.view(batch, tq, self.num_heads * self.head_dim)
         keys = k_cache.view(-1, self.head_dim)[index.read]  # [B,Hkv,S,D], contiguous
         values = v_cache.view(-1, self.head_dim)[index.read]
-        out = chunk_attention.chunk_attention(q, keys, values, key_mask, self.scale, index.causal)
-        return self.o_proj(out)
+        return chunk_attention.chunk_attention(q, keys, values, key_mask, self.scale, index.causal)
 
     def forward_fused(
         self,
@@ -143,11 +176,8 @@ class Qwen3Attention(nn.Module):
                 q, k_cache, v_cache, index.positions, key_mask[:, 0], self.scale, index.extent
             )
             return self.o_proj(out[:, None])
-        keys = k_cache.view(-1, self.head_dim)[index.read]
-        values = v_cache.view(-1, self.head_dim)[index.read]
         q4 = q.view(batch, tq, self.num_heads, self.head_dim)
-        out = chunk_attention.chunk_attention(q4, keys, values, key_mask, self.scale, index.causal)
-        return self.o_proj(out)
+        return self.o_proj(self._chunk_attention(q4, k_cache, v_cache, index, key_mask))
 
 
 class Qwen3MLP(nn.Module):

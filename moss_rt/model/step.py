@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from moss_rt.model import fused_sampling
+from moss_rt.model import chunk_attention, fused_sampling
 from moss_rt.model.layers import rope_tables_half_split, rope_tables_interleaved
-from moss_rt.model.network import MossTTSLocalModel, PagedIndex
+from moss_rt.model.network import MossTTSLocalModel, PackedKeys, PagedIndex
 from moss_rt.model.sampling import apply_repetition_penalty, sample, token_keys, uniforms
 from moss_rt.model.state import SlotState
 
@@ -193,6 +193,33 @@ def frame_step(
         timer.lap("bookkeeping_ms")
 
 
+def packed_keys(
+    st: SlotState, slots: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor, width: int, key_len: int,
+    kv_heads: int,
+) -> PackedKeys:
+    """The keys of a pass after a prefix, piece by piece end to end (chunk_attention.packed_causal_attention): piece
+    b's T = ``width`` query rows (its chunk padded) over its keys 0..starts[b]+T-1, so query t sees keys up to
+    starts[b]+t, its own position. Keys past the piece's valid rows (only its padded queries reach them) and the
+    entries past the last piece read the scratch position. Device-only and of fixed shapes (a prefill graph captures
+    it; the starts and counts are its inputs): the buffer holds B x (key_len + T) entries, the most the pieces fill."""
+    batch = int(slots.shape[0])
+    device = starts.device
+    lengths = starts + width
+    cu_k = torch.zeros(batch + 1, dtype=torch.int64, device=device)
+    cu_k[1:] = torch.cumsum(lengths, 0)
+    entry = torch.arange(batch * (key_len + width), device=device)
+    piece = torch.searchsorted(cu_k[1:], entry, right=True)  # the piece each entry belongs to (batch: past the last)
+    inside = piece < batch
+    piece = piece.clamp(max=batch - 1)
+    key = entry - cu_k[piece]
+    valid = inside & (key < starts[piece] + counts[piece])
+    at = st.pool_index(slots[piece], key.clamp(0, st.positions - 1)[:, None])[:, 0]
+    at = torch.where(valid, at, torch.full_like(at, st.scratch))
+    heads = torch.arange(kv_heads, device=device)
+    cu_q = torch.arange(batch + 1, device=device, dtype=torch.int32) * width
+    return PackedKeys(at[:, None] * kv_heads + heads[None, :], cu_q, cu_k.to(torch.int32), width, key_len + width)
+
+
 def prefill_batch_rows(
     model: MossTTSLocalModel,
     st: SlotState,
@@ -228,7 +255,11 @@ def prefill_batch_rows(
     keys = torch.arange(key_len, device=device)
     key_mask = keys[None, None, :] <= positions[:, :, None]
     read_at = st.pool_index(slots, keys[None, :].expand(batch, key_len))
-    index = PagedIndex.build(write_at, read_at, kv_heads, causal=from_zero and key_len == width)
+    causal = from_zero and key_len == width
+    packed = None
+    if not causal and chunk_attention.packed_available(st.k_cache):
+        packed = packed_keys(st, slots, starts, counts, width, key_len, kv_heads)
+    index = PagedIndex.build(write_at, read_at, kv_heads, causal=causal, packed=packed)
     out = model.transformer(
         model.embed_rows(rows),
         tables.cos[rope_pos],

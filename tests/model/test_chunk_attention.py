@@ -96,3 +96,73 @@ def test_prefill_through_sdpa_leaves_the_plain_paths_cache_and_codes(make_runner
         for x, y in zip(plain, sdpa, strict=True):
             torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(sdpa_codes, plain_codes)
+
+
+def test_packed_pieces_equal_the_masked_attention_of_each_piece() -> None:
+    """Pieces packed end to end, each with its own opening: query t of a piece sees its keys up to its own position
+    (the causal mask aligned to the piece's last key), as the padded pass's key mask says."""
+    g = torch.Generator().manual_seed(7)
+    hq, hkv, dim, rows = 8, 2, 16, 5
+    starts = [3, 0, 11]
+    qs = [torch.randn(rows, hq, dim, generator=g) for _ in starts]
+    ks = [torch.randn(s + rows, hkv, dim, generator=g) for s in starts]
+    vs = [torch.randn(s + rows, hkv, dim, generator=g) for s in starts]
+    cu_q = torch.tensor([0, rows, 2 * rows, 3 * rows], dtype=torch.int32)
+    cu_k = torch.tensor([0, *np.cumsum([s + rows for s in starts])], dtype=torch.int32)
+    spare = torch.randn(4, hkv, dim, generator=g)  # entries past the last piece: never read
+    got = chunk_attention.packed_causal_attention(
+        torch.cat(qs), torch.cat([*ks, spare]), torch.cat([*vs, spare]), cu_q, cu_k, rows, max(starts) + rows, 0.3,
+    )
+    for i, s in enumerate(starts):
+        mask = torch.arange(s + rows)[None, :] <= (s + torch.arange(rows))[:, None]
+        want = grouped_attention(qs[i][None], ks[i].transpose(0, 1)[None], vs[i].transpose(0, 1)[None], mask[None], 0.3)
+        torch.testing.assert_close(got[i * rows : (i + 1) * rows].reshape(rows, -1), want[0], rtol=1e-5, atol=1e-5)
+
+
+def _after_prefix_pass(runner, prompts, cuts, frames: int):
+    """Every prompt's opening prefilled alone, then the rest of every prompt in ONE pass after those openings (pieces of
+    different starts and lengths: padded rows), then greedy codes."""
+    slots = [runner.alloc_slot() for _ in prompts]
+    runner.prefill_batch([PrefillRequest(s, p[:c]) for s, p, c in zip(slots, prompts, cuts, strict=True)])
+    runner.prefill_batch([PrefillRequest(s, p[c:], start=c) for s, p, c in zip(slots, prompts, cuts, strict=True)])
+    for i, s in enumerate(slots):
+        runner.set_sampling(s, GREEDY, seed=i)
+    caches = [runner.slot_cache(s, runner.slot_length(s)) for s in slots]
+    codes = np.stack([runner.step(slots).codes for _ in range(frames)], axis=1)
+    return caches, codes
+
+
+def test_a_packed_pass_after_openings_leaves_the_masked_passes_cache_and_codes(make_runner, monkeypatch) -> None:
+    """MOSS_RT_PACKED_PREFILL (the CUDA path through flash attention's variable-length forward; here its reference,
+    piece by piece): one batched pass of three prompts' rows after openings of different lengths writes the cache the
+    masked padded pass writes, and the takes' codes are the same."""
+    r = make_runner(max_slots=1)
+    prompts = [
+        r.build_prompt(text="A much longer line of text, said very calmly and slowly.", instruction="Whisper."),
+        r.build_prompt(text="Hi there.", instruction="Shout it."),
+        r.build_prompt(text="Somewhere in between, in length.", instruction=""),
+    ]
+    cuts = [len(prompts[0]) // 2, 5, len(prompts[2]) - 3]
+
+    def run(packed: str):
+        monkeypatch.setenv("MOSS_RT_PACKED_PREFILL", packed)
+        runner = make_runner(max_slots=3)
+        runner.per_slot_eager = False  # one padded pass, as on CUDA
+        return _after_prefix_pass(runner, prompts, cuts, 6)
+
+    masked_caches, masked_codes = run("0")
+    packed_caches, packed_codes = run("interpret")
+    for masked, packed in zip(masked_caches, packed_caches, strict=True):
+        for x, y in zip(masked, packed, strict=True):
+            torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(packed_codes, masked_codes)
+
+
+def test_packed_pieces_are_off_unless_switched(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = torch.zeros(1)
+    monkeypatch.delenv("MOSS_RT_PACKED_PREFILL", raising=False)
+    assert not chunk_attention.packed_available(t)
+    monkeypatch.setenv("MOSS_RT_PACKED_PREFILL", "1")
+    assert not chunk_attention.packed_available(t)  # on CUDA tensors only
+    monkeypatch.setenv("MOSS_RT_PACKED_PREFILL", "interpret")
+    assert chunk_attention.packed_available(t)
