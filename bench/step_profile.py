@@ -130,6 +130,18 @@ def bench_step(runner: ModelRunner, slots: list[int], batch: int, context: int, 
         runner._graphs[key] = graph
 
 
+def timed_ms(run: Callable[[], None], reps: int) -> float:
+    """Mean ms of ``run`` over ``reps`` calls after 2 untimed ones (first-use costs), the device waited for."""
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        run()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1000.0
+
+
 def after_prefix_bench(runner: ModelRunner, slot: int, prompt: np.ndarray, prefix: int, reps: int) -> dict[str, Any]:
     """A line after its cached opening (issue 24's ``--prompts lines``): the prompt's rows past its first ``prefix``
     prefilled as one lone piece from there (the slot keeps the prefix), ms (mean of ``reps`` after 2 untimed), through
@@ -149,16 +161,10 @@ def after_prefix_bench(runner: ModelRunner, slot: int, prompt: np.ndarray, prefi
         runner.use_cuda_graphs = graphs  # bench-only: the switch the runner reads for each pass
         replays = runner.prefill_graphs.replays
         try:
-            for _ in range(2):
-                one_pass()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                one_pass()
-            torch.cuda.synchronize()
+            ms = timed_ms(one_pass, reps)
         finally:
             runner.use_cuda_graphs = True
-        out[name] = {"ms": round((time.perf_counter() - t0) / reps * 1000.0, 2), "prefix": prefix,
+        out[name] = {"ms": round(ms, 2), "prefix": prefix,
                      "rows": len(piece), "graphed": runner.prefill_graphs.replays - replays == reps + 2,
                      "shape": list(shape) if shape is not None else None}
     return out
@@ -186,28 +192,14 @@ def prefill_bench(runner: ModelRunner, slots: list[int], rows: int, batches: lis
     for mode in ("1", "0"):
         os.environ["MOSS_RT_CHUNK_SDPA"] = mode
         for b in batches:
-            for _ in range(2):
-                one_pass(b)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                one_pass(b)
-            torch.cuda.synchronize()
-            ms = (time.perf_counter() - t0) / reps * 1000.0
+            ms = timed_ms(lambda b=b: one_pass(b), reps)
             tflops = 2.0 * layer_params * rows * b / (ms / 1000.0) / 1e12
             out[f"{'sdpa' if mode == '1' else 'plain'}_b{b}"] = {"ms": round(ms, 2), "tflops": round(tflops, 1)}
     os.environ["MOSS_RT_CHUNK_SDPA"] = "1"
     # A lone prompt through its prefill graph (the engine captures them at warm-up): padded to its row bucket.
     runner.prefill_graphs.capture_common()
     replays = runner.prefill_graphs.replays
-    for _ in range(2):
-        one_pass(1)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        one_pass(1)
-    torch.cuda.synchronize()
-    out["graph_b1"] = {"ms": round((time.perf_counter() - t0) / reps * 1000.0, 2),
+    out["graph_b1"] = {"ms": round(timed_ms(lambda: one_pass(1), reps), 2),
                        "graphed": runner.prefill_graphs.replays - replays == reps + 2}
     out.update(after_prefix_bench(runner, slots[0], prompt, prefix, reps))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -265,16 +257,9 @@ def retake_prefill_bench(runner: ModelRunner, slots: list[int], prefix: int, row
                 runner.use_cuda_graphs = graphs  # bench-only: the switch the runner reads for each pass
                 replays = runner.prefill_graphs.replays
                 try:
-                    for _ in range(2):
-                        one_pass(n)
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    for _ in range(reps):
-                        one_pass(n)
-                    torch.cuda.synchronize()
+                    ms = timed_ms(lambda n=n: one_pass(n), reps)
                 finally:
                     runner.use_cuda_graphs = True
-                ms = (time.perf_counter() - t0) / reps * 1000.0
                 row = out[f"{name}{suffix}_p{n}"] = {
                     "ms": round(ms, 2), "us_a_row": round(ms * 1000.0 / (n * rows), 2),
                     "tflops": round(2.0 * layer_params * rows * n / (ms / 1000.0) / 1e12, 1),

@@ -73,6 +73,11 @@ def _prefill_then_codes(runner, prompts, frames: int):
     cut = len(long) // 2
     runner.truncate(slots[0], cut)  # then a piece from a nonzero start: the masked branch
     runner.prefill_batch([PrefillRequest(slots[0], long[cut:], start=cut)])
+    return _caches_and_greedy_codes(runner, slots, frames)
+
+
+def _caches_and_greedy_codes(runner, slots, frames: int):
+    """What the slots' caches hold, then ``frames`` greedy frames of them all."""
     for i, s in enumerate(slots):
         runner.set_sampling(s, GREEDY, seed=i)
     caches = [runner.slot_cache(s, runner.slot_length(s)) for s in slots]
@@ -125,11 +130,7 @@ def _after_prefix_pass(runner, prompts, cuts, frames: int):
     slots = [runner.alloc_slot() for _ in prompts]
     runner.prefill_batch([PrefillRequest(s, p[:c]) for s, p, c in zip(slots, prompts, cuts, strict=True)])
     runner.prefill_batch([PrefillRequest(s, p[c:], start=c) for s, p, c in zip(slots, prompts, cuts, strict=True)])
-    for i, s in enumerate(slots):
-        runner.set_sampling(s, GREEDY, seed=i)
-    caches = [runner.slot_cache(s, runner.slot_length(s)) for s in slots]
-    codes = np.stack([runner.step(slots).codes for _ in range(frames)], axis=1)
-    return caches, codes
+    return _caches_and_greedy_codes(runner, slots, frames)
 
 
 def test_a_packed_pass_after_openings_leaves_the_masked_passes_cache_and_codes(make_runner, monkeypatch) -> None:
