@@ -354,3 +354,51 @@ def test_a_batched_prefill_pass_through_a_graph_equals_eager(device, make_runner
                 torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=lambda m, w=where: f"{w}: {m}")
     for x, y in zip(graph_codes, eager_codes, strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_packed_pass_after_prefixes_writes_what_the_masked_pass_writes(device, golden_cases, monkeypatch) -> None:
+    """MOSS_RT_PACKED_PREFILL: a pass of pieces after openings of different lengths, attended packed end to end
+    (on CUDA flash attention's variable-length forward, bf16, eagerly and through its batched prefill graph; on the CPU
+    the reference path, fp32, one padded pass) writes the keys, values and hidden states the masked pass writes, to
+    the dtype's rounding, and nothing else in the pool (pieces_after_prefixes checks)."""
+    from moss_rt.model import load_model
+    from tests.model.conftest import TINY
+    from tests.model.test_prefill_graphs import pieces_after_prefixes
+
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    loaded = load_model(TINY, device=device, dtype=dtype)
+    results = {}
+    for packed in ("0", "1" if cuda else "interpret"):
+        monkeypatch.setenv("MOSS_RT_PACKED_PREFILL", packed)
+        for graphs in (False, True) if cuda else (False,):
+            runner = ModelRunner(loaded.model, loaded.tokenizer, loaded.config, max_slots=8, max_seq_len=320,
+                                 device=device, dtype=dtype, use_cuda_graphs=graphs)
+            runner.per_slot_eager = False  # one padded pass, as on CUDA
+            if graphs:
+                runner.warmup(batch_sizes=[1], key_lengths=[256])
+                while runner.pending_prefill_graphs():
+                    runner.capture_next()
+            prompt = _directed(runner, golden_cases, LONG_TEXT)
+            rows = np.resize(prompt, (320, prompt.shape[1]))
+            caches = []
+            for cases in BATCH_PREFIX_CASES[:2]:  # both with pieces after a prefix
+                replays = runner.prefill_graphs.replays
+                slots = pieces_after_prefixes(runner, rows, cases)
+                assert runner.prefill_graphs.replays - replays == (1 if graphs else 0)
+                caches.append([runner.slot_cache(s, start + count) for s, (start, count) in zip(slots, cases,
+                                                                                                strict=True)])
+                for slot in slots:
+                    runner.free_slot(slot)
+            results[(packed, graphs)] = caches
+    reference = results[("0", False)]
+    for key, caches in results.items():
+        for got_pass, want_pass in zip(caches, reference, strict=True):
+            for got_cache, want_cache in zip(got_pass, want_pass, strict=True):
+                for x, y in zip(got_cache, want_cache, strict=True):
+                    if cuda:  # bf16: flash and the memory-efficient kernel round differently
+                        error = float((x.float() - y.float()).norm() / y.float().norm().clamp(min=1e-6))
+                        assert error < 2e-2, (key, error)
+                    else:
+                        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
