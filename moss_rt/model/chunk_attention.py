@@ -19,9 +19,10 @@ Used on CUDA; ``MOSS_RT_CHUNK_SDPA=0`` keeps the plain path; ``MOSS_RT_CHUNK_SDP
 ``TRITON_INTERPRET=1`` runs SDPA on CPU tensors too (tests). The CPU default stays on the plain path, whose rounding
 the CPU parity tests pin.
 
-**Packed pieces** (:func:`packed_causal_attention`, off unless ``MOSS_RT_PACKED_PREFILL=1``; measured on an H200 in
-bench/RESULTS.md, session 20: in a graphed pass of 8 retakes' 253 rows after their openings, the masked kernel took
-5.7 ms and repeating the K/V heads for it 3.1 ms of 34): each piece's queries and its own keys packed end to end
+**Packed pieces** (:func:`packed_causal_attention`, on CUDA in bf16/fp16 unless ``MOSS_RT_PACKED_PREFILL=0``; measured
+on an H200 in bench/RESULTS.md, sessions 20 and 21: in a graphed pass of 8 retakes' 253 rows after their openings the
+masked kernel took 5.7 ms and repeating the K/V heads for it 3.1 ms of 34; packed, the pass takes 31.6 ms instead of
+35.2, 4 pieces 16.1 instead of 18.3): each piece's queries and its own keys packed end to end
 (``cu_q`` / ``cu_k``, the offsets where each piece begins, int32), every piece causal aligned to its last key (query
 t of a piece of T queries and L keys sees keys 0..L-T+t: the piece's opening and its rows up to its own), grouped
 K/V heads read as they are. On CUDA that is flash attention's variable-length forward, where a piece with more keys
@@ -76,10 +77,10 @@ def chunk_attention(
 
 
 def packed_available(cache: torch.Tensor) -> bool:
-    """Whether a pass after a prefix over keys like ``cache`` packs its pieces (off by default:
-    ``MOSS_RT_PACKED_PREFILL=1`` on CUDA in bf16 or fp16, flash attention's dtypes; ``interpret`` on any device and
-    dtype, the plain path piece by piece)."""
-    mode = os.environ.get("MOSS_RT_PACKED_PREFILL", "0")
+    """Whether a pass after a prefix over keys like ``cache`` packs its pieces: on CUDA in bf16 or fp16 (flash
+    attention's dtypes) unless ``MOSS_RT_PACKED_PREFILL=0`` (the masked path); ``interpret`` on any device and dtype,
+    the plain path piece by piece."""
+    mode = os.environ.get("MOSS_RT_PACKED_PREFILL", "1")
     return mode == "interpret" or (mode == "1" and cache.is_cuda and cache.dtype in (torch.float16, torch.bfloat16))
 
 

@@ -159,11 +159,15 @@ def test_a_packed_pass_after_openings_leaves_the_masked_passes_cache_and_codes(m
     np.testing.assert_array_equal(packed_codes, masked_codes)
 
 
-def test_packed_pieces_are_off_unless_switched(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packed_pieces_only_on_cuda_in_flash_dtypes_unless_switched(monkeypatch: pytest.MonkeyPatch) -> None:
     t = torch.zeros(1)
     monkeypatch.delenv("MOSS_RT_PACKED_PREFILL", raising=False)
-    assert not chunk_attention.packed_available(t)
-    monkeypatch.setenv("MOSS_RT_PACKED_PREFILL", "1")
-    assert not chunk_attention.packed_available(t)  # on CUDA tensors only
+    assert not chunk_attention.packed_available(t)  # the default: CUDA tensors only
     monkeypatch.setenv("MOSS_RT_PACKED_PREFILL", "interpret")
     assert chunk_attention.packed_available(t)
+    if torch.cuda.is_available():
+        half, single = torch.zeros(1, device="cuda", dtype=torch.bfloat16), torch.zeros(1, device="cuda")
+        monkeypatch.delenv("MOSS_RT_PACKED_PREFILL")
+        assert chunk_attention.packed_available(half) and not chunk_attention.packed_available(single)
+        monkeypatch.setenv("MOSS_RT_PACKED_PREFILL", "0")
+        assert not chunk_attention.packed_available(half)
