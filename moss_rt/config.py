@@ -104,9 +104,10 @@ class Settings:
     # scheduler's keys-per-row bound on rows x longest key window, it bounds the pass's memory and stall.
     prefill_max_rows: int = setting(8192, "padded prompt rows per batched prefill pass")
     # A pass through a batched prefill graph (several takes' pieces, captured once per shape) holds at most this many
-    # padded rows: more takes per graphed pass, more and larger captures. 0: 2,048, or the longest take if shorter.
+    # padded rows: more takes per graphed pass, more and larger captures, and a longer hold on running streams (why
+    # the default is 1,024: model/prefill_graphs.BATCH_GRAPH_DEFAULT_ROWS). At most 2,048.
     prefill_graph_rows: int = setting(
-        0, "padded prompt rows a batched prefill graph holds at most (0: 2,048, or the longest take if shorter)",
+        0, "padded prompt rows a batched prefill graph holds at most (0: 1,024, or the longest take if shorter)",
     )
     # Prompt blocks stay in the KV pool after their take until the room is needed, so later takes whose
     # prompts open with the same rows (one voice, one direction) share them instead of prefilling them.

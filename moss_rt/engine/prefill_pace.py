@@ -13,7 +13,7 @@ Alone on the device (nothing streaming) passes stay as large as ``prefill_max_ro
 earliest first audio.
 
 **Graph-sized passes.** ``stream_rows`` (3,480 padded rows on an H200) is far past what the prefill graphs hold
-(model/prefill_graphs: a lone piece up to 512 rows, or 2-16 pieces of at most 256 rows and 2,048 padded rows), so a
+(model/prefill_graphs: a lone piece up to 512 rows, or 2-16 pieces of at most 256 rows and 1,024 padded rows), so a
 pass filled to it always ran eagerly: ~50 ms for ~190 rows at full size, launch-bound, where a graphed pass costs
 6-20 ms. While interactive takes are about and others stream (a director's burst of retakes, a render's lines while
 directors work), the scheduler cuts each pass to what one graph holds (:func:`largest_graphed_piece`, asking the

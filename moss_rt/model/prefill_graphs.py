@@ -78,6 +78,12 @@ BATCH_GRAPH_PIECES = (2, 4, 8, 16)
 BATCH_GRAPH_ROWS = (32, 64, 128, 256)
 BATCH_GRAPH_MAX_ROWS = 2048
 BATCH_GRAPH_KEYS_PER_ROW = 1024
+# Padded rows a batched graph holds unless prefill_graph_rows says otherwise (and the longest take if shorter). A
+# graph-sized pass is the one pass of a round while takes stream, and it holds every running stream for its length:
+# measured on H200s in four sessions (bench/RESULTS.md, sessions 12, 13, 20, 21), 2,048-row passes (~32-40 ms) made a
+# burst of 64 retakes with new instructions 20-35 % slower at p95 than 1,024-row ones (~16-20 ms) and cancels twice as
+# slow, while fresh lines' first audio gained 5-20 %. Directing is the product's core, so 1,024.
+BATCH_GRAPH_DEFAULT_ROWS = 1024
 # ...and pieces x key window at most: the masked attention gathers each piece's keys and values (repeated to the
 # query heads), so a pass of many short pieces over a long window would hold a lot: 16 pieces over 1,024 keys at full
 # size hold about 0.5 GB of them, the most any batched graph's pool keeps.
@@ -128,9 +134,10 @@ class PrefillGraphs:
         self.buckets = [b for b in PREFILL_GRAPH_ROWS if b <= max_rows]
         self.key_buckets = _key_buckets(state.max_seq_len)
         # Batched graphs: no more pieces than the runner has slots, no more padded rows than a pass may hold (by
-        # default the longest take, when shorter than BATCH_GRAPH_MAX_ROWS; ``max_padded_rows`` sets it).
+        # default BATCH_GRAPH_DEFAULT_ROWS, or the longest take if shorter; ``max_padded_rows`` sets it, at most
+        # BATCH_GRAPH_MAX_ROWS).
         self.piece_buckets = [p for p in BATCH_GRAPH_PIECES if p <= max_pieces]
-        self.max_padded_rows = min(BATCH_GRAPH_MAX_ROWS, max_padded_rows or max_rows)
+        self.max_padded_rows = min(BATCH_GRAPH_MAX_ROWS, max_padded_rows or min(max_rows, BATCH_GRAPH_DEFAULT_ROWS))
         self._pool = pool  # the runner's graph memory pool handle
         self._graphs: dict[GraphShape, _PrefillGraph] = {}
         self.replays = 0  # passes that ran through a graph

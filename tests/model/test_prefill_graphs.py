@@ -219,8 +219,9 @@ def test_only_lone_pieces_within_a_captured_shape_replay(tiny, long_rows) -> Non
 
 
 def test_passes_of_several_pieces_choose_their_batched_graph(tiny) -> None:
+    # The largest passes there are (--prefill-graph-rows 2048), where every other bound comes into play.
     runner = ModelRunner(tiny.model, tiny.tokenizer, tiny.config, max_slots=16, max_seq_len=5120, device="cpu",
-                         dtype=torch.float32)
+                         dtype=torch.float32, prefill_graph_rows=2048)
     graphs = runner.prefill_graphs
     assert graphs.piece_buckets == [2, 4, 8, 16]
     pick = graphs.shape_for_pass
@@ -272,6 +273,18 @@ def test_batched_graphs_hold_the_longest_take_unless_prefill_graph_rows_says_oth
     assert lifted.prefill_graphs.shape_for_pass([256] * 8, [1000] * 8) is None  # the scores' bound still holds
     assert runner(prefill_graph_rows=8192).prefill_graphs.max_padded_rows == 2048  # never past BATCH_GRAPH_MAX_ROWS
     assert runner(prefill_graph_rows=512, prefill_max_rows=256).prefill_graphs.max_padded_rows == 256  # nor a pass
+
+
+def test_batched_graphs_hold_1024_rows_by_default_on_longer_takes(tiny) -> None:
+    """A server on the memory plan's take length (thousands of positions) holds the 1,024-row passes the directing
+    benchmarks measured, not 2,048: a 2,048-row pass holds every running stream twice as long."""
+    long = ModelRunner(tiny.model, tiny.tokenizer, tiny.config, max_slots=16, max_seq_len=4096, device="cpu",
+                       dtype=torch.float32)
+    graphs = long.prefill_graphs
+    assert graphs.max_padded_rows == 1024
+    assert graphs.shape_for_pass([240] * 4, [160] * 4) == GraphShape(256, 512, 4)
+    assert graphs.shape_for_pass([240] * 8, [160] * 8) is None  # eight lines: past the default, not a graph
+    assert max(s.padded_rows for s in graphs.shapes()) == 1024
 
 
 # (start, rows) of each piece of one batched pass, after kept prefixes: a render's short lines, mixed starts (one
