@@ -20,8 +20,10 @@ directors one after another instead) x retake mode (``instruction``, ``seed``). 
 client side): first audio; retake seek -> first audio; cancel -> ``end``; new line after a cancel (start -> first
 audio); the running streams' slowest real-time factor while any retake was being prepared (each stream's audio
 over its time inside those windows; and the slowest single chunk); step intervals over 80 ms (server metrics); how
-the retakes' codec states began (shared / rebuilt) and the rebuild calls; and any PCM that arrived after its
-take's ``end`` or before the next take's ``start`` (must be 0). The table of the issue is printed at the end.
+the retakes' codec states began (shared / rebuilt) and the rebuild calls; each retake's first-audio path (queue,
+prefill, first frame, codec queue, decode), in the order the retakes' first audio came (``retake_paths_ms``); and
+any PCM that arrived after its take's ``end`` or before the next take's ``start`` (must be 0). The table of the issue
+is printed at the end.
 
 ``--client-procs N`` spreads a round's directors over N client processes (default 1: one event loop reads and
 writes every socket, and at 64 directors its own backlog shows in the figures; separate people's browsers do not
@@ -419,6 +421,13 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
         # Where the retakes' first audio went, engine side (p50 / p95 ms of each part).
         "retake_path_ms": {k: [pct([d.retake_path[k] / 1000.0 for d in ok if k in d.retake_path], q) for q in (50, 95)]
                            for k in PATH},
+        # ...and each retake's own, in the order its first audio came (a burst goes in groups, a prefill pass each:
+        # which part grows from one group to the next).
+        "retake_paths_ms": [
+            {"retake_ms": round(d.retake_first_audio * 1000.0, 1),
+             **{k: round(d.retake_path[k], 1) for k in PATH if k in d.retake_path}}
+            for d in sorted(ok, key=lambda d: d.retake_first_audio or 0.0) if d.retake_first_audio is not None
+        ],
         "stray_pcm_frames": sum(d.stray_pcm for d in directors),
         "server": {
             "step_intervals": intervals,
