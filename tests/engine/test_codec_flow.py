@@ -150,12 +150,13 @@ def test_a_directors_first_frames_are_made_while_the_step_is_held_for_the_bulk_l
 
 class GraphRunner:
     """Records passes like test_scheduler_prefill's runner, and fits them to the real prefill graphs' shapes (an
-    H200-sized runner: 16 slots, 2,048 positions)."""
+    H200-sized runner: 16 slots, 2,048 positions, --prefill-graph-rows 2048: the largest batched graphs)."""
 
     def __init__(self) -> None:
         self.passes: list[list[tuple[int, int, int]]] = []
         state = SimpleNamespace(max_seq_len=2048)
-        self.graphs = PrefillGraphs(None, state, None, max_rows=2048, pool=None, max_pieces=16)  # type: ignore[arg-type]
+        self.graphs = PrefillGraphs(None, state, None, max_rows=2048, pool=None, max_pieces=16,  # type: ignore[arg-type]
+                                    max_padded_rows=2048)
 
     def prefill_batch(self, requests: list[PrefillRequest]) -> int:
         self.passes.append([(r.slot, len(r.rows), r.start) for r in requests])
