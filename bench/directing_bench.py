@@ -424,9 +424,10 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
         # ...and each retake's own, in the order its first audio came (a burst goes in groups, a prefill pass each:
         # which part grows from one group to the next).
         "retake_paths_ms": [
-            {"retake_ms": round(d.retake_first_audio * 1000.0, 1),
+            {"retake_ms": round(first * 1000.0, 1),
              **{k: round(d.retake_path[k], 1) for k in PATH if k in d.retake_path}}
-            for d in sorted(ok, key=lambda d: d.retake_first_audio or 0.0) if d.retake_first_audio is not None
+            for first, d in sorted(((d.retake_first_audio, d) for d in ok if d.retake_first_audio is not None),
+                                   key=lambda pair: pair[0])
         ],
         "stray_pcm_frames": sum(d.stray_pcm for d in directors),
         "server": {
