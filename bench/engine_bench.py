@@ -59,6 +59,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +320,23 @@ async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     return out
 
 
+SHAPE_SERIES = re.compile(r'^moss_rt_codec_call_shape_seconds_count\{frames="(\d+)",graphed="([01])"\}$')
+
+
+def codec_by_shape(delta: Callable[[str], float], after: dict[str, float], steps: float) -> dict[str, dict]:
+    """{"T=1 graph": {"calls", "ms_per_call", "ms_per_step"}, ...}: where the codec's share of a step went."""
+    out: dict[str, dict] = {}
+    for name in sorted(after):
+        m = SHAPE_SERIES.match(name)
+        if m is None or not (calls := delta(name)):
+            continue
+        seconds = delta(name.replace("_count{", "_sum{"))
+        key = f"T={m.group(1)} {'graph' if m.group(2) == '1' else 'eager'}"
+        out[key] = {"calls": calls, "ms_per_call": round(1000.0 * seconds / calls, 2),
+                    "ms_per_step": round(1000.0 * seconds / max(1.0, steps), 3)}
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else float("nan")
 
@@ -466,6 +484,8 @@ async def run_round(url: str | list[str], concurrency: int, repeats: int, start:
             "codec_ms_per_step": 1000.0 * delta("moss_rt_codec_seconds_sum") / max(1.0, steps),
             # Overlap: 1 when the codec ran on its own thread/stream; the scheduler's waits for it (queue full,
             # a take's last chunk, captures/rebuilds behind queued decodes), per step and per wait.
+            # The codec's time by call shape: chunk length in frames, graphed or eager (calls, ms per step).
+            "codec_by_shape": codec_by_shape(delta, after, steps),
             "codec_overlap": after.get("moss_rt_codec_overlap", float("nan")),
             "codec_wait_ms_per_step": 1000.0 * delta("moss_rt_codec_wait_seconds_sum") / max(1.0, steps),
             "codec_waits": delta("moss_rt_codec_wait_seconds_count"),

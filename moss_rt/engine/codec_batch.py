@@ -163,6 +163,11 @@ class CodecBatcher:
             cap = min(cap, SMALL_BUCKETS[-1] - 1)
         return cap
 
+    def graphed(self, n: int, t: int) -> bool:
+        """Whether a call of ``n`` streams of ``t``-frame chunks replays a captured graph now (else it runs eagerly)."""
+        bucket = self._bucket(min(n, self.max_batch))
+        return self.graphs and bucket is not None and (bucket, t) in self._warm
+
     def _bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n + 1), None)
 

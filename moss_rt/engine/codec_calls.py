@@ -260,7 +260,12 @@ class CodecCalls:
                 if not c.withdrawn:
                     c.take.codec_error = f"codec decode failed: {exc}"
             return
-        self.metrics.codec_time.observe(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        self.metrics.codec_time.observe(took)
+        frames = int(chunks[0].codes.shape[0])
+        graphed = getattr(self.codec, "graphed", None)
+        ran_graph = bool(graphed(len(chunks), frames)) if graphed is not None else False
+        self.metrics.codec_shape_time.labels(str(frames), "1" if ran_graph else "0").observe(took)
         now = time.monotonic()
         for c, pcm in zip(chunks, pcms, strict=True):
             if c.withdrawn:

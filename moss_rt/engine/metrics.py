@@ -10,7 +10,7 @@ import time
 import weakref
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
 from moss_rt.engine.memory_plan import MemoryPlan
 
@@ -42,6 +42,15 @@ class EngineMetrics:
             "moss_rt_codec_seconds",
             "One batched streaming codec decode (slots whose chunk is due), timed on the thread that runs it",
             buckets=STEP_BUCKETS, registry=r,
+        )
+        # Which codec calls the time goes to: a call's chunk length (frames per stream) and whether a CUDA graph ran it
+        # (a large batch of an odd length runs eagerly). Where the codec's share of a step goes at large batch: the
+        # steady eight-frame calls, the one-frame ramp calls, or the odd-length chunks that bring a take in phase and
+        # end it.
+        self.codec_shape_time = Summary(
+            "moss_rt_codec_call_shape_seconds",
+            "Codec decode calls by chunk length in frames and by whether a CUDA graph ran them (1) or they ran eagerly",
+            ["frames", "graphed"], registry=r,
         )
         self.codec_wait = Histogram(
             "moss_rt_codec_wait_seconds",

@@ -81,6 +81,8 @@ def test_unwarmed_shapes_run_eager_and_full_batches_fit() -> None:
     assert one[0].shape[1] == 30 * 3840
     assert [(graphed, len(slots)) for graphed, slots, _ in dec.calls] == [(True, 66), (False, 40), (False, 1)]
     assert dec.cuda_graphs  # restored after the eager calls
+    # What the engine's per-shape codec metric reports for those calls.
+    assert batcher.graphed(64, 8) and not batcher.graphed(40, 5) and not batcher.graphed(1, 30)
 
 
 def test_many_streams_are_decoded_in_bounded_calls() -> None:

@@ -3,6 +3,7 @@ threads): which chunks share a call, which lane each call takes, a render's call
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -169,3 +170,44 @@ def test_rebuilds_go_a_full_chunk_a_round_interactive_ones_in_the_priority_lane(
     assert calls.rebuild([director, other, line])  # the next round: what is left of the director's
     assert handed(worker) == [(True, [["d"]])] and director.rebuilt == 11
     assert not calls.rebuild([director, other, line])  # nothing left to rebuild
+
+
+class PushingTake(StandInTake):
+    """A take whose decoded chunks reach a channel (what ``decode_and_push`` writes to)."""
+
+    def __init__(self, take_id: str, frames: int) -> None:
+        super().__init__(take_id, frames)
+        self.out_lock = threading.Lock()
+        self.muted = False
+        self.first_audio: float | None = None
+        self.first_decode_at: float | None = None
+        self.admitted = 0.0
+        self.sent = 0
+        self.spec = SimpleNamespace(channels=1)
+        self.pushed: list[Any] = []
+        self.channel = SimpleNamespace(push=self.pushed.append)
+
+
+def test_decode_calls_are_timed_by_chunk_length_and_by_whether_a_graph_ran_them() -> None:
+    calls, _ = make_calls()
+    codec = calls.codec
+    codec.decode_pcm = lambda states, chunks, channels: [b"\0\0" * len(c) for c in chunks]  # type: ignore[attr-defined]
+    codec.graphed = lambda n, t: t in (1, 8) and n <= 4  # type: ignore[attr-defined]
+
+    def decode(frames: int, streams: int) -> None:
+        takes = [PushingTake(f"t{i}", frames) for i in range(streams)]
+        calls.decode_and_push([Chunk(t, t.decoder, 0, t.codes_array(0, frames)) for t in takes])  # type: ignore[arg-type]
+        assert all(t.pushed for t in takes)  # every take got its audio
+
+    decode(1, 2)
+    decode(1, 3)
+    decode(5, 2)
+    decode(8, 6)
+
+    def calls_of(frames: str, graphed: str) -> float:
+        registry = calls.metrics.registry
+        return registry.get_sample_value("moss_rt_codec_call_shape_seconds_count",
+                                         {"frames": frames, "graphed": graphed}) or 0.0
+
+    assert (calls_of("1", "1"), calls_of("5", "0"), calls_of("8", "0")) == (2.0, 1.0, 1.0)
+    assert calls_of("8", "1") == 0.0 and calls_of("1", "0") == 0.0
