@@ -263,7 +263,9 @@ async def wait_graphs(url: str, proc: subprocess.Popen, limit_sec: float) -> flo
 
 
 # The engine's account of a take's first audio, in its end frame (moss_rt.engine.scheduler.first_audio_path).
-FIRST_AUDIO_PATH = ("queue_ms", "prefill_ms", "to_first_frame_ms", "to_codec_ms", "codec_queue_ms", "decode_ms")
+FIRST_AUDIO_PATH = (
+    "prompt_ms", "queue_ms", "prefill_ms", "to_first_frame_ms", "to_codec_ms", "codec_queue_ms", "decode_ms",
+)
 
 
 async def one_take(http: aiohttp.ClientSession, ws_url: str, start: dict[str, Any], go: asyncio.Event) -> dict:

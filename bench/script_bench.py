@@ -65,7 +65,7 @@ log = logging.getLogger("script_bench")
 PENALTY = 1.1
 # The engine's account of a take's first audio (the end message's timings, moss_rt.engine.scheduler): queue, prefill,
 # waiting for its first step, to the codec worker, in the worker's queue, the decode.
-PATH = ("queue_ms", "prefill_ms", "to_first_frame_ms", "to_codec_ms", "codec_queue_ms", "decode_ms")
+PATH = ("prompt_ms", "queue_ms", "prefill_ms", "to_first_frame_ms", "to_codec_ms", "codec_queue_ms", "decode_ms")
 SENTENCES = (
     "The tide came in faster than anyone had warned us it would.",
     "I kept the lamp lit all night, though nobody came to the door.",

@@ -275,6 +275,7 @@ class MossEngine(EngineLifecycle):
             torch.cuda.empty_cache()
 
     async def submit(self, spec: TakeSpec) -> EngineChannel:
+        submitted = time.monotonic()
         if self._stop.is_set():
             raise EngineBusy(retry_after_sec=5.0)  # shutting down: come back later
         if self._loop is None or not self._ready:
@@ -289,7 +290,7 @@ class MossEngine(EngineLifecycle):
                 raise EngineBusy(retry_after_sec=1.0)
             self._in_system += 1
         channel = EngineChannel(self._loop, spec.take_id, self._lead_frames, wake=self._wake)
-        self._inbox.put_nowait(Take(spec, channel, prompt=prompt))
+        self._inbox.put_nowait(Take(spec, channel, prompt=prompt, submitted=submitted))
         self._wake.set()
         return channel
 

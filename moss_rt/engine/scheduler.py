@@ -906,7 +906,9 @@ class Scheduler:
         now = time.monotonic()
         first_ms = None if take.first_audio is None else (take.first_audio - take.admitted) * 1000.0
         queue_ms = ((take.prep_started or now) - take.admitted) * 1000.0
-        timings = {"queue_ms": round(queue_ms, 2), "prefill_ms": round(take.prep_ms, 2), **first_audio_path(take)}
+        prompt_ms = {} if take.submitted is None else {"prompt_ms": round((take.admitted - take.submitted) * 1000.0, 2)}
+        timings = {**prompt_ms, "queue_ms": round(queue_ms, 2), "prefill_ms": round(take.prep_ms, 2),
+                   **first_audio_path(take)}
         # Counted before the end event goes out, so whoever saw the end also sees it in /metrics.
         self.metrics.takes.labels(reason.value).inc()
         if reason in (EndReason.CANCELLED, EndReason.REPLACED):

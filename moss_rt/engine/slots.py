@@ -62,6 +62,9 @@ class Take:
     spec: TakeSpec
     channel: EngineChannel
     admitted: float = field(default_factory=time.monotonic)
+    # When its submit began (monotonic; None: handed in directly): before ``admitted``, its prompt rows were built
+    # and checked on a helper thread (the end's ``prompt_ms``).
+    submitted: float | None = None
     phase: Phase = Phase.WAITING
     model_slot: int | None = None
     decoder: DecoderState | None = None

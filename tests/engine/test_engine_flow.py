@@ -144,6 +144,10 @@ def test_legacy_http_stream_and_download(moss_server) -> None:
         assert len(take.pcm) == 10 * FRAME_SAMPLES * 2
         assert take.end["gpu_total_ms"] >= take.start["gpu_first_ms"]
         assert len(take_codes(srv, take.end["take"])) == 10
+        # The end says where the first audio's time went: the prompt built at submit, then the engine's parts of it.
+        parts = ("queue_ms", "prefill_ms", "to_first_frame_ms", "to_codec_ms", "codec_queue_ms", "decode_ms")
+        assert all(take.end[k] >= 0 for k in ("prompt_ms", *parts)), take.end
+        assert sum(take.end[k] for k in parts) <= take.start["gpu_first_ms"] + 1
 
     run(scenario())
 
