@@ -52,7 +52,14 @@ from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prefill_pace import measure_prefill_cost
 from moss_rt.engine.prompt_names import PromptRecipe
-from moss_rt.engine.prompts import PromptRowsCache, PromptTooLong, frames_room, prompt_key, prompt_rows
+from moss_rt.engine.prompts import (
+    PromptRowsCache,
+    PromptTooLong,
+    cheap_to_build,
+    frames_room,
+    prompt_key,
+    prompt_rows,
+)
 from moss_rt.engine.resolve import (
     Choice,
     choose_codec,
@@ -295,14 +302,19 @@ class MossEngine(EngineLifecycle):
         return channel
 
     async def _checked_prompt(self, spec: TakeSpec) -> np.ndarray:
-        """The take's prompt rows, tokenized on a helper thread (the worker reuses them); a prompt the
-        KV cache can never hold is refused as bad input before it takes a queue place."""
+        """The take's prompt rows, tokenized on a helper thread, or here when only a short piece of it is new
+        (engine/prompts.cheap_to_build; the worker reuses them); a prompt the KV cache can never hold is refused as
+        bad input before it takes a queue place."""
         runner = self._runner
         assert runner is not None, "ready implies loaded"
         key = prompt_key(spec)
         rows = self._prompts_built.get(key)
         if rows is None:
-            rows = self._prompts_built.put(key, await asyncio.to_thread(prompt_rows, runner, spec))
+            if cheap_to_build(runner, spec):  # a retake with a new direction: its line's tokens are remembered
+                built = prompt_rows(runner, spec)
+            else:
+                built = await asyncio.to_thread(prompt_rows, runner, spec)
+            rows = self._prompts_built.put(key, built)
         max_seq = int(runner.max_seq_len)
         try:
             frames_room(len(rows), spec.start_frame, max_seq)

@@ -35,6 +35,21 @@ class PromptTooLong(ValueError):
     """The prompt plus the frames kept by a retake leave no position to generate into."""
 
 
+# A prompt whose text's tokens are remembered is built on the event loop when its other pieces are at most this long:
+# tokenizing a short direction block takes tens of microseconds, where a helper thread's turn costs a busy server
+# milliseconds of waiting for the interpreter lock (model.prompt.KeptTokens).
+CHEAP_PIECE_CHARS = 400
+
+
+def cheap_to_build(runner: object, spec: TakeSpec) -> bool:
+    """Whether the take's prompt rows cost little enough to build on the spot: its text's tokens are remembered (a
+    retake or replay of a line built before) and its direction is short."""
+    tokens_known = getattr(runner, "tokens_known", None)
+    if tokens_known is None or not tokens_known(spec.text):
+        return False
+    return len(spec.instruction or "") + len(spec.language or "") <= CHEAP_PIECE_CHARS
+
+
 def prompt_rows(runner: PromptBuilder, spec: TakeSpec) -> np.ndarray:
     """The take's prompt rows [T, 13] (thread-safe: tokenization only, no tensors)."""
     return runner.build_prompt(

@@ -34,7 +34,7 @@ from moss_rt.model.blocks import BlockPool, BlockRef, PoolExhausted
 from moss_rt.model.config import MossTTSConfig
 from moss_rt.model.network import MossTTSLocalModel
 from moss_rt.model.prefill_graphs import GraphShape, PrefillGraphs
-from moss_rt.model.prompt import build_prompt_rows
+from moss_rt.model.prompt import KeptTokens, build_prompt_rows
 from moss_rt.model.sampling import split_seed
 from moss_rt.model.staging import PinnedStaging
 from moss_rt.model.state import FLOAT_DEFAULT, FLOAT_FIELDS, INT_DEFAULT, INT_FIELDS, SlotState
@@ -96,6 +96,7 @@ class ModelRunner:
         self.prefill_max_rows = int(prefill_max_rows)
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self._prompt_tokens = KeptTokens(tokenizer)  # a retake's prompt re-tokenizes only what it changed
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -154,6 +155,10 @@ class ModelRunner:
         )
 
     # ------------------------------------------------------------------ prompts
+    def tokens_known(self, text: str) -> bool:
+        """Whether ``text``'s token ids are remembered from an earlier prompt (building one with it costs little)."""
+        return self._prompt_tokens.knows(text)
+
     def build_prompt(
         self,
         *,
@@ -165,7 +170,7 @@ class ModelRunner:
         continuation_codes: np.ndarray | None = None,
     ) -> np.ndarray:
         return build_prompt_rows(
-            self.tokenizer,
+            self._prompt_tokens,
             self.config,
             text=text,
             instruction=instruction,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moss_rt.model.prompt import build_prompt_rows, encode_text
+from moss_rt.model.prompt import KeptTokens, build_prompt_rows, encode_text
 
 
 def test_layout_of_rows(tiny):
@@ -55,3 +55,22 @@ def test_pieces_are_tokenised_separately(tiny):
 def test_bad_codes_are_rejected(tiny, kwargs, message):
     with pytest.raises(ValueError, match=message):
         build_prompt_rows(tiny.tokenizer, tiny.config, text="x", **kwargs)
+
+
+def test_kept_tokens_give_the_tokenizers_rows_and_remember_the_last_pieces(tiny):
+    """A prompt built through KeptTokens is the tokenizer's own, piece for piece; it remembers what it encoded (a
+    retake's line), at most ``size`` pieces, the least recently used out first."""
+    cfg, tok = tiny.config, tiny.tokenizer
+    kept = KeptTokens(tok, size=3)
+    for instruction in ("Calm.", "Angry, then calm."):
+        rows = build_prompt_rows(kept, cfg, text="The same line.", instruction=instruction, tokens=12)
+        np.testing.assert_array_equal(
+            rows, build_prompt_rows(tok, cfg, text="The same line.", instruction=instruction, tokens=12)
+        )
+    kept = KeptTokens(tok, size=3)
+    assert list(kept.encode("one")) == encode_text(tok, "one") and kept.knows("one")
+    kept.encode("two")
+    kept.encode("three")
+    kept.encode("one")  # used again: "two" is now the oldest
+    kept.encode("four")
+    assert [kept.knows(p) for p in ("one", "two", "three", "four")] == [True, False, True, True]
