@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 # First-chunk policy. A take's first new frames go out one per chunk, up to RAMP_FRAMES (or its
-# ``chunk_frames`` if smaller), then whole ``chunk_frames`` chunks: a client starts playing as soon as its jitter
+# ``chunk_frames`` if smaller), then whole ``chunk_frames`` chunks (the model engine goes on with one-frame chunks
+# until one falls on its shared cadence: engine/slots.Take.in_ramp): a client starts playing as soon as its jitter
 # cushion is there (3 frames = 240 ms covers the usual 200 ms) and keeps receiving every frame while its buffer
 # is thin (with chunk 8 sent whole, sound started 8 more frames of generation later: ~0.6 s on a real-time
 # engine). One-frame chunks, not a ramp of growing ones (2, 3, 4, 6 frames): the codec has CUDA graphs for one-

@@ -100,12 +100,12 @@ class CodecCalls:
         self.batch_patience_s = batch_patience_s
 
     # ------------------------------------------------------------------ on the engine's thread
-    def send(self, takes: list[Take]) -> None:
+    def send(self, takes: list[Take], step: int) -> None:
         """Hand the takes' due chunks to the codec worker and return without waiting for them (a bulk hand-over never
         waits for room, a priority one only if its own lane is max_pending hand-overs behind): interactive takes'
         chunks of their ramp (first audio and the one-frame chunks after it) as one call in the priority lane, the rest
         in bulk calls of equal chunk lengths and at most ``call_streams`` streams each (one hand-over), fewer while a
-        director's take is starting."""
+        director's take is starting. ``step``: the steps made so far (a ramp's chunk on the cadence ends it)."""
         chunks = [
             Chunk(t, state, t.flushed, t.codes_array(t.flushed, t.frames), priority=not t.batch and t.in_ramp)
             for t in takes
@@ -115,7 +115,7 @@ class CodecCalls:
             return
         now = time.monotonic()
         for chunk in chunks:
-            chunk.take.flushed = chunk.take.frames
+            chunk.take.flushed_on(step)
             if chunk.take.first_chunk_at is None:
                 chunk.take.first_chunk_at = now
         self.hand_over(self.pieces([c for c in chunks if c.priority], bulk=False), priority=True)

@@ -870,7 +870,7 @@ class Scheduler:
         due = [t for t in self.running if t.pending > 0 and (t.ending or t.chunk_due(self.steps))]
         worked = False
         if due:
-            self.calls.send(due)
+            self.calls.send(due, self.steps)
             worked = True
         return self._finish_ended() or worked
 

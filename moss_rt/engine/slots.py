@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moss_rt.engine.base import RAMP_FRAMES, EndReason, TakePriority, TakeSpec, chunk_target
+from moss_rt.engine.base import RAMP_FRAMES, EndReason, TakePriority, TakeSpec
 from moss_rt.engine.channel import TakeChannel
 from moss_rt.generation import N_CODEBOOKS
 
@@ -81,6 +81,9 @@ class Take:
     frame_cap: int = 0  # total frames allowed (prefix + max_new_tokens, bounded by the cache)
     codes: list[np.ndarray] = field(default_factory=list)  # every frame [12] of the take, prefix included
     flushed: int = 0  # frames handed to the codec (the prefix counts as sent)
+    # Its chunks are on the engine's shared cadence (one of them went to the codec on a cadence step after its first
+    # min(chunk_frames, RAMP_FRAMES) new frames): its one-frame chunks are over (chunk_due). Set by flushed_on only.
+    phased: bool = False
     # The codec worker's call holding the take's latest frames: the take ends (its codec state closed, its end
     # pushed) only once that call is done. Written by the scheduler only.
     codec_seq: int = 0
@@ -130,9 +133,28 @@ class Take:
 
     @property
     def in_ramp(self) -> bool:
-        """Its next chunk is among its first RAMP_FRAMES new frames (first audio and the one-frame chunks after
-        it): what its listener waits on. Counted in frames handed to the codec, never in time."""
+        """Its next chunk is part of its ramp (first audio and the frames after it, what its listener waits on; the
+        codec's priority lane): its first RAMP_FRAMES new frames, and after them until it is in phase (one-frame
+        chunks until one falls on the engine's shared cadence: ``phased``). Counted in frames and steps, never in
+        time."""
+        return not self.phased or self.in_first_frames
+
+    @property
+    def in_first_frames(self) -> bool:
+        """Its next chunk is among its first RAMP_FRAMES new frames: the part of its ramp counted in frames alone.
+        What steps on while the step is held for codec room (engine/codec_flow): the rest of the ramp ends on a step
+        number, and steps made by some takes only must not decide it, or a take's chunks would depend on when the
+        codec finished."""
         return self.flushed - self.spec.start_frame < RAMP_FRAMES
+
+    def flushed_on(self, step: int) -> None:
+        """Its pending frames go to the codec after step number ``step``: a chunk on the cadence once its first
+        min(chunk_frames, RAMP_FRAMES) new frames are out puts it in phase (its one-frame chunks end; every later
+        chunk keeps the cadence)."""
+        every = max(1, self.spec.chunk_frames)
+        if not self.phased and step % every == 0 and self.frames - self.spec.start_frame >= min(every, RAMP_FRAMES):
+            self.phased = True
+        self.flushed = self.frames
 
     @property
     def rebuild_left(self) -> int:
@@ -150,12 +172,14 @@ class Take:
         return self.frames - self.flushed
 
     def chunk_due(self, step: int) -> bool:
-        """First audio after one frame, then one-frame chunks up to base.RAMP_FRAMES (base.chunk_target: the first
-        ones fill a client's jitter cushion fast), and on the engine's shared cadence of ``chunk_frames`` steps.
+        """First audio after one frame, then one-frame chunks while it is in its ramp (``in_ramp``: the first ones
+        fill a client's jitter cushion fast, the rest bring it to the cadence), then on the engine's shared cadence of
+        ``chunk_frames`` steps.
 
         Aligning chunks to the global step count (not to each take's own start) makes every take
-        with the same ``chunk_frames`` flush on the same step, so one codec call serves them all;
-        a take that joined mid-cycle sends one shorter chunk to get in phase.
+        with the same ``chunk_frames`` flush on the same step, so one codec call serves them all; a take's ramp
+        ends on a cadence step, and one that drops out of phase later (paused while its client catches up) sends one
+        shorter chunk to get back in.
 
         Batch work (a script render's line) has no listener waiting for its first sound: no one-frame ramp, only the
         shared cadence (its first chunk the frames it made until then), so a render's lines cost the codec a call
@@ -172,7 +196,10 @@ class Take:
         every = self.spec.chunk_frames
         if self.batch:
             return step % every == 0 or pending >= every
-        return step % every == 0 or pending >= chunk_target(self.flushed - self.spec.start_frame, every)
+        # One-frame chunks until it is in phase: it joins the cadence without an odd-length chunk (a codec call of its
+        # own), and its listener never waits up to a whole cadence of steps for the frames after its first ones (~200
+        # ms while a burst of 64 retakes prepared on an H200).
+        return step % every == 0 or pending >= (max(1, every) if self.phased else 1)
 
     def bulk_chunk_after_step(self, step: int) -> bool:
         """Whether stepping it as step number ``step`` would make a chunk due that goes in the codec's bulk lane (not

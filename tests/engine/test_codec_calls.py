@@ -69,6 +69,9 @@ class StandInTake:
     def pending(self) -> int:
         return self.frames - self.flushed
 
+    def flushed_on(self, step: int) -> None:
+        self.flushed = self.frames
+
     def codes_array(self, start: int, end: int) -> np.ndarray:
         return np.full((end - start, N_CODEBOOKS), start, dtype=np.int64)
 
@@ -92,7 +95,7 @@ def test_ramp_chunks_go_in_the_priority_lane_the_rest_in_bulk_calls_of_equal_len
     calls, worker = make_calls()
     ramp = [StandInTake(f"d{i}", frames=1, in_ramp=True) for i in range(3)]
     steady = [StandInTake(f"s{i}", frames=4) for i in range(3)] + [StandInTake("s3", frames=2)]
-    calls.send([*ramp, *steady])
+    calls.send([*ramp, *steady], 0)
     assert handed(worker) == [(True, [["d0", "d1", "d2"]]), (False, [["s0", "s1", "s2"], ["s3"]])]
     # Everything due was handed over: nothing pending, and each take knows the hand-over its chunk is in.
     assert all(t.pending == 0 and t.first_chunk_at is not None for t in [*ramp, *steady])
@@ -103,7 +106,7 @@ def test_a_renders_chunks_never_share_a_call_with_a_listened_stream_and_wait_lon
     calls, worker = make_calls()
     takes = [StandInTake("s0", frames=4), StandInTake("b0", frames=4, batch=True), StandInTake("s1", frames=4),
              StandInTake("b1", frames=4, batch=True)]
-    calls.send(takes)
+    calls.send(takes, 0)
     (lane, made), = worker.handed
     assert not lane
     assert sorted([c.take.take_id for c in call.fn.args[0]] for call in made) == [["b0", "b1"], ["s0", "s1"]]
@@ -115,21 +118,21 @@ def test_bulk_calls_are_capped_and_shorter_while_a_director_is_starting(monkeypa
     monkeypatch.setattr(codec_calls, "STARTING_CALL_STREAMS", 2)
     steady = [StandInTake(f"s{i}", frames=4) for i in range(5)]
     calls, worker = make_calls(call_streams=3)
-    calls.send(steady)
+    calls.send(steady, 0)
     assert [len(c) for c in handed(worker)[0][1]] == [3, 2]
     calls, worker = make_calls(call_streams=3, starting=True)
-    calls.send([StandInTake(f"s{i}", frames=4) for i in range(5)])
+    calls.send([StandInTake(f"s{i}", frames=4) for i in range(5)], 0)
     assert [len(c) for c in handed(worker)[0][1]] == [2, 2, 1]
     # A priority call holds what one call of the codec can, whatever the bulk cap.
     calls, worker = make_calls(call_streams=1, starting=True, max_batch=4)
-    calls.send([StandInTake(f"d{i}", frames=1, in_ramp=True) for i in range(6)])
+    calls.send([StandInTake(f"d{i}", frames=1, in_ramp=True) for i in range(6)], 0)
     assert [len(c) for c in handed(worker)[0][1]] == [4, 2]
 
 
 def test_nothing_is_handed_over_for_takes_with_nothing_due_a_failed_codec_or_no_codec_state() -> None:
     calls, worker = make_calls()
     calls.send([StandInTake("done", frames=4, flushed=4), StandInTake("failed", frames=4, codec_error="boom"),
-                StandInTake("no-state", frames=4, decoder=None)])
+                StandInTake("no-state", frames=4, decoder=None)], 0)
     assert worker.handed == []
 
 
