@@ -63,7 +63,7 @@ class Take:
     channel: EngineChannel
     admitted: float = field(default_factory=time.monotonic)
     # When its submit began (monotonic; None: handed in directly): before ``admitted``, its prompt rows were built
-    # and checked on a helper thread (the end's ``prompt_ms``).
+    # and checked (on a helper thread, or on the spot: engine/prompts.cheap_to_build; the end's ``prompt_ms``).
     submitted: float | None = None
     phase: Phase = Phase.WAITING
     model_slot: int | None = None

@@ -32,23 +32,26 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return [int(i) for i in ids]
 
 
-# Pieces whose token ids a KeptTokens remembers: a line's text, its direction blocks, the fixed pieces. A director's
-# retakes of one line with new instructions keep its text, whose tokenization is most of a prompt's.
-PIECES_KEPT = 1024
+# Token ids a KeptTokens remembers, in all: the pieces of the last prompts (a line's text, its direction blocks, the
+# fixed pieces). A director's retakes of one line with new instructions keep its text, whose tokenization is most of a
+# prompt's. 2^18 ids: ~9 MB at most, a thousand lines of a few hundred tokens.
+TOKENS_KEPT = 1 << 18
 
 
 class KeptTokens:
-    """A tokenizer that remembers the ids of the last PIECES_KEPT pieces it encoded (least recently used out first).
+    """A tokenizer that remembers the ids of the pieces it encoded last, up to TOKENS_KEPT ids in all (least recently
+    used out first).
 
     Why: a retake with a new instruction rebuilds its prompt, and on a busy server a helper thread's tokenization of
     the line waits for the interpreter lock behind the engine's and the codec's threads (11-18 ms at p50 for 16
     directors retaking together on an H200). With the line's pieces remembered, the prompt of a retake costs a short
     instruction's tokenization and is built on the spot (engine/prompts.cheap_to_build). Thread-safe."""
 
-    def __init__(self, tokenizer: Any, size: int = PIECES_KEPT) -> None:
+    def __init__(self, tokenizer: Any, max_tokens: int = TOKENS_KEPT) -> None:
         self.tokenizer = tokenizer
-        self.size = size
+        self.max_tokens = max_tokens
         self._ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._held = 0  # ids held in all
         self._lock = threading.Lock()
 
     def encode(self, text: str, add_special_tokens: bool = False) -> tuple[int, ...]:
@@ -60,10 +63,15 @@ class KeptTokens:
                 self._ids.move_to_end(text)
                 return ids
         ids = tuple(encode_text(self.tokenizer, text))  # outside the lock: tokenizing takes the time
+        if len(ids) > self.max_tokens:
+            return ids  # never kept: it would push everything else out
         with self._lock:
-            self._ids[text] = ids
-            while len(self._ids) > self.size:
-                self._ids.popitem(last=False)
+            if text not in self._ids:  # another thread may have kept it meanwhile
+                self._ids[text] = ids
+                self._held += len(ids)
+            while self._held > self.max_tokens:
+                _, dropped = self._ids.popitem(last=False)
+                self._held -= len(dropped)
         return ids
 
     def knows(self, text: str) -> bool:

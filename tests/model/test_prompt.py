@@ -59,18 +59,21 @@ def test_bad_codes_are_rejected(tiny, kwargs, message):
 
 def test_kept_tokens_give_the_tokenizers_rows_and_remember_the_last_pieces(tiny):
     """A prompt built through KeptTokens is the tokenizer's own, piece for piece; it remembers what it encoded (a
-    retake's line), at most ``size`` pieces, the least recently used out first."""
+    retake's line), at most ``max_tokens`` ids in all, the least recently used pieces out first."""
     cfg, tok = tiny.config, tiny.tokenizer
-    kept = KeptTokens(tok, size=3)
+    kept = KeptTokens(tok)
     for instruction in ("Calm.", "Angry, then calm."):
         rows = build_prompt_rows(kept, cfg, text="The same line.", instruction=instruction, tokens=12)
         np.testing.assert_array_equal(
             rows, build_prompt_rows(tok, cfg, text="The same line.", instruction=instruction, tokens=12)
         )
-    kept = KeptTokens(tok, size=3)
+    pieces = ("one", "two", "three", "four")
+    sizes = {p: len(encode_text(tok, p)) for p in pieces}
+    kept = KeptTokens(tok, max_tokens=sizes["one"] + sizes["two"] + sizes["three"])
     assert list(kept.encode("one")) == encode_text(tok, "one") and kept.knows("one")
     kept.encode("two")
     kept.encode("three")
     kept.encode("one")  # used again: "two" is now the oldest
     kept.encode("four")
-    assert [kept.knows(p) for p in ("one", "two", "three", "four")] == [True, False, True, True]
+    assert [kept.knows(p) for p in pieces] == [True, False, sizes["four"] <= sizes["two"], True]
+    assert not kept.knows("x" * 200) and len(kept.encode("x" * 200)) > 0 and not kept.knows("x" * 200)  # too long
