@@ -484,10 +484,10 @@ async def run_round(url: str | list[str], concurrency: int, repeats: int, start:
             "codec_calls": codec_calls,
             "codec_ms_mean_per_call": 1000.0 * delta("moss_rt_codec_seconds_sum") / max(1.0, codec_calls),
             "codec_ms_per_step": 1000.0 * delta("moss_rt_codec_seconds_sum") / max(1.0, steps),
-            # Overlap: 1 when the codec ran on its own thread/stream; the scheduler's waits for it (queue full,
-            # a take's last chunk, captures/rebuilds behind queued decodes), per step and per wait.
             # The codec's time by call shape: chunk length in frames, graphed or eager (calls, ms per step).
             "codec_by_shape": codec_by_shape(delta, after, steps),
+            # Overlap: 1 when the codec ran on its own thread/stream; the scheduler's waits for it (queue full,
+            # a take's last chunk, captures/rebuilds behind queued decodes), per step and per wait.
             "codec_overlap": after.get("moss_rt_codec_overlap", float("nan")),
             "codec_wait_ms_per_step": 1000.0 * delta("moss_rt_codec_wait_seconds_sum") / max(1.0, steps),
             "codec_waits": delta("moss_rt_codec_wait_seconds_count"),
