@@ -151,7 +151,7 @@ class Settings:
     )
     # ...and while it is not: no step is held yet, but every running stream's audio is late by the wait.
     codec_bulk_longest_wait_ms: float = setting(
-        120.0, "ms a steady chunk's decode waits behind directors' first chunks at most while the codec keeps up",
+        60.0, "ms a steady chunk's decode waits behind directors' first chunks at most while the codec keeps up",
     )
     # ...and a decode of a render's lines only (nobody hears them as they come): longer, so a render's chunks do not
     # go before directors' first chunks (issue 26's fairness); still bounded, so its steps are never held for long.

@@ -28,8 +28,10 @@ nothing is parked a bulk call holds no one's step back (the streams' clients hol
 go first after 40 ms only made directors' first chunks wait (16 directors on an H200: first audio p95 62 -> 81 ms);
 with no bound at all, though, every running stream's audio came later and later (64 directors starting one after
 another: bulk calls queued 310 ms on average, the slowest stream 1.35x real time). So while nothing is parked a
-bulk call goes first only once it has waited ``bulk_longest_wait_s`` (120 ms; a render's call its own patience if
-longer), the lanes again taking turns. Every call names the streams it
+bulk call goes first only once it has waited ``bulk_longest_wait_s`` (60 ms; a render's call its own patience if
+longer), the lanes again taking turns. 120 ms was not short enough in a burst: 64 directors retaking at once made a
+ramp's one-frame call nearly every step, bulk calls queued 89-93 ms on average and the slowest running stream fell to
+1.72-1.86x; at 60 ms, 51 ms and 2.15x (retakes' p95 still within issue 22's 400 ms: 362). Every call names the streams it
 touches (``keys``: the takes' codec states) and never runs before an earlier call on one of them, so each stream's
 chunks are decoded in order and a take's audio is the same whichever lane its chunks went through (calls of other
 streams never change a stream's numbers: a batched call's rows are independent). ``done(seq)`` therefore means that
@@ -93,8 +95,9 @@ DEFAULT_MAX_PENDING = 2  # hand-overs per lane queued or running: one decoding w
 DEFAULT_BULK_PATIENCE_S = 0.04
 # Otherwise a bulk call goes first once it has waited this long (or its own patience, if longer): nothing is held yet,
 # but every running stream's audio is late by its wait (64 directors starting one after another on an H200: bulk
-# calls queued 310 ms on average with no bound, the slowest stream 1.35x real time during the retakes).
-DEFAULT_BULK_LONGEST_WAIT_S = 0.12
+# calls queued 310 ms on average with no bound, the slowest stream 1.35x real time during the retakes; 64 retaking in a
+# burst: 89-93 ms, 1.72-1.86x with 120 ms here, 51 ms and 2.15x with 60).
+DEFAULT_BULK_LONGEST_WAIT_S = 0.06
 JOIN_TIMEOUT_S = 60.0
 
 

@@ -174,8 +174,10 @@ def test_a_priority_call_goes_ahead_of_queued_bulk_calls_but_never_ahead_of_its_
 
 
 def _patient_worker(name: str, started_calls: list[tuple[bool, float]] | None = None) -> CodecWorker:
+    """A worker whose bulk calls are patient for 50 ms while the lane is backed up, and otherwise for far longer than
+    these tests wait (the longest wait has its own test)."""
     calls = started_calls if started_calls is not None else []
-    w = CodecWorker(threaded=True, max_pending=4, bulk_patience_s=0.05, name=name,
+    w = CodecWorker(threaded=True, max_pending=4, bulk_patience_s=0.05, bulk_longest_wait_s=10.0, name=name,
                     on_call=lambda priority, queued_s: calls.append((priority, queued_s)))
     w.start()
     return w
