@@ -14,30 +14,30 @@ The scheduler hands it work as plain callables and goes on stepping:
 
 **Two lanes.** A hand-over is ``priority`` (what a director is waiting on: interactive takes' first chunks, the
 rebuilds of interactive retakes) or bulk (steady chunks, batch work). The worker runs the oldest priority call that
-may go, else the oldest call: a priority call waits for the call running when it came, never for the bulk calls
-queued before it (the scheduler keeps bulk calls short: ``codec_call_streams``) -- unless the bulk lane is backed up
-(a bulk hand-over is parked behind it) and a bulk call has waited its patience since it was given
-(``bulk_patience_s``, or the call's own ``patience_s``: the scheduler gives a render's calls a longer one): then it
-goes first, but never twice in a row while a priority call waits, so a priority call waits for at most the running
-call and one bulk call. Without that bound a flow of priority calls starves the bulk lane: while hand-overs are
-parked behind it the scheduler holds every running stream's step back (engine/codec_flow.py) and lets only
-directors' ramps step, whose chunks are priority calls again, so with directors starting one after another the
-running streams stood still for a second or more (measured on an H200, 64 directors with spread starts: 0.04x real
-time for the slowest stream, bulk calls queued 1.5-2 s on average; with a patience of 40 ms: 1.66x, 68 ms). While
-nothing is parked a bulk call holds no one's step back (the streams' clients hold seconds of audio), and letting it
-go first after 40 ms only made directors' first chunks wait (16 directors on an H200: first audio p95 62 -> 81 ms);
-with no bound at all, though, every running stream's audio came later and later (64 directors starting one after
-another: bulk calls queued 310 ms on average, the slowest stream 1.35x real time). So while nothing is parked a
-bulk call goes first only once it has waited ``bulk_longest_wait_s`` (60 ms; a render's call its own patience if
-longer), the lanes again taking turns. 120 ms was not short enough in a burst: 64 directors retaking at once made a
-ramp's one-frame call nearly every step, bulk calls queued 89-93 ms on average and the slowest running stream fell to
-1.72-1.86x; at 60 ms, 51 ms and 2.15x (retakes' p95 still within issue 22's 400 ms: 362). Every call names the streams it
-touches (``keys``: the takes' codec states) and never runs before an earlier call on one of them, so each stream's
-chunks are decoded in order and a take's audio is the same whichever lane its chunks went through (calls of other
-streams never change a stream's numbers: a batched call's rows are independent). ``done(seq)`` therefore means that
-call is done, and with it every earlier call on its streams: a take ends (its codec state is closed or kept, its end
-pushed) only once the last call holding its frames is done, so no state is ever closed, rebuilt or reused while a
-decode on it runs. A ``call`` is a barrier: nothing queued after it runs before it.
+may go, else the oldest call: a priority call waits for the call running when it came, never for the bulk calls queued
+before it (the scheduler keeps bulk calls short: ``codec_call_streams``) -- unless the bulk lane is backed up (a bulk
+hand-over is parked behind it) and a bulk call has waited its patience since it was given (``bulk_patience_s``, or the
+call's own ``patience_s``: the scheduler gives a render's calls a longer one): then it goes first, but never twice in
+a row while a priority call waits, so a priority call waits for at most the running call and one bulk call. Without
+that bound a flow of priority calls starves the bulk lane: while hand-overs are parked behind it the scheduler holds
+every running stream's step back (engine/codec_flow.py) and lets only directors' ramps step, whose chunks are priority
+calls again, so with directors starting one after another the running streams stood still for a second or more
+(measured on an H200, 64 directors with spread starts: 0.04x real time for the slowest stream, bulk calls queued 1.5-2
+s on average; with a patience of 40 ms: 1.66x, 68 ms). While nothing is parked a bulk call holds no one's step back
+(the streams' clients hold seconds of audio), and letting it go first after 40 ms only made directors' first chunks
+wait (16 directors on an H200: first audio p95 62 -> 81 ms); with no bound at all, though, every running stream's
+audio came later and later (64 directors starting one after another: bulk calls queued 310 ms on average, the slowest
+stream 1.35x real time). So while nothing is parked a bulk call goes first only once it has waited
+``bulk_longest_wait_s`` (60 ms; a render's call its own patience if longer), the lanes again taking turns. 120 ms was
+not short enough in a burst: 64 directors retaking at once made a ramp's one-frame call nearly every step, bulk calls
+queued 89-93 ms on average and the slowest running stream fell to 1.72-1.86x; at 60 ms, 51 ms and 2.15x (retakes' p95
+still within issue 22's 400 ms: 362). Every call names the streams it touches (``keys``: the takes' codec states) and
+never runs before an earlier call on one of them, so each stream's chunks are decoded in order and a take's audio is
+the same whichever lane its chunks went through (calls of other streams never change a stream's numbers: a batched
+call's rows are independent). ``done(seq)`` therefore means that call is done, and with it every earlier call on its
+streams: a take ends (its codec state is closed or kept, its end pushed) only once the last call holding its frames is
+done, so no state is ever closed, rebuilt or reused while a decode on it runs. A ``call`` is a barrier: nothing queued
+after it runs before it.
 
 **Bounds.** At most ``max_pending`` bulk hand-overs and ``max_pending`` priority hand-overs are queued or running
 (a hand-over is one ``submit_all``: one round's chunks, in as many short calls as the scheduler cut them into); one
