@@ -291,7 +291,9 @@ def test_a_retake_that_reaches_the_engine_before_its_parent_ended_waits_for_the_
     admission), so the retake can be up for admission in the round its parent's cancel arrived in, after that
     round's control. It is not admitted beside its live parent: it waits one round, the parent ends (control), and
     the retake shares the parent's kept cache and codec state, making the parent's frames again from the seek
-    point, bit for bit (admitted next to the live parent it would find nothing kept and rebuild everything)."""
+    point, bit for bit (admitted next to the live parent it would find nothing kept and rebuild everything). Needing
+    no preparation, it is admitted before that round's step and makes its first frame in it (before: a round
+    later, after the step and the hand-over to the codec of everyone else's frames)."""
     with loaded_engine(engine_settings(tiny_data_dir, overlap=False)) as engine:
         rounds = Rounds(engine)
         sched = rounds.sched
@@ -317,6 +319,7 @@ def test_a_retake_that_reaches_the_engine_before_its_parent_ended_waits_for_the_
         assert r in sched.waiting and parent in sched.running  # not admitted beside its live parent
         sched.iterate()
         assert parent.channel.finished and parent.channel.end.reason is EndReason.REPLACED  # type: ignore[attr-defined]
+        assert r in sched.running and r.frames == n + 1  # its first frame came from the round its parent ended in
         rounds.until(lambda: r.channel.finished)
         assert not parent.channel.problems and not r.channel.problems  # type: ignore[attr-defined]
         assert _sample(engine, "moss_rt_codec_states_total", source="shared") == 1

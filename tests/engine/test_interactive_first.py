@@ -328,6 +328,35 @@ def test_a_barge_in_start_is_admitted_ahead_of_queued_new_takes(tiny_data_dir: P
         rounds.until(lambda: all(t.channel.finished for t in [*queued, cut]))
 
 
+def test_interactive_takes_are_admitted_before_the_step_and_one_with_its_whole_prompt_kept_runs_in_it(
+    tiny_data_dir: Path,
+) -> None:
+    """While a take streams, a director's take whose whole prompt is kept from an earlier take (nothing to prefill)
+    makes its first frame in the round it reached the engine in: it is admitted before that round's step and runs in
+    it (before: admitted after the step, its first frame a round later). A script line that arrives with it is
+    admitted after the step, as before, and has no frame yet; a director's take with rows to prefill is admitted
+    before the step and prefilled after it (no frame yet either)."""
+    with loaded_engine(engine_settings(tiny_data_dir, overlap=False)) as engine:
+        rounds = Rounds(engine)
+        sched = rounds.sched
+        (done,) = rounds.add(spec("first", 1, 2, 1, text=TEXT))
+        rounds.until(lambda: done.channel.finished)
+        (busy,) = rounds.add(spec("busy", 2, 200, 4, text=f"{TEXT} Busy."))
+        rounds.until(lambda: busy.frames >= 2)
+        again, new = rounds.add(spec("again", 3, 4, 1, text=TEXT), spec("new", 4, 4, 1, text=f"{TEXT} New line."))
+        (line,) = rounds.add(spec("line", 5, 4, 4, text=TEXT, priority=TakePriority.BATCH))
+        before = busy.frames
+        sched.iterate()
+        assert busy.frames == before + 1
+        assert again in sched.running and again.frames == 1  # admitted before the step, and stepped in it
+        assert new in [*sched.preparing, *sched.running] and new.frames == 0  # prefilled after the step
+        assert line not in sched.waiting and line.frames == 0  # batch work: admitted after the step
+        busy.channel.cancel()
+        rounds.until(lambda: all(t.channel.finished for t in (busy, again, new, line)))
+        for take in (again, new, line):
+            assert take.channel.end.reason is EndReason.MAX_FRAMES and not take.channel.problems  # type: ignore[attr-defined]
+
+
 def test_bulk_calls_are_short_while_a_director_waits_for_a_first_sound(tiny_data_dir: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Twenty script lines share one bulk call per chunk (the default allows 255 streams); once a director's take is
