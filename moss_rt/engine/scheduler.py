@@ -364,14 +364,16 @@ class Scheduler:
         directors retaking with a new seed at once on an H200: a round with the codec busy lasted 30-50 ms, and a
         retake waited 44-64 ms for its admission). The others prepare after the step, as before. The running streams
         lose nothing: the round does the same work, admissions only come before its step. Batch work is admitted after
-        the step, as before."""
-        if not any(not t.batch for t in self.waiting):
-            return False
-        if not self._admit(interactive_only=True):
+        the step, as before.
+
+        Retakes whose parent's codec call was still running when they began open their codec state here too, once
+        this round's control saw that call done, and run in this step (before: opened after the step, a round
+        later)."""
+        admitted = any(not t.batch for t in self.waiting) and self._admit(interactive_only=True)
+        if not admitted and not any(t.codec_after is not None for t in self.preparing):
             return False
         self._open_deferred()
-        self._promote_ready()
-        return True
+        return self._promote_ready() or admitted
 
     def _stopping_ids(self) -> set[str]:
         """Takes asked to stop that have not ended yet: a director's retake can arrive before the take it replaces

@@ -105,7 +105,8 @@ def test_a_take_cancelled_with_codec_calls_in_flight_ends_at_once_and_its_retake
     gives x's stream up (a padding row on the scratch slot in its place, so y's call keeps its shape) and x's codec
     state waits in ``draining`` for the held call only. A retake of x made meanwhile shares x's kept KV blocks at once
     but opens its codec state once that call is done: x's stream went one frame past what it sent, and the retake
-    still continues from it exactly. y never notices."""
+    still continues from it exactly, from the round whose control saw that call done: its state opens before that
+    round's step and it makes its first frame in it. y never notices."""
     decodes: list[list[int]] = []  # the decoder slots of each call's streams
     states_seen: list[set[int]] = []  # and which state objects they were
     hold, started, release = threading.Event(), threading.Event(), threading.Event()
@@ -150,6 +151,11 @@ def test_a_take_cancelled_with_codec_calls_in_flight_ends_at_once_and_its_retake
         mark = len(decodes)
         assert decodes[mark - 1] == list(slots)  # the held call: x and y
         release.set()
+        worker.drain()  # the held call and the one queued behind it are done
+        assert r.codec_after is kept and x in sched.draining  # seen in the next round's control
+        sched.iterate()
+        assert x not in sched.draining and r.codec_after is None and r.decoder is not None
+        assert r in sched.running and r.frames == sent + 1  # opened before the step, and stepped in it
         y.channel.paused = False  # type: ignore[misc]
         rounds.until(lambda: r.channel.finished and not sched.draining)
         assert decodes[mark] == [decoder.max_streams, slots[1]]  # the queued call: x's row withdrawn, same shape
