@@ -534,6 +534,10 @@ def table(result: dict[str, Any]) -> str:
         p50, p95 = np.percentile(values, 50), np.percentile(values, 95)
         return f"{p50:,.0f}" if len(values) == 1 else f"{p50:,.0f} / {p95:,.0f}"
 
+    def who(conc: int, directors: int) -> str:
+        """The row's directors: at concurrency 1, that many one after another (``--single-repeats``)."""
+        return str(conc) if directors == conc else f"{conc} ({directors} one after another)"
+
     keys = sorted({(r["concurrency"], r["starts"]) for r in result["rounds"] if "concurrency" in r})
     for conc, starts in keys:
         rs = [r for r in result["rounds"] if r.get("concurrency") == conc and r.get("starts") == starts]
@@ -548,7 +552,7 @@ def table(result: dict[str, Any]) -> str:
         shared = sum(r["server"]["codec_states"]["shared"] for r in rs)
         rebuilt = sum(r["server"]["codec_states"]["rebuilt"] for r in rs)
         rows.append(
-            f"| {rs[0]['directors']} | {starts} | {cell([r.get('first_audio_ms') for r in both])} "
+            f"| {who(conc, rs[0]['directors'])} | {starts} | {cell([r.get('first_audio_ms') for r in both])} "
             f"| {cell([instr.get('retake_ms')])} | {cell([seed.get('retake_ms')])} "
             f"| {cell([r.get('cancel_to_end_ms') for r in both])} | {cell([r.get('new_line_ms') for r in both])} "
             f"| {stream if stream is not None else '–'}× / {chunk if chunk is not None else '–'}× "
