@@ -16,9 +16,10 @@ prompt cache on) and drives it with aiohttp WebSocket clients (``/api/ws``, wire
 
 Rounds: every concurrency of ``--concurrency`` (default 1,16,64,128) x start mode (``burst``: every director
 starts together; ``spread``: starts spread evenly over ``--spread-sec``, 3 s; concurrency 1 runs ``--single-repeats``
-directors one after another instead) x retake mode (``instruction``, ``seed``). Reported per round, p50 / p95 (ms,
-client side): first audio; retake seek -> first audio; cancel -> ``end``; new line after a cancel (start -> first
-audio); the running streams' slowest real-time factor while any retake was being prepared (each stream's audio
+directors one after another instead) x retake mode (``instruction``, ``seed``), each ``--round-repeats`` times in a
+row (default 1; the table pools a row's repeats: a steadier p95 than one round's 64 samples). Reported per round, p50
+/ p95 (ms, client side): first audio; retake seek -> first audio; cancel -> ``end``; new line after a cancel (start ->
+first audio); the running streams' slowest real-time factor while any retake was being prepared (each stream's audio
 over its time inside those windows; and the slowest single chunk); step intervals over 80 ms (server metrics); how
 the retakes' codec states began (shared / rebuilt) and the rebuild calls; each retake's first-audio path (queue,
 prefill, first frame, codec queue, decode), in the order the retakes' first audio came (``retake_paths_ms``); and
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import itertools
 import json
 import logging
 import multiprocessing
@@ -541,9 +543,9 @@ def table(result: dict[str, Any]) -> str:
     keys = sorted({(r["concurrency"], r["starts"]) for r in result["rounds"] if "concurrency" in r})
     for conc, starts in keys:
         rs = [r for r in result["rounds"] if r.get("concurrency") == conc and r.get("starts") == starts]
-        by = {r["retake"]: r for r in rs}
-        instr, seed = by.get("instruction", {}), by.get("seed", {})
-        both = [instr, seed]
+        instr = [r for r in rs if r["retake"] == "instruction"]  # --round-repeats: pooled
+        seed = [r for r in rs if r["retake"] == "seed"]
+        both = instr + seed
         rtfs = [r["rtf_during_retakes"] for r in rs]
         stream = min((x["stream_rtf_min"] for x in rtfs if x["stream_rtf_min"] is not None), default=None)
         chunk = min((x["chunk_rtf_min"] for x in rtfs if x["chunk_rtf_min"] is not None), default=None)
@@ -553,7 +555,7 @@ def table(result: dict[str, Any]) -> str:
         rebuilt = sum(r["server"]["codec_states"]["rebuilt"] for r in rs)
         rows.append(
             f"| {who(conc, rs[0]['directors'])} | {starts} | {cell([r.get('first_audio_ms') for r in both])} "
-            f"| {cell([instr.get('retake_ms')])} | {cell([seed.get('retake_ms')])} "
+            f"| {cell([r.get('retake_ms') for r in instr])} | {cell([r.get('retake_ms') for r in seed])} "
             f"| {cell([r.get('cancel_to_end_ms') for r in both])} | {cell([r.get('new_line_ms') for r in both])} "
             f"| {stream if stream is not None else '–'}× / {chunk if chunk is not None else '–'}× "
             f"| {over:.0f} of {total:.0f} | {shared:.0f} / {rebuilt:.0f} |"
@@ -572,6 +574,8 @@ def main() -> None:
     p.add_argument("--retakes", default="instruction,seed", help="instruction (new instruction and seed), seed")
     p.add_argument("--spread-sec", type=float, default=3.0)
     p.add_argument("--single-repeats", type=int, default=5, help="directors one after another at concurrency 1")
+    p.add_argument("--round-repeats", type=int, default=1,
+                   help="each round this many times in a row (the table pools their samples: a steadier p95)")
     p.add_argument("--prompt-rows", type=int, default=400)
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--max-slots", type=int, default=0, help="0: the memory plan's (the server's default)")
@@ -617,7 +621,7 @@ def main() -> None:
         result["server"] = {k: plan.get(k) for k in ("max_slots", "max_seq_len", "cuda_graphs", "codec_overlap")}
         for conc in args.concurrency:
             for starts in (["burst"] if conc == 1 else args.starts.split(",")):
-                for mode in args.retakes.split(","):
+                for mode, repeat in itertools.product(args.retakes.split(","), range(args.round_repeats)):
                     if time.perf_counter() - t_all > args.deadline_sec:
                         result["rounds"].append({"skipped": f"c{conc} {starts} {mode}: past --deadline-sec"})
                         continue
@@ -628,8 +632,9 @@ def main() -> None:
                     except Exception:
                         r = {"concurrency": conc, "starts": starts, "retake": mode,
                              "error": traceback.format_exc(limit=3)}
+                    r["repeat"] = repeat
                     result["rounds"].append(r)
-                    log.info("c%d %s %s: %s", conc, starts, mode, json.dumps(r))
+                    log.info("c%d %s %s #%d: %s", conc, starts, mode, repeat, json.dumps(r))
                     eb.save(result, args.out)
     except Exception:
         result["server_error"] = traceback.format_exc(limit=3)
