@@ -352,7 +352,17 @@ def test_interactive_takes_are_admitted_before_the_step_and_one_with_its_whole_p
         again, new = rounds.add(spec("again", 3, 4, 1, text=TEXT), spec("new", 4, 4, 1, text=f"{TEXT} New line."))
         (line,) = rounds.add(spec("line", 5, 4, 4, text=TEXT, priority=TakePriority.BATCH))
         before = busy.frames
+        waiting_at_step: list[list[str]] = []
+        real_step = sched._step
+
+        def step() -> bool:
+            waiting_at_step.append([t.take_id for t in sched.waiting])
+            return real_step()
+
+        sched._step = step  # type: ignore[method-assign]
         sched.iterate()
+        sched._step = real_step  # type: ignore[method-assign]
+        assert waiting_at_step == [["line"]]  # both directors' takes were admitted before the step, the line was not
         assert busy.frames == before + 1
         assert again in sched.running and again.frames == 1  # admitted before the step, and stepped in it
         assert new in [*sched.preparing, *sched.running] and new.frames == 0  # prefilled after the step
