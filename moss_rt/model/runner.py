@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,9 +258,11 @@ class ModelRunner:
     def drop(self, ref: BlockRef) -> None:
         self.blocks.drop(ref)
 
-    def _make_writable(self, slot: int, start: int, end: int) -> None:
-        for src, dst in self.blocks.prepare_write(slot, start, end):
-            self._state.copy_block(src, dst)  # keys/values/hidden: nothing staged touches them
+    def _make_writable(self, writes: Iterable[tuple[int, int, int]]) -> None:
+        """Positions ``[start, end)`` of each ``(slot, start, end)`` writable: missing blocks allocated, shared ones
+        copied (keys, values and hidden states; nothing staged touches them), all in one batched copy."""
+        self._state.copy_blocks([pair for slot, start, end in writes
+                                 for pair in self.blocks.prepare_write(slot, start, end)])
 
     # ------------------------------------------------------------------ staged slot writes
     @property
@@ -373,8 +375,7 @@ class ModelRunner:
         slots = [slot for slot, _, _ in checked]
         if len(set(slots)) != len(slots):
             raise ValueError(f"duplicate slots in {slots}")
-        for slot, rows, start in checked:
-            self._make_writable(slot, start, start + int(rows.shape[0]))
+        self._make_writable((slot, start, start + int(rows.shape[0])) for slot, rows, start in checked)
         self.apply_staged()  # block tables (and whatever else slot operations staged) before the passes read them
         passes = plan_prefill_passes([int(rows.shape[0]) for _, rows, _ in checked], self.prefill_max_rows)
         for group in passes:
@@ -520,8 +521,8 @@ class ModelRunner:
                 raise SlotError(f"slot {s} has no prompt: prefill it first")
             if self._lengths[s] >= self.max_seq_len:
                 raise SlotError(f"slot {s} is full ({self.max_seq_len} positions)")
-        for s in slots:  # the position each row writes: a fresh block at a block boundary, a copy if shared
-            self._make_writable(s, int(self._lengths[s]), int(self._lengths[s]) + 1)
+        # The position each row writes: a fresh block at a block boundary, a copy if shared.
+        self._make_writable((s, int(self._lengths[s]), int(self._lengths[s]) + 1) for s in slots)
         self.apply_staged()  # the tables those writes changed, and every slot write staged since the last pass
         st = self._state
         timer: Timer | None = None

@@ -39,3 +39,30 @@ def test_block_pool_refcounts_copy_on_write_and_reservations() -> None:
         pool.prepare_write(1, 0, 1)
     pool.unreserve(2)
     assert pool.available == 9
+
+
+def test_copy_blocks_copies_every_pair_in_one_batch_and_touches_nothing_else() -> None:
+    """Copy on write of several shared blocks at once (a burst of retakes' first step): each destination block gets
+    its source's keys, values and hidden states, sources and every other position stay as they were."""
+    import torch
+
+    from moss_rt.model.state import SlotState
+    from moss_rt.model.tiny import tiny_config
+
+    bs = 4
+    state = SlotState.allocate(tiny_config(), 3, 32, torch.device("cpu"), torch.float32, num_blocks=12, block_size=bs)
+    gen = torch.Generator().manual_seed(0)
+    for t in (state.k_cache, state.v_cache, state.hidden):
+        t.copy_(torch.randn(t.shape, generator=gen))
+    before = [t.clone() for t in (state.k_cache, state.v_cache, state.hidden)]
+    pairs = [(2, 7), (5, 3), (9, 10)]
+    state.copy_blocks(pairs)
+    expected = [t.clone() for t in before]
+    for src, dst in pairs:
+        s, d = slice(src * bs, (src + 1) * bs), slice(dst * bs, (dst + 1) * bs)
+        expected[0][:, d], expected[1][:, d], expected[2][d] = before[0][:, s], before[1][:, s], before[2][s]
+    for got, want in zip((state.k_cache, state.v_cache, state.hidden), expected, strict=True):
+        assert torch.equal(got, want)
+    assert not torch.equal(expected[2], before[2])  # the copies changed something
+    state.copy_blocks([])  # nothing to copy: nothing changes
+    assert torch.equal(state.hidden, expected[2])
