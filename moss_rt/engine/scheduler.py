@@ -7,10 +7,11 @@ One :meth:`Scheduler.iterate` is one scheduling round. It serves, in this order 
    socket: the session cancels the running take first) end now: a running one stops stepping, the frames it made
    but did not send yet are dropped (its codes and heard audio end at the last frame that reached its channel, and
    nothing of it goes out after its end), its calls queued on the codec worker give its stream up, and its ``end``
-   goes out in this round, before anything else; its codec state is given back (or kept for retakes) once the codec
-   call running on it, if any, is done. Then waiting interactive takes are admitted (retakes, continuations and
-   barge-in starts first), and those that need no preparation (a retake sharing its parent's cache and codec state,
-   a take whose whole prompt is kept) run in this round's step;
+   goes out in this round; its codec state is given back (or kept for retakes) once the codec call running on it, if
+   any, is done. Then waiting interactive takes are admitted (retakes, continuations and barge-in starts first), and
+   those that need no preparation (a retake sharing its parent's cache and codec state, a take whose whole prompt is
+   kept) run in this round's step. The ends go out after those admissions, before the step (the web server's work
+   for them would otherwise slow the admissions down: _push_held_ends);
 2. **running streams' next frames**: every runnable slot (running, not paused) advances by one frame in ONE batched
    model step; slots whose chunk is due (first audio after one frame, then every ``chunk_frames``) go to the codec
    worker (decoded, converted to int16 and pushed to their channels on the worker's thread, overlapped with the next
@@ -177,6 +178,9 @@ class Scheduler:
         # A line per working round (--round-trace) and what this round did, for it (engine/round_trace.py).
         self.trace = trace if trace is not None and trace.active else None
         self._did: dict[str, Any] = {}
+        # Ends of takes stopped in a round's control, held until its interactive admissions are done (iterate): None
+        # outside that part of the round (an end then goes out at once).
+        self._held_ends: list[tuple[Take, TakeFinished]] | None = None
 
     # ------------------------------------------------------------------ bookkeeping
     @property
@@ -218,8 +222,13 @@ class Scheduler:
         clock = _PhaseClock(self.metrics)
         if self.trace is not None:
             self._did = {"steps": 0, "batch": 0, "admitted": 0, "passes": 0, "rows": 0, "held": False}
-        worked = clock.lap("control", self._control())  # 1. interactive control...
-        worked |= clock.lap("admit", self._admit_interactive_first())  # ...and directors' takes, before the step
+        self._held_ends = []
+        try:
+            worked = clock.lap("control", self._control())  # 1. interactive control...
+            worked |= clock.lap("admit", self._admit_interactive_first())  # ...and directors' takes, before the step
+        finally:
+            self._push_held_ends()
+        clock.lap("control", False)  # the ends held until now went out
         worked |= clock.lap("step", self._step())  # 2. running streams' next frames...
         worked |= clock.lap("flush", self._flush_and_finish())  # ...to the codec; ends whose last frames are decoded
         worked |= clock.lap("admit", self._admit())  # 3. admissions (interactive first; 4. batch work after)
@@ -374,6 +383,19 @@ class Scheduler:
             return False
         self._open_deferred()
         return self._promote_ready() or admitted
+
+    def _push_held_ends(self) -> None:
+        """The ends of the takes this round's control stopped go out, after the round's interactive admissions.
+
+        Why after: each end wakes the web server's thread (the session's `end`, and a retake's `start` behind it), and
+        that work took the interpreter lock from the admissions that followed in the same round: a burst of 64
+        seed-only retakes on an H200 spent 51-56 ms admitting for 23-24 ms of the engine thread's CPU, while 64
+        admissions in a round with no ends in it took 24 ms for 24 (bench/RESULTS.md, session 25). Held here, that
+        work overlaps the round's step, whose device wait leaves the lock free; an end goes out at most the
+        admissions' CPU time later (a cancel with no admission behind it: no later at all)."""
+        held, self._held_ends = self._held_ends, None
+        for take, event in held or ():
+            take.channel.push(event)
 
     def _stopping_ids(self) -> set[str]:
         """Takes asked to stop that have not ended yet: a director's retake can arrive before the take it replaces
@@ -938,9 +960,11 @@ class Scheduler:
         if reason in (EndReason.CANCELLED, EndReason.REPLACED):
             self.metrics.cancels.inc()
         self._on_done(take)
-        take.channel.push(
-            TakeFinished(reason, take.frames, (now - take.admitted) * 1000.0, first_ms, error, timings)
-        )
+        event = TakeFinished(reason, take.frames, (now - take.admitted) * 1000.0, first_ms, error, timings)
+        if self._held_ends is not None:
+            self._held_ends.append((take, event))  # out after this round's interactive admissions
+        else:
+            take.channel.push(event)
 
     def _release(self, take: Take, *, keep: bool) -> None:
         """Give back the slot and the codec state (no codec call on it may be in flight); keep the cache blocks

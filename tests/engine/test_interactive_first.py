@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from moss_rt.audio import to_int16_pcm
-from moss_rt.engine.base import RAMP_FRAMES, EndReason, TakePriority
+from moss_rt.engine.base import RAMP_FRAMES, EndReason, TakeFinished, TakePriority
 from moss_rt.engine.codec_batch import CodecBatcher
 from moss_rt.engine.codec_calls import Chunk, CodecCalls
 from moss_rt.engine.codec_worker import CodecCall
@@ -371,6 +371,49 @@ def test_interactive_takes_are_admitted_before_the_step_and_one_with_its_whole_p
         rounds.until(lambda: all(t.channel.finished for t in (busy, again, new, line)))
         for take in (again, new, line):
             assert take.channel.end.reason is EndReason.MAX_FRAMES and not take.channel.problems  # type: ignore[attr-defined]
+
+
+def test_a_replaced_takes_end_goes_out_after_its_retakes_admission_and_before_the_step(tiny_data_dir: Path) -> None:
+    """A director seeks: the take streaming is cancelled and its retake submitted at once. In the next round the take
+    ends and its retake (sharing its cache and codec state) is admitted; the take's ``end`` reaches its channel after
+    that admission and before the round's step (before: pushed during the cancel, so the web server's work for it ran
+    beside the admissions). A cancel with nothing admitted behind it still ends in that round. Nothing is lost: the
+    end carries the frames that were sent, and the retake decodes exactly."""
+    with loaded_engine(engine_settings(tiny_data_dir, overlap=False)) as engine:
+        rounds = Rounds(engine)
+        sched = rounds.sched
+        (x,) = rounds.add(spec("x", 7, 200, 4, text=TEXT))
+        rounds.until(lambda: x.sent >= RAMP_FRAMES + 4)
+        seen_at_end: list[tuple[str, int]] = []  # the retake's phase and frames when x's end was pushed
+        steps_at_end: list[int] = []
+        real_push = x.channel.push
+        retake: list[Any] = []
+
+        def push(event: Any) -> None:
+            if isinstance(event, TakeFinished):
+                seen_at_end.append((retake[0].phase.value, retake[0].frames))
+                steps_at_end.append(sched.steps)
+            real_push(event)
+
+        x.channel.push = push  # type: ignore[method-assign]
+        x.channel.cancel()
+        n = x.sent
+        codes = np.asarray(x.channel.codes)
+        retake.extend(rounds.add(spec("x.1", 8, 6, 2, text=TEXT, prefix_codes=codes[:n], parent_take="x")))
+        steps = sched.steps
+        sched.iterate()
+        (r,) = retake
+        assert seen_at_end == [("running", n)]  # admitted (and ready to step) when the end went out, not yet stepped
+        assert steps_at_end == [steps] and sched.steps == steps + 1 and r.frames == n + 1  # the step came after
+        assert x.channel.end.reason is EndReason.CANCELLED and x.channel.end.n_frames == n  # type: ignore[attr-defined]
+        assert r.codec_source.value == "shared"
+        rounds.until(lambda: r.channel.finished)
+        _assert_retake_exact(engine, codes, n, r.channel)
+        (y,) = rounds.add(spec("y", 9, 200, 4, text=TEXT))
+        rounds.until(lambda: y.sent >= 2)
+        y.channel.cancel()
+        sched.iterate()
+        assert y.channel.finished and y.channel.end.reason is EndReason.CANCELLED  # type: ignore[attr-defined]
 
 
 def test_bulk_calls_are_short_while_a_director_waits_for_a_first_sound(tiny_data_dir: Path,
