@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from moss_rt.model.blocks import BlockPool, PoolExhausted
+from moss_rt.model.state import SlotState
+from moss_rt.model.tiny import tiny_config
 from tests.model.paged_scenario import GOLDEN, make_runner, run_scenario
 
 
@@ -44,11 +47,6 @@ def test_block_pool_refcounts_copy_on_write_and_reservations() -> None:
 def test_copy_blocks_copies_every_pair_in_one_batch_and_touches_nothing_else() -> None:
     """Copy on write of several shared blocks at once (a burst of retakes' first step): each destination block gets
     its source's keys, values and hidden states, sources and every other position stay as they were."""
-    import torch
-
-    from moss_rt.model.state import SlotState
-    from moss_rt.model.tiny import tiny_config
-
     bs = 4
     state = SlotState.allocate(tiny_config(), 3, 32, torch.device("cpu"), torch.float32, num_blocks=12, block_size=bs)
     gen = torch.Generator().manual_seed(0)
