@@ -130,8 +130,9 @@ class SlotState:
         if not pairs:
             return
         bs = self.block_size
-        ends = np.asarray(pairs, dtype=np.int64).T[:, :, None] * bs + np.arange(bs)  # [2, pairs, block positions]
-        index = torch.from_numpy(ends.reshape(2, -1)).to(self.hidden.device, non_blocking=True)
+        # Pool positions of every pair's blocks: [2 (sources, destinations), pairs, positions in a block].
+        positions = np.asarray(pairs, dtype=np.int64).T[:, :, None] * bs + np.arange(bs)
+        index = torch.from_numpy(positions.reshape(2, -1)).to(self.hidden.device, non_blocking=True)
         src, dst = index[0], index[1]
         for cache in (self.k_cache, self.v_cache):
             cache.index_copy_(1, dst, cache.index_select(1, src))
