@@ -516,10 +516,10 @@ class StreamingDecoder:
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
-            # Warm-up runs (allocator, cuBLAS plans, Triton compiles) outside the capture; they write only the
-            # scratch row's blocks, so no stream state is touched.
-            for _ in range(2):
-                self._forward(codes, scratch, offs)
+            # One warm-up run outside the capture: it compiles or loads the shape's Triton kernels and sets cuBLAS up,
+            # writing only the scratch row's blocks (no stream state is touched). A second run changed nothing the
+            # graphs replay and cost a 128-slot server's start ~0.5 s over its 16 codec graphs (bench/RESULTS.md).
+            self._forward(codes, scratch, offs)
         torch.cuda.current_stream(dev).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):

@@ -303,8 +303,7 @@ class PrefillGraphs:
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            for _ in range(2):  # warm up kernels and the allocator outside the capture
-                self._pass(g, shape)
+            self._pass(g, shape)  # one warm-up outside the capture (kernels compiled or loaded)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):

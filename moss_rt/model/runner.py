@@ -593,8 +593,8 @@ class ModelRunner:
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm up kernels/allocator outside the capture
-                frame_step(self.model, st, self.tables, 0, batch, key_len)
+            # One warm-up outside the capture (kernels compiled or loaded); a second only cost start-up time.
+            frame_step(self.model, st, self.tables, 0, batch, key_len)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
