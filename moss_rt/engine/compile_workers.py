@@ -35,14 +35,15 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 # The modules holding the engine's Triton kernels: each worker imports them as it starts, before any kernel is asked
-# for (model code, codec code: their kernels are module-level or built by a module-level factory on first use).
+# for. Each holds kernels only and imports Triton, not torch: a worker that imported torch (and the codec package's
+# loader) started in ~5 s on an H200 host, about a third of a fresh start's compile wait; these import in ~0.3 s.
 KERNEL_MODULES = (
     "moss_rt.model.fused_layers_kernels",
     "moss_rt.model.fused_local_kernels",
     "moss_rt.model.fused_sampling_kernels",
-    "moss_rt.model.paged_attention",
-    "moss_rt.codec.window_attention",
-    "moss_rt.codec.fused",
+    "moss_rt.model.paged_attention_kernels",
+    "moss_rt.codec.window_attention_kernels",
+    "moss_rt.codec.fused_kernels",
 )
 
 
@@ -54,7 +55,7 @@ class KernelJob:
     """One kernel specialization to compile: where the kernel is defined and Triton's JSON of the specialization."""
 
     module: str  # the kernel's module (``fn.__module__``)
-    qualname: str  # its qualified name; ``factory.<locals>.kernel`` for a kernel a zero-argument factory builds
+    qualname: str  # its qualified name in that module
     specialization: str  # Triton's serialized specialization data (what ``JITFunction.preload`` reads)
     # The GPU to compile for (``GPUTarget``'s backend, arch, warp size): the one of the thread that met the kernel.
     # Triton 3.9 also writes it into the specialization data; Triton 3.6 does not (its ``preload`` takes the target
@@ -91,23 +92,15 @@ class TargetOnlyDriver:
 
 
 def resolve_kernel(module_name: str, qualname: str) -> Any:
-    """The Triton kernel (``JITFunction``) ``qualname`` of ``module_name``: a module attribute, or for
-    ``factory.<locals>.kernel`` the kernel among what the module's zero-argument ``factory`` returns."""
-    module = importlib.import_module(module_name)
-    parts = qualname.split(".")
-    if "<locals>" not in parts:
-        found: Any = module
-        for part in parts:
+    """The Triton kernel (``JITFunction``) ``qualname`` of ``module_name``: every kernel of moss_rt is a module-level
+    function of a kernels-only module (KERNEL_MODULES)."""
+    found: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        try:
             found = getattr(found, part)
-        return found
-    factory = getattr(module, parts[0])
-    built = factory()
-    candidates = built if isinstance(built, tuple | list) else (built,)
-    for candidate in candidates:
-        fn = getattr(candidate, "fn", None)  # a JITFunction keeps the Python function it wraps
-        if getattr(fn, "__qualname__", None) == qualname:
-            return candidate
-    raise LookupError(f"{module_name}.{parts[0]}() builds no kernel {qualname}")
+        except AttributeError:
+            raise LookupError(f"{module_name} has no kernel {qualname}") from None
+    return found
 
 
 def _worker_started(modules: Sequence[str]) -> None:

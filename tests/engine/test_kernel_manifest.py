@@ -47,9 +47,21 @@ def test_a_manifest_keeps_each_job_once_and_gives_back_those_of_this_triton_and_
     assert [j.name for j in load_jobs([path], "3.9.0", H200)] == ["sample"]
 
 
+def test_a_manifest_of_an_older_format_is_not_used_and_is_written_anew(tmp_path: Path) -> None:
+    """Format 1 named the codec's fused kernels and the paged-attention kernels in the modules they left (built by
+    factories there): its jobs would fail in a worker, so a start hands none over, and the next write replaces it."""
+    path = tmp_path / MANIFEST_NAME
+    old = {"module": "moss_rt.model.paged_attention", "qualname": "_kernel.<locals>._combine",
+           "specialization": "{}", "target": list(H200)}
+    path.write_text(json.dumps({"format": 1, "triton": "3.6.0", "jobs": [old]}))
+    assert load_jobs([path], "3.6.0", H200) == []
+    assert save_jobs(path, [_job("norm")], "3.6.0") == 1
+    assert [j.name for j in load_jobs([path], "3.6.0", H200)] == ["norm"]
+
+
 def test_an_unreadable_manifest_is_said_and_skipped_then_written_anew(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     broken, good = tmp_path / "broken.json", tmp_path / "good.json"
-    broken.write_text('{"format": 1, "triton": "3.6.0", "jobs": [{"module": "m"}]}')  # a job without its fields
+    broken.write_text(json.dumps({"format": kernel_manifest.FORMAT, "triton": "3.6.0", "jobs": [{"module": "m"}]}))
     save_jobs(good, [_job("norm")], "3.6.0")
     with caplog.at_level(logging.WARNING, logger="moss_rt.engine.kernel_manifest"):
         assert [j.name for j in load_jobs([broken, good], "3.6.0", H200)] == ["norm"]
