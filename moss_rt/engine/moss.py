@@ -48,6 +48,7 @@ from moss_rt.engine.gc_pauses import GcPauses, freeze_start_objects, unfreeze
 from moss_rt.engine.jobs import EncodeJob, Job, RenderJob
 from moss_rt.engine.kept_digests import KeptDigests
 from moss_rt.engine.kernel_manifest import MANIFEST_NAME, load_jobs, manifest_paths, save_jobs
+from moss_rt.engine.kernel_preload import KernelPreload, PreloadCounts
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.prefill_pace import measure_prefill_cost
@@ -192,6 +193,10 @@ class MossEngine(EngineLifecycle):
         self._compile_log: TritonCompileLog | None = None
         self._compile_workers: CompileWorkers | None = None  # processes compiling the kernels the chains meet
         self._workers_deferred = False  # not started with the load: an earlier start compiled into this cache
+        self._kernel_preload: KernelPreload | None = None  # an earlier start's kernels, loaded beside the load
+        self.kernel_preload_counts: PreloadCounts | None = None  # what it loaded (tests, the log)
+        # The Triton kernels the warm-up's captures compiled or loaded themselves (none when all were ahead); CUDA only.
+        self.kernels_met_in_warm_up: list[str] | None = None
         # What the workers did by ready (and again once they ended): (compiled there, compiled here instead, seconds).
         self.compile_workers_counts: tuple[int, int, float] | None = None
         self._workers_retire_at: float | None = None  # kept after ready (idle captures) until every graph or this
@@ -581,6 +586,9 @@ class MossEngine(EngineLifecycle):
             self._compile_workers = None
             return
         log.info("start-up: %d worker processes compile the Triton kernels met before ready", threads)
+        # Every kernel an earlier start met goes to them at once (kernel_manifest): they compile while the model and
+        # codec load, not only from the memory plan on (the plan's chains then find them compiled or compiling).
+        self._prefetch_kernels()
 
     def _end_compiles(self, keep_log: bool = False, keep_workers: bool = False) -> None:
         """The ahead compiles' threads end (after waiting for them; a start that failed; a harness never warmed up),
@@ -590,6 +598,7 @@ class MossEngine(EngineLifecycle):
         if self._compiles is not None:
             self._compiles.close()
             self._compiles = None
+        self._join_kernel_preload()
         if keep_log:
             return
         if self._compile_log is not None:
@@ -617,6 +626,32 @@ class MossEngine(EngineLifecycle):
         log.info("compile workers: %s%s", workers.summary(), then)
         self.compile_workers_counts = workers.counts()
         self._record_kernels(workers.met())
+
+    def _start_kernel_preload(self, device: torch.device) -> None:
+        """Where an earlier start compiled its kernels into this Triton cache (its marker is there), load the kernels
+        this machine's manifest names on a thread now, while the model and codec load (kernel_preload.py); joined
+        before the first capture."""
+        if device.type != "cuda" or not earlier_ahead_compiles():
+            return
+        try:
+            import triton
+
+            jobs = load_jobs([self.settings.data_dir / MANIFEST_NAME], str(triton.__version__), current_target())
+        except Exception:  # noqa: BLE001 - no preload: the captures load the kernels, as before
+            log.warning("kernel preload: the manifest cannot be read", exc_info=True)
+            return
+        if jobs:
+            self._kernel_preload = KernelPreload(jobs, device).start()
+
+    def _join_kernel_preload(self) -> PreloadCounts | None:
+        """Wait for the kernel preload, if one runs (seconds at most); its counts, logged once."""
+        preload, self._kernel_preload = self._kernel_preload, None
+        if preload is None:
+            return None
+        counts = self.kernel_preload_counts = preload.wait()
+        log.info("start-up: %d Triton kernels preloaded from the cache in %.2f s on a thread beside the load "
+                 "(%d failed: they load when met)", counts.loaded, counts.seconds, counts.failed)
+        return counts
 
     def _prefetch_kernels(self) -> None:
         """With compile workers at work, hand them every kernel the manifests name for this Triton and GPU: the chains'
@@ -685,6 +720,7 @@ class MossEngine(EngineLifecycle):
             torch.cuda.set_per_process_memory_fraction(fraction, index)
             log.info("GPU memory limited to %.1f GiB (%.3f of the device) for this process",
                      s.gpu_memory_limit_gib, fraction)
+        self._start_kernel_preload(where.device)  # before the workers: what it loads is no worker's job
         self._start_compile_workers(where.device)
         model_choice = choose_model(s, where.device)
         # The start's order (issue 24): the model is opened (its memory taken, its weights not read yet), the codec
@@ -785,7 +821,6 @@ class MossEngine(EngineLifecycle):
         if threads > 1 and self._workers_deferred:  # an earlier start's cache, but not for this plan: start them now
             self._start_compile_workers(where.device, after_plan=True)
         self._ahead_marker = marker  # written once this start's warm-up is done
-        self._prefetch_kernels()  # every kernel an earlier start met, to the workers at once (kernel_manifest)
         self._compiles = AheadCompiles(where.device, threads)
         self._compiles.add(codec_chains(batcher))  # nothing decodes before ready: the scratch row is theirs
         with timeline.phase("model runner (slot state, KV pool)"):
@@ -1006,6 +1041,11 @@ class MossEngine(EngineLifecycle):
                 timeline.record(f"compile: {name}", seconds)
             if compiles.started is not None:
                 timeline.record("compile: all, from the plan on", time.perf_counter() - compiles.started)
+        if self._kernel_preload is not None:
+            with timeline.phase("compile: waited for the kernel preload"):
+                counts = self._join_kernel_preload()
+            if counts is not None:
+                timeline.record("compile: kernels preloaded from the cache (beside the load)", counts.seconds)
         self._end_compiles(keep_log=True)
         ahead = self._compile_log.mark() if self._compile_log is not None else 0
         with timeline.phase("model graphs captured (prefill, step)"):
@@ -1050,6 +1090,7 @@ class MossEngine(EngineLifecycle):
         log.info("engine warm-up done in %.1f s", time.perf_counter() - t0)
         if self._compile_log is not None:
             log.info("start-up: %s", self._compile_log.summary(ahead))
+            self.kernels_met_in_warm_up = [name for name, _ in self._compile_log.compiles[ahead:]]
         self._end_compiles(keep_workers=True)  # the idle-time captures still meet kernels (_capture_idle)
         if self._ahead_marker is not None:
             try:

@@ -83,15 +83,19 @@ from tests.engine.harness import drive, engine_settings, loaded_engine, spec
 import moss_rt.engine.kernel_manifest as kernel_manifest
 kernel_manifest.SHIPPED = Path(sys.argv[2]) / "no-shipped-manifests"  # full-size kernels: not this test's
 processes = sys.argv[1] != "off"
-settings = engine_settings(Path(sys.argv[2]), overlap=True, device="cuda", compile_threads=4,
+threads = 0 if sys.argv[1] == "warm" else 4  # "warm": the server's default, which skips compiling ahead
+settings = engine_settings(Path(sys.argv[2]), overlap=True, device="cuda", compile_threads=threads,
                            compile_processes=processes, max_seq_len=600)
 with loaded_engine(settings) as engine:
     counts = engine.compile_workers_counts
+    preloaded = engine.kernel_preload_counts
+    preloaded = None if preloaded is None else [preloaded.loaded, preloaded.failed]
+    met = engine.kernels_met_in_warm_up
     driven = drive(engine, [spec("a", 1, 19, 8), spec("b", 2, 13, 5, text="Another line, said slowly.")])
     digest = hashlib.sha256()
     for take_id in sorted(driven.channels):
         digest.update(driven.channels[take_id].codes.tobytes() + driven.channels[take_id].pcm)
-print("RESULT " + json.dumps({"counts": counts, "takes": digest.hexdigest()}))
+print("RESULT " + json.dumps({"counts": counts, "takes": digest.hexdigest(), "preloaded": preloaded, "met": met}))
 """
 
 
@@ -114,9 +118,11 @@ def test_kernels_compiled_in_worker_processes_on_a_cold_cache_change_no_take(tin
     if (tiny_data_dir / "tiny").is_dir():  # the tiny checkpoints, not written again
         (data / "tiny").symlink_to(tiny_data_dir / "tiny")
     results = {}
-    # "again": another machine's cold Triton cache, with the data dir the "on" start wrote its kernel manifest to.
-    for mode in ("on", "off", "again"):
-        env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / f"triton-{mode}"), "PYTHONPATH": str(root)}
+    # "again": another machine's cold Triton cache, with the data dir the "on" start wrote its kernel manifest to;
+    # "warm": a second start on the "on" start's cache (its marker there), with the server's default settings.
+    for mode in ("on", "off", "again", "warm"):
+        cache = tmp_path / f"triton-{'on' if mode == 'warm' else mode}"
+        env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "PYTHONPATH": str(root)}
         done = subprocess.run([sys.executable, "-c", COLD_START, mode, str(data)], cwd=root, env=env,
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -140,3 +146,12 @@ def test_kernels_compiled_in_worker_processes_on_a_cold_cache_change_no_take(tin
     assert results["again"]["counts"][1] == 0, results["again"]
     again = {p.relative_to(tmp_path / "triton-again").as_posix() for p in (tmp_path / "triton-again").glob("*/*.cubin")}
     assert kernels["on"] <= again, sorted(kernels["on"] - again)
+    # The second start loaded the kernels its manifest names beside the load (engine/kernel_preload.py): the captures
+    # before ready met none of them, nothing new was compiled into the cache, and the takes are the same.
+    warm = results["warm"]
+    assert warm["counts"] is None and warm["preloaded"] is not None, warm["log"]
+    assert warm["preloaded"][0] > 0 and warm["preloaded"][1] == 0, warm
+    assert warm["met"] == [], warm
+    assert warm["takes"] == results["on"]["takes"]
+    after = {p.relative_to(tmp_path / "triton-on").as_posix() for p in (tmp_path / "triton-on").glob("*/*.cubin")}
+    assert after == kernels["on"], sorted(after - kernels["on"])
