@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from moss_rt import __version__ as moss_rt_version
 from moss_rt.config import Settings
 from moss_rt.engine import gpu_streams
 from moss_rt.engine.base import (
@@ -51,7 +52,10 @@ from moss_rt.engine.kernel_manifest import MANIFEST_NAME, load_jobs, manifest_pa
 from moss_rt.engine.kernel_preload import KernelPreload, PreloadCounts
 from moss_rt.engine.memory_plan import DEFAULT_CPU_SLOTS, GIB, MemoryPlan, plan_memory
 from moss_rt.engine.metrics import EngineMetrics
-from moss_rt.engine.prefill_pace import measure_prefill_cost
+from moss_rt.engine.prefill_cost_record import FILE_NAME as COST_FILE
+from moss_rt.engine.prefill_cost_record import record_cost, recorded_cost
+from moss_rt.engine.prefill_cost_record import setup_key as cost_setup_key
+from moss_rt.engine.prefill_pace import PrefillCost, measure_prefill_cost
 from moss_rt.engine.prompt_names import PromptRecipe
 from moss_rt.engine.prompts import (
     PromptRowsCache,
@@ -197,6 +201,7 @@ class MossEngine(EngineLifecycle):
         self.kernel_preload_counts: PreloadCounts | None = None  # what it loaded (tests, the log)
         # The Triton kernels the warm-up's captures compiled or loaded themselves (none when all were ahead); CUDA only.
         self.kernels_met_in_warm_up: list[str] | None = None
+        self.prefill_cost_measured: bool | None = None  # timed at this start (False: an earlier start's record)
         # What the workers did by ready (and again once they ended): (compiled there, compiled here instead, seconds).
         self.compile_workers_counts: tuple[int, int, float] | None = None
         self._workers_retire_at: float | None = None  # kept after ready (idle captures) until every graph or this
@@ -982,8 +987,6 @@ class MossEngine(EngineLifecycle):
         """How many padded rows a prefill pass may hold while takes stream (prefill_pace): the setting, or on a GPU
         what fits ``prefill_budget_ms`` by timed passes of 4 and 16 fresh 512-row chunks; on the CPU passes run slot by
         slot anyway (a take's chunk bounds the stall), so prefill_max_rows."""
-        from moss_rt.model.runner import PrefillRequest
-
         s, runner, scheduler = self.settings, self._runner, self._scheduler
         assert runner is not None and scheduler is not None
         rows = s.prefill_stream_rows or s.prefill_max_rows
@@ -993,29 +996,54 @@ class MossEngine(EngineLifecycle):
         fits = runner.blocks.available // max(1, runner.blocks_needed(chunk))
         large = min(16, runner.max_slots, s.prefill_max_rows // max(1, chunk), fits)
         if not s.prefill_stream_rows and self._device.type == "cuda" and large >= 2:  # else: the setting or max
-            prompt = runner.build_prompt(text="Warm-up.", instruction="")
-            rows_in = np.resize(prompt, (chunk, prompt.shape[1]))  # the prompt's rows repeated: valid rows
-            slots = [runner.alloc_slot() for _ in range(large)]
-
-            def one_pass(n: int) -> None:
-                runner.prefill_batch([PrefillRequest(slot, rows_in) for slot in slots[:n]])
-                self._sync()
-
-            try:
-                cost = measure_prefill_cost(one_pass, max(1, large // 4), large, chunk)
-            except Exception:  # sizing must never keep the service from starting: unpaced passes then
-                log.exception("could not time prefill passes; passes while takes stream stay unbounded")
-            else:
+            small = max(1, large // 4)
+            # What the passes' cost depends on; an earlier start with the same setup measured it (prefill_cost_record).
+            record, key = s.data_dir / COST_FILE, cost_setup_key({
+                "device": torch.cuda.get_device_name(self._device), "torch": torch.__version__,
+                "moss_rt": moss_rt_version, "model": repr(runner.config), "dtype": str(runner.dtype),
+                "slots": runner.max_slots, "seq_len": runner.max_seq_len, "chunk": chunk, "passes": (small, large),
+                "graph_rows": s.prefill_graph_rows, "max_rows": s.prefill_max_rows,
+            })  # fmt: skip
+            cost = recorded_cost(record, key)
+            measured = cost is None
+            if cost is None:
+                cost = self._time_prefill_passes(chunk, small, large)
+                if cost is not None:
+                    record_cost(record, key, cost, f"{torch.cuda.get_device_name(self._device)}, {chunk}-row chunks")
+            if cost is not None:
                 rows = cost.rows_within(s.prefill_budget_ms / 1000.0, s.prefill_max_rows)
                 log.info(
-                    "prefill passes while takes stream: at most %d padded rows (a pass: %.1f ms + %.1f us a row; "
-                    "budget %.0f ms)", rows, cost.fixed_s * 1e3, cost.per_row_s * 1e6, s.prefill_budget_ms,
+                    "prefill passes while takes stream: at most %d padded rows (a pass: %.1f ms + %.1f us a row, %s; "
+                    "budget %.0f ms)", rows, cost.fixed_s * 1e3, cost.per_row_s * 1e6,
+                    "timed now" if measured else "as an earlier start timed them", s.prefill_budget_ms,
                 )
-            finally:
-                for slot in slots:
-                    runner.free_slot(slot)
+            self.prefill_cost_measured = measured
         scheduler.stream_rows = min(rows, s.prefill_max_rows)
         self.metrics.prefill_stream_rows.set(scheduler.stream_rows)
+
+    def _time_prefill_passes(self, chunk: int, small: int, large: int) -> PrefillCost | None:
+        """Time batched prefill passes of ``small`` and ``large`` fresh ``chunk``-row chunks (prefill_pace); None where
+        that failed (sizing must never keep the service from starting: passes while takes stream stay unbounded)."""
+        from moss_rt.model.runner import PrefillRequest
+
+        runner = self._runner
+        assert runner is not None
+        prompt = runner.build_prompt(text="Warm-up.", instruction="")
+        rows_in = np.resize(prompt, (chunk, prompt.shape[1]))  # the prompt's rows repeated: valid rows
+        slots = [runner.alloc_slot() for _ in range(large)]
+
+        def one_pass(n: int) -> None:
+            runner.prefill_batch([PrefillRequest(slot, rows_in) for slot in slots[:n]])
+            self._sync()
+
+        try:
+            return measure_prefill_cost(one_pass, small, large, chunk)
+        except Exception:
+            log.exception("could not time prefill passes; passes while takes stream stay unbounded")
+            return None
+        finally:
+            for slot in slots:
+                runner.free_slot(slot)
 
     def _warm_up(self) -> None:
         """Capture step graphs and run one short take through model and codec before ``ready``."""

@@ -91,11 +91,13 @@ with loaded_engine(settings) as engine:
     preloaded = engine.kernel_preload_counts
     preloaded = None if preloaded is None else [preloaded.loaded, preloaded.failed]
     met = engine.kernels_met_in_warm_up
+    sizing = [engine._scheduler.stream_rows, engine.prefill_cost_measured]
     driven = drive(engine, [spec("a", 1, 19, 8), spec("b", 2, 13, 5, text="Another line, said slowly.")])
     digest = hashlib.sha256()
     for take_id in sorted(driven.channels):
         digest.update(driven.channels[take_id].codes.tobytes() + driven.channels[take_id].pcm)
-print("RESULT " + json.dumps({"counts": counts, "takes": digest.hexdigest(), "preloaded": preloaded, "met": met}))
+print("RESULT " + json.dumps({"counts": counts, "takes": digest.hexdigest(), "preloaded": preloaded, "met": met,
+                             "sizing": sizing}))
 """
 
 
@@ -155,3 +157,7 @@ def test_kernels_compiled_in_worker_processes_on_a_cold_cache_change_no_take(tin
     assert warm["takes"] == results["on"]["takes"]
     after = {p.relative_to(tmp_path / "triton-on").as_posix() for p in (tmp_path / "triton-on").glob("*/*.cubin")}
     assert after == kernels["on"], sorted(after - kernels["on"])
+    # The first start timed its prefill passes and recorded the cost in the data dir; the later ones sized theirs
+    # from that record, to the same rows (engine/prefill_cost_record.py).
+    assert results["on"]["sizing"][1] is True
+    assert [results[m]["sizing"] for m in ("off", "again", "warm")] == [[results["on"]["sizing"][0], False]] * 3
