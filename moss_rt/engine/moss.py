@@ -996,10 +996,10 @@ class MossEngine(EngineLifecycle):
         fits = runner.blocks.available // max(1, runner.blocks_needed(chunk))
         large = min(16, runner.max_slots, s.prefill_max_rows // max(1, chunk), fits)
         if not s.prefill_stream_rows and self._device.type == "cuda" and large >= 2:  # else: the setting or max
-            small = max(1, large // 4)
+            small, gpu = max(1, large // 4), torch.cuda.get_device_name(self._device)
             # What the passes' cost depends on; an earlier start with the same setup measured it (prefill_cost_record).
             record, key = s.data_dir / COST_FILE, cost_setup_key({
-                "device": torch.cuda.get_device_name(self._device), "torch": torch.__version__,
+                "device": gpu, "torch": torch.__version__,
                 "moss_rt": moss_rt_version, "model": repr(runner.config), "dtype": str(runner.dtype),
                 "slots": runner.max_slots, "seq_len": runner.max_seq_len, "chunk": chunk, "passes": (small, large),
                 "graph_rows": s.prefill_graph_rows, "max_rows": s.prefill_max_rows,
@@ -1009,7 +1009,7 @@ class MossEngine(EngineLifecycle):
             if cost is None:
                 cost = self._time_prefill_passes(chunk, small, large)
                 if cost is not None:
-                    record_cost(record, key, cost, f"{torch.cuda.get_device_name(self._device)}, {chunk}-row chunks")
+                    record_cost(record, key, cost, f"{gpu}, {chunk}-row chunks")
             if cost is not None:
                 rows = cost.rows_within(s.prefill_budget_ms / 1000.0, s.prefill_max_rows)
                 log.info(
