@@ -725,7 +725,10 @@ class MossEngine(EngineLifecycle):
             torch.cuda.set_per_process_memory_fraction(fraction, index)
             log.info("GPU memory limited to %.1f GiB (%.3f of the device) for this process",
                      s.gpu_memory_limit_gib, fraction)
-        self._start_kernel_preload(where.device)  # before the workers: what it loads is no worker's job
+        # Before the workers: with the default --compile-threads a start that preloads defers them (an earlier start's
+        # marker), so its loads go to no worker; workers started anyway (a set thread count, another plan) take the
+        # loads still running through their hook, which costs a worker's load and nothing else.
+        self._start_kernel_preload(where.device)
         self._start_compile_workers(where.device)
         model_choice = choose_model(s, where.device)
         # The start's order (issue 24): the model is opened (its memory taken, its weights not read yet), the codec
