@@ -25,6 +25,7 @@ import importlib
 import json
 import logging
 import multiprocessing
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -105,7 +106,10 @@ def resolve_kernel(module_name: str, qualname: str) -> Any:
 
 def _worker_started(modules: Sequence[str]) -> None:
     """Each worker, once: import Triton's compiler and the kernels' modules (about a second, while the engine reads
-    its weights), so the first job only compiles."""
+    its weights), so the first job only compiles. A Ctrl-C in the server's terminal reaches the whole process group:
+    a worker leaves it to the server, which ends its workers as it stops (each printed a KeyboardInterrupt traceback
+    of its idle wait before)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import triton.compiler  # noqa: F401 - the import is the point
 
     for name in modules:
