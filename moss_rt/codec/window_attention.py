@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,7 @@ MAX_BLOCK_M = 64  # queries per program (a power of two, >= 16 for tl.dot)
 TARGET_PROGRAMS = 256  # split the keys of small calls until about this many programs run (~2 per H200 SM)
 MAX_SPLITS = 32
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+LOG2E = math.log2(math.e)  # the kernel's softmax is base 2: scores scaled by it, then exp2 (one instruction)
 
 
 @functools.cache
@@ -201,7 +203,8 @@ def window_attention(
     if B * Tq:
         attend[(qblocks, B * H, splits)](
             q, k_pool, v_pool, ks, vs, table, slots, offs, out, part_acc, part_ml,
-            H, Tq, int(tokens_per_frame), int(context), int(block), int(ring_blocks), chunk, splits, float(scale),
+            H, Tq, int(tokens_per_frame), int(context), int(block), int(ring_blocks), chunk, splits,
+            float(scale) * LOG2E,
             q.stride(0), q.stride(1), q.stride(2), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), s_sn, s_sh,
             table.stride(0), out.stride(0), out.stride(2), out.stride(1),
             D=D, BLOCK_M=bm, BLOCK_N=bn, IEEE=q.dtype == torch.float32 or not q.is_cuda,

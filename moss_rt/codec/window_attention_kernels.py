@@ -12,11 +12,12 @@ def _tile(
     s_sn, s_sh, D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
     MASK: tl.constexpr, ALIGNED: tl.constexpr, FP8: tl.constexpr,
 ):
-    """One key tile [k0, k0 + BLOCK_N) into the running softmax. MASK: some key of the tile is out of some
-    query's window (or past ``hi``); tiles every query sees whole skip the mask. ALIGNED: the tile lies in one
-    block (one table read, contiguous rows). FP8: K/V are fp8 with one scale per (key, head) (kv_quant.py): the
-    values enter the dots as they are (exact in bf16/fp32), the K scales multiply the scores' columns and the V
-    scales the probabilities' columns, in registers."""
+    """One key tile [k0, k0 + BLOCK_N) into the running softmax, in base 2: ``scale`` holds log2(e), so one exp2
+    makes each weight (the weights and their sum are the base-e ones; the running max is scaled by log2(e)).
+    MASK: some key of the tile is out of some query's window (or past ``hi``); tiles every query sees whole skip the
+    mask. ALIGNED: the tile lies in one block (one table read, contiguous rows). FP8: K/V are fp8 with one scale per
+    (key, head) (kv_quant.py): the values enter the dots as they are (exact in bf16/fp32), the K scales multiply the
+    scores' columns and the V scales the probabilities' columns, in registers."""
     kp = k0 + tl.arange(0, BLOCK_N)  # key positions of this tile
     d = tl.arange(0, D)
     if ALIGNED:
@@ -55,8 +56,8 @@ def _tile(
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     # A row that has seen no key yet keeps m = -inf: shift by 0 there (no inf - inf).
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m_i - m_safe)
-    pr = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    pr = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(pr, axis=1)
     if MASK:
         v = tl.load(V + row[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
@@ -163,8 +164,8 @@ def _merge(
         aj = tl.load(PACC + part[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
         new = tl.maximum(top, mj)
         safe = tl.where(new == float("-inf"), 0.0, new)
-        w_old = tl.exp(top - safe)
-        w_new = tl.exp(mj - safe)
+        w_old = tl.exp2(top - safe)  # the splits' maxima are base-2 (_tile)
+        w_new = tl.exp2(mj - safe)
         total = total * w_old + lj * w_new
         acc = acc * w_old[:, None] + aj * w_new[:, None]
         top = new
