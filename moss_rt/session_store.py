@@ -55,6 +55,7 @@ from typing import IO, Any, BinaryIO
 
 import numpy as np
 
+from moss_rt.atomic_files import atomic_write, fsync_dir
 from moss_rt.protocol import DEFAULT_LIMITS, FRAME_SAMPLES, N_CODEBOOKS, ErrorCode, Limits, ProtocolError
 from moss_rt.session_archive import ArchiveBounds, unpack_archive, write_archive
 from moss_rt.session_records import (
@@ -73,7 +74,6 @@ from moss_rt.storage import front_ends, session_schema
 from moss_rt.storage.database import Database, Reader, SqliteDatabase, StoreUnavailable, Tx
 from moss_rt.storage.migrations import MigrationContext, migrate
 from moss_rt.storage.url import SQLITE, parse_store_setting
-from moss_rt.voices import _fsync_dir, atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -630,11 +630,11 @@ class SessionStore:
         """Put an unpacked session in place: its folder renamed whole, then session and takes in one transaction.
         A crash between the two leaves a folder without a record, which a later sweep removes."""
         folder.mkdir(parents=True, exist_ok=True)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         session_id = new_session_id()
         final = self._dir(session_id)
         os.rename(folder, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         total = sum(u.nbytes for u in unpacked)
         now = time.time()
         try:

@@ -14,9 +14,7 @@ import hashlib
 import io
 import json
 import logging
-import os
 import re
-import tempfile
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
@@ -25,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from moss_rt.atomic_files import atomic_write, fsync_dir
 from moss_rt.protocol import FRAME_RATE, ErrorCode, Limits, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -165,36 +164,6 @@ def probe_audio(data: bytes, limits: Limits) -> tuple[float, int, int, str]:
     if duration < limits.min_upload_seconds:
         raise InvalidUpload(f"audio lasts {duration:.2f} s; at least {limits.min_upload_seconds} s is needed")
     return duration, sr, channels, sniffed_ext
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable (the directory entry itself), where the OS allows it."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``path`` so that readers (and a restart after a crash) see the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 class VoiceStore:
@@ -394,7 +363,7 @@ class VoiceStore:
 
             def _remove() -> None:
                 (self._dir / f"{voice_id}.json").unlink(missing_ok=True)
-                _fsync_dir(self._dir)
+                fsync_dir(self._dir)
                 voice.path.unlink(missing_ok=True)
                 for cached in (self._dir / "codes").glob(f"{voice_id}.*.npy"):
                     cached.unlink(missing_ok=True)

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from moss_rt.atomic_files import atomic_write
 from moss_rt.engine.compile_workers import KernelJob
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,6 @@ def save_jobs(path: Path, jobs: Sequence[KernelJob], triton_version: str) -> int
          "target": list(j.target) if j.target is not None else None}
         for j in kept.values()
     ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, "triton": triton_version, "jobs": entries}, indent=1) + "\n")
-    tmp.replace(path)
+    text = json.dumps({"format": FORMAT, "triton": triton_version, "jobs": entries}, indent=1) + "\n"
+    atomic_write(path, text.encode())
     return len(entries)

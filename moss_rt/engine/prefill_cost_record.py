@@ -15,10 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
+from moss_rt.atomic_files import atomic_write
 from moss_rt.engine.prefill_pace import PrefillCost
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,6 @@ def record_cost(path: Path, key: str, cost: PrefillCost, note: str = "") -> None
         entries.pop(key, None)
         entries[key] = {"fixed_s": cost.fixed_s, "per_row_s": cost.per_row_s, "note": note}
         kept = dict(list(entries.items())[-MAX_ENTRIES:])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"format": FORMAT, "entries": kept}, indent=1) + "\n")
-        tmp.replace(path)
+        atomic_write(path, (json.dumps({"format": FORMAT, "entries": kept}, indent=1) + "\n").encode())
     except OSError as exc:
         log.warning("cannot record the prefill cost in %s (%s); the next start times the passes again", path, exc)
