@@ -1,11 +1,13 @@
 """The codec's window-attention kernel on full-size stage shapes (CUDA): its tiles swept, against dense SDPA.
 
-    python bench/window_attention_bench.py [s5 s5full s4 s0]
+    python bench/window_attention_bench.py [s5 s5full s4 s0 stages]
 
 One decoder layer's attention at 64 streams, 5 s into a take (10 s windows; s5full: 10 s, the window full), with
 random bf16 keys in blocks scattered over the pool as the paged layout leaves them. For each tile shape: ms a call
 and the largest difference from the default tiles' output; "dense SDPA" is flash attention over as many contiguous
-keys, the speed a window kernel can aim for. Results: bench/RESULTS.md (session 10).
+keys, the speed a window kernel can aim for. ``stages`` sweeps a few tiles around the default on every decoder
+stage of the full-size codec, chunks of 1 and 8 frames, 16 and 64 streams (best of 3 x 30 calls each), and prints
+one line a case. Results: bench/RESULTS.md (sessions 10, 28, 29).
 """
 
 import sys
@@ -86,6 +88,66 @@ CASES = {
            [T(16, bn, w, s) for bn, w, s in [(32, 2, 2), (64, 2, 2), (32, 4, 2), (64, 4, 3), (128, 4, 2)]]),
 }
 
+
+
+def best_of(fn, rounds=3, iters=30):
+    return min(timeit(fn, iters) for _ in range(rounds))
+
+
+def stage_sweep(streams=(16, 64), chunks=(1, 8), age_s=5.0):
+    """Every decoder stage of the full-size codec at its real block geometry: the default tiles against 32-, 64-
+    and 128-key tiles and 2-4 pipeline stages (the queries per program stay the default's)."""
+    from moss_rt.codec import config as codec_config
+    from moss_rt.codec import paged_state
+    from moss_rt.codec.tiny import full_size_config
+
+    cfg = codec_config._parse(full_size_config())
+    for spec in cfg.decoder:
+        if not isinstance(spec, codec_config.TransformerSpec):
+            continue
+        g = paged_state.stage_geometry(spec, cfg.frame_rate, max(chunks), torch.bfloat16)
+        for frames in chunks:
+            for B in streams:
+                stage_case(spec, g, frames, B, int(age_s * cfg.frame_rate))
+
+
+def stage_case(spec, g, frames, B, age):
+    tq = frames * g.tokens_per_frame
+    default = wa.tiles_for(tq, g.block)
+    tiles = {default}
+    for bn in (32, 64, 128):
+        if g.block % bn == 0 or bn == wa.BLOCK_N:  # an unaligned tile other than the fallback's is never chosen
+            tiles.update(T(default.block_m, bn, 4, stages) for stages in (2, 3, 4))
+    D, H, ring = spec.head_dim, spec.num_heads, g.ring_blocks
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    kp = torch.randn(B * ring + 1, H, g.block, D, device="cuda", generator=gen).bfloat16()
+    vp = torch.randn_like(kp)
+    perm = torch.randperm(B * ring, generator=torch.Generator().manual_seed(1)) + 1
+    table = perm.view(B, ring).to(torch.int32).cuda()
+    q = torch.randn(B, H, tq, D, device="cuda", generator=gen).bfloat16()
+    slots = torch.arange(B, device="cuda")
+    offs = torch.full((B,), age, device="cuda", dtype=torch.int64)
+
+    def run(t):
+        return wa.window_attention(q, kp, vp, table, slots, offs, tokens_per_frame=g.tokens_per_frame,
+                                   context=g.context, block=g.block, ring_blocks=ring, scale=D ** -0.5, tiles=t)
+
+    ref = run(default).float()
+    timed = []
+    for t in sorted(tiles, key=lambda t: (t.block_n, t.num_stages)):
+        err = (run(t).float() - ref).abs().max().item()
+        timed.append((best_of(lambda t=t: run(t)), t, err))
+    base = next(ms for ms, t, _ in timed if t == default)
+    cells = "  ".join(f"{t.block_n}/{t.num_stages}:{ms:.3f}{'*' if t == default else ''}" for ms, t, _ in timed)
+    best = min(timed, key=lambda r: r[0])
+    print(f"{spec.rate_hz:g} Hz block {g.block} chunk {frames} (Tq {tq}, M {default.block_m}) B{B}: {cells}  "
+          f"best {best[1].block_n}/{best[1].num_stages} {best[0]:.3f} vs {base:.3f}  "
+          f"max|d| {max(e for _, _, e in timed):.1e}", flush=True)
+
+
 if __name__ == "__main__":
     for which in sys.argv[1:] or ["s5", "s4", "s0"]:
-        case(*CASES[which])
+        if which == "stages":
+            stage_sweep()
+        else:
+            case(*CASES[which])
