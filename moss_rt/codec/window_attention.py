@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 BLOCK_N = 64  # keys per tile where no power-of-two tile of MIN_ALIGNED_TILE keys or more divides the block
 MIN_ALIGNED_TILE = 32
 MAX_ALIGNED_TILE = 128
+FULL_BLOCK_TILE = 64  # keys per tile (at most) and pipeline stages for full query blocks: tiles_for
+FULL_BLOCK_STAGES = 3
 MAX_BLOCK_M = 64  # queries per program (a power of two, >= 16 for tl.dot)
 TARGET_PROGRAMS = 256  # split the keys of small calls until about this many programs run (~2 per H200 SM)
 MAX_SPLITS = 32
@@ -117,11 +119,19 @@ class Tiles:
 
 def tiles_for(tq: int, block: int) -> Tiles:
     """The tiles a chunk of ``tq`` query tokens over blocks of ``block`` keys runs with: key tiles that divide the
-    block where one of at least MIN_ALIGNED_TILE keys does (measured on the H200 at 64 streams, the last full-size
-    stage: 1.45 ms a layer with 64-key tiles gathered key by key, 0.55 ms with 128-key tiles inside blocks of 256;
-    2 pipeline stages beat 3 and 4 in every case)."""
-    tile = tile_divisor(block, MAX_ALIGNED_TILE)
-    return Tiles(block_rows(tq), tile if tile >= MIN_ALIGNED_TILE else BLOCK_N)
+    block where one of at least MIN_ALIGNED_TILE keys does (64 streams, the last full-size stage: 1.45 ms a layer
+    with 64-key tiles gathered key by key, 0.55 ms with 128-key tiles inside blocks of 256).
+
+    Full query blocks (chunks of 8 frames at 100 Hz and above) run 64-key tiles with 3 pipeline stages; smaller ones
+    (1-frame chunks) 128-key tiles with 2. Measured with the base-2 softmax on the H200 (``window_attention_bench.py
+    stages``, 64 streams, ms a layer): 8-frame chunks at 400 Hz 0.485 -> 0.441, at 200 Hz 0.160 -> 0.143, at 100 Hz
+    0.073 -> 0.067; a 1-frame chunk at 400 Hz 0.143 with 128-key tiles against 0.154-0.191 with 64."""
+    rows = block_rows(tq)
+    full = rows == MAX_BLOCK_M
+    tile = tile_divisor(block, FULL_BLOCK_TILE if full else MAX_ALIGNED_TILE)
+    if tile < MIN_ALIGNED_TILE:
+        return Tiles(rows, BLOCK_N)
+    return Tiles(rows, tile, num_stages=FULL_BLOCK_STAGES if full else 2)
 
 
 def block_rows(tq: int) -> int:
