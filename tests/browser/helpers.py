@@ -5,6 +5,7 @@ Shared by every module in tests/browser (and make_screenshot.py); the fixtures a
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -17,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.helpers import free_port
@@ -114,6 +116,15 @@ def run_server(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+def held_audio(pg: Any, key: str, start: int = 0, end: int | None = None) -> np.ndarray:
+    """Samples [start, end) of a take the page holds (to its end by default), as int32 ``[n, channels]``: the
+    page's int16 values, read in one string (``window.studio.pcm``; a plain array of 100k+ samples takes seconds)."""
+    got = pg.evaluate("([k, a, b]) => window.studio.pcm(k, a, b)", [key, start, end])
+    assert got is not None, f"the page holds no audio of {key}"
+    values = np.frombuffer(base64.b64decode(got["data"]), dtype="<i2").astype(np.int32)
+    return values.reshape(-1, got["channels"])
 
 
 def shot(pg: Any, name: str, *, full_page: bool = True) -> None:

@@ -17,6 +17,7 @@ import pytest
 from tests.browser.helpers import (
     FRAME,
     SR,
+    held_audio,
     retake_region_keeping_tail,
     run_server,
     seed_marker,
@@ -34,13 +35,6 @@ pytestmark = pytest.mark.browser
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with run_server(tmp_path_factory.mktemp("studio-director")) as url:
         yield url
-
-
-def held(pg: Any, key: str, a: int, b: int) -> np.ndarray:
-    """Samples [a, b) of a take the page holds, as [n, 2] (left, right)."""
-    left = pg.evaluate(f"window.studio.samples('{key}', {a}, {b}, 0)")
-    right = pg.evaluate(f"window.studio.samples('{key}', {a}, {b}, 1)")
-    return np.stack([np.asarray(left), np.asarray(right)], axis=1)
 
 
 def test_region_loop_plays_exactly_the_region(page: Any) -> None:
@@ -76,7 +70,7 @@ def test_region_loop_plays_exactly_the_region(page: Any) -> None:
         assert a1 == (10 * FRAME if b0 == 16 * FRAME else b0), log
     assert sum(b - a for a, b in log) >= 3 * length
     # And the region is the take's frames 10..15 (scripted left channel = frame index + 1).
-    lefts = held(pg, take["key"], 10 * FRAME, 16 * FRAME)[:, 0]
+    lefts = held_audio(pg, take["key"], 10 * FRAME, 16 * FRAME)[:, 0]
     assert list(lefts[::FRAME]) == list(range(11, 17))
     pg.keyboard.press("Escape")
     pg.wait_for_function("!window.studio.playing", timeout=5_000)
@@ -115,7 +109,7 @@ def test_comp_export_equals_the_chosen_regions(page: Any, tmp_path: Path) -> Non
         (two["id"], 20 * FRAME, 26 * FRAME),
     ]
     expected = np.concatenate(
-        [held(pg, one["key"], 5 * FRAME, 12 * FRAME), held(pg, two["key"], 20 * FRAME, 26 * FRAME)]
+        [held_audio(pg, one["key"], 5 * FRAME, 12 * FRAME), held_audio(pg, two["key"], 20 * FRAME, 26 * FRAME)]
     )
     # The scripted markers say where each part came from.
     assert set(expected[: 7 * FRAME, 1]) == {seed_marker(5)} and set(expected[7 * FRAME :, 1]) == {seed_marker(6)}
@@ -141,7 +135,7 @@ def test_retake_a_region_and_bring_the_old_tail_back(page: Any) -> None:
     assert spliced["stored"] and not spliced["local"] and not spliced["hasCodes"] and spliced["crossfade"] == 480
     assert spliced["samples"] == first["samples"]
     assert spliced["splices"] == [{"sample": 20 * FRAME, "kind": "crossfade 10 ms"}]
-    a, b = held(pg, first["key"], 0, first["samples"]), held(pg, spliced["key"], 0, spliced["samples"])
+    a, b = held_audio(pg, first["key"], 0, first["samples"]), held_audio(pg, spliced["key"], 0, spliced["samples"])
     cut, tail = 10 * FRAME, 20 * FRAME + 480
     assert np.array_equal(b[:cut], a[:cut])  # kept before the region
     assert set(b[cut : 20 * FRAME, 1]) == {seed_marker(99)}  # the region re-done with the new seed

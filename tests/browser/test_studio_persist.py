@@ -22,6 +22,7 @@ import pytest
 
 from tests.browser.helpers import (
     FRAME,
+    held_audio,
     retake_region_keeping_tail,
     run_server,
     seed_marker,
@@ -36,13 +37,6 @@ from tests.browser.helpers import (
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.browser
-
-
-def held(pg: Any, key: str) -> np.ndarray:
-    """All samples of a take the page holds, as [n, 2]."""
-    left = pg.evaluate(f"window.studio.samples('{key}', 0, 1e9, 0)")
-    right = pg.evaluate(f"window.studio.samples('{key}', 0, 1e9, 1)")
-    return np.stack([np.asarray(left), np.asarray(right)], axis=1)
 
 
 def open_studio(pg: Any, url: str, count: int, query: str = "") -> None:
@@ -88,8 +82,8 @@ def test_a_kept_tail_splice_and_a_named_comp_survive_a_reload_a_restart_and_an_a
             splice, comp = made["splice"], made["comp"]
             assert (splice["number"], comp["number"]) == (4, 5) and splice["name"] == "Take 4"
             assert (splice["crossfade"], splice["hasCodes"], comp["hasCodes"]) == (480, False, True)
-            audio = {"splice": held(pg, splice["key"]), "comp": held(pg, comp["key"])}
-            old = held(pg, one["key"])
+            audio = {"splice": held_audio(pg, splice["key"]), "comp": held_audio(pg, comp["key"])}
+            old = held_audio(pg, one["key"])
             assert np.array_equal(audio["splice"][: 10 * FRAME], old[: 10 * FRAME])
             assert set(audio["splice"][10 * FRAME : 20 * FRAME, 1]) == {seed_marker(99)}
             assert np.array_equal(audio["splice"][20 * FRAME + 480 :], old[20 * FRAME + 480 :])
@@ -103,8 +97,8 @@ def test_a_kept_tail_splice_and_a_named_comp_survive_a_reload_a_restart_and_an_a
                 b_splice, b_comp = back["splice"], back["comp"]
                 assert (b_splice["name"], b_comp["name"], b_comp["title"]) == ("Take 4", "Take 5", "Opening comp")
                 assert not b_splice["local"] and not b_comp["local"]
-                assert np.array_equal(held(pg, b_splice["key"]), audio["splice"])
-                assert np.array_equal(held(pg, b_comp["key"]), audio["comp"])
+                assert np.array_equal(held_audio(pg, b_splice["key"]), audio["splice"])
+                assert np.array_equal(held_audio(pg, b_comp["key"]), audio["comp"])
                 assert [(p["take"], p["number"], p["from"], p["to"]) for p in b_comp["parts"]] == [
                     (ids[1], 1, 5 * FRAME, 12 * FRAME),
                     (ids[2], 2, 20 * FRAME, 24 * FRAME),
@@ -139,7 +133,7 @@ def test_a_kept_tail_splice_and_a_named_comp_survive_a_reload_a_restart_and_an_a
             retake = wait_take_ended(pg, 6)
             wait_playback_drained(pg)
             assert retake["parent"] == comp["id"] and retake["name"] == "Take 6"
-            new = held(pg, retake["key"])
+            new = held_audio(pg, retake["key"])
             assert np.array_equal(new[: 9 * FRAME], audio["comp"][: 9 * FRAME])
             assert set(new[9 * FRAME :, 1]) == {seed_marker(55)}
             assert pg.locator("#edSub").inner_text().startswith("retake of Opening comp (Take 5) @ 0.72 s")

@@ -31,6 +31,7 @@ from tests.browser.helpers import (
     FRAME,
     SR,
     TINY_MODEL_ENGINE,
+    held_audio,
     http_json,
     place_playhead_with_the_mouse,
     retake_whispering,
@@ -79,7 +80,7 @@ def speak_frames(pg: Any, count: int, frames: int) -> dict[str, Any]:
 
 def held_pcm(pg: Any, key: str, channel: int = 0) -> np.ndarray:
     """Channel ``channel`` of the samples the page holds for a take (int16 values)."""
-    return np.asarray(pg.evaluate(f"window.studio.samples('{key}', 0, 1e9, {channel})"), dtype=np.int32)
+    return held_audio(pg, key)[:, channel]
 
 
 def service_wav(server: str, take_id: str) -> tuple[Any, np.ndarray]:

@@ -24,6 +24,7 @@ from tests.browser.helpers import (
     FRAME,
     SR,
     TINY_MODEL_ENGINE,
+    held_audio,
     http_json,
     run_server,
     set_fixed_seed,
@@ -78,7 +79,7 @@ def strip_words(pg: Any) -> list[str]:
 
 
 def held_pcm(pg: Any, key: str) -> np.ndarray:
-    return np.asarray(pg.evaluate(f"window.studio.samples('{key}', 0, 1e9, 0)"), dtype=np.int32)
+    return held_audio(pg, key)[:, 0]
 
 
 def region_of(pg: Any) -> tuple[int, int] | None:
