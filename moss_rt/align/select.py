@@ -33,6 +33,19 @@ def _cuda(device: str) -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _ctc_model_cached() -> bool:
+    """Whether the default CTC model is in the local hub cache (never downloads); says so once when it is not."""
+    from moss_rt.align.ctc import DEFAULT_CTC_MODEL, AlignerSourceError, resolve_ctc_source
+
+    try:
+        resolve_ctc_source(DEFAULT_CTC_MODEL, local_only=True)
+    except AlignerSourceError:
+        log.info("--aligner auto: %s is not in the hub cache, so no CTC aligner (on a GPU, --aligner ctc:%s "
+                 "downloads it)", DEFAULT_CTC_MODEL, DEFAULT_CTC_MODEL)  # fmt: skip
+        return False
+    return True
+
+
 def aligner_device(device: str) -> str:
     """The aligner's device for the engine's ``--device`` (auto: CUDA when there is one)."""
     if device == "auto":
@@ -72,17 +85,14 @@ def build_aligner(
             return CtcAligner(spec[4:], device=aligner_device(device))
         return CtcAligner(spec[4:], device=aligner_device(device), graph_memory_bytes=graph_memory_bytes)
     if spec == "auto":
-        if _cuda(aligner_device(device)):
-            from moss_rt.align.ctc import DEFAULT_CTC_MODEL, AlignerSourceError, resolve_ctc_source
+        # The hub cache before CUDA: asking for CUDA imports torch (~1-2 s), which a service without the CTC model
+        # (the scripted engine, a CPU start) then never does.
+        if _ctc_model_cached() and _cuda(aligner_device(device)):
+            from moss_rt.align.ctc import DEFAULT_CTC_MODEL
 
-            try:
-                resolve_ctc_source(DEFAULT_CTC_MODEL, local_only=True)
-                return build_aligner(
-                    f"ctc:{DEFAULT_CTC_MODEL}", device=device, workers=workers, graph_memory_bytes=graph_memory_bytes
-                )
-            except AlignerSourceError:
-                log.info("--aligner auto: %s is not in the hub cache; using pocketsphinx (CPU, English). "
-                         "--aligner ctc:%s downloads it", DEFAULT_CTC_MODEL, DEFAULT_CTC_MODEL)  # fmt: skip
+            return build_aligner(
+                f"ctc:{DEFAULT_CTC_MODEL}", device=device, workers=workers, graph_memory_bytes=graph_memory_bytes
+            )
         if importlib.util.find_spec("pocketsphinx") is not None:
             return build_aligner("pocketsphinx", workers=workers)
         log.warning("--aligner auto: pocketsphinx is not installed and no CTC model is cached: no word timing")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +95,31 @@ def test_aligner_choice() -> None:
     assert build_aligner("ctc:some/model", device="cpu").name == "ctc:some/model"  # type: ignore[union-attr]
     with pytest.raises(AlignerChoiceError):
         build_aligner("whisper")
+
+
+def test_auto_runs_ctc_only_on_cuda_with_the_model_cached(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from moss_rt.align import select
+    from moss_rt.align.ctc import DEFAULT_CTC_MODEL
+
+    monkeypatch.setattr(select, "_cuda", lambda device: True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    assert build_aligner("auto").name == "pocketsphinx"  # type: ignore[union-attr]
+    monkeypatch.setattr(select, "_ctc_model_cached", lambda: True)
+    assert build_aligner("auto").name == f"ctc:{DEFAULT_CTC_MODEL}"  # type: ignore[union-attr]
+    monkeypatch.setattr(select, "_cuda", lambda device: False)
+    assert build_aligner("auto").name == "pocketsphinx"  # type: ignore[union-attr]
+
+
+def test_auto_without_the_ctc_model_cached_does_not_import_torch(tmp_path: Path) -> None:
+    """Asking for CUDA imports torch (1-2 s of every start of a service that never needs it: the scripted engine,
+    which every browser and server test starts, or a CPU-only service): with no CTC model cached, auto never asks."""
+    code = (
+        "import sys; from moss_rt.align.select import build_aligner; a = build_aligner('auto'); "
+        "print(a.name, 'torch' in sys.modules)"
+    )
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "empty-hub-cache"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True)
+    assert out.stdout.split() == ["pocketsphinx", "False"], out.stderr
 
 
 class _RecordingAligner:
