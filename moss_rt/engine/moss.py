@@ -863,6 +863,7 @@ class MossEngine(EngineLifecycle):
                 codec_call_streams=max(1, s.codec_call_streams),
                 codec_batch_patience_s=max(0.0, s.codec_batch_patience_ms) / 1000.0,
                 batch_pass_share=min(1.0, max(0.0, s.batch_pass_share)),
+                prefill_round_passes=max(1, s.prefill_round_passes),
             ),
             on_take_done=self._take_done,
             sync=self._sync,

@@ -29,7 +29,8 @@ One :meth:`Scheduler.iterate` is one scheduling round. It serves, in this order 
    batched prefill pass (at most ``prefill_max_rows`` padded rows; while takes stream, one pass per round of at most
    ``stream_rows``, sized to the budget at warm-up (prefill_pace), so a burst of arrivals goes in as chunks
    interleaved with frames and never holds a running stream for more than about one frame; while interactive takes
-   are about, cut further to what one prefill graph holds). A retake's codec state
+   are about, cut further to what one prefill graph holds; ``prefill_round_passes`` such passes a round, within
+   ``stream_rows`` in all). A retake's codec state
    continues from its parent's kept blocks (nothing decoded) where they still hold what its branch frame needs;
    otherwise the kept frames are decoded again, every rebuilding take's next chunk in batched codec calls each round
    (an interactive take's in the priority lane), handed to the codec worker without waiting for them (the take's
@@ -103,6 +104,16 @@ PREFILL_KEYS_PER_ROW = 1024
 # (128) rows of the plain path's fp32 scores. In that bound a pass's rows count as at least this many, so short
 # chunks over long windows (prompt-cache tails, retake frames) stay within the same memory either way.
 SCORE_BOUND_MIN_ROWS = 128
+# While takes stream and directors are about, prefill passes are cut to what one prefill graph holds (~1,024 padded
+# rows, ~19 ms on an H200), far below stream_rows (~3,480 rows, the 50 ms budget), and a round runs one of them: a
+# burst of 64 new lines waits for a step between every ~4 of them. ``prefill_round_passes`` > 1 lets a round run up
+# to that many back to back while their padded rows stay within stream_rows (the running streams' stall bounded by
+# rows as with one budget-sized pass, never by the clock: which rows share a pass, and so every take's codes, must
+# not follow timings; arrivals and cancels still come between passes). Measured on one H200 (bench/RESULTS.md,
+# session 30), 4 against 1: 64 new lines' first audio p95 509 -> 387 ms and their slowest stream 4.79 -> 5.28x, 128
+# lines' p95 639 -> 460 ms; but a burst of 64 directors' retakes with new instructions came 31-33 ms later at p50
+# and the streams running meanwhile slowed to 1.22-1.26x (2.04-2.16x with one). Directing comes first: one a round.
+PREFILL_ROUND_PASSES = 1
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,9 @@ class SchedulerConfig:
     # behind directors' first chunks before it goes first; calls with a listened stream have the worker's patience.
     codec_batch_patience_s: float = DEFAULT_BATCH_PATIENCE_S
     batch_pass_share: float = BATCH_PASS_SHARE  # of stream_rows, a batch-only prefill pass while directors are about
+    # Graph-sized prefill passes a round may run back to back while takes stream, within stream_rows padded rows in
+    # all (the round's stall stays what one budget-sized pass was): PREFILL_ROUND_PASSES.
+    prefill_round_passes: int = PREFILL_ROUND_PASSES
 
     @property
     def batch_slots(self) -> int:
@@ -684,7 +698,9 @@ class Scheduler:
         # Alone on the device: prepare everything now (lowest first-audio latency). Once takes stream (that
         # includes takes this loop just made ready, so a burst larger than one pass starts streaming pass by pass
         # instead of all after the last), a round runs at most one prefill pass (stream_rows bounds its stall: sized
-        # to prefill_budget_ms at warm-up) and one codec rebuild call. A pass is never cut short.
+        # to prefill_budget_ms at warm-up) and one codec rebuild call; passes cut to one prefill graph's size (directors
+        # about) may run back to back up to prefill_round_passes (PREFILL_ROUND_PASSES), within stream_rows in all.
+        # A pass is never cut short.
         # Every round runs a pass if one is wanted: promoting a take that needed no work (a retake whose
         # parent's cache holds its whole prompt) is not one, or such takes could starve the rest.
         # No decision here reads the clock or the codec's progress, so rounds are the same with the codec
@@ -706,12 +722,19 @@ class Scheduler:
             if self.running:
                 break
         # Takes waiting for prompt blocks another take computes have no unit of their own (_catch_up moves them).
+        round_rows = 0  # padded rows of this round's passes
         while any(t.waits_for is None and self._rows_left(t) for t in self.preparing):
-            if self.running and passes:
+            if self.running and passes and not self._graph_sized_passes():
                 break  # the next unit would be a second prefill pass
             if units and (self._reap_cancelled() or self._arrivals()):
                 break  # control first: a cancelled take ends, new takes are admitted, before the next pass
-            self._prefill(self._prefill_batch())
+            batch = self._prefill_batch()
+            rows = len(batch) * max((n for _, n in batch), default=0)
+            if self.running and passes and (passes >= self.config.prefill_round_passes
+                                            or round_rows + rows > self.stream_rows):
+                break  # another graph-sized pass would hold the running streams past one budget-sized pass
+            self._prefill(batch)
+            round_rows += rows
             passes += 1
             self._catch_up()
             self._promote_ready()
@@ -722,6 +745,14 @@ class Scheduler:
     def _rows_left(take: Take) -> int:
         assert take.prompt_rows is not None
         return len(take.prompt_rows) - take.prefilled
+
+    def _graph_sized_passes(self) -> bool:
+        """Whether this round's passes are cut to what one prefill graph holds (takes stream, directors are about, the
+        runner has prefill graphs): then several may run in a round, within stream_rows (PREFILL_ROUND_PASSES)."""
+        if self.config.prefill_round_passes <= 1 or not self.running or not self._interactive_present():
+            return False
+        rule = getattr(self.runner, "prefill_graph_rule", None)  # test stand-ins have no graphs to fit
+        return rule is not None and rule() is not None  # None: no graph ever replays a pass (the CPU)
 
     def _prefill_batch(self) -> list[tuple[Take, int]]:
         """(take, rows) for one pass: the next chunk of every take with rows left, oldest first,

@@ -23,7 +23,7 @@ from moss_rt.engine.codec_calls import Chunk, CodecCalls
 from moss_rt.engine.codec_flow import STARTING_PARKED_HANDOVERS
 from moss_rt.engine.metrics import EngineMetrics
 from moss_rt.engine.moss import MossEngine
-from moss_rt.engine.scheduler import Scheduler, SchedulerConfig
+from moss_rt.engine.scheduler import PREFILL_ROUND_PASSES, Scheduler, SchedulerConfig
 from moss_rt.engine.slots import Phase, Take
 from moss_rt.model.prefill_graphs import PrefillGraphs
 from moss_rt.model.runner import PrefillRequest
@@ -184,11 +184,13 @@ def _take(name: str, rows: int, *, batch: bool = False) -> Take:
     return take
 
 
-def _graph_scheduler(takes: list[Take], streaming: Take) -> tuple[Scheduler, GraphRunner]:
+def _graph_scheduler(
+    takes: list[Take], streaming: Take, *, round_passes: int = PREFILL_ROUND_PASSES, stream_rows: int = 3480
+) -> tuple[Scheduler, GraphRunner]:
     runner = GraphRunner()
-    config = SchedulerConfig(max_slots=16, prefill_chunk=512, retain_slots=0)
+    config = SchedulerConfig(max_slots=16, prefill_chunk=512, retain_slots=0, prefill_round_passes=round_passes)
     sched = Scheduler(runner, SimpleNamespace(decoder=None), EngineMetrics(), config)  # type: ignore[arg-type]
-    sched.stream_rows = 3480  # what prefill_pace sizes on an H200: far past any graph
+    sched.stream_rows = stream_rows  # 3,480: what prefill_pace sizes on an H200, far past any graph
     for slot, take in enumerate(takes):
         take.phase, take.model_slot = Phase.PREPARING, slot
         sched.preparing.append(take)
@@ -196,22 +198,58 @@ def _graph_scheduler(takes: list[Take], streaming: Take) -> tuple[Scheduler, Gra
     return sched, runner
 
 
-def test_passes_fit_a_prefill_graph_while_directors_work_and_others_stream() -> None:
+GRAPH_PASSES = [[(i, 190, 0) for i in range(8)], [*((i, 190, 0) for i in range(8, 12)), (12, 256, 0)],
+                [(12, 444, 256)]]
+
+
+def _passes_by_round(sched: Scheduler, runner: GraphRunner) -> list[int]:
+    """Prepare round by round until every take is ready: how many passes each round ran."""
+    by_round: list[int] = []
+    while sched.preparing:
+        before = len(runner.passes)
+        assert sched._prepare()
+        by_round.append(len(runner.passes) - before)
+        assert len(by_round) < 10
+    return by_round
+
+
+@pytest.mark.parametrize(
+    ("round_passes", "stream_rows", "by_round"),
+    [
+        (4, 3480, [3]),  # 1,520 + 5 x 256 + 444 = 3,244 padded rows: one round
+        (4, 2800, [2, 1]),  # 1,520 + 1,280 = 2,800: the third would pass stream_rows
+        (2, 3480, [2, 1]),  # at most two a round
+        (PREFILL_ROUND_PASSES, 3480, [1, 1, 1]),  # the default, one a round: a step between every two
+    ],
+)
+def test_passes_fit_a_prefill_graph_while_directors_work_and_others_stream(
+    round_passes: int, stream_rows: int, by_round: list[int]
+) -> None:
     """Twelve directors' retakes (190 rows each) and a long prompt arrive while a take streams: every pass fits one
     graph (8 pieces of 190 rows pad to 8 x 256 rows; the 700-row prompt rides along cut to 256 rows, then goes on
-    alone, a lone piece's graph holding its 444 rows left), one pass a round, and every row goes in. With only batch
-    work about, passes still fill stream_rows as before."""
+    alone, a lone piece's graph holding its 444 rows left), and every row goes in. A round runs graph-sized passes
+    back to back while their padded rows (takes x widest chunk) stay within stream_rows, at most prefill_round_passes
+    of them: the running take waits for no more rows than one budget-sized pass held, and a burst of new lines does
+    not wait for a step between every few of them. With only batch work about, passes still fill stream_rows."""
     takes = [_take(f"r{i}", 190) for i in range(12)] + [_take("long", 700)]
-    sched, runner = _graph_scheduler(takes, _take("streaming", 10))
-    rounds = 0
-    while sched.preparing:
-        assert sched._prepare()
-        rounds += 1
-        assert len(runner.passes) == rounds and rounds < 10  # one pass a round
+    sched, runner = _graph_scheduler(takes, _take("streaming", 10), round_passes=round_passes,
+                                     stream_rows=stream_rows)
+    assert _passes_by_round(sched, runner) == by_round
     assert all(runner.fits(p) for p in runner.passes), runner.passes
-    assert runner.passes == [[(i, 190, 0) for i in range(8)], [*((i, 190, 0) for i in range(8, 12)), (12, 256, 0)],
-                             [(12, 444, 256)]]
+    assert runner.passes == GRAPH_PASSES  # the same passes however many a round: codes do not follow the setting
     assert all(t.prefilled == len(t.prompt_rows) for t in takes)
+
+
+def test_takes_arriving_during_a_round_of_graph_sized_passes_are_admitted_before_the_next() -> None:
+    """New takes arrive while the round's first pass runs: the round stops there (control, admissions and cancels,
+    before any further pass), and the next round goes on with the rest."""
+    takes = [_take(f"r{i}", 190) for i in range(12)] + [_take("long", 700)]
+    sched, runner = _graph_scheduler(takes, _take("streaming", 10), round_passes=4)
+    sched._arrivals = lambda: len(runner.passes) == 1  # arrivals wait once the first pass is done
+    assert sched._prepare()
+    assert len(runner.passes) == 1
+    assert _passes_by_round(sched, runner) == [2]  # then the rest, back to back
+    assert runner.passes == GRAPH_PASSES
 
     lines = [_take(f"b{i}", 190, batch=True) for i in range(12)]
     alone, alone_runner = _graph_scheduler(lines, _take("line", 10, batch=True))
