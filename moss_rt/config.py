@@ -110,11 +110,11 @@ class Settings:
         0, "padded prompt rows a batched prefill graph holds at most (0: 1,024, or the longest take if shorter)",
     )
     # While takes stream and directors are about, prefill passes are cut to one prefill graph's size; a scheduling
-    # round runs up to this many back to back, within the rows of one budget-sized pass in all. More: a burst of new
-    # lines reaches its first audio sooner (64 lines' p95 509 -> 387 ms with 4 on an H200), while directors' retakes
-    # in a burst come a little later and the streams running meanwhile slow down (scheduler.PREFILL_ROUND_PASSES).
+    # round runs up to this many back to back, within the rows of one budget-sized pass in all, unless a director is
+    # mid-session (a retake, continuation or barge-in): then one. 1: one a round always, as before (a burst of new
+    # lines then waits for a step between every few of them; engine/scheduler.PREFILL_ROUND_PASSES).
     prefill_round_passes: int = setting(
-        1, "graph-sized prefill passes a scheduling round may run back to back while takes stream (1 or more)",
+        4, "graph-sized prefill passes a scheduling round may run back to back while takes stream (1 or more)",
     )
     # Prompt blocks stay in the KV pool after their take until the room is needed, so later takes whose
     # prompts open with the same rows (one voice, one direction) share them instead of prefilling them.

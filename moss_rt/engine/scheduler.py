@@ -29,8 +29,8 @@ One :meth:`Scheduler.iterate` is one scheduling round. It serves, in this order 
    batched prefill pass (at most ``prefill_max_rows`` padded rows; while takes stream, one pass per round of at most
    ``stream_rows``, sized to the budget at warm-up (prefill_pace), so a burst of arrivals goes in as chunks
    interleaved with frames and never holds a running stream for more than about one frame; while interactive takes
-   are about, cut further to what one prefill graph holds; ``prefill_round_passes`` such passes a round, within
-   ``stream_rows`` in all). A retake's codec state
+   are about, cut further to what one prefill graph holds, and up to ``prefill_round_passes`` such passes a round
+   within ``stream_rows`` in all, one while a director is mid-session). A retake's codec state
    continues from its parent's kept blocks (nothing decoded) where they still hold what its branch frame needs;
    otherwise the kept frames are decoded again, every rebuilding take's next chunk in batched codec calls each round
    (an interactive take's in the priority lane), handed to the codec worker without waiting for them (the take's
@@ -105,15 +105,17 @@ PREFILL_KEYS_PER_ROW = 1024
 # chunks over long windows (prompt-cache tails, retake frames) stay within the same memory either way.
 SCORE_BOUND_MIN_ROWS = 128
 # While takes stream and directors are about, prefill passes are cut to what one prefill graph holds (~1,024 padded
-# rows, ~19 ms on an H200), far below stream_rows (~3,480 rows, the 50 ms budget), and a round runs one of them: a
-# burst of 64 new lines waits for a step between every ~4 of them. ``prefill_round_passes`` > 1 lets a round run up
-# to that many back to back while their padded rows stay within stream_rows (the running streams' stall bounded by
-# rows as with one budget-sized pass, never by the clock: which rows share a pass, and so every take's codes, must
-# not follow timings; arrivals and cancels still come between passes). Measured on one H200 (bench/RESULTS.md,
-# session 30), 4 against 1: 64 new lines' first audio p95 509 -> 387 ms and their slowest stream 4.79 -> 5.28x, 128
-# lines' p95 639 -> 460 ms; but a burst of 64 directors' retakes with new instructions came 31-33 ms later at p50
-# and the streams running meanwhile slowed to 1.22-1.26x (2.04-2.16x with one). Directing comes first: one a round.
-PREFILL_ROUND_PASSES = 1
+# rows, ~19 ms on an H200), far below stream_rows (~3,480 rows, the 50 ms budget). One such pass a round put a step
+# between every ~4 new lines of a burst (64 lines: 17 passes, 16 steps between them). So a round runs up to this many
+# back to back while their padded rows stay within stream_rows: the running streams' stall is bounded by rows as with
+# one budget-sized pass, never by the clock (which rows share a pass, and so every take's codes, must not follow
+# timings; the passes are the same whatever this is), and arrivals and cancels still come between passes. Not while a
+# director is mid-session (a retake, continuation or barge-in waiting or streaming: Take.admission_class 0): a burst
+# of retakes keeps one pass a round, its streams' pace first. Measured on one H200 (bench/RESULTS.md, session 30),
+# same machine, 4 against 1: 64 new lines' first audio p95 491 -> 387 ms, slowest stream 5.03 -> 5.31x; 128 lines'
+# p95 627 -> 428 ms, aggregate 429 -> 467x; 64 directors' first takes p95 544-576 -> 454-459 ms, their retakes within
+# run-to-run noise. Without the director rule, 4 slowed the streams running through a burst of retakes to ~1.25x.
+PREFILL_ROUND_PASSES = 4
 
 
 @dataclass(frozen=True)
@@ -698,8 +700,9 @@ class Scheduler:
         # Alone on the device: prepare everything now (lowest first-audio latency). Once takes stream (that
         # includes takes this loop just made ready, so a burst larger than one pass starts streaming pass by pass
         # instead of all after the last), a round runs at most one prefill pass (stream_rows bounds its stall: sized
-        # to prefill_budget_ms at warm-up) and one codec rebuild call; passes cut to one prefill graph's size (directors
-        # about) may run back to back up to prefill_round_passes (PREFILL_ROUND_PASSES), within stream_rows in all.
+        # to prefill_budget_ms at warm-up) and one codec rebuild call; passes cut to one prefill graph's size
+        # (interactive takes about) may run back to back up to prefill_round_passes, within stream_rows in all,
+        # unless a director is mid-session (_graph_sized_passes).
         # A pass is never cut short.
         # Every round runs a pass if one is wanted: promoting a take that needed no work (a retake whose
         # parent's cache holds its whole prompt) is not one, or such takes could starve the rest.
@@ -747,10 +750,13 @@ class Scheduler:
         return len(take.prompt_rows) - take.prefilled
 
     def _graph_sized_passes(self) -> bool:
-        """Whether this round's passes are cut to what one prefill graph holds (takes stream, directors are about, the
-        runner has prefill graphs): then several may run in a round, within stream_rows (PREFILL_ROUND_PASSES)."""
+        """Whether several passes may run this round (PREFILL_ROUND_PASSES): they are cut to what one prefill graph
+        holds (takes stream, interactive takes are about, the runner has prefill graphs) and no director is
+        mid-session."""
         if self.config.prefill_round_passes <= 1 or not self.running or not self._interactive_present():
             return False
+        if any(t.admission_class == 0 for group in (self.waiting, self.preparing, self.running) for t in group):
+            return False  # a director is mid-session (a retake, continuation or barge-in): short rounds, as ever
         rule = getattr(self.runner, "prefill_graph_rule", None)  # test stand-ins have no graphs to fit
         return rule is not None and rule() is not None  # None: no graph ever replays a pass (the CPU)
 

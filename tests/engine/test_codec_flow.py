@@ -8,6 +8,7 @@ generous limit only so that a round that blocks (the old behaviour) fails the te
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -216,10 +217,10 @@ def _passes_by_round(sched: Scheduler, runner: GraphRunner) -> list[int]:
 @pytest.mark.parametrize(
     ("round_passes", "stream_rows", "by_round"),
     [
-        (4, 3480, [3]),  # 1,520 + 5 x 256 + 444 = 3,244 padded rows: one round
-        (4, 2800, [2, 1]),  # 1,520 + 1,280 = 2,800: the third would pass stream_rows
+        (PREFILL_ROUND_PASSES, 3480, [3]),  # 1,520 + 5 x 256 + 444 = 3,244 padded rows: one round
+        (PREFILL_ROUND_PASSES, 2800, [2, 1]),  # 1,520 + 1,280 = 2,800: the third would pass stream_rows
         (2, 3480, [2, 1]),  # at most two a round
-        (PREFILL_ROUND_PASSES, 3480, [1, 1, 1]),  # the default, one a round: a step between every two
+        (1, 3480, [1, 1, 1]),  # one a round: a step between every two
     ],
 )
 def test_passes_fit_a_prefill_graph_while_directors_work_and_others_stream(
@@ -240,11 +241,29 @@ def test_passes_fit_a_prefill_graph_while_directors_work_and_others_stream(
     assert all(t.prefilled == len(t.prompt_rows) for t in takes)
 
 
+@pytest.mark.parametrize("where", ["preparing", "running"])
+def test_while_a_director_is_mid_session_a_round_runs_one_pass(where: str) -> None:
+    """The same lines while a director's retake waits for its prompt rows or streams: one pass a round, as before (a
+    burst of retakes keeps its streams' pace); the passes themselves are the same."""
+    takes = [_take(f"r{i}", 190) for i in range(12)] + [_take("long", 700)]
+    retake = _take("retake", 10 if where == "running" else 64)
+    retake.spec = dataclasses.replace(retake.spec, parent_take="parent")
+    assert retake.admission_class == 0
+    if where == "preparing":  # its rows ride in the first pass (interactive, oldest first: it goes last)
+        takes.append(retake)
+        sched, runner = _graph_scheduler(takes, _take("streaming", 10))
+    else:
+        sched, runner = _graph_scheduler(takes, retake)
+    assert _passes_by_round(sched, runner) == [1] * len(runner.passes)
+    if where == "running":
+        assert runner.passes == GRAPH_PASSES
+
+
 def test_takes_arriving_during_a_round_of_graph_sized_passes_are_admitted_before_the_next() -> None:
     """New takes arrive while the round's first pass runs: the round stops there (control, admissions and cancels,
     before any further pass), and the next round goes on with the rest."""
     takes = [_take(f"r{i}", 190) for i in range(12)] + [_take("long", 700)]
-    sched, runner = _graph_scheduler(takes, _take("streaming", 10), round_passes=4)
+    sched, runner = _graph_scheduler(takes, _take("streaming", 10))
     sched._arrivals = lambda: len(runner.passes) == 1  # arrivals wait once the first pass is done
     assert sched._prepare()
     assert len(runner.passes) == 1
