@@ -111,10 +111,11 @@ SCORE_BOUND_MIN_ROWS = 128
 # one budget-sized pass, never by the clock (which rows share a pass, and so every take's codes, must not follow
 # timings; the passes are the same whatever this is), and arrivals and cancels still come between passes. Not while a
 # director is mid-session (a retake, continuation or barge-in waiting or streaming: Take.admission_class 0): a burst
-# of retakes keeps one pass a round, its streams' pace first. Measured on one H200 (bench/RESULTS.md, session 30),
-# same machine, 4 against 1: 64 new lines' first audio p95 491 -> 387 ms, slowest stream 5.03 -> 5.31x; 128 lines'
-# p95 627 -> 428 ms, aggregate 429 -> 467x; 64 directors' first takes p95 544-576 -> 454-459 ms, their retakes within
-# run-to-run noise. Without the director rule, 4 slowed the streams running through a burst of retakes to ~1.25x.
+# of retakes keeps one pass a round, its streams' pace first; nor for a render's rows (batch_pass_share's passes).
+# Measured on one H200 (bench/RESULTS.md, session 30), same machine, 4 against 1: 64 new lines' first audio p95
+# 491 -> 387 ms, slowest stream 5.03 -> 5.31x; 128 lines' p95 627 -> 428 ms, aggregate 429 -> 467x; 64 directors'
+# first takes p95 544-576 -> 454-459 ms, their retakes within run-to-run noise. Without the director rule, 4 slowed
+# the streams running through a burst of retakes to ~1.25x.
 PREFILL_ROUND_PASSES = 4
 
 
@@ -734,8 +735,11 @@ class Scheduler:
             batch = self._prefill_batch()
             rows = len(batch) * max((n for _, n in batch), default=0)
             if self.running and passes and (passes >= self.config.prefill_round_passes
-                                            or round_rows + rows > self.stream_rows):
-                break  # another graph-sized pass would hold the running streams past one budget-sized pass
+                                            or round_rows + rows > self.stream_rows
+                                            or any(take.batch for take, _ in batch)):
+                # Another pass would hold the running streams past one budget-sized pass, or it is a render's:
+                # those stay one a round while directors are about (batch_pass_share: they wait for less).
+                break
             self._prefill(batch)
             round_rows += rows
             passes += 1

@@ -240,6 +240,11 @@ def test_passes_fit_a_prefill_graph_while_directors_work_and_others_stream(
     assert runner.passes == GRAPH_PASSES  # the same passes however many a round: codes do not follow the setting
     assert all(t.prefilled == len(t.prompt_rows) for t in takes)
 
+    lines = [_take(f"b{i}", 190, batch=True) for i in range(12)]
+    alone, alone_runner = _graph_scheduler(lines, _take("line", 10, batch=True))
+    assert alone._prepare()
+    assert alone_runner.passes == [[(i, 190, 0) for i in range(12)]]  # 12 x 190 rows: no graph holds it
+
 
 @pytest.mark.parametrize("where", ["preparing", "running"])
 def test_while_a_director_is_mid_session_a_round_runs_one_pass(where: str) -> None:
@@ -270,7 +275,13 @@ def test_takes_arriving_during_a_round_of_graph_sized_passes_are_admitted_before
     assert _passes_by_round(sched, runner) == [2]  # then the rest, back to back
     assert runner.passes == GRAPH_PASSES
 
+
+def test_a_renders_passes_stay_one_a_round_while_a_director_streams() -> None:
+    """A render's lines prepare while a director's take streams: their passes hold at most batch_pass_share of
+    stream_rows (a director arriving during one waits for less), and a round runs one of them, however many
+    prefill_round_passes allows for interactive rows."""
     lines = [_take(f"b{i}", 190, batch=True) for i in range(12)]
-    alone, alone_runner = _graph_scheduler(lines, _take("line", 10, batch=True))
-    assert alone._prepare()
-    assert alone_runner.passes == [[(i, 190, 0) for i in range(12)]]  # 12 x 190 rows: no graph holds it
+    sched, runner = _graph_scheduler(lines, _take("director", 10))
+    by_round = _passes_by_round(sched, runner)
+    assert len(runner.passes) > 1 and by_round == [1] * len(runner.passes)
+    assert all(len(p) * max(n for _, n, _ in p) <= 3480 * sched.config.batch_pass_share for p in runner.passes)
