@@ -57,7 +57,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -757,12 +757,18 @@ class Scheduler:
         """Whether several passes may run this round (PREFILL_ROUND_PASSES): they are cut to what one prefill graph
         holds (takes stream, interactive takes are about, the runner has prefill graphs) and no director is
         mid-session."""
-        if self.config.prefill_round_passes <= 1 or not self.running or not self._interactive_present():
+        if self.config.prefill_round_passes <= 1:
             return False
         if any(t.admission_class == 0 for group in (self.waiting, self.preparing, self.running) for t in group):
             return False  # a director is mid-session (a retake, continuation or barge-in): short rounds, as ever
-        rule = getattr(self.runner, "prefill_graph_rule", None)  # test stand-ins have no graphs to fit
-        return rule is not None and rule() is not None  # None: no graph ever replays a pass (the CPU)
+        return self._graph_rule() is not None
+
+    def _graph_rule(self) -> Callable[[Sequence[int], Sequence[int]], bool] | None:
+        """What a pass must fit for a prefill graph to replay it, while passes are cut to one graph's size (takes
+        stream and interactive takes are about); None otherwise, and where no graph ever replays a pass (the CPU, test
+        stand-ins)."""
+        rule = getattr(self.runner, "prefill_graph_rule", None)
+        return rule() if rule is not None and self.running and self._interactive_present() else None
 
     def _prefill_batch(self) -> list[tuple[Take, int]]:
         """(take, rows) for one pass: the next chunk of every take with rows left, oldest first,
@@ -777,8 +783,7 @@ class Scheduler:
         passes), its pieces cut to fit."""
         score_cap = self.config.prefill_max_rows * self.config.prefill_keys_per_row
         cap = self.stream_rows if self.running else self.config.prefill_max_rows
-        rule = getattr(self.runner, "prefill_graph_rule", None)  # test stand-ins have no graphs to fit
-        fits = rule() if rule is not None and self.running and self._interactive_present() else None
+        fits = self._graph_rule()
         ready = [t for t in self.preparing if self._rows_left(t) > 0 and t.waits_for is None]
         awaited = {t.waits_for for t in self.preparing if not t.batch and t.waits_for is not None}
         urgent = [t for t in ready if not t.batch or t.take_id in awaited]
