@@ -109,10 +109,11 @@ class Settings:
     prefill_graph_rows: int = setting(
         0, "padded prompt rows a batched prefill graph holds at most (0: 1,024, or the longest take if shorter)",
     )
-    # While takes stream and directors are about, prefill passes are cut to one prefill graph's size; a scheduling
-    # round runs up to this many back to back, within the rows of one budget-sized pass in all, unless a director is
-    # mid-session (a retake, continuation or barge-in): then one. 1: one a round always, as before (a burst of new
-    # lines then waits for a step between every few of them; engine/scheduler.PREFILL_ROUND_PASSES).
+    # While takes stream and interactive takes are about, prefill passes are cut to one prefill graph's size; a
+    # scheduling round runs up to this many back to back, within the rows of one budget-sized pass in all, unless a
+    # director is mid-session (a retake, continuation or barge-in) or the rows are a render's: then one. 1: one a round
+    # always, as before (a burst of new lines then waits for a step between every few of them;
+    # engine/scheduler.PREFILL_ROUND_PASSES).
     prefill_round_passes: int = setting(
         4, "graph-sized prefill passes a scheduling round may run back to back while takes stream (1 or more)",
     )

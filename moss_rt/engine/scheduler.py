@@ -104,7 +104,7 @@ PREFILL_KEYS_PER_ROW = 1024
 # (128) rows of the plain path's fp32 scores. In that bound a pass's rows count as at least this many, so short
 # chunks over long windows (prompt-cache tails, retake frames) stay within the same memory either way.
 SCORE_BOUND_MIN_ROWS = 128
-# While takes stream and directors are about, prefill passes are cut to what one prefill graph holds (~1,024 padded
+# While takes stream and interactive takes are about, prefill passes are cut to one prefill graph's size (~1,024 padded
 # rows, ~19 ms on an H200), far below stream_rows (~3,480 rows, the 50 ms budget). One such pass a round put a step
 # between every ~4 new lines of a burst (64 lines: 17 passes, 16 steps between them). So a round runs up to this many
 # back to back while their padded rows stay within stream_rows: the running streams' stall is bounded by rows as with

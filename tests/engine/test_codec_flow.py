@@ -226,7 +226,7 @@ def _passes_by_round(sched: Scheduler, runner: GraphRunner) -> list[int]:
 def test_passes_fit_a_prefill_graph_while_directors_work_and_others_stream(
     round_passes: int, stream_rows: int, by_round: list[int]
 ) -> None:
-    """Twelve directors' retakes (190 rows each) and a long prompt arrive while a take streams: every pass fits one
+    """Twelve new lines (190 rows each, no retake) and a long prompt arrive while a take streams: every pass fits one
     graph (8 pieces of 190 rows pad to 8 x 256 rows; the 700-row prompt rides along cut to 256 rows, then goes on
     alone, a lone piece's graph holding its 444 rows left), and every row goes in. A round runs graph-sized passes
     back to back while their padded rows (takes x widest chunk) stay within stream_rows, at most prefill_round_passes

@@ -1,6 +1,6 @@
 """Several graph-sized prefill passes a round (``--prefill-round-passes``) on the device: the same codes and PCM.
 
-A take streams; six directors' lines with long prompts arrive. On CUDA their prefill passes are cut to what one
+A take streams; six new lines with long prompts arrive. On CUDA their prefill passes are cut to what one
 prefill graph holds (engine/prefill_pace), so they take more than one pass: with ``prefill_round_passes`` 1 a round
 runs one of them and a step comes between; with 4 a round runs them back to back. Which rows share a pass is the
 same either way, so every take's codes and PCM are the same, bit for bit. The ``cpu`` variant runs the same body
