@@ -34,10 +34,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SMALL_BUCKETS = (2, 4, 8, 16)  # graphed batch sizes (padding stream included), every chunk length 1..8
-# Plus max_slots + 2; graphed for the first chunk (T=1) and full chunks (T=8).
-LARGE_BUCKETS = (32, 48, 64)
+# Plus max_slots + 2; graphed for the first chunk (T=1) and full chunks (T=8). 64 and 96 streams (a server of that
+# many takes, every one due on the cadence) fit with their padding row: a 64-row bucket would send them to the next.
+LARGE_BUCKETS = (32, 48, 64 + 2, 96 + 2)
 SMALL_T = tuple(range(1, 9))
-MAX_CALL_STREAMS = 64  # streams per codec call (bounds its activations); the top bucket is this + 2
+# Streams per codec call (bounds its activations: ~1 GB for 128 streams of 8 frames at full size); the top bucket is
+# this + 2. Measured on an H200 (bench/RESULTS.md, session 32): with every take its own line, 128 takes' full chunks
+# in one call instead of two of 64 took the codec from 15.0 to 12.7 ms a step and the aggregate from 437x to 460x.
+MAX_CALL_STREAMS = 128
+# Buckets past this get their first- and full-chunk graphs after ready, while idle (first in line there), not in the
+# start: only a server with more than 64 takes due on one step meets them, and each costs a start an eager warm-up
+# call of up to 130 streams before its capture (an H200's second start captured its codec graphs in 2.9 s with
+# them, 1.6 s without).
+READY_MAX_BUCKET = 64 + 2
 LARGE_T = (1, 8)
 # A graphable shape that keeps coming while the engine is never idle (a server under steady load) is
 # captured on its this-many-th eager call: a capture stalls the streams about as long as ~20 eager calls
@@ -101,11 +110,13 @@ class CodecBatcher:
         capture (engine/warm_compile.py; before any capture, while nothing else decodes)."""
         self.decoder.compile_shape(bucket, t)
 
-    def capture_next(self, main_only: bool = False) -> bool:
+    def capture_next(self, main_only: bool = False, max_bucket: int | None = None) -> bool:
         """Capture the likeliest missing graph (the engine calls this while idle); False: none left (with
-        ``main_only``: no first-chunk or full-chunk shape left, T in LARGE_T). Until a shape has its graph, calls
-        of that shape run eagerly (same numbers, slower)."""
+        ``main_only``: no first-chunk or full-chunk shape left, T in LARGE_T; with ``max_bucket``: none of a batch
+        bucket up to it). Until a shape has its graph, calls of that shape run eagerly (same numbers, slower)."""
         pending = [bt for bt in self.pending() if bt[1] in LARGE_T] if main_only else self.pending()
+        if max_bucket is not None:
+            pending = [bt for bt in pending if bt[0] <= max_bucket]
         if not pending:
             return False
         b, t = pending[0]
@@ -113,11 +124,12 @@ class CodecBatcher:
         self._warm.add((b, t))
         return True
 
-    def warm_up(self, limit: int | None = None, main_only: bool = False) -> None:
+    def warm_up(self, limit: int | None = None, main_only: bool = False, max_bucket: int | None = None) -> None:
         """Capture graphs now (all, the ``limit`` likeliest, or with ``main_only`` every first-chunk and
-        full-chunk shape): a shape without one runs eagerly, never captures in the middle of streaming."""
+        full-chunk shape; with ``max_bucket`` only batch buckets up to it): a shape without one runs eagerly,
+        never captures in the middle of streaming."""
         n = 0
-        while (limit is None or n < limit) and self.capture_next(main_only):
+        while (limit is None or n < limit) and self.capture_next(main_only, max_bucket):
             n += 1
 
     @contextlib.contextmanager

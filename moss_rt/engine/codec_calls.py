@@ -57,6 +57,10 @@ DEFAULT_CODEC_CALL_STREAMS = 255
 # are the render's 66-stream calls (~21 ms each on an H200: the director's first chunk waited 53 ms at p95 in the
 # codec's queue). Shorter calls cost the render a little codec throughput, only while someone is waiting to hear.
 STARTING_CALL_STREAMS = 16
+# A render's bulk calls hold at most this many streams, fewer than a listened stream's (codec_batch.MAX_CALL_STREAMS,
+# 128): a director's first chunk that comes while one runs waits for all of it (~40 ms for 64 streams of 8 frames on an
+# H200, ~70 ms for 128), and one call of 128 was not measured next to directors (issue 26's bench) yet.
+RENDER_CALL_STREAMS = 64
 # A render's codec calls wait this long behind directors' first chunks before they go first, whether or not the bulk
 # lane is backed up: longer than a listened stream's (codec_worker.DEFAULT_BULK_PATIENCE_S and, while nothing is
 # parked, DEFAULT_BULK_LONGEST_WAIT_S), nobody hears a render as it comes.
@@ -185,19 +189,20 @@ class CodecCalls:
 
     def pieces(self, chunks: list[Chunk], *, bulk: bool, starting: bool = False) -> list[list[Chunk]]:
         """Chunks cut into codec calls: equal lengths together; a bulk call holds at most ``call_streams``
-        streams (STARTING_CALL_STREAMS while a director's take is ``starting``), a priority call as many as one
-        graphed call of that length can (their calls are short anyway)."""
+        streams (a render's RENDER_CALL_STREAMS; STARTING_CALL_STREAMS while a director's take is ``starting``), a
+        priority call as many as one graphed call of that length can (their calls are short anyway)."""
         by_t: dict[tuple[int, bool], list[Chunk]] = {}
         for chunk in chunks:  # a render's chunks apart from listened ones: their calls wait longer (codec_call)
             by_t.setdefault((int(chunk.codes.shape[0]), chunk.take.batch), []).append(chunk)
         pieces = []
-        for (t, _), group in by_t.items():
+        for (t, batch), group in by_t.items():
+            cap = min(self.call_streams, RENDER_CALL_STREAMS) if batch else self.call_streams
             if not bulk:
                 per_call = self.streams_per_call(t, cap=len(group))
             elif starting:
-                per_call = self.streams_per_call(t, cap=min(STARTING_CALL_STREAMS, self.call_streams))
+                per_call = self.streams_per_call(t, cap=min(STARTING_CALL_STREAMS, cap))
             else:
-                per_call = self.streams_per_call(t)
+                per_call = self.streams_per_call(t, cap=cap)
             pieces += [group[at : at + per_call] for at in range(0, len(group), per_call)]
         return pieces
 

@@ -42,7 +42,7 @@ from moss_rt.engine.base import (
     TakeSpec,
     checked_codes,
 )
-from moss_rt.engine.codec_batch import CodecBatcher
+from moss_rt.engine.codec_batch import READY_MAX_BUCKET, CodecBatcher
 from moss_rt.engine.codec_worker import DEFAULT_MAX_PENDING, CodecWorker
 from moss_rt.engine.compile_workers import CompileWorkers, KernelJob, current_target, why_unsupported
 from moss_rt.engine.gc_pauses import GcPauses, freeze_start_objects, unfreeze
@@ -452,8 +452,9 @@ class MossEngine(EngineLifecycle):
 
         The step graphs (with the model's prefill graphs of longer key windows among them, runner.capture_next), then
         the codec's odd chunk lengths. The codec's first- and full-chunk shapes are captured
-        before ready (_warm_up); one still missing (a capture there failed) comes first: a burst meeting it
-        uncaptured decodes eagerly (about 55 ms a call) and then has it captured under load, stalling every stream."""
+        before ready (_warm_up) up to its READY_MAX_BUCKET; the larger ones, and one still missing (a capture there
+        failed), come first: a burst meeting one uncaptured decodes eagerly (about 55 ms a call) and then has it
+        captured under load, stalling every stream."""
         runner, batcher, worker = self._runner, self._batcher, self._codec_worker
         if self._graphs_done or worker is None:
             return False
@@ -1093,7 +1094,8 @@ class MossEngine(EngineLifecycle):
                 runner.free_slot(slot)
             self._sync()
         with timeline.phase("codec graphs captured"):
-            worker.call(lambda: batcher.warm_up(main_only=True))  # the codec only ever runs on its worker
+            # The codec only ever runs on its worker. Buckets past READY_MAX_BUCKET come first in the idle captures.
+            worker.call(lambda: batcher.warm_up(main_only=True, max_bucket=READY_MAX_BUCKET))
 
         def first_chunks() -> None:
             # The calls a take's first chunks make, to the int16 PCM the scheduler sends (codec/pcm): mono alone,

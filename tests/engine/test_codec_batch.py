@@ -54,7 +54,7 @@ def test_small_batches_are_padded_and_never_contiguous() -> None:
     dec = FakeDecoder()
     batcher = CodecBatcher(dec, 64)  # type: ignore[arg-type]
     # Padding rows share the decoder's scratch row: they hold no stream slot (no stream memory).
-    assert batcher.graphs and dec.next_slot == 0 and CodecBatcher.pad_streams(64) == 16
+    assert batcher.graphs and dec.next_slot == 0 and CodecBatcher.pad_streams(64) == 18
     batcher.warm_up()
     assert (2, 5) in dec.captured and (66, 8) in dec.captured and (66, 5) not in dec.captured
     streams = [dec.new_state() for _ in range(5)]
@@ -89,12 +89,28 @@ def test_many_streams_are_decoded_in_bounded_calls() -> None:
     dec = FakeDecoder()
     batcher = CodecBatcher(dec, 150)  # type: ignore[arg-type]
     batcher.warm_up()
-    assert max(b for b, _ in dec.captured) == 66  # no graph (and no call) wider than 64 streams + padding
+    assert max(b for b, _ in dec.captured) == 130  # no graph (and no call) wider than 128 streams + padding
     streams = [dec.new_state() for _ in range(150)]
     audio = batcher.decode(streams, [np.zeros((8, 12), np.int64)] * 150)
     assert [int(a[0, 0]) for a in audio] == [s.slot for s in streams]
-    assert [len(slots) for _, slots, _ in dec.calls] == [66, 66, 32]  # 64 + 64 + 22 streams, padded to buckets
+    assert [len(slots) for _, slots, _ in dec.calls] == [130, 32]  # 128 + 22 streams, padded to buckets
     assert all(s.frames == 8 for s in streams)
+
+
+def test_a_server_full_of_takes_decodes_its_cadence_in_one_call_with_little_padding() -> None:
+    """64, 96 or 128 takes due on the same cadence step: one graphed call each, padded by one or two rows only (a
+    64-stream call padded to 96 rows cost the 64-take bench 8 % of its aggregate on an H200)."""
+    dec = FakeDecoder()
+    batcher = CodecBatcher(dec, 209)  # type: ignore[arg-type]
+    batcher.warm_up(main_only=True)
+    assert graph_buckets(128) == (2, 4, 8, 16, 32, 48, 66, 98, 130)
+    streams = [dec.new_state() for _ in range(128)]
+    for n in (64, 96, 128):
+        dec.calls.clear()
+        audio = batcher.decode(streams[:n], [np.zeros((8, 12), np.int64)] * n)
+        assert len(audio) == n and [(graphed, len(slots)) for graphed, slots, _ in dec.calls] == [(True, n + 2)]
+    assert batcher.streams_per_call(8, 255) == 128 and batcher.streams_per_call(1, 255) == 128
+    assert batcher.streams_per_call(5, 255) == 15  # odd lengths: graphs in the small buckets only
 
 
 def test_a_shape_that_keeps_coming_under_load_is_captured_after_a_few_eager_calls() -> None:
@@ -139,6 +155,21 @@ def test_deferred_captures_are_counted_at_hand_over_and_captured_between_calls()
     batcher.note_call(full)
     batcher.decode(streams, full)
     assert dec.calls[-1][0] and len(dec.calls[-1][1]) == 48 and batcher.wanted == []
+
+
+def test_the_start_captures_buckets_up_to_64_streams_and_the_larger_ones_come_first_while_idle() -> None:
+    """Before ready the engine captures the first- and full-chunk graphs of buckets up to READY_MAX_BUCKET (each
+    larger one costs a start an eager call of up to 130 streams); idle captures then take the larger ones first."""
+    from moss_rt.engine.codec_batch import READY_MAX_BUCKET
+
+    dec = FakeDecoder()
+    batcher = CodecBatcher(dec, 209)  # type: ignore[arg-type]
+    batcher.warm_up(main_only=True, max_bucket=READY_MAX_BUCKET)
+    assert sorted(dec.captured) == sorted((b, t) for b in (2, 4, 8, 16, 32, 48, 66) for t in (1, 8))
+    assert batcher.capture_next(main_only=True) and dec.captured[-1] == (98, 1)
+    batcher.warm_up(main_only=True)
+    assert dec.captured[-3:] == [(98, 8), (130, 1), (130, 8)]
+    assert not batcher.capture_next(main_only=True) and batcher.pending()  # the odd chunk lengths are left
 
 
 def test_main_shapes_can_be_captured_before_the_odd_chunk_lengths() -> None:

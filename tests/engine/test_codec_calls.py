@@ -129,6 +129,22 @@ def test_bulk_calls_are_capped_and_shorter_while_a_director_is_starting(monkeypa
     assert [len(c) for c in handed(worker)[0][1]] == [4, 2]
 
 
+def test_a_renders_bulk_calls_hold_fewer_streams_than_listened_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A director's first chunk waits for the bulk call running when it comes: a render's calls stay at
+    RENDER_CALL_STREAMS while listened streams' go up to the codec's largest call."""
+    monkeypatch.setattr(codec_calls, "RENDER_CALL_STREAMS", 2)
+    calls, worker = make_calls(call_streams=4)
+    render = [StandInTake(f"b{i}", frames=4, batch=True) for i in range(5)]
+    listened = [StandInTake(f"s{i}", frames=4) for i in range(5)]
+    calls.send([*render, *listened], 0)
+    sizes = sorted((c[0][0], len(c)) for c in handed(worker)[0][1])
+    assert sizes == [("b", 1), ("b", 2), ("b", 2), ("s", 1), ("s", 4)]
+    calls, worker = make_calls(call_streams=4, starting=True)
+    monkeypatch.setattr(codec_calls, "STARTING_CALL_STREAMS", 3)
+    calls.send([StandInTake(f"b{i}", frames=4, batch=True) for i in range(5)], 0)
+    assert [len(c) for c in handed(worker)[0][1]] == [2, 2, 1]  # the smaller of the two caps
+
+
 def test_nothing_is_handed_over_for_takes_with_nothing_due_a_failed_codec_or_no_codec_state() -> None:
     calls, worker = make_calls()
     calls.send([StandInTake("done", frames=4, flushed=4), StandInTake("failed", frames=4, codec_error="boom"),
