@@ -79,30 +79,35 @@ PENALTY = 1.1
 # --------------------------------------------------------------------------- setup
 
 
+# The full-size writers, run in a child process: the model's makes its random weights on the GPU, and a bench process
+# that kept that CUDA context (and ~3.5 GiB its allocator cached) shared the GPU with the server it measured. On an
+# H200 such a server planned 209 slots instead of 216 and the first render with directors of script_bench took
+# 8.0-10.3 s where every later one, and every one with the checkpoints written beforehand, took 5.4-6.8 s.
+_FULL_SIZE_WRITERS = {
+    "model": "from moss_rt.model.tiny import write_full_size_random_checkpoint as w; w(sys.argv[1])",
+    "codec": "from moss_rt.codec.tiny import write_full_size_random_codec as w; w(sys.argv[1], with_encoder=False)",
+}
+
+
 def write_checkpoints(work: Path, tiny: bool) -> tuple[Path, Path]:
+    """The model and codec checkpoints under ``work`` (written once: tiny ones here, full-size random ones in a child
+    process, so this process never holds the GPU)."""
     model, codec = work / "model", work / "codec"
-    if not (model / "config.json").is_file():
-        t0 = time.perf_counter()
-        if tiny:
-            from moss_rt.model.tiny import write_tiny_checkpoint
-
-            write_tiny_checkpoint(model)
-        else:
-            from moss_rt.model.tiny import write_full_size_random_checkpoint
-
-            write_full_size_random_checkpoint(model)
-        log.info("model checkpoint written in %.1f s", time.perf_counter() - t0)
-    if not (codec / "config.json").is_file():
+    for name, folder in (("model", model), ("codec", codec)):
+        if (folder / "config.json").is_file():
+            continue
         t0 = time.perf_counter()
         if tiny:
             from moss_rt.codec.tiny import write_tiny_codec
+            from moss_rt.model.tiny import write_tiny_checkpoint
 
-            write_tiny_codec(codec)
+            (write_tiny_checkpoint if name == "model" else write_tiny_codec)(folder)
         else:
-            from moss_rt.codec.tiny import write_full_size_random_codec
-
-            write_full_size_random_codec(codec, with_encoder=False)  # the engine loads it decode-only
-        log.info("codec checkpoint written in %.1f s", time.perf_counter() - t0)
+            path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+            env = dict(os.environ, PYTHONPATH=path)
+            code = f"import sys; {_FULL_SIZE_WRITERS[name]}"
+            subprocess.run([sys.executable, "-c", code, str(folder)], check=True, env=env, cwd=ROOT)
+        log.info("%s checkpoint written in %.1f s", name, time.perf_counter() - t0)
     return model, codec
 
 
