@@ -39,8 +39,9 @@ SMALL_BUCKETS = (2, 4, 8, 16)  # graphed batch sizes (padding stream included), 
 LARGE_BUCKETS = (32, 48, 64 + 2, 96 + 2)
 SMALL_T = tuple(range(1, 9))
 # Streams per codec call (bounds its activations: ~1 GB for 128 streams of 8 frames at full size); the top bucket is
-# this + 2. Measured on an H200 (bench/RESULTS.md, session 32): with every take its own line, 128 takes' full chunks
-# in one call instead of two of 64 took the codec from 15.0 to 12.7 ms a step and the aggregate from 437x to 460x.
+# this + 2. Measured on H200s (bench/RESULTS.md, session 32): with every take its own line, 128 takes' full chunks
+# in one call instead of two of 64 took the codec from 14.9-15.6 to 11.8-12.8 ms a step and the aggregate from
+# 428-441x to 457-482x (two machines, each A/B'd on itself).
 MAX_CALL_STREAMS = 128
 # Buckets past this get their first- and full-chunk graphs after ready, while idle (first in line there), not in the
 # start: only a server with more than 64 takes due on one step meets them, and each costs a start an eager warm-up
