@@ -82,7 +82,7 @@ PENALTY = 1.1
 # The full-size writers, run in a child process: the model's makes its random weights on the GPU, and a bench process
 # that kept that CUDA context (and ~3.5 GiB its allocator cached) shared the GPU with the server it measured. On an
 # H200 such a server planned 209 slots instead of 216 and the first render with directors of script_bench took
-# 8.0-10.3 s where every later one, and every one with the checkpoints written beforehand, took 5.4-6.8 s.
+# 8.0-10.3 s where every later one, and every one with the checkpoints written beforehand, took 5.4-7.1 s.
 _FULL_SIZE_WRITERS = {
     "model": "from moss_rt.model.tiny import write_full_size_random_checkpoint as w; w(sys.argv[1])",
     "codec": "from moss_rt.codec.tiny import write_full_size_random_codec as w; w(sys.argv[1], with_encoder=False)",
