@@ -317,7 +317,11 @@ REPLICA_LABEL = re.compile(r'(,?)replica="[^"]*"')
 async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     """/metrics as {name with labels: value}; a cluster's per-replica series are summed over ``replica``."""
     async with http.get(url + "/metrics") as resp:
-        text = await resp.text()
+        return parse_metrics(await resp.text())
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus exposition text as {name with labels: value}, per-replica series summed over ``replica``."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -341,6 +345,23 @@ def codec_by_shape(delta: Callable[[str], float], after: dict[str, float], steps
         key = f"T={m.group(1)} {'graph' if m.group(2) == '1' else 'eager'}"
         out[key] = {"calls": calls, "ms_per_call": round(1000.0 * seconds / calls, 2),
                     "ms_per_step": round(1000.0 * seconds / max(1.0, steps), 3)}
+    return out
+
+
+ROUND_PHASE_SERIES = re.compile(r'^moss_rt_round_phase_seconds_sum\{phase="([a-z_]+)"\}$')
+
+
+def round_phases(delta: Callable[[str], float], after: dict[str, float], steps: float) -> dict[str, dict]:
+    """{"step": {"wall_ms_per_step", "cpu_ms_per_step"}, ...}: the engine thread's time in each part of its rounds
+    (wall, and its own CPU: the gap between them is time it waited, on the device or for the interpreter lock)."""
+    out: dict[str, dict] = {}
+    for name in sorted(after):
+        m = ROUND_PHASE_SERIES.match(name)
+        if m is None or not (seconds := delta(name)):
+            continue
+        cpu = delta(f'moss_rt_round_phase_cpu_seconds_total{{phase="{m.group(1)}"}}')
+        out[m.group(1)] = {"wall_ms_per_step": round(1000.0 * seconds / max(1.0, steps), 3),
+                           "cpu_ms_per_step": round(1000.0 * cpu / max(1.0, steps), 3)}
     return out
 
 
@@ -491,6 +512,8 @@ async def run_round(url: str | list[str], concurrency: int, repeats: int, start:
             "codec_ms_per_step": 1000.0 * delta("moss_rt_codec_seconds_sum") / max(1.0, steps),
             # The codec's time by call shape: chunk length in frames, graphed or eager (calls, ms per step).
             "codec_by_shape": codec_by_shape(delta, after, steps),
+            # The engine thread's rounds by part (control, admit, step, flush, prepare, capture): wall and CPU.
+            "round_phases": round_phases(delta, after, steps),
             # Overlap: 1 when the codec ran on its own thread/stream; the scheduler's waits for it (queue full,
             # a take's last chunk, captures/rebuilds behind queued decodes), per step and per wait.
             "codec_overlap": after.get("moss_rt_codec_overlap", float("nan")),
