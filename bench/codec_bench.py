@@ -216,11 +216,14 @@ def _bench_mode(
 @torch.no_grad()
 def bench_ages(
     codec: CodecModel, device: str, ages_s: list[float], n_streams: int, chunks: list[int], iters: int,
-    res: dict[str, object],
+    res: dict[str, object], modes: tuple[str, ...] = ("kernel", "sdpa"), profile_dir: Path | None = None,
 ) -> list[dict[str, object]]:
-    """ms per graphed call of ``n_streams`` streams x T frames at each age, kernel vs SDPA (see the docstring)."""
+    """ms per graphed call of ``n_streams`` streams x T frames at each age, by attention mode (see the docstring):
+    ``kernel`` (the window kernel over bf16 state), ``sdpa`` (masked SDPA), ``kernel-fp8`` (the kernel over fp8
+    state, ``--codec-state-dtype fp8``). ``profile_dir``: an eager kernel profile of each mode's last age and chunk."""
     import os
 
+    from moss_rt.codec.kv_quant import FP8
     from moss_rt.codec.paged_state import stream_state_bytes
 
     rows: list[dict[str, object]] = []
@@ -232,12 +235,13 @@ def bench_ages(
     audio: dict[tuple[str, int, int], torch.Tensor] = {}
     saved = os.environ.get("MOSS_RT_CODEC_KERNEL")
     try:
-        for mode in ("kernel", "sdpa"):
-            os.environ["MOSS_RT_CODEC_KERNEL"] = "1" if mode == "kernel" else "0"
+        for mode in modes:
+            os.environ["MOSS_RT_CODEC_KERNEL"] = "0" if mode == "sdpa" else "1"
             if device == "cuda":
                 torch.cuda.empty_cache()
             dec = StreamingDecoder(codec, device=device, dtype=torch.bfloat16, max_streams=n_streams,
-                                   max_chunk_frames=max(8, *chunks), cuda_graphs=device == "cuda")
+                                   max_chunk_frames=max(8, *chunks), cuda_graphs=device == "cuda",
+                                   state_dtype=FP8 if mode.endswith("fp8") else None)
             res[f"ages_{mode}_uses_window_kernel"] = all(dec._kernel_for(st) for st in dec._stages.values())
             states = [dec.new_state() for _ in range(n_streams)]
             t_cap = time.perf_counter()
@@ -276,6 +280,12 @@ def bench_ages(
                     rows.append(row)
                     log.info("%s", row)
             res[f"ages_{mode}_pool_GB"] = round(dec.pool_bytes / 1e9, 2)
+            if profile_dir is not None and device == "cuda":
+                graphs, dec.cuda_graphs = dec.cuda_graphs, False
+                try:
+                    profile_step(dec, states, probe[chunks[-1]], profile_dir / f"codec_ages_{mode}.profile.txt")
+                finally:
+                    dec.cuda_graphs = graphs
             for st in states:
                 st.close()
             del dec, states
@@ -291,6 +301,12 @@ def bench_ages(
             b = audio[("sdpa", age, t)]
             diffs[f"age{age}_T{t}"] = float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
     res["ages_kernel_vs_sdpa_rel_maxabs"] = diffs
+    # fp8 state against bf16 state, the same codes: the storage's rounding (lossy, docs/codec.md)
+    res["ages_fp8_vs_kernel_rel_maxabs"] = {
+        f"age{age}_T{t}": float((a - audio[("kernel", age, t)]).abs().max()
+                                / audio[("kernel", age, t)].abs().max().clamp_min(1e-12))
+        for (mode, age, t), a in audio.items() if mode == "kernel-fp8" and ("kernel", age, t) in audio
+    }
     return rows
 
 
@@ -323,6 +339,8 @@ def main() -> None:
     ap.add_argument("--age-streams", type=int, default=64)
     ap.add_argument("--age-chunks", default="1,8")
     ap.add_argument("--age-iters", type=int, default=10)
+    ap.add_argument("--age-modes", default="kernel,sdpa",
+                    help="attention of the by-age cases: kernel (bf16 state), sdpa, kernel-fp8 (fp8 state)")
     ap.add_argument("--skip-whole", action="store_true", help="skip the whole-clip decode/encode timings")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -369,7 +387,9 @@ def main() -> None:
     if args.ages:
         try:
             res["ages"] = bench_ages(codec, device, [float(a) for a in args.ages.split(",")], args.age_streams,
-                                     [int(c) for c in args.age_chunks.split(",")], args.age_iters, res)
+                                     [int(c) for c in args.age_chunks.split(",")], args.age_iters, res,
+                                     tuple(args.age_modes.split(",")),
+                                     out.parent if (args.profile and device == "cuda") else None)
         except Exception as exc:
             log.exception("by-age cases failed")
             res["ages_error"] = repr(exc)
