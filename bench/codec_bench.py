@@ -15,9 +15,16 @@ Streams by age (``--ages 1,5,12``): ``--age-streams`` streams (64) decoded to ea
 ``--age-chunks`` frames (1 and 8) timed through CUDA graphs with the window-attention kernel and with
 ``MOSS_RT_CODEC_KERNEL=0`` (masked SDPA over gathered rings), each stream reset to its age after every timed call;
 also the K/V bytes each stream holds at that age and how far the two attention paths' audio differ (bf16).
-The bounded run for the H200 (about 2-3 minutes)::
+``--age-modes`` picks the paths (``kernel,sdpa``; ``kernel-fp8``: the kernel over fp8 state, and how far its audio is
+from bf16 state's); with ``--profile`` each path's last age and chunk is profiled eagerly, kernel by kernel, into
+``codec_ages_<mode>.profile.txt`` next to ``--out``. The bounded run for the H200 (about 2-3 minutes)::
 
     python bench/codec_bench.py --modes none --skip-whole --ages 1,5,12 --out codec_ages.json
+
+Where a 128-stream call's time goes (bench/RESULTS.md, session 33; about a minute)::
+
+    python bench/codec_bench.py --modes none --skip-whole --ages 6,11 --age-streams 128 --age-chunks 1,8 \
+        --age-modes kernel,kernel-fp8 --profile --out ages.json
 """
 
 from __future__ import annotations
