@@ -71,6 +71,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# The integer dtypes a chunk of codes may come in (torch, and the numpy dtypes torch.as_tensor maps to them).
+_CODE_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
+_CODE_DTYPES_NP = tuple(np.dtype(d) for d in (np.int64, np.int32, np.int16, np.uint8))
+
 
 class NoFreeSlot(RuntimeError):
     """All ``max_streams`` decoder slots are held by live states; close one first."""
@@ -407,21 +411,25 @@ class StreamingDecoder:
         for s in states:
             if s.closed:
                 raise ValueError("decode on a closed DecoderState")
-        chunks = [self._as_codes(c) for c in codes]
+        chunks = [self._checked_codes(c) for c in codes]
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, c in enumerate(chunks):
+            groups[c.shape[0]].append(i)
+        # Each call's codes reach the device in one copy (a 128-stream call made 129 copies of its chunks, each a
+        # stream synchronisation and a few torch calls on the codec worker's thread: ~1.3 ms of Python on a 2-core
+        # CPU, more with the copies on an H200), their range checked once, before any state advances.
+        batches = {T: self._code_batch([chunks[i] for i in idxs]) for T, idxs in groups.items()}
         self._drain()  # blocks of streams closed since the last call are free again
         # Every stream's blocks for the whole call first: a stream that outgrew its reservation fails the call
         # here, before any state advances.
         self._grow(states, [s.frames + c.shape[0] for s, c in zip(states, chunks, strict=True)])
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, c in enumerate(chunks):
-            groups[c.shape[0]].append(i)
         out: list[torch.Tensor | None] = [None] * len(states)
         for T, idxs in groups.items():
-            batch = torch.stack([chunks[i] for i in idxs])  # [B, T, nq]
+            batch = batches[T]  # [B, T, nq]
             pieces = []
             for start in range(0, T, self.max_chunk_frames):
                 sub = batch[:, start : start + self.max_chunk_frames]
-                pieces.append(self._run([states[i] for i in idxs], sub))
+                pieces.append(self._run([states[i] for i in idxs], sub, grown=True))
                 for i in idxs:
                     states[i].frames += sub.shape[1]
             audio = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
@@ -441,18 +449,45 @@ class StreamingDecoder:
                 stage.copy_blocks(pairs)
                 self.copies += len(pairs)
 
-    def _as_codes(self, codes: np.ndarray | torch.Tensor, allow_empty: bool = False) -> torch.Tensor:
-        t = torch.as_tensor(np.asarray(codes) if not isinstance(codes, torch.Tensor) else codes)
-        if t.dim() != 2 or t.shape[1] < self.num_quantizers:
+    def _checked_codes(
+        self, codes: np.ndarray | torch.Tensor, allow_empty: bool = False
+    ) -> np.ndarray | torch.Tensor:
+        """``codes`` ``[T, >= nq]`` checked (shape, integer dtype) and cut to the decoder's ``nq`` codebooks (the
+        columns past them are never read, nor checked), where it is: numpy stays on the host (its range is checked
+        where it is copied: :meth:`_code_batch`), a tensor is range-checked now."""
+        t: np.ndarray | torch.Tensor = codes if isinstance(codes, torch.Tensor) else np.asarray(codes)
+        if t.ndim != 2 or t.shape[1] < self.num_quantizers:
             raise ValueError(f"codes must be [T, >= {self.num_quantizers}], got {tuple(t.shape)}")
         if t.shape[0] == 0 and not allow_empty:
             raise ValueError("codes chunk has no frames (T must be >= 1)")
-        if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        if isinstance(t, np.ndarray):
+            if t.dtype not in _CODE_DTYPES_NP:
+                raise ValueError(f"codes must be integers, got {t.dtype}")
+            return t[:, : self.num_quantizers]
+        if t.dtype not in _CODE_DTYPES:
             raise ValueError(f"codes must be integers, got {t.dtype}")
+        t = t[:, : self.num_quantizers]
+        self._check_range(t)
+        return t
+
+    def _check_range(self, codes: np.ndarray | torch.Tensor) -> None:
         size = self.codec.config.quantizer.codebook_size
-        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
-            raise ValueError(f"codes out of range [0, {size})")
-        return t[:, : self.num_quantizers].to(device=self.device, dtype=torch.int64)
+        if codes.size if isinstance(codes, np.ndarray) else codes.numel():
+            if int(codes.min()) < 0 or int(codes.max()) >= size:
+                raise ValueError(f"codes out of range [0, {size})")
+
+    def _code_batch(self, chunks: Sequence[np.ndarray | torch.Tensor]) -> torch.Tensor:
+        """``[B, T, nq]`` int64 on the device from B checked chunks of equal T: host chunks stacked, range-checked
+        and copied in one transfer."""
+        if all(isinstance(c, np.ndarray) for c in chunks):
+            stacked = np.stack(chunks)
+            self._check_range(stacked)
+            return torch.from_numpy(stacked.astype(np.int64, copy=False)).to(self.device)
+        return torch.stack([torch.as_tensor(c).to(device=self.device, dtype=torch.int64) for c in chunks])
+
+    def _as_codes(self, codes: np.ndarray | torch.Tensor, allow_empty: bool = False) -> torch.Tensor:
+        """One chunk ``[T, nq]`` int64 on the device, checked (see :meth:`_checked_codes`)."""
+        return self._code_batch([self._checked_codes(codes, allow_empty)])[0]
 
     # ---------------------------------------------------------------- forward
     def _kernel_for(self, st: _Stage) -> bool:
@@ -460,10 +495,13 @@ class StreamingDecoder:
         environment switch applies to eager calls and to graphs captured after it is set)."""
         return self.attention == "kernel" and wa.available(self.device, self.dtype, st.module.spec.head_dim)
 
-    def _run(self, states: Sequence[DecoderState], codes: torch.Tensor) -> torch.Tensor:
-        """One forward of B streams, equal T <= max_chunk_frames. codes ``[B, T, nq]`` → audio ``[B, ch, T*spf]``."""
+    def _run(self, states: Sequence[DecoderState], codes: torch.Tensor, grown: bool = False) -> torch.Tensor:
+        """One forward of B streams, equal T <= max_chunk_frames. codes ``[B, T, nq]`` → audio ``[B, ch, T*spf]``.
+        ``grown``: the caller made every stream writable for this chunk already (decode_tensors grows for the whole
+        call; growing again finds nothing to do, at ~10 us a stream)."""
         B, T = codes.shape[0], codes.shape[1]
-        self._grow(states, [s.frames + T for s in states])  # no-op after decode_tensors' own
+        if not grown:
+            self._grow(states, [s.frames + T for s in states])
         self._tables.sync()
         slots_list = [s.slot for s in states]
         offs_list = [s.frames for s in states]

@@ -52,9 +52,9 @@ def test_a_retake_from_shared_blocks_decodes_nothing_and_equals_rebuild_whole_an
     run_before = dec._run
     forwards: list[int] = []
 
-    def counting_run(states, chunk):  # type: ignore[no-untyped-def]
+    def counting_run(states, chunk, **kwargs):  # type: ignore[no-untyped-def]
         forwards.append(chunk.shape[1])
-        return run_before(states, chunk)
+        return run_before(states, chunk, **kwargs)
 
     dec._run = counting_run  # type: ignore[method-assign]
     length, n = 13, 5  # the parent decoded 13 frames in chunks 1, 1, 3, 8; the retake branches at 5 (in its ring)

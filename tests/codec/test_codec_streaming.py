@@ -161,6 +161,44 @@ def test_bad_input_is_rejected(dec: StreamingDecoder) -> None:
         dec.decode([state], [np.zeros((1, 12), np.int64)])
 
 
+def test_a_bad_chunk_among_many_fails_the_call_before_any_stream_advances(dec: StreamingDecoder) -> None:
+    """A call's codes are checked per chunk length before any state moves: one stream's out-of-range code (in
+    another length's group than the first streams') fails the whole call, and no stream advanced."""
+    states = [dec.new_state() for _ in range(4)]
+    try:
+        good = np.zeros((3, 12), np.int64)
+        bad = np.zeros((1, 12), np.int64)
+        bad[0, 5] = 1024
+        with pytest.raises(ValueError, match="out of range"):
+            dec.decode(states, [good, good, np.zeros((1, 12), np.int32), bad])
+        with pytest.raises(ValueError, match="integers"):
+            dec.decode(states, [good, good, good, np.zeros((3, 12), np.float32)])
+        assert [s.frames for s in states] == [0, 0, 0, 0]
+    finally:
+        for s in states:
+            s.close()
+
+
+def test_numpy_and_tensor_chunks_of_mixed_dtypes_decode_alike(
+    dec: StreamingDecoder, clips: list[tuple[np.ndarray, np.ndarray]]
+) -> None:
+    """Host chunks (copied in one transfer a call) and tensors (each its own) give the same audio, whatever
+    integer dtype they come in; extra codebook columns past the decoder's are ignored."""
+    (a, _), (b, _) = clips[0], clips[1]
+    as_numpy = [dec.new_state(), dec.new_state()]
+    as_tensors = [dec.new_state(), dec.new_state()]
+    try:
+        wide = np.concatenate([b[:4], np.full((4, 2), 5000, np.int64)], axis=1)  # 14 columns: the last 2 unused
+        ref = dec.decode(as_numpy, [a[:4].astype(np.int16), wide])
+        out = dec.decode(as_tensors, [torch.from_numpy(a[:4]).to(torch.int32), torch.from_numpy(wide)])
+        for x, y in zip(ref, out, strict=True):
+            np.testing.assert_array_equal(x, y)
+        assert [s.frames for s in as_numpy + as_tensors] == [4, 4, 4, 4]
+    finally:
+        for s in as_numpy + as_tensors:
+            s.close()
+
+
 def test_exact_at_real_window_sizes(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Real geometry (10 s windows: 125…4000 tokens, rings of 4000+ entries) at toy width: 132 frames cross
     the 125-frame window of every decoder stage, in mixed 9/4-frame chunks.
