@@ -187,8 +187,15 @@ function onAudio(pcm) {
       take.firstPcmAt = now();
       take.ttfaClient = take.firstPcmAt - take.sentAt;
       stats.lastTtfaMs = take.ttfaClient;
+      take.rxBase = before; take.lagMs = 0; take.leadMs = Infinity;
     }
     take.lastPcmAt = now();
+    // The longest its audio fell behind real time over any stretch after its first chunk: the wall time of the
+    // stretch past the audio that came in it (this page's own stalls included: it feeds the player). A player
+    // that starts with at least that much buffered never starves; leadMs is the least (time - audio) so far.
+    const at = take.lastPcmAt - take.firstPcmAt, ms = (samples) => (samples - take.rxBase) / SR * 1000;
+    take.lagMs = Math.max(take.lagMs, at - ms(before) - take.leadMs);
+    take.leadMs = Math.min(take.leadMs, at - ms(take.pcm.length));
     const ts = take.tailSplice;
     if (ts && !ts.cut && take.pcm.length >= ts.to + XFADE) { ts.cut = true; conn.send({ type: 'cancel' }); }   // the region is re-done
   } else {

@@ -33,7 +33,7 @@ function describeTake(t) {
   return { key: t.key, name: t.name, id: t.id, status: t.status, seed: t.seed, samples: t.pcm ? t.pcm.length : 0,
     channels: t.pcm ? t.pcm.ch : null, parent: t.parent ? (takeByKey(t.parent) || {}).id || null : null, spliceSample: t.spliceSample || 0,
     spliceFrame: t.spliceFrame || 0, end: t.end || null, ttfaMs: t.ttfaClient ?? null, heardMs: t.heardMs ?? null,
-    heardAtMs: t.heardAtMs ?? null, prerollMs: t.prerollMs ?? null, firstChunks: t.firstChunks || [], mismatch: t.mismatch || null, request: t.req, deleting: !!t.deleting,
+    heardAtMs: t.heardAtMs ?? null, prerollMs: t.prerollMs ?? null, lagMs: t.lagMs ?? null, firstChunks: t.firstChunks || [], mismatch: t.mismatch || null, request: t.req, deleting: !!t.deleting,
     underruns: t.underruns || 0, dropped: !!t.dropped, title: t.title || null, starred: !!t.starred, note: t.note || '',
     local: !!t.local, stored: !!t.stored, loaded: !!(t.pcm && t.pcm.complete), splices: (t.splices || []).map((x) => ({ ...x })), markers: (t.markers || []).map((m) => ({ ...m })),
     number: t.n ?? null, numbered: !!t.numbered, kind: t.kind || (t.local ? (t.comp ? 'comp' : 'splice') : 'take'), hasCodes: t.hasCodes !== false,

@@ -6,7 +6,8 @@
  *   director.js  id, req, seed, model, status, pcm while it streams, conn, end, parent, spliceSample/Frame,
  *                isRetake, tailSplice, muted, cancelling, dropped, stored, discarded, mismatch, streamText,
  *                firstChunks (frames per message), and its timings (sentAt, startAt, firstPcmAt, ttfaClient,
- *                lastPcmAt, endAt, gpuFirstMs)
+ *                lastPcmAt, endAt, gpuFirstMs; lagMs: the longest its audio fell behind real time over any
+ *                stretch after the first chunk, with rxBase and leadMs that measure it)
  *   sessions.js  the same for takes that come back from the session (and their audio when it loads)
  *   playback.js  what the director heard of it: heardMs, heardAtMs, prerollMs, heardSamples, underruns
  *   editor.js    the director's notes: title, starred, note, markers (then notesChanged)

@@ -53,6 +53,9 @@ WAIT_MS = 60_000  # generous: the CI box is slow and shared; no assertion is abo
 # would: the CPU model shares 2 cores with Chromium and maybe another test run, and PCM comes in chunks of
 # 8 frames (0.64 s). With the default, a busy box underran now and then; playback still starts mid-take.
 CUSHION_MS = 1000
+# A stream whose audio fell this close to the cushion behind real time may starve the player (its render quantum, the
+# feed's timer): assert_no_underrun counts that as the machine's doing.
+LAG_SLACK_MS = 100
 
 
 @pytest.fixture(scope="module")
@@ -93,13 +96,19 @@ def service_wav(server: str, take_id: str) -> tuple[Any, np.ndarray]:
 def assert_no_underrun(pg: Any, take: dict[str, Any]) -> None:
     """Playback never starved once the cushion was buffered (with what to look at when it did).
 
-    Only a promise while the engine outruns real time: on a loaded 2-core runner the tiny model on the
-    CPU can fall below it for a while (its ``rtf`` says so), and then starving is the machine's doing."""
+    Only a promise while the audio comes at least as fast as it plays: on a loaded 2-core runner the tiny model
+    on the CPU can fall below real time for a while (its ``rtf`` says so over the whole take; the page's ``lagMs``,
+    the longest its audio fell behind real time over any stretch, the page's own stalls included, says so of any
+    moment: a player whose cushion is at least that never starves), and then starving is the machine's doing."""
     st = stats(pg)
     rtf = take["end"].get("rtf")
-    if st["underruns"] and rtf is not None and rtf < 1.5:
+    lag = take.get("lagMs")
+    assert lag is not None and lag >= 0, take  # the page measures every streamed take
+    slow = (rtf is not None and rtf < 1.5) or (lag is not None and lag > CUSHION_MS - LAG_SLACK_MS)
+    if st["underruns"] and slow:
         return
-    assert st["underruns"] == 0, {"end": take["end"], "ttfaMs": take["ttfaMs"], "heardMs": take["heardMs"], **st}
+    assert st["underruns"] == 0, {"end": take["end"], "ttfaMs": take["ttfaMs"], "heardMs": take["heardMs"],
+                                  "lagMs": lag, **st}
 
 
 def assert_same_audio(held: np.ndarray, rendered: np.ndarray) -> None:
