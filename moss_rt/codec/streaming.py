@@ -415,9 +415,9 @@ class StreamingDecoder:
         groups: dict[int, list[int]] = defaultdict(list)
         for i, c in enumerate(chunks):
             groups[c.shape[0]].append(i)
-        # Each call's codes reach the device in one copy (a 128-stream call made 129 copies of its chunks, each a
-        # stream synchronisation and a few torch calls on the codec worker's thread: ~1.3 ms of Python on a 2-core
-        # CPU, more with the copies on an H200), their range checked once, before any state advances.
+        # Each call's codes reach the device in one copy, their range checked once, before any state advances: a
+        # 128-stream call made 129 copies (each a stream synchronisation, with two reductions for its range) and
+        # took 3-4 ms longer on an H200 (bench/RESULTS.md, session 33).
         batches = {T: self._code_batch([chunks[i] for i in idxs]) for T, idxs in groups.items()}
         self._drain()  # blocks of streams closed since the last call are free again
         # Every stream's blocks for the whole call first: a stream that outgrew its reservation fails the call

@@ -104,7 +104,7 @@ def assert_no_underrun(pg: Any, take: dict[str, Any]) -> None:
     rtf = take["end"].get("rtf")
     lag = take.get("lagMs")
     assert lag is not None and lag >= 0, take  # the page measures every streamed take
-    slow = (rtf is not None and rtf < 1.5) or (lag is not None and lag > CUSHION_MS - LAG_SLACK_MS)
+    slow = (rtf is not None and rtf < 1.5) or lag > CUSHION_MS - LAG_SLACK_MS
     if st["underruns"] and slow:
         return
     assert st["underruns"] == 0, {"end": take["end"], "ttfaMs": take["ttfaMs"], "heardMs": take["heardMs"],
