@@ -26,6 +26,14 @@ prefill, first frame, codec queue, decode), in the order the retakes' first audi
 any PCM that arrived after its take's ``end`` or before the next take's ``start`` (must be 0). The table of the issue
 is printed at the end.
 
+Each director retakes as soon as it has heard its retake point, so a round's retakes come as close together as its
+first takes' audio did: an engine whose first audio comes sooner and closer together meets a tighter burst of
+retakes, and its retake figures look worse for it (each round reports how far apart its seeks went out:
+``retake_seeks``, the table's last column). ``--retake-at S`` sends every director's seek at one shared instant, S
+seconds after the round's start (each keeps reading its audio until then), so trees are compared under the same
+burst; S must come after every director's retake point and before its first take ends (a director whose take
+ended first fails the round; 1.8 s suits 64 directors on an H200 for both a fresh and a cached round).
+
 ``--client-procs N`` spreads a round's directors over N client processes (default 1: one event loop reads and
 writes every socket, and at 64 directors its own backlog shows in the figures; separate people's browsers do not
 share one). Rows are comparable only at the same setting: the JSON says which (``client_procs``).
@@ -84,6 +92,11 @@ class Workload:
     cancel_after: int = 20  # frames of the retake heard before the cancel
     new_line_frames: int = 20  # frames of the new line heard before it is cancelled
     chunk_frames: int = 8
+    # None: each director retakes as soon as it has heard retake_after frames, so the retakes come as close together
+    # as the first takes' audio did (a faster engine makes a tighter burst). A number: every director of the round
+    # waits for this many seconds after the round's start instant (and for its retake_after frames, reading its
+    # audio meanwhile) and then seeks, so every tree is measured under one burst (``--retake-at``).
+    retake_at: float | None = None
     # The tiny model's stop head is sampled to stop about every 60 frames: --tiny draws it greedily (never stops).
     # The full-size random checkpoint never stops at the default sampling.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -99,6 +112,7 @@ class Director:
     cancel_to_end: float | None = None
     new_line_first_audio: float | None = None
     retake_window: tuple[float, float] | None = None  # seek sent -> the retake's first PCM
+    retake_late: bool = False  # --retake-at: it had not heard retake_after frames by the shared instant
     # (arrival time, frames, stream name) of every PCM frame group
     pcm: list[tuple[float, int, str]] = field(default_factory=list)
     stopped: dict[str, float] = field(default_factory=dict)  # stream name -> when the director stopped it
@@ -148,6 +162,18 @@ class Socket:
             if got == kind:
                 return obj
 
+    async def audio_until(self, deadline: float) -> bool:
+        """Read (and keep) whatever comes until ``deadline`` (perf_counter): whether the take ended meanwhile. The
+        socket is read all along, as a player does, so the server never sees a slow client."""
+        while (left := deadline - time.perf_counter()) > 0:
+            try:
+                kind, _ = await asyncio.wait_for(self.next(), timeout=left)
+            except TimeoutError:
+                return False
+            if kind == "end":
+                return True
+        return False
+
     async def audio(self, frames: int) -> tuple[float | None, bool]:
         """Read until ``frames`` frames of PCM came or the take ended: (first PCM time, whether it ended)."""
         first, got = None, 0
@@ -162,7 +188,7 @@ class Socket:
 
 
 async def direct(http: aiohttp.ClientSession, ws_url: str, rec: Director, lines: tuple[str, str], seed: int,
-                 work: Workload, mode: str, go: asyncio.Event, delay: float) -> Director:
+                 work: Workload, mode: str, go: asyncio.Event, delay: float, go_at: float) -> Director:
     try:
         async with http.ws_connect(ws_url, max_msg_size=64 * 2**20) as ws:
             sock = Socket(ws, rec)
@@ -182,6 +208,10 @@ async def direct(http: aiohttp.ClientSession, ws_url: str, rec: Director, lines:
             if first is None or ended:
                 raise RuntimeError("the first take ended before the retake point (a sampled stop)")
             rec.first_audio = first - t0
+            if work.retake_at is not None:  # one shared instant for every director's seek
+                rec.retake_late = time.perf_counter() > go_at + work.retake_at
+                if await sock.audio_until(go_at + work.retake_at):
+                    raise RuntimeError("the first take ended before the shared retake instant (--retake-at)")
             # 2. the retake from frame retake_from
             t_seek = time.perf_counter()
             rec.stopped[sock.stream] = t_seek
@@ -232,6 +262,15 @@ async def direct(http: aiohttp.ClientSession, ws_url: str, rec: Director, lines:
     except Exception as exc:  # one failing director is reported, the round goes on
         rec.error = f"{type(exc).__name__}: {exc}"
     return rec
+
+
+def seek_spread(directors: list[Director]) -> dict[str, Any]:
+    """When the round's seeks went out, in ms after the first one: p50 / p95 / last, and how many directors had not
+    heard their retake point by a shared instant (``--retake-at``: those seek late, when they have)."""
+    sent = sorted(d.retake_window[0] for d in directors if d.retake_window is not None)
+    after = [t - sent[0] for t in sent]
+    return {"p50": pct(after, 50), "p95": pct(after, 95), "last": round(after[-1] * 1000.0, 1) if after else None,
+            "late": sum(d.retake_late for d in directors)}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -309,7 +348,7 @@ async def run_directors(http: aiohttp.ClientSession, ws_url: str, jobs: list[tup
     all start at ``go_at`` (perf_counter) plus their delay; a director not done within ``limit_s`` failed."""
     go = asyncio.Event()
     recs = [Director(i) for i, _, _ in jobs]
-    tasks = [asyncio.create_task(direct(http, ws_url, rec, pair, 1000 * i + 1, work, mode, go, delay))
+    tasks = [asyncio.create_task(direct(http, ws_url, rec, pair, 1000 * i + 1, work, mode, go, delay, go_at))
              for rec, (i, pair, delay) in zip(recs, jobs, strict=True)]
     await asyncio.sleep(max(0.0, go_at - time.perf_counter()))
     go.set()
@@ -418,6 +457,8 @@ async def run_round(url: str, lines: list[tuple[str, str]], concurrency: int, st
         "cancel_to_end_ms": stat([d.cancel_to_end for d in directors]),
         "new_line_ms": stat([d.new_line_first_audio for d in directors]),
         "rtf_during_retakes": rtf_during(directors),
+        # How close together the retakes' seeks went out: the burst the retake figures were measured under.
+        "retake_seeks": seek_spread(directors),
         # The engine's own rounds meanwhile (--round-trace): where the retakes' wait went, round by round.
         **({"rounds_during_retakes": trace_during(trace, directors)} if trace is not None else {}),
         # Where the retakes' first audio went, engine side (p50 / p95 ms of each part).
@@ -525,8 +566,8 @@ def table(result: dict[str, Any]) -> str:
     """The issue's table: one row per concurrency and start mode (p50 / p95 ms)."""
     rows = ["| directors | starts | first audio | retake: seek → first audio | retake, new seed only | cancel → `end` "
             "| new line after a cancel | slowest stream / chunk during retakes | step intervals > 80 ms | codec states "
-            "shared / rebuilt |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "shared / rebuilt | seeks: last after first |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(stats: list[dict[str, Any] | None]) -> str:
         """p50 / p95 of the samples of every given round together."""
@@ -553,12 +594,14 @@ def table(result: dict[str, Any]) -> str:
         total = sum(r["server"]["step_intervals"] for r in rs)
         shared = sum(r["server"]["codec_states"]["shared"] for r in rs)
         rebuilt = sum(r["server"]["codec_states"]["rebuilt"] for r in rs)
+        spreads = [r["retake_seeks"]["last"] for r in rs if (r.get("retake_seeks") or {}).get("last") is not None]
         rows.append(
             f"| {who(conc, rs[0]['directors'])} | {starts} | {cell([r.get('first_audio_ms') for r in both])} "
             f"| {cell([r.get('retake_ms') for r in instr])} | {cell([r.get('retake_ms') for r in seed])} "
             f"| {cell([r.get('cancel_to_end_ms') for r in both])} | {cell([r.get('new_line_ms') for r in both])} "
             f"| {stream if stream is not None else '–'}× / {chunk if chunk is not None else '–'}× "
-            f"| {over:.0f} of {total:.0f} | {shared:.0f} / {rebuilt:.0f} |"
+            f"| {over:.0f} of {total:.0f} | {shared:.0f} / {rebuilt:.0f} "
+            f"| {f'{max(spreads):,.0f} ms' if spreads else '–'} |"
         )
     return "\n".join(rows)
 
@@ -573,6 +616,10 @@ def main() -> None:
     p.add_argument("--starts", default="burst,spread", help="burst, spread or both")
     p.add_argument("--retakes", default="instruction,seed", help="instruction (new instruction and seed), seed")
     p.add_argument("--spread-sec", type=float, default=3.0)
+    p.add_argument("--retake-at", type=float, default=None,
+                   help="every director seeks this many seconds after the round's start instant (once it has heard "
+                        "its retake point): one burst of retakes whatever the first takes' timing (default: each "
+                        "seeks when it has heard its retake point)")
     p.add_argument("--single-repeats", type=int, default=5, help="directors one after another at concurrency 1")
     p.add_argument("--round-repeats", type=int, default=1,
                    help="each round this many times in a row (the table pools their samples: a steadier p95)")
@@ -597,7 +644,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "rounds": []}
-    work = Workload(frames=args.frames, extra={"text_temperature": 0.0} if args.tiny else {})
+    work = Workload(frames=args.frames, retake_at=args.retake_at,
+                    extra={"text_temperature": 0.0} if args.tiny else {})
     model, codec = eb.write_checkpoints(args.work, args.tiny)
     result["checkpoints_sec"] = round(time.perf_counter() - t_all, 1)
     top = max(args.concurrency) if max(args.concurrency) > 1 else args.single_repeats
