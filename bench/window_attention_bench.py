@@ -1,13 +1,17 @@
 """The codec's window-attention kernel on full-size stage shapes (CUDA): its tiles swept, against dense SDPA.
 
-    python bench/window_attention_bench.py [s5 s5full s4 s0 stages]
+    python bench/window_attention_bench.py [s5 s5full s4 s0 stages cudnn]
 
 One decoder layer's attention at 64 streams, 5 s into a take (10 s windows; s5full: 10 s, the window full), with
 random bf16 keys in blocks scattered over the pool as the paged layout leaves them. For each tile shape: ms a call
 and the largest difference from the default tiles' output; "dense SDPA" is flash attention over as many contiguous
 keys, the speed a window kernel can aim for. ``stages`` sweeps a few tiles around the default on every decoder
 stage of the full-size codec, chunks of 1 and 8 frames, 16 and 64 streams (best of 3 x 30 calls each), and prints
-one line a case. Results: bench/RESULTS.md (sessions 10, 28, 29).
+one line a case. ``cudnn`` runs the engine's large-call shapes (128 streams; 8 frames at the 400, 200 and 100 Hz
+stages, 1 frame at 400 Hz; 6 and 11 s old) through cuDNN's flash attention instead (its SDPA with paged K/V and a
+bottom-right band of ``context`` keys, the kernel's semantics), beside the shipped kernel: it needs the cuDNN
+frontend, not a dependency of moss_rt (``pip install nvidia-cudnn-frontend==1.16.0``; 1.14-1.16 require nothing
+else). Results: bench/RESULTS.md (sessions 10, 28, 29, 34).
 """
 
 import sys
@@ -145,9 +149,101 @@ def stage_case(spec, g, frames, B, age):
           f"max|d| {max(e for _, _, e in timed):.1e}", flush=True)
 
 
+def cudnn_cases() -> None:
+    """The shipped kernel against cuDNN's SDPA on the same pool, table and ages (see the module docstring).
+
+    cuDNN reads a stream's keys in logical order 0..seq_len_kv through a page table; the pool holds each stream's
+    keys in a ring of blocks (position k in ring entry (k // block) % ring_blocks). So each call builds, once per
+    stage (every layer reuses it), a page table that starts the ring at the block holding the first key any query
+    of the chunk sees, rounded down to a block: logical key j is position base + j, seq_len_kv = last position + 1 -
+    base, and the band (bottom-right aligned, ``context`` keys including the query's own) masks what lies before
+    each query's window. One more page than the ring covers the rounding."""
+    import cudnn
+
+    handle = cudnn.create_handle()
+    print(f"cuDNN {cudnn.backend_version()}", flush=True)
+    rows = [  # name, streams, heads, queries a stream, context, tokens a frame, block, age in frames
+        ("400 Hz, 8 frames, 6 s", 128, 12, 256, 4000, 32, 256, 75),
+        ("400 Hz, 8 frames, 11 s", 128, 12, 256, 4000, 32, 256, 137),
+        ("400 Hz, 1 frame, 6 s", 128, 12, 32, 4000, 32, 256, 75),
+        ("200 Hz, 8 frames, 11 s", 128, 12, 128, 2000, 16, 128, 137),
+        ("100 Hz, 8 frames, 11 s", 128, 12, 64, 1000, 8, 64, 137),
+    ]
+    for row in rows:
+        cudnn_case(cudnn, handle, *row)
+
+
+def cudnn_case(cudnn, handle, name: str, B: int, H: int, Tq: int, context: int, tpf: int, block: int,
+               age: int) -> None:
+    """One row of ``cudnn_cases``: one layer's attention both ways, ms a call and the largest difference."""
+    import time
+
+    D = 64
+    ring = cdiv(context + 8 * tpf - 1, block)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    kp = torch.randn(B * ring + 1, H, block, D, device="cuda", generator=gen).bfloat16()
+    vp = torch.randn_like(kp)
+    table = (torch.randperm(B * ring, generator=torch.Generator().manual_seed(1)) + 1).view(B, ring)
+    table = table.to(torch.int32).cuda()
+    q = torch.randn(B, H, Tq, D, device="cuda", generator=gen).bfloat16()
+    slots = torch.arange(B, device="cuda")
+    offs = (age - torch.arange(B) % 3).cuda()  # a little apart, as the engine's streams are
+    kw = dict(tokens_per_frame=tpf, context=context, block=block, ring_blocks=ring, scale=D ** -0.5)
+    ref = wa.window_attention(q, kp, vp, table, slots, offs, **kw)
+    shipped = best_of(lambda: wa.window_attention(q, kp, vp, table, slots, offs, **kw))
+
+    pages = ring + 1
+    cols = torch.arange(pages, device="cuda")
+    page_table = torch.zeros(B, 1, pages, 1, dtype=torch.int32, device="cuda")
+    seq_q = torch.full((B, 1, 1, 1), Tq, dtype=torch.int32, device="cuda")
+    seq_kv = torch.zeros(B, 1, 1, 1, dtype=torch.int32, device="cuda")
+
+    def prepare() -> None:
+        start = offs * tpf
+        base = (start - context + 1).clamp(min=0) // block  # the ring entry of the first key any query sees
+        page_table.copy_(table[slots[:, None], (base[:, None] + cols[None, :]) % ring].view(B, 1, pages, 1))
+        seq_kv.copy_((start + Tq - base * block).view(B, 1, 1, 1))
+
+    out = torch.empty(B, Tq, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    graph = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    t_q, t_k, t_v = graph.tensor_like(q), graph.tensor_like(kp), graph.tensor_like(vp)
+    t_pk, t_pv = graph.tensor_like(page_table), graph.tensor_like(page_table)
+    t_sq, t_skv = graph.tensor_like(seq_q), graph.tensor_like(seq_kv)
+    o, _ = graph.sdpa(name="window", q=t_q, k=t_k, v=t_v, is_inference=True, attn_scale=D ** -0.5,
+                      use_padding_mask=True, seq_len_q=t_sq, seq_len_kv=t_skv,
+                      diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT, diagonal_band_left_bound=context,
+                      diagonal_band_right_bound=0, paged_attention_k_table=t_pk, paged_attention_v_table=t_pv,
+                      paged_attention_max_seq_len_kv=pages * block)
+    o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride()))
+    t0 = time.perf_counter()
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+    built = time.perf_counter() - t0
+    workspace = torch.empty(max(1, graph.get_workspace_size()), device="cuda", dtype=torch.uint8)
+    pack = {t_q: q, t_k: kp, t_v: vp, t_pk: page_table, t_pv: page_table, t_sq: seq_q, t_skv: seq_kv, o: out}
+
+    def run() -> None:
+        graph.execute(pack, workspace, handle=handle)
+
+    prepare()
+    run()
+    err = (out.float() - ref.float()).abs().max().item()
+    attend = best_of(run)
+    with_table = best_of(lambda: (prepare(), run()))
+    print(f"{name}: shipped {shipped:.3f} ms, cuDNN {attend:.3f} ms a layer ({shipped / attend:.2f}x; "
+          f"{with_table:.3f} with the page table, made once a stage), max |d| {err:.1e}, built in {built:.2f} s",
+          flush=True)
+
+
 if __name__ == "__main__":
     for which in sys.argv[1:] or ["s5", "s4", "s0"]:
         if which == "stages":
             stage_sweep()
+        elif which == "cudnn":
+            cudnn_cases()
         else:
             case(*CASES[which])
