@@ -1,6 +1,13 @@
-"""Small helpers for engine tests: codes of a take as the server recorded them, metrics parsing."""
+"""Small helpers for engine tests: codes of a take as the server recorded them, metrics parsing, bench scripts."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
 
 import aiohttp
 import numpy as np
@@ -28,3 +35,24 @@ async def metrics(server: RunningServer) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
+
+
+@contextmanager
+def bench_module(filename: str) -> Iterator[ModuleType]:
+    """A script of ``bench/`` imported by path (bench/ is not a package), registered while in use (its dataclasses
+    look their module up) and with ``sys.path`` as it was (a bench puts its own folders first)."""
+    path = Path(__file__).resolve().parents[2] / "bench" / filename
+    name = f"{path.stem}_under_test"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    try:
+        yield module
+    finally:
+        sys.modules.pop(name, None)

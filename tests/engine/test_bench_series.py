@@ -3,29 +3,17 @@ per-step breakdowns silently empty (bench/engine_bench.py ``round_phases``, ``co
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 from prometheus_client import generate_latest
 
 from moss_rt.engine.metrics import EngineMetrics
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.engine.helpers import bench_module
 
 
 @pytest.fixture(scope="module")
 def engine_bench():
-    spec = importlib.util.spec_from_file_location("engine_bench_under_test", ROOT / "bench" / "engine_bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    saved = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved  # the bench puts its own folders first
-    return module
+    with bench_module("engine_bench.py") as module:
+        yield module
 
 
 def snapshot(metrics: EngineMetrics, engine_bench) -> dict[str, float]:

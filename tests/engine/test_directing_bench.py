@@ -4,33 +4,21 @@ out: the figures of two trees are comparable only under the same burst of retake
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import struct
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import aiohttp
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.engine.helpers import bench_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("directing_bench_under_test", ROOT / "bench" / "directing_bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    saved = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved  # the bench puts its own folders first
-    yield module
-    sys.modules.pop(spec.name, None)
+    with bench_module("directing_bench.py") as module:
+        yield module
 
 
 def frame(tag: int, payload: bytes) -> SimpleNamespace:
