@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moss_rt.kernel_switch import kernel_wanted
+
 from . import fused
 from .config import TransformerSpec
 
@@ -30,6 +32,7 @@ __all__ = [
     "KVTarget",
     "ProjectedTransformer",
     "acc_dtype",
+    "gelu_ffn",
     "TransformerLayer",
     "rotate_pairs",
     "patch_fold",
@@ -233,11 +236,50 @@ def run_layers_fused(
         a = attend(li, q).transpose(1, 2).reshape(B, T, -1)
         u = F.linear(a, layer.self_attn.out_proj.weight)
         x, h = fused.residual_norm(x, u, layer.layer_scale_1.scale, layer.norm2, wdt)
-        w1, w2 = layer.ffn_weights
-        u = F.linear(F.gelu(F.linear(h, w1)), w2)
+        u = gelu_ffn(h, *layer.ffn_weights)
         nxt = layers[li + 1].norm1 if li + 1 < len(layers) else None
         x, h = fused.residual_norm(x, u, layer.layer_scale_2.scale, nxt, wdt)
     return h
+
+
+FFN_EPILOGUE_SWITCH = "MOSS_RT_CODEC_FFN_EPILOGUE"  # moss_rt/kernel_switch.py's rule; "0": GELU as its own kernel
+_EPILOGUE_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def gelu_ffn(h: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """The fused path's FFN, ``Linear(w2)(GELU(Linear(w1)(h)))`` over ``h`` ``[..., d]`` in the compute dtype.
+
+    In bf16/fp16 on CUDA the GELU runs in the first GEMM's epilogue (cuBLASLt's, through ``torch._addmm_activation``
+    with a zero bias): the 4x-wide activation is written once instead of written, read, written and read again
+    around a GELU kernel of its own, one kernel fewer a layer (full-size decoder on an H200, graphed: the FFNs of a
+    128-stream 8-frame call 14.5 -> 12.6 ms, of a one-frame call 2.7 -> 2.3 ms). The epilogue's GELU is the tanh form,
+    within 5e-4 of the exact one, and it acts on the fp32 accumulator before the one rounding to bf16, where the plain
+    path rounds before and after its exact GELU: against an fp32 reference with the exact GELU it is as close or
+    closer (tests/codec/test_codec_cuda.py). fp32 keeps the exact GELU, so the fp32 paths stay equal to the
+    reference to ~1e-7.
+    """
+    if not (h.is_cuda and h.dtype in _EPILOGUE_DTYPES and kernel_wanted(FFN_EPILOGUE_SWITCH, on_cuda=True)):
+        return F.linear(F.gelu(F.linear(h, w1)), w2)
+    bias = _zero_bias(w1.shape[0], w1.dtype, h.device)
+    wide = torch._addmm_activation(bias, h.reshape(-1, h.shape[-1]), w1.t(), use_gelu=True)
+    return F.linear(wide, w2).view(*h.shape[:-1], w2.shape[0])
+
+
+def _zero_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The epilogue's bias (cuBLASLt's GELU epilogue comes with one), made once per width outside any CUDA graph
+    capture: made during one, it would hold zeros only once the graph replayed. Every capture follows warm-up runs of
+    its shapes (streaming.py), so a width's first call is never a capture's; if one were, it fails loudly here."""
+    key = (n, dtype, device)
+    bias = _ZERO_BIASES.get(key)
+    if bias is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"codec FFN: first call of width {n} ({dtype}) inside a CUDA graph capture; "
+                               "run it eagerly first (warm-up)")
+        bias = _ZERO_BIASES[key] = torch.zeros(n, dtype=dtype, device=device)
+    return bias
+
+
+_ZERO_BIASES: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
 
 
 class TransformerStack(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -87,3 +88,15 @@ def test_deinterleave_even_samples_are_left(tiny_codec: CodecModel) -> None:
     x = torch.arange(8, dtype=torch.float32).view(1, 8, 1)
     y = tiny_codec.deinterleave(x)
     assert y.tolist() == [[[0, 2, 4, 6], [1, 3, 5, 7]]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_ffn_off_cuda_is_the_exact_gelu_ffn(dtype: torch.dtype) -> None:
+    """The fused path's FFN keeps the exact GELU wherever its epilogue form does not run (CPU, any dtype; fp32
+    anywhere): the same ops as the layer's plain FFN, bit for bit. On CUDA in bf16: tests/codec/test_codec_cuda.py."""
+    from moss_rt.codec.modules import gelu_ffn
+
+    g = torch.Generator().manual_seed(0)
+    h, w1, w2 = (torch.randn(*s, generator=g).to(dtype) for s in ((2, 5, 16), (64, 16), (16, 64)))
+    plain = F.linear(F.gelu(F.linear(h, w1)), w2)
+    assert torch.equal(gelu_ffn(h, w1, w2), plain)
