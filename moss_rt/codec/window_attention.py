@@ -56,8 +56,12 @@ log = logging.getLogger(__name__)
 BLOCK_N = 64  # keys per tile where no power-of-two tile of MIN_ALIGNED_TILE keys or more divides the block
 MIN_ALIGNED_TILE = 32
 MAX_ALIGNED_TILE = 128
-FULL_BLOCK_TILE = 64  # keys per tile (at most) and pipeline stages for full query blocks: tiles_for
-FULL_BLOCK_STAGES = 3
+FULL_BLOCK_TILE = 64  # keys per tile (at most) for full query blocks: tiles_for
+# Registers a thread may use on CUDA (16-bit pools): left to itself the compiler takes 140-164 for the full-block
+# tiles, which fits 3 programs of 4 warps on an SM; at 128 four fit (no spills with 2 stages) and the kernel, bound
+# by latency rather than by any one pipe (ncu, 400 Hz 8-frame call: tensor 29 %, MUFU 39 %, FMA 26 %, 18 % of the warp
+# slots in use), hides more of it: 1.10-1.22x on every shape that matters (tiles_for).
+MAX_REGISTERS = 128
 MAX_BLOCK_M = 64  # queries per program (a power of two, >= 16 for tl.dot)
 TARGET_PROGRAMS = 256  # split the keys of small calls until about this many programs run (~2 per H200 SM)
 MAX_SPLITS = 32
@@ -115,6 +119,7 @@ class Tiles:
     block_n: int = BLOCK_N
     num_warps: int = 4
     num_stages: int = 2
+    max_registers: int | None = MAX_REGISTERS  # per thread, on CUDA with 16-bit pools (None: the compiler's choice)
 
 
 def tiles_for(tq: int, block: int) -> Tiles:
@@ -122,16 +127,26 @@ def tiles_for(tq: int, block: int) -> Tiles:
     block where one of at least MIN_ALIGNED_TILE keys does (64 streams, the last full-size stage: 1.45 ms a layer
     with 64-key tiles gathered key by key, 0.55 ms with 128-key tiles inside blocks of 256).
 
-    Full query blocks (chunks of 8 frames at 100 Hz and above) run 64-key tiles with 3 pipeline stages; smaller ones
-    (1-frame chunks) 128-key tiles with 2. Measured with the base-2 softmax on the H200 (``window_attention_bench.py
-    stages``, 64 streams, ms a layer): 8-frame chunks at 400 Hz 0.485 -> 0.441, at 200 Hz 0.160 -> 0.143, at 100 Hz
-    0.073 -> 0.067; a 1-frame chunk at 400 Hz 0.143 with 128-key tiles against 0.154-0.191 with 64."""
+    Full query blocks (chunks of 8 frames at 100 Hz and above) run 64-key tiles, smaller ones (1-frame chunks)
+    128-key tiles, all with 2 pipeline stages and at most MAX_REGISTERS registers a thread. Measured on the H200
+    (128 streams, graphed, ms a layer, the compiler's registers -> 128): 8 frames at 400 Hz 11 s old 1.57 (3 stages)
+    -> 1.40, 1 s old 0.294 -> 0.241; at 200 Hz 6 s 0.309 -> 0.272; at 50 Hz 0.093 -> 0.078; one frame at 400 Hz 6 s
+    0.319 -> 0.267; at 12.5 Hz and young 1-frame windows within 3 % either way. (Before the cap, 3 stages beat 2 for
+    full blocks: 64 streams, 400 Hz, 0.485 -> 0.441.)"""
     rows = block_rows(tq)
     full = rows == MAX_BLOCK_M
     tile = tile_divisor(block, FULL_BLOCK_TILE if full else MAX_ALIGNED_TILE)
     if tile < MIN_ALIGNED_TILE:
         return Tiles(rows, BLOCK_N)
-    return Tiles(rows, tile, num_stages=FULL_BLOCK_STAGES if full else 2)
+    return Tiles(rows, tile)
+
+
+def _register_cap(tiles: Tiles, q: torch.Tensor, fp8: bool) -> dict[str, int]:
+    """The launch option capping registers (``maxnreg``), for the tuned case only: CUDA, 16-bit queries and pools.
+    fp32 (tests) and fp8 pools (their dequantisation holds more registers) keep the compiler's choice."""
+    if tiles.max_registers is None or not q.is_cuda or fp8 or q.dtype == torch.float32:
+        return {}
+    return {"maxnreg": tiles.max_registers}
 
 
 def block_rows(tq: int) -> int:
@@ -219,7 +234,7 @@ def window_attention(
             table.stride(0), out.stride(0), out.stride(2), out.stride(1),
             D=D, BLOCK_M=bm, BLOCK_N=bn, IEEE=q.dtype == torch.float32 or not q.is_cuda,
             UPCAST=not q.is_cuda, SPLIT=splits > 1, ALIGNED=aligned, FP8=fp8, num_warps=tiles.num_warps,
-            num_stages=tiles.num_stages,
+            num_stages=tiles.num_stages, **_register_cap(tiles, q, fp8),
         )
         if splits > 1:
             merge[(qblocks, B * H)](part_acc, part_ml, out, H, Tq, splits, out.stride(0), out.stride(2),
