@@ -253,3 +253,23 @@ def test_a_recorded_kernel_is_compiled_by_the_next_start_before_any_pass_meets_i
     finally:
         driver._active = saved
         silu_mul.device_caches.clear()  # other tests meet the kernel as a new process would
+
+
+def test_the_shipped_window_attention_jobs_carry_the_launch_options_it_uses_now() -> None:
+    """A kernel's specialization holds its launch options, so a change of them (registers, pipeline stages) leaves
+    the shipped jobs naming kernels no start meets: they compile when met instead of ahead (session 35: 4 s more on
+    a fresh H200 start). The window kernel's 16-bit jobs must carry the register cap and the stages tiles_for gives
+    (every tile it chooses has the same), fp8 and fp32 ones the compiler's registers."""
+    from moss_rt.codec import window_attention as wa
+
+    stages = {wa.tiles_for(tq, block).num_stages for tq in (1, 8, 16, 32, 64, 128, 256) for block in (8, 64, 256)}
+    assert len(stages) == 1
+    jobs = [j for j in load_jobs(manifest_paths(Path("no-data-dir"))[:-1], "3.6.0", H200) if j.name == "_attend"]
+    assert jobs
+    for job in jobs:
+        spec = json.loads(job.specialization)
+        cap = wa.MAX_REGISTERS if spec["signature"]["K"] in ("*bf16", "*fp16") else None
+        assert spec["options"].get("maxnreg") == cap, spec["options"]
+        n = spec["options"]["num_stages"]
+        assert n in stages and f"'num_stages': {n}" in spec["key"]
+        assert (f"'maxnreg': {cap}" in spec["key"]) == (cap is not None)
