@@ -6,12 +6,13 @@ One decoder layer's attention at 64 streams, 5 s into a take (10 s windows; s5fu
 random bf16 keys in blocks scattered over the pool as the paged layout leaves them. For each tile shape: ms a call
 and the largest difference from the default tiles' output; "dense SDPA" is flash attention over as many contiguous
 keys, the speed a window kernel can aim for. ``stages`` sweeps a few tiles around the default on every decoder
-stage of the full-size codec, chunks of 1 and 8 frames, 16 and 64 streams (best of 3 x 30 calls each), and prints
-one line a case. ``cudnn`` runs the engine's large-call shapes (128 streams; 8 frames at the 400, 200 and 100 Hz
+stage of the full-size codec, chunks of 1 and 8 frames, 16 and 64 streams (best of 3 x 30 calls each), each with
+the register cap (``window_attention.MAX_REGISTERS``) and without, and prints one line a case (cells: key tile /
+stages / registers). ``cudnn`` runs the engine's large-call shapes (128 streams; 8 frames at the 400, 200 and 100 Hz
 stages, 1 frame at 400 Hz; 6 and 11 s old) through cuDNN's flash attention instead (its SDPA with paged K/V and a
 bottom-right band of ``context`` keys, the kernel's semantics), beside the shipped kernel: it needs the cuDNN
 frontend, not a dependency of moss_rt (``pip install nvidia-cudnn-frontend==1.16.0``; 1.14-1.16 require nothing
-else). Results: bench/RESULTS.md (sessions 10, 28, 29, 34).
+else). Results: bench/RESULTS.md (sessions 10, 28, 29, 34, 35).
 """
 
 import sys
@@ -121,7 +122,8 @@ def stage_case(spec, g, frames, B, age):
     tiles = {default}
     for bn in (32, 64, 128):
         if g.block % bn == 0 or bn == wa.BLOCK_N:  # an unaligned tile other than the fallback's is never chosen
-            tiles.update(T(default.block_m, bn, 4, stages) for stages in (2, 3, 4))
+            for stages in (2, 3, 4):  # each with the register cap and with the compiler's choice
+                tiles.update(T(default.block_m, bn, 4, stages, regs) for regs in (wa.MAX_REGISTERS, None))
     D, H, ring = spec.head_dim, spec.num_heads, g.ring_blocks
     gen = torch.Generator(device="cuda").manual_seed(0)
     kp = torch.randn(B * ring + 1, H, g.block, D, device="cuda", generator=gen).bfloat16()
@@ -138,15 +140,20 @@ def stage_case(spec, g, frames, B, age):
 
     ref = run(default).float()
     timed = []
-    for t in sorted(tiles, key=lambda t: (t.block_n, t.num_stages)):
+    for t in sorted(tiles, key=lambda t: (t.block_n, t.num_stages, t.max_registers or 0)):
         err = (run(t).float() - ref).abs().max().item()
         timed.append((best_of(lambda t=t: run(t)), t, err))
     base = next(ms for ms, t, _ in timed if t == default)
-    cells = "  ".join(f"{t.block_n}/{t.num_stages}:{ms:.3f}{'*' if t == default else ''}" for ms, t, _ in timed)
+    cells = "  ".join(f"{_label(t)}:{ms:.3f}{'*' if t == default else ''}" for ms, t, _ in timed)
     best = min(timed, key=lambda r: r[0])
     print(f"{spec.rate_hz:g} Hz block {g.block} chunk {frames} (Tq {tq}, M {default.block_m}) B{B}: {cells}  "
-          f"best {best[1].block_n}/{best[1].num_stages} {best[0]:.3f} vs {base:.3f}  "
+          f"best {_label(best[1])} {best[0]:.3f} vs {base:.3f}  "
           f"max|d| {max(e for _, _, e in timed):.1e}", flush=True)
+
+
+def _label(t) -> str:
+    """key tile / pipeline stages / registers a thread (r- : the compiler's choice)."""
+    return f"{t.block_n}/{t.num_stages}/r{t.max_registers or '-'}"
 
 
 def cudnn_cases() -> None:
