@@ -258,7 +258,8 @@ def gelu_ffn(h: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tenso
     closer (tests/codec/test_codec_cuda.py). fp32 keeps the exact GELU, so the fp32 paths stay equal to the
     reference to ~1e-7.
     """
-    if not (h.is_cuda and h.dtype in _EPILOGUE_DTYPES and kernel_wanted(FFN_EPILOGUE_SWITCH, on_cuda=True)):
+    epilogue = h.is_cuda and h.dtype in _EPILOGUE_DTYPES and h.numel() > 0  # (an empty call: the plain ops)
+    if not (epilogue and kernel_wanted(FFN_EPILOGUE_SWITCH, on_cuda=True)):
         return F.linear(F.gelu(F.linear(h, w1)), w2)
     bias = _zero_bias(w1.shape[0], w1.dtype, h.device)
     wide = torch._addmm_activation(bias, h.reshape(-1, h.shape[-1]), w1.t(), use_gelu=True)
