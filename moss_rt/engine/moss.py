@@ -33,6 +33,7 @@ import torch
 from moss_rt import __version__ as moss_rt_version
 from moss_rt.config import Settings
 from moss_rt.engine import gpu_streams
+from moss_rt.engine.arrivals import SubmitsInFlight, gather_burst
 from moss_rt.engine.base import (
     EngineBusy,
     EngineInfo,
@@ -97,8 +98,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BURST_WINDOW_S = 0.003  # an idle engine collects takes arriving within this of each other...
-BURST_MAX_S = 0.05  # ...for at most this long
 IDLE_WAIT_S = 0.1  # nothing to do: sleep until woken (submit, cancel, job) or this long
 # A graph capture while idle holds a take that arrives meanwhile for its length (0.1-0.3 s at full size): one starts
 # only once the engine has had nothing to do for this long, so a director taking take after take (a gap of a few
@@ -172,6 +171,7 @@ class MossEngine(EngineLifecycle):
         self._admit_lock = threading.Lock()
         self._prompts_built = PromptRowsCache()  # retakes with a new seed are not tokenized again (event loop only)
         self._in_system = 0
+        self._submits = SubmitsInFlight()  # accepted, not in the inbox yet (an idle engine waits for a burst's)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._loaded: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -297,18 +297,19 @@ class MossEngine(EngineLifecycle):
             raise EngineBusy(retry_after_sec=5.0)  # shutting down: come back later
         if self._loop is None or not self._ready:
             raise EngineLoading(retry_after_sec=5.0)
-        prompt = await self._checked_prompt(spec)
-        if not self._ready or self._stop.is_set():
-            # close() ran during the check: the stopped worker would never read the inbox again.
-            raise EngineBusy(retry_after_sec=5.0)
-        with self._admit_lock:
-            if self._in_system >= self._capacity + (self._barge_in_room if spec.barge_in else 0):
-                self.metrics.busy.inc()
-                raise EngineBusy(retry_after_sec=1.0)
-            self._in_system += 1
-        channel = EngineChannel(self._loop, spec.take_id, self._lead_frames, wake=self._wake)
-        self._inbox.put_nowait(Take(spec, channel, prompt=prompt, submitted=submitted))
-        self._wake.set()
+        with self._submits.one():  # on its way: an idle engine that has a take waits for this one too
+            prompt = await self._checked_prompt(spec)
+            if not self._ready or self._stop.is_set():
+                # close() ran during the check: the stopped worker would never read the inbox again.
+                raise EngineBusy(retry_after_sec=5.0)
+            with self._admit_lock:
+                if self._in_system >= self._capacity + (self._barge_in_room if spec.barge_in else 0):
+                    self.metrics.busy.inc()
+                    raise EngineBusy(retry_after_sec=1.0)
+                self._in_system += 1
+            channel = EngineChannel(self._loop, spec.take_id, self._lead_frames, wake=self._wake)
+            self._inbox.put_nowait(Take(spec, channel, prompt=prompt, submitted=submitted))
+        self._wake.set()  # after the count dropped: an idle engine gathering a burst sees this take landed
         return channel
 
     async def _checked_prompt(self, spec: TakeSpec) -> np.ndarray:
@@ -504,18 +505,9 @@ class MossEngine(EngineLifecycle):
                 return n
 
     def _gather_burst(self, sched: Scheduler) -> None:
-        """An idle engine that just got a take waits a moment for the rest of a burst.
-
-        Takes that arrive together share one batched prefill pass and then step together (one
-        batch, one codec call per chunk); a take arriving a round later would need a pass of its
-        own, under the streaming budget. The wait ends as soon as a short window brings nothing
-        new, so a lone take pays one window.
-        """
-        deadline = time.monotonic() + BURST_MAX_S
-        while time.monotonic() < deadline:
-            time.sleep(BURST_WINDOW_S)
-            if self._drain_inbox(sched) == 0:
-                return
+        """An idle engine that just got a take moves in the rest of its burst, if more are on their way
+        (engine/arrivals: a lone take starts at once, a burst shares one batched prefill pass)."""
+        gather_burst(self._submits, lambda: self._drain_inbox(sched), self._wake)
 
     def _run_jobs(self, *, streaming: bool) -> bool:
         """Renders and encodes: one piece per round while takes stream, everything when idle."""

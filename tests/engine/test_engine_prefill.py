@@ -7,8 +7,11 @@ import threading
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
 from moss_rt.client import DirectingClient
+from moss_rt.engine import arrivals
+from moss_rt.engine import moss as engine_module
 from tests.engine.helpers import LONG, metrics, take_codes
 from tests.helpers import RunningServer, run, wait_until
 
@@ -109,5 +112,40 @@ def test_passes_are_capped_by_prefill_max_rows(moss_server) -> None:
         assert m["moss_rt_prefill_batch_size_count"] == 3  # the first alone, then 2 + 2
         assert m["moss_rt_prefill_batch_size_sum"] == 5
         assert m['moss_rt_prefill_batch_size_bucket{le="2.0"}'] == 3
+
+    run(scenario())
+
+
+def test_a_burst_still_on_its_way_shares_one_pass_with_the_take_that_landed_first(
+    moss_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle engine handed a take waits for the takes still on their way (their prompt rows being built on helper
+    threads) and prefills them all in one pass: the first to land is not sent ahead alone (engine/arrivals)."""
+    srv = moss_server(prompt_cache=False)
+    monkeypatch.setattr(arrivals, "BURST_MAX_S", 60.0)  # only the landings end the wait here
+    texts = ["Hi.", FIRST, "No."]
+    gates = {text: threading.Event() for text in texts}
+    real_prompt_rows = engine_module.prompt_rows
+
+    def held(runner, spec):  # noqa: ANN001, ANN202 - stands in for prompts.prompt_rows
+        assert gates[spec.text].wait(60)
+        return real_prompt_rows(runner, spec)
+
+    monkeypatch.setattr(engine_module, "prompt_rows", held)
+
+    async def scenario() -> None:
+        takes = [asyncio.create_task(_speak(srv, text, 50 + i)) for i, text in enumerate(texts)]
+        await wait_until(lambda: srv.engine._submits.count == len(texts), 30.0)
+        gates[texts[0]].set()
+        await wait_until(lambda: srv.engine._submits.count == len(texts) - 1, 30.0)
+        await asyncio.sleep(0.3)  # time enough for a pass of the first take alone, were it sent ahead
+        assert (await metrics(srv)).get("moss_rt_prefill_batch_size_count", 0.0) == 0
+        for gate in gates.values():
+            gate.set()
+        for _, end in await asyncio.gather(*takes):
+            assert end["reason"] == "max_frames" and end["n_frames"] == 6, end
+        m = await metrics(srv)
+        assert m["moss_rt_prefill_batch_size_count"] == 1
+        assert m["moss_rt_prefill_batch_size_sum"] == len(texts)
 
     run(scenario())
