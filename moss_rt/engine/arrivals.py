@@ -8,10 +8,13 @@ that never came.
 
 What the engine can know instead is whether more takes are on their way: a submit counts itself in flight from the
 moment it is accepted until its take is in the engine's inbox (its prompt rows are built in between, on a helper
-thread, for about a millisecond). :func:`gather_burst` waits only while some are in flight, woken as each lands,
-and never past ``max_s``; with none in flight it returns at once. A burst's takes all reach the server's event loop
-before the first one's prompt is built (the loop reads every message while that build runs on its thread), so they
-are counted in flight when the engine looks.
+thread, and it yields to the event loop once before it lands, so the messages that came with it are read and their
+submits counted too). One take with nothing in flight starts at once (:func:`gather_burst`); a burst (more than one
+take, or some in flight) is gathered as before, until a whole window brings nothing and nothing is on its way.
+
+Measured on an H200 (bench/RESULTS.md, session 36): a lone take's queue time 3.6-3.9 ms -> 0.5-0.6 ms. Counting in
+flight alone, without the window for bursts, split bursts of cached prompts (built on the spot, so never in flight
+for long): 64 takes of one line 447x -> 414-416x; the window stays for them.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-# An idle engine waits for takes in flight at most this long in all (a prompt built slowly must not hold the ones
-# already here), and looks again at least this often (a submit refused on its way lands nothing and wakes nobody).
+# An idle engine that has more than one take, or takes on their way, gathers until a window this long brings nothing
+# and no submit is in flight, and for at most BURST_MAX_S in all (a prompt built slowly must not hold the takes
+# already here).
+BURST_WINDOW_S = 0.003
 BURST_MAX_S = 0.05
-BURST_POLL_S = 0.003
 
 
 class SubmitsInFlight:
@@ -56,17 +60,27 @@ def gather_burst(
     drain: Callable[[], int],
     wake: threading.Event,
     *,
+    landed: int,
     max_s: float | None = None,
-    poll_s: float = BURST_POLL_S,
+    window_s: float = BURST_WINDOW_S,
 ) -> int:
-    """Move into the engine the takes of a burst that are still on their way (``drain``: the inbox into the
-    scheduler, returning how many); returns how many it moved. Waits only while submits are in flight, woken by
-    each landing one, and at most ``max_s`` (default BURST_MAX_S)."""
+    """Move into the engine the rest of a burst (``drain``: the inbox into the scheduler, returning how many);
+    ``landed``: the takes it just moved in. Returns how many more it moved.
+
+    One take with nothing in flight is a lone take: it starts at once. Otherwise the engine gathers until a whole
+    window brings nothing new while no submit is in flight (woken early by each landing take), at most ``max_s``
+    (default BURST_MAX_S)."""
+    if landed <= 1 and not in_flight.count:
+        return 0
     moved = 0
     deadline = time.monotonic() + (BURST_MAX_S if max_s is None else max_s)
-    while in_flight.count and time.monotonic() < deadline:
+    while (left := deadline - time.monotonic()) > 0:
         wake.clear()
-        if in_flight.count:  # looked at after clear(): a landing take's set() is never lost
-            wake.wait(min(poll_s, max(0.0, deadline - time.monotonic())))
-        moved += drain()
+        n = drain()  # what landed before the clear (its wake-up is gone now)
+        if n == 0:
+            woke = wake.wait(min(window_s, left))
+            n = drain()
+            if n == 0 and not woke and not in_flight.count:
+                break  # a quiet window, nothing on its way: the burst is in
+        moved += n
     return moved + drain()

@@ -299,6 +299,9 @@ class MossEngine(EngineLifecycle):
             raise EngineLoading(retry_after_sec=5.0)
         with self._submits.one():  # on its way: an idle engine that has a take waits for this one too
             prompt = await self._checked_prompt(spec)
+            # One turn of the event loop before it lands: the messages that came with this one are read and their
+            # submits counted in flight first (a prompt built on the spot never awaited).
+            await asyncio.sleep(0)
             if not self._ready or self._stop.is_set():
                 # close() ran during the check: the stopped worker would never read the inbox again.
                 raise EngineBusy(retry_after_sec=5.0)
@@ -420,8 +423,9 @@ class MossEngine(EngineLifecycle):
         while not self._stop.is_set():
             self._wake.clear()
             was_idle = sched.idle
-            if self._drain_inbox(sched) and was_idle:
-                self._gather_burst(sched)
+            landed = self._drain_inbox(sched)
+            if landed and was_idle:
+                self._gather_burst(sched, landed)
             try:
                 worked = sched.iterate()
             except Exception:  # a scheduler bug must not leave every client hanging on a dead thread
@@ -504,10 +508,10 @@ class MossEngine(EngineLifecycle):
             except queue.Empty:
                 return n
 
-    def _gather_burst(self, sched: Scheduler) -> None:
-        """An idle engine that just got a take moves in the rest of its burst, if more are on their way
-        (engine/arrivals: a lone take starts at once, a burst shares one batched prefill pass)."""
-        gather_burst(self._submits, lambda: self._drain_inbox(sched), self._wake)
+    def _gather_burst(self, sched: Scheduler, landed: int) -> None:
+        """An idle engine that just got ``landed`` takes moves in the rest of their burst (engine/arrivals: a lone
+        take starts at once, a burst shares one batched prefill pass)."""
+        gather_burst(self._submits, lambda: self._drain_inbox(sched), self._wake, landed=landed)
 
     def _run_jobs(self, *, streaming: bool) -> bool:
         """Renders and encodes: one piece per round while takes stream, everything when idle."""

@@ -43,7 +43,8 @@ class Inbox:
 def test_a_lone_take_is_not_held_for_a_burst_that_is_not_coming() -> None:
     inbox, wake = Inbox(), CountingEvent()
     inbox.land()
-    assert gather_burst(SubmitsInFlight(), inbox.drain, wake, max_s=30.0) == 1
+    assert inbox.drain() == 1  # the engine moved it in when it woke
+    assert gather_burst(SubmitsInFlight(), inbox.drain, wake, landed=1, max_s=30.0) == 0
     assert wake.waits == 0  # the old rule waited one 3 ms window here, on every lone take's first audio
 
 
@@ -64,7 +65,7 @@ def test_takes_on_their_way_are_waited_for_and_moved_in_as_they_land() -> None:
     started.wait(5)  # both counted in flight
     assert submits.count == 2
     threading.Timer(0.05, release.set).start()
-    moved = gather_burst(submits, inbox.drain, wake, max_s=30.0)
+    moved = gather_burst(submits, inbox.drain, wake, landed=1, max_s=30.0)
     for t in threads:
         t.join(5)
     assert moved == 2 and submits.count == 0
@@ -75,9 +76,26 @@ def test_a_submit_that_never_lands_holds_the_engine_for_max_s_at_most() -> None:
     submits, inbox, wake = SubmitsInFlight(), Inbox(), CountingEvent()
     with submits.one():  # a prompt still being built when the wait runs out
         t0 = time.monotonic()
-        assert gather_burst(submits, inbox.drain, wake, max_s=0.05, poll_s=0.01) == 0
+        assert gather_burst(submits, inbox.drain, wake, landed=1, max_s=0.05, window_s=0.01) == 0
         assert time.monotonic() - t0 < 5.0  # bounded (not a timing measurement: it would hang otherwise)
         assert wake.waits >= 1
+
+
+def test_takes_that_landed_together_wait_for_a_quiet_window_for_the_rest() -> None:
+    """Two takes already in (a burst whose prompts were built on the spot, never in flight for long): the engine
+    still waits one whole window for more, and moves in one that lands meanwhile."""
+    inbox, wake = Inbox(), CountingEvent()
+    for _ in range(2):
+        inbox.land()
+    assert inbox.drain() == 2
+
+    def straggler() -> None:
+        inbox.land()
+        wake.set()
+
+    threading.Timer(0.01, straggler).start()
+    assert gather_burst(SubmitsInFlight(), inbox.drain, wake, landed=2, max_s=30.0, window_s=1.0) == 1
+    assert wake.waits >= 2  # woken by the straggler, then one quiet window
 
 
 def test_a_refused_submit_stops_counting() -> None:
