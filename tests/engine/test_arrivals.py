@@ -94,7 +94,7 @@ def test_takes_that_landed_together_wait_for_a_quiet_window_for_the_rest() -> No
         wake.set()
 
     threading.Timer(0.01, straggler).start()
-    assert gather_burst(SubmitsInFlight(), inbox.drain, wake, landed=2, max_s=30.0, window_s=1.0) == 1
+    assert gather_burst(SubmitsInFlight(), inbox.drain, wake, landed=2, max_s=30.0, window_s=0.3) == 1
     assert wake.waits >= 2  # woken by the straggler, then one quiet window
 
 
