@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -11,14 +12,18 @@ from moss_rt.engine.arrivals import SubmitsInFlight, gather_burst
 
 
 class CountingEvent(threading.Event):
-    """A wake-up event that records how often the engine waited on it."""
+    """A wake-up event that records how often the engine waited on it; ``on_first_wait`` runs (on another thread)
+    when the engine first waits, so what it does comes while the engine waits, however slow the machine."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_first_wait: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.waits = 0
+        self.on_first_wait = on_first_wait
 
     def wait(self, timeout: float | None = None) -> bool:
         self.waits += 1
+        if self.waits == 1 and self.on_first_wait is not None:
+            threading.Thread(target=self.on_first_wait).start()
         return super().wait(timeout)
 
 
@@ -49,8 +54,8 @@ def test_a_lone_take_is_not_held_for_a_burst_that_is_not_coming() -> None:
 
 
 def test_takes_on_their_way_are_waited_for_and_moved_in_as_they_land() -> None:
-    submits, inbox, wake = SubmitsInFlight(), Inbox(), CountingEvent()
     started, release = threading.Barrier(3), threading.Event()
+    submits, inbox, wake = SubmitsInFlight(), Inbox(), CountingEvent(on_first_wait=release.set)
 
     def submit() -> None:
         with submits.one():
@@ -64,7 +69,6 @@ def test_takes_on_their_way_are_waited_for_and_moved_in_as_they_land() -> None:
         t.start()
     started.wait(5)  # both counted in flight
     assert submits.count == 2
-    threading.Timer(0.05, release.set).start()
     moved = gather_burst(submits, inbox.drain, wake, landed=1, max_s=30.0)
     for t in threads:
         t.join(5)
@@ -84,16 +88,15 @@ def test_a_submit_that_never_lands_holds_the_engine_for_max_s_at_most() -> None:
 def test_takes_that_landed_together_wait_for_a_quiet_window_for_the_rest() -> None:
     """Two takes already in (a burst whose prompts were built on the spot, never in flight for long): the engine
     still waits one whole window for more, and moves in one that lands meanwhile."""
-    inbox, wake = Inbox(), CountingEvent()
-    for _ in range(2):
-        inbox.land()
-    assert inbox.drain() == 2
 
     def straggler() -> None:
         inbox.land()
         wake.set()
 
-    threading.Timer(0.01, straggler).start()
+    inbox, wake = Inbox(), CountingEvent(on_first_wait=straggler)
+    for _ in range(2):
+        inbox.land()
+    assert inbox.drain() == 2
     assert gather_burst(SubmitsInFlight(), inbox.drain, wake, landed=2, max_s=30.0, window_s=0.3) == 1
     assert wake.waits >= 2  # woken by the straggler, then one quiet window
 
