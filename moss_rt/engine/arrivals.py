@@ -12,7 +12,7 @@ thread, and it yields to the event loop once before it lands, so the messages th
 submits counted too). One take with nothing in flight starts at once (:func:`gather_burst`); a burst (more than one
 take, or some in flight) is gathered as before, until a whole window brings nothing and nothing is on its way.
 
-Measured on an H200 (bench/RESULTS.md, session 36): a lone take's queue time 3.6-3.9 ms -> 0.5-0.6 ms. Counting in
+Measured on an H200 (bench/RESULTS.md, session 36): a lone take's queue time 3.6-3.9 ms -> 0.4-0.8 ms. Counting in
 flight alone, without the window for bursts, split bursts of cached prompts (built on the spot, so never in flight
 for long): 64 takes of one line 447x -> 414-416x; the window stays for them.
 """
