@@ -1,6 +1,6 @@
 """The codec's window-attention kernel on full-size stage shapes (CUDA): its tiles swept, against dense SDPA.
 
-    python bench/window_attention_bench.py [s5 s5full s4 s0 stages cudnn]
+    python bench/window_attention_bench.py [s5 s5full s4 s0 stages cudnn fa4]
 
 One decoder layer's attention at 64 streams, 5 s into a take (10 s windows; s5full: 10 s, the window full), with
 random bf16 keys in blocks scattered over the pool as the paged layout leaves them. For each tile shape: ms a call
@@ -12,7 +12,11 @@ stages / registers). ``cudnn`` runs the engine's large-call shapes (128 streams;
 stages, 1 frame at 400 Hz; 6 and 11 s old) through cuDNN's flash attention instead (its SDPA with paged K/V and a
 bottom-right band of ``context`` keys, the kernel's semantics), beside the shipped kernel: it needs the cuDNN
 frontend, not a dependency of moss_rt (``pip install nvidia-cudnn-frontend==1.16.0``; 1.14-1.16 require nothing
-else). Results: bench/RESULTS.md (sessions 10, 28, 29, 34, 35).
+else). ``fa4`` runs the same shapes through FlashAttention 4's CuTe-DSL forward for Hopper (``flash_attn.cute``, a
+warp-specialized kernel with asynchronous warp-group MMAs and TMA loads: ``pip install flash-attn-4``, which pulls the
+CUTLASS DSL, ~110 MB; not a dependency of moss_rt) over the pool as it is (pages of ``block`` keys through a page
+table, read without TMA where a page is not the kernel's 128-key tile) and over a token-major copy of it cut into
+128-key pages (what a pool laid out for it would give). Results: bench/RESULTS.md (sessions 10, 28, 29, 34, 35, 37).
 """
 
 import sys
@@ -156,6 +160,15 @@ def _label(t) -> str:
     return f"{t.block_n}/{t.num_stages}/r{t.max_registers or '-'}"
 
 
+CUDNN_ROWS = [  # name, streams, heads, queries a stream, context, tokens a frame, block, age in frames
+    ("400 Hz, 8 frames, 6 s", 128, 12, 256, 4000, 32, 256, 75),
+    ("400 Hz, 8 frames, 11 s", 128, 12, 256, 4000, 32, 256, 137),
+    ("400 Hz, 1 frame, 6 s", 128, 12, 32, 4000, 32, 256, 75),
+    ("200 Hz, 8 frames, 11 s", 128, 12, 128, 2000, 16, 128, 137),
+    ("100 Hz, 8 frames, 11 s", 128, 12, 64, 1000, 8, 64, 137),
+]
+
+
 def cudnn_cases() -> None:
     """The shipped kernel against cuDNN's SDPA on the same pool, table and ages (see the module docstring).
 
@@ -169,14 +182,7 @@ def cudnn_cases() -> None:
 
     handle = cudnn.create_handle()
     print(f"cuDNN {cudnn.backend_version()}", flush=True)
-    rows = [  # name, streams, heads, queries a stream, context, tokens a frame, block, age in frames
-        ("400 Hz, 8 frames, 6 s", 128, 12, 256, 4000, 32, 256, 75),
-        ("400 Hz, 8 frames, 11 s", 128, 12, 256, 4000, 32, 256, 137),
-        ("400 Hz, 1 frame, 6 s", 128, 12, 32, 4000, 32, 256, 75),
-        ("200 Hz, 8 frames, 11 s", 128, 12, 128, 2000, 16, 128, 137),
-        ("100 Hz, 8 frames, 11 s", 128, 12, 64, 1000, 8, 64, 137),
-    ]
-    for row in rows:
+    for row in CUDNN_ROWS:
         cudnn_case(cudnn, handle, *row)
 
 
@@ -246,11 +252,90 @@ def cudnn_case(cudnn, handle, name: str, B: int, H: int, Tq: int, context: int, 
           flush=True)
 
 
+def fa4_cases() -> None:
+    """The shipped kernel against FlashAttention 4 (CuTe DSL, SM90) on ``cudnn_cases``' shapes (module docstring)."""
+    from flash_attn.cute.interface import flash_attn_varlen_func
+
+    for row in CUDNN_ROWS:
+        fa4_case(flash_attn_varlen_func, *row)
+
+
+def fa4_case(attend, name: str, B: int, H: int, Tq: int, context: int, tpf: int, block: int, age: int) -> None:
+    """One row of ``fa4_cases``: ms a layer both ways, the largest difference, and the first call's compile time.
+
+    As in ``cudnn_case``, a page table per stage starts each stream's ring at the block holding the first key its
+    chunk sees; ``seqused_k`` ends it at the chunk's last query, and a local window of ``context`` keys (the query's
+    own included) bottom-right aligned masks the rest."""
+    import time
+
+    D = 64
+    ring = cdiv(context + 8 * tpf - 1, block)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    kp = torch.randn(B * ring + 1, H, block, D, device="cuda", generator=gen).bfloat16()
+    vp = torch.randn_like(kp)
+    table = (torch.randperm(B * ring, generator=torch.Generator().manual_seed(1)) + 1).view(B, ring)
+    table = table.to(torch.int32).cuda()
+    q = torch.randn(B, H, Tq, D, device="cuda", generator=gen).bfloat16()
+    slots = torch.arange(B, device="cuda")
+    offs = (age - torch.arange(B) % 3).cuda()
+    kw = dict(tokens_per_frame=tpf, context=context, block=block, ring_blocks=ring, scale=D ** -0.5)
+    ref = wa.window_attention(q, kp, vp, table, slots, offs, **kw)
+    shipped = best_of(lambda: wa.window_attention(q, kp, vp, table, slots, offs, **kw))
+    keys = min(context, int(age) * tpf + Tq)
+    flops = 4 * B * H * Tq * keys * D
+
+    pages = ring + 1
+    cols = torch.arange(pages, device="cuda")
+    start = offs * tpf
+    base = (start - context + 1).clamp(min=0) // block
+    blocks = table[slots[:, None], (base[:, None] + cols[None, :]) % ring]  # (B, pages): the pool's blocks in order
+    seqused = (start + Tq - base * block).to(torch.int32)
+    qf = q.transpose(1, 2)  # (B, Tq, H, D)
+    split = block // 128
+    layouts = {
+        f"pool as it is (pages of {block})": (kp.transpose(1, 2), vp.transpose(1, 2), blocks.contiguous()),
+        "token-major, pages of 128": (
+            kp.transpose(1, 2).contiguous().view(-1, 128, H, D), vp.transpose(1, 2).contiguous().view(-1, 128, H, D),
+            (blocks[:, :, None] * split + torch.arange(split, device="cuda", dtype=torch.int32)).flatten(1).contiguous(),
+        ) if block % 128 == 0 and split > 1 else None,
+    }
+    cells = []
+    for label, layout in layouts.items():
+        if layout is None:
+            continue
+        k, v, page_table = layout
+        for left in (context - 1, context):
+            def run(k=k, v=v, page_table=page_table, left=left):
+                out = attend(qf, k, v, seqused_k=seqused, page_table=page_table, softmax_scale=D ** -0.5,
+                             window_size=(left, 0))
+                return out[0] if isinstance(out, tuple) else out
+            try:
+                t0 = time.perf_counter()
+                out = run()
+                torch.cuda.synchronize()
+                built = time.perf_counter() - t0
+                err = (out.transpose(1, 2).float() - ref.float()).abs().max().item()
+            except Exception as exc:  # noqa: BLE001 - a layout the kernel refuses is a result too
+                cells.append(f"{label}, window {left}: FAILED {type(exc).__name__}: {str(exc)[:160]}")
+                continue
+            if err > 0.05:
+                cells.append(f"{label}, window {left}: max |d| {err:.1e} (other semantics)")
+                continue
+            ms = best_of(run)
+            cells.append(f"{label}, window {left}: {ms:.3f} ms ({shipped / ms:.2f}x; {flops / ms / 1e9:.0f} TFLOP/s), "
+                         f"max |d| {err:.1e}, first call {built:.1f} s")
+    print(f"{name}: shipped {shipped:.3f} ms ({flops / shipped / 1e9:.0f} TFLOP/s)", flush=True)
+    for cell in cells:
+        print(f"   FA4 {cell}", flush=True)
+
+
 if __name__ == "__main__":
     for which in sys.argv[1:] or ["s5", "s4", "s0"]:
         if which == "stages":
             stage_sweep()
         elif which == "cudnn":
             cudnn_cases()
+        elif which == "fa4":
+            fa4_cases()
         else:
             case(*CASES[which])
