@@ -494,6 +494,10 @@ async def run_round(url: str | list[str], concurrency: int, repeats: int, start:
         # One take at a time (the cold start's first takes): each one's first audio, where its time went.
         **({"first_audio_paths": [{"gpu_first_ms": t["gpu_first_ms"], **t["path"]} for t in takes]}
            if concurrency == 1 else {}),
+        # Many at once: where the takes' first audio went, each part's p50 / p95 over the takes.
+        **({"first_audio_path_ms": {k: [pct([t["path"][k] for t in takes if k in t["path"]], q) for q in (50, 95)]
+                                    for k in FIRST_AUDIO_PATH}}
+           if concurrency > 1 else {}),
         "gpu_first_ms_p50": pct([t["gpu_first_ms"] for t in takes if t["gpu_first_ms"] is not None], 50),
         "gpu_first_ms_p95": pct([t["gpu_first_ms"] for t in takes if t["gpu_first_ms"] is not None], 95),
         "ttfa_ms_p50": pct([t["ttfa_ms"] for t in takes if t["ttfa_ms"] is not None], 50),
