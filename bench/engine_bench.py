@@ -369,6 +369,11 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else float("nan")
 
 
+def first_audio_parts(paths: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Many takes at once: where their first audio went, each part's [p50, p95] in ms over the takes that have it."""
+    return {k: [pct([p[k] for p in paths if k in p], q) for q in (50, 95)] for k in FIRST_AUDIO_PATH}
+
+
 CLUSTER_SERIES = (
     "moss_rt_frames_total", "moss_rt_prompt_rows_total", "moss_rt_cluster_prompt_routes_total",
     "moss_rt_takes_total",
@@ -494,10 +499,7 @@ async def run_round(url: str | list[str], concurrency: int, repeats: int, start:
         # One take at a time (the cold start's first takes): each one's first audio, where its time went.
         **({"first_audio_paths": [{"gpu_first_ms": t["gpu_first_ms"], **t["path"]} for t in takes]}
            if concurrency == 1 else {}),
-        # Many at once: where the takes' first audio went, each part's p50 / p95 over the takes.
-        **({"first_audio_path_ms": {k: [pct([t["path"][k] for t in takes if k in t["path"]], q) for q in (50, 95)]
-                                    for k in FIRST_AUDIO_PATH}}
-           if concurrency > 1 else {}),
+        **({"first_audio_path_ms": first_audio_parts([t["path"] for t in takes])} if concurrency > 1 else {}),
         "gpu_first_ms_p50": pct([t["gpu_first_ms"] for t in takes if t["gpu_first_ms"] is not None], 50),
         "gpu_first_ms_p95": pct([t["gpu_first_ms"] for t in takes if t["gpu_first_ms"] is not None], 95),
         "ttfa_ms_p50": pct([t["ttfa_ms"] for t in takes if t["ttfa_ms"] is not None], 50),

@@ -291,12 +291,13 @@ def fa4_case(attend, name: str, B: int, H: int, Tq: int, context: int, tpf: int,
     blocks = table[slots[:, None], (base[:, None] + cols[None, :]) % ring]  # (B, pages): the pool's blocks in order
     seqused = (start + Tq - base * block).to(torch.int32)
     qf = q.transpose(1, 2)  # (B, Tq, H, D)
-    split = block // 128
+    split = block // 128  # 128-key pages a block holds, token-major
+    halves = torch.arange(split, device="cuda", dtype=torch.int32)
     layouts = {
         f"pool as it is (pages of {block})": (kp.transpose(1, 2), vp.transpose(1, 2), blocks.contiguous()),
         "token-major, pages of 128": (
             kp.transpose(1, 2).contiguous().view(-1, 128, H, D), vp.transpose(1, 2).contiguous().view(-1, 128, H, D),
-            (blocks[:, :, None] * split + torch.arange(split, device="cuda", dtype=torch.int32)).flatten(1).contiguous(),
+            (blocks[:, :, None] * split + halves).flatten(1).contiguous(),
         ) if block % 128 == 0 and split > 1 else None,
     }
     cells = []

@@ -52,3 +52,22 @@ def test_codec_by_shape_from_the_engines_series(engine_bench) -> None:
         "T=1 eager": {"calls": 1.0, "ms_per_call": 20.0, "ms_per_step": 2.0},
         "T=8 graph": {"calls": 2.0, "ms_per_call": 60.0, "ms_per_step": 12.0},
     }
+
+
+def test_first_audio_parts_name_what_the_engines_end_frame_carries(engine_bench) -> None:
+    """The bench's parts of a take's first audio are the ones the engine reports (a renamed part would read as
+    missing, not fail), and a burst's summary is each part's p50 / p95 over the takes."""
+    from types import SimpleNamespace
+
+    from moss_rt.engine.scheduler import first_audio_path
+
+    marks = SimpleNamespace(running_at=1.0, first_frame_at=1.010, first_chunk_at=1.011, first_decode_at=1.013,
+                            first_audio=1.020)
+    reported = {"prompt_ms", "queue_ms", "prefill_ms"} | set(first_audio_path(marks))  # the end's timings
+    assert set(engine_bench.FIRST_AUDIO_PATH) == reported
+
+    paths = [{"queue_ms": float(ms), "decode_ms": 7.0} for ms in range(1, 101)]
+    parts = engine_bench.first_audio_parts(paths)
+    assert parts["queue_ms"] == pytest.approx([50.5, 95.05])
+    assert parts["decode_ms"] == [7.0, 7.0]
+    assert all(v != v for v in parts["prefill_ms"])  # no take had it: NaN, not 0
