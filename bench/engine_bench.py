@@ -6,7 +6,8 @@ writes full-size random-weight checkpoints in the real layout (model 4.55B bf16;
 starts ``python -m moss_rt serve`` on them in a subprocess, and drives it with aiohttp WebSocket
 clients (``/api/ws``, wire protocol v1), one take per client, 400-row prompts, repetition penalty 1.1.
 It prints one JSON object: per concurrency the server-side ``gpu_first_ms`` and client-side TTFA
-(p50/p95), per-stream real-time factor (min/median), aggregate real-time factor, and the server's
+(p50/p95) and where the first audio went (each take's parts at 1, ``first_audio_path_ms``: each part's p50/p95
+above), per-stream real-time factor (min/median), aggregate real-time factor, and the server's
 step-time split from ``/metrics`` (model step, codec decode, batched prefill passes and takes per pass,
 scheduling rest; with the codec overlapped (``codec_overlap``, the server's default) codec time runs next to
 the model steps and ``codec_wait_ms_per_step`` is what the scheduler still lost waiting for the codec);
