@@ -186,11 +186,10 @@ def cudnn_cases() -> None:
         cudnn_case(cudnn, handle, *row)
 
 
-def cudnn_case(cudnn, handle, name: str, B: int, H: int, Tq: int, context: int, tpf: int, block: int,
-               age: int) -> None:
-    """One row of ``cudnn_cases``: one layer's attention both ways, ms a call and the largest difference."""
-    import time
-
+def paged_layer(B: int, H: int, Tq: int, context: int, tpf: int, block: int, age: int):
+    """One layer's attention inputs as the codec's pool holds them (random bf16 keys in blocks scattered over the
+    pool, a ring of them a stream, the streams a frame or two apart) and the shipped kernel's output on them:
+    (q, kp, vp, table, slots, offs, ring, kw, ref), ``kw`` the kernel's other arguments."""
     D = 64
     ring = cdiv(context + 8 * tpf - 1, block)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -202,7 +201,16 @@ def cudnn_case(cudnn, handle, name: str, B: int, H: int, Tq: int, context: int, 
     slots = torch.arange(B, device="cuda")
     offs = (age - torch.arange(B) % 3).cuda()  # a little apart, as the engine's streams are
     kw = dict(tokens_per_frame=tpf, context=context, block=block, ring_blocks=ring, scale=D ** -0.5)
-    ref = wa.window_attention(q, kp, vp, table, slots, offs, **kw)
+    return q, kp, vp, table, slots, offs, ring, kw, wa.window_attention(q, kp, vp, table, slots, offs, **kw)
+
+
+def cudnn_case(cudnn, handle, name: str, B: int, H: int, Tq: int, context: int, tpf: int, block: int,
+               age: int) -> None:
+    """One row of ``cudnn_cases``: one layer's attention both ways, ms a call and the largest difference."""
+    import time
+
+    D = 64
+    q, kp, vp, table, slots, offs, ring, kw, ref = paged_layer(B, H, Tq, context, tpf, block, age)
     shipped = best_of(lambda: wa.window_attention(q, kp, vp, table, slots, offs, **kw))
 
     pages = ring + 1
@@ -269,17 +277,7 @@ def fa4_case(attend, name: str, B: int, H: int, Tq: int, context: int, tpf: int,
     import time
 
     D = 64
-    ring = cdiv(context + 8 * tpf - 1, block)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    kp = torch.randn(B * ring + 1, H, block, D, device="cuda", generator=gen).bfloat16()
-    vp = torch.randn_like(kp)
-    table = (torch.randperm(B * ring, generator=torch.Generator().manual_seed(1)) + 1).view(B, ring)
-    table = table.to(torch.int32).cuda()
-    q = torch.randn(B, H, Tq, D, device="cuda", generator=gen).bfloat16()
-    slots = torch.arange(B, device="cuda")
-    offs = (age - torch.arange(B) % 3).cuda()
-    kw = dict(tokens_per_frame=tpf, context=context, block=block, ring_blocks=ring, scale=D ** -0.5)
-    ref = wa.window_attention(q, kp, vp, table, slots, offs, **kw)
+    q, kp, vp, table, slots, offs, ring, kw, ref = paged_layer(B, H, Tq, context, tpf, block, age)
     shipped = best_of(lambda: wa.window_attention(q, kp, vp, table, slots, offs, **kw))
     keys = min(context, int(age) * tpf + Tq)
     flops = 4 * B * H * Tq * keys * D
