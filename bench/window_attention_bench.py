@@ -279,7 +279,7 @@ def fa4_case(attend, name: str, B: int, H: int, Tq: int, context: int, tpf: int,
     D = 64
     q, kp, vp, table, slots, offs, ring, kw, ref = paged_layer(B, H, Tq, context, tpf, block, age)
     shipped = best_of(lambda: wa.window_attention(q, kp, vp, table, slots, offs, **kw))
-    keys = min(context, int(age) * tpf + Tq)
+    keys = min(context, age * tpf + Tq)  # the window's keys a query sees at most
     flops = 4 * B * H * Tq * keys * D
 
     pages = ring + 1

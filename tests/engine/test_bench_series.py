@@ -56,7 +56,9 @@ def test_codec_by_shape_from_the_engines_series(engine_bench) -> None:
 
 def test_first_audio_parts_name_what_the_engines_end_frame_carries(engine_bench) -> None:
     """The bench's parts of a take's first audio are the ones the engine reports (a renamed part would read as
-    missing, not fail), and a burst's summary is each part's p50 / p95 over the takes."""
+    missing in the bench, not fail it), and a burst's summary is each part's p50 / p95 over the takes. The parts
+    after the take starts running come from the scheduler's own ``first_audio_path``; the three before it are named
+    where the scheduler ends a take, and are listed here."""
     from types import SimpleNamespace
 
     from moss_rt.engine.scheduler import first_audio_path
